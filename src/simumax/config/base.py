@@ -1,0 +1,74 @@
+"""Shared behaviour of the three config schemas: strict fields, file loading, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from simumax.errors import ConfigError
+
+
+def _loc(err: dict[str, Any]) -> str:
+    return ".".join(str(p) for p in err.get("loc", ())) or "<root>"
+
+
+def config_error_from(exc: ValidationError, source: str | None = None) -> ConfigError:
+    """Turn pydantic's report into one ConfigError naming the first bad field."""
+    err = exc.errors()[0]
+    inner = (err.get("ctx") or {}).get("error")
+    if isinstance(inner, ConfigError):  # raised by a cross-field validator: keep its field
+        return ConfigError(inner.field, inner.rule, source)
+    field = _loc(err)
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        rule = "unknown field (not part of this config format)"
+    elif kind == "missing":
+        rule = "required field is missing"
+    else:
+        rule = err.get("msg", "invalid value")
+        if "input" in err and not isinstance(err["input"], (dict, list)):
+            rule += f" (got {err['input']!r})"
+    return ConfigError(field, rule, source)
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("path", f"file not found: {p}")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError("json", f"not valid JSON ({exc.msg} at line {exc.lineno})", str(p)) from None
+    if not isinstance(data, dict):
+        raise ConfigError("json", "top level must be an object", str(p))
+    return data
+
+
+class ConfigBase(BaseModel):
+    """Strict pydantic model: unknown fields are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+    @classmethod
+    def init_from_dict(cls, data: dict[str, Any], source: str | None = None) -> Self:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise config_error_from(exc, source) from None
+
+    @classmethod
+    def init_from_config_file(cls, path: str | Path) -> Self:
+        """Load a SimuMax-format JSON file (the SimuMax tutorial's entry point)."""
+        return cls.init_from_dict(read_json(path), source=str(path))
+
+    def with_updates(self, updates: dict[str, Any], source: str = "override") -> Self:
+        """A validated copy with some fields replaced (``--set key=value``, model_overrides)."""
+        data = self.model_dump()
+        data.update(updates)
+        return type(self).init_from_dict(data, source=source)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")

@@ -1,0 +1,65 @@
+"""Cross-checks that need more than one config (each config checks itself on load)."""
+
+from __future__ import annotations
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.config.system import SystemConfig
+from simumax.errors import ConfigError
+
+
+def stage_layer_counts(model: ModelConfig, st: StrategyConfig) -> list[int]:
+    """Transformer layers on each pipeline stage (Megatron's uneven first/last rule)."""
+    pp, n = st.pp_size, model.layer_num
+    first, last = st.num_layers_in_first_pipeline_stage, st.num_layers_in_last_pipeline_stage
+    if pp == 1:
+        if first not in (None, n) or last not in (None, n):
+            raise ConfigError("num_layers_in_first_pipeline_stage", "only meaningful with pp_size > 1")
+        return [n]
+    fixed = (first or 0) + (last or 0)
+    middle_stages = pp - (first is not None) - (last is not None)
+    rest = n - fixed
+    if rest < 0 or (middle_stages == 0 and rest != 0):
+        raise ConfigError("num_layers_in_first_pipeline_stage", f"first+last stage layers ({fixed}) do not fit layer_num ({n}) over pp {pp}")
+    if middle_stages and (rest % middle_stages or rest // middle_stages == 0):
+        what = "layer_num" if fixed == 0 else "layer_num minus first/last stage layers"
+        raise ConfigError("pp_size", f"{what} ({rest}) must split evenly and non-empty over {middle_stages} stages")
+    mid = rest // middle_stages if middle_stages else 0
+    counts = [mid] * pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    v = st.interleaving_size
+    if v > 1 and any(c % v for c in counts):
+        raise ConfigError("interleaving_size", f"layers per stage {counts} must be divisible by interleaving_size {v}")
+    return counts
+
+
+def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfig) -> None:
+    """Raise ConfigError for the first rule the three configs break together."""
+    tp = st.tp_size
+    if model.attention_type == "mha":
+        if model.head_num % tp:
+            raise ConfigError("tp_size", f"head_num ({model.head_num}) must be divisible by tp ({tp})")
+        kv = model.kv_head_num
+        if kv % tp and tp % kv:
+            raise ConfigError("tp_size", f"kv_head_num ({kv}) and tp ({tp}) must divide one another (kv heads are split or replicated)")
+    elif model.head_num % tp:
+        raise ConfigError("tp_size", f"head_num ({model.head_num}) must be divisible by tp ({tp})")
+    if st.cp_size > 1 and st.cp_comm_type == "a2a" and (model.head_num // tp) % st.cp_size:
+        raise ConfigError("cp_size", f"heads per TP rank ({model.head_num // tp}) must be divisible by cp for a2a")
+    if model.intermediate_size % tp:
+        raise ConfigError("tp_size", f"intermediate_size ({model.intermediate_size}) must be divisible by tp ({tp})")
+    if model.is_moe:
+        if model.expert_num % st.ep_size:
+            raise ConfigError("ep_size", f"expert_num ({model.expert_num}) must be divisible by ep ({st.ep_size})")
+    elif st.ep_size > 1:
+        raise ConfigError("ep_size", "expert parallelism needs a MoE model")
+    if st.pp_size > model.layer_num:
+        raise ConfigError("pp_size", f"must be <= layer_num ({model.layer_num})")
+    stage_layer_counts(model, st)
+    for name in ("tp_net", "cp_net", "ep_net", "etp_net", "dp_net", "pp_net"):
+        tier = getattr(st, name)
+        if tier is not None and tier not in system.networks.tiers:
+            raise ConfigError(name, f"unknown network tier {tier!r}; system has {sorted(system.networks.tiers)}")

@@ -1,0 +1,57 @@
+"""Resolve a config given as an object, a JSON path or a shipped preset name."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+from simumax.config.base import ConfigBase, read_json
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.config.system import SystemConfig
+from simumax.errors import ConfigError
+
+KINDS = {"model": "models", "strategy": "strategy", "system": "system"}
+C = TypeVar("C", bound=ConfigBase)
+
+
+def _preset_dir(kind: str) -> Any:
+    return resources.files("simumax.config").joinpath("presets", KINDS[kind])
+
+
+def list_presets(kind: str) -> list[str]:
+    """Preset names of one kind ('model', 'strategy', 'system'), sorted."""
+    return sorted(p.name[:-5] for p in _preset_dir(kind).iterdir() if p.name.endswith(".json"))
+
+
+def _resolve(kind: str, cls: type[C], spec: C | str | Path | dict[str, Any]) -> C:
+    if isinstance(spec, cls):
+        return spec
+    if isinstance(spec, dict):
+        return cls.init_from_dict(spec, source=kind)
+    if not isinstance(spec, (str, Path)):
+        raise ConfigError(kind, f"expected a {cls.__name__}, a path or a preset name, got {type(spec).__name__}")
+    text = str(spec)
+    path = Path(text)
+    if text.endswith(".json") or path.exists() or "/" in text:
+        return cls.init_from_dict(read_json(path), source=text)
+    name = text.removesuffix(".json")
+    entry = _preset_dir(kind).joinpath(f"{name}.json")
+    if not entry.is_file():
+        known = ", ".join(list_presets(kind))
+        raise ConfigError(kind, f"unknown preset {name!r}; known: {known}")
+    with resources.as_file(entry) as p:
+        return cls.init_from_dict(read_json(p), source=f"preset {kind} {name}")
+
+
+def load_model(spec: ModelConfig | str | Path | dict[str, Any]) -> ModelConfig:
+    return _resolve("model", ModelConfig, spec)
+
+
+def load_strategy(spec: StrategyConfig | str | Path | dict[str, Any]) -> StrategyConfig:
+    return _resolve("strategy", StrategyConfig, spec)
+
+
+def load_system(spec: SystemConfig | str | Path | dict[str, Any]) -> SystemConfig:
+    return _resolve("system", SystemConfig, spec)

@@ -1,0 +1,105 @@
+"""Model architecture config (SimuMax ``models/*.json`` format)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveInt, model_validator
+
+from simumax.config.base import ConfigBase
+from simumax.errors import ConfigError
+
+
+class ModelConfig(ConfigBase):
+    """A decoder-only transformer: dense GPT/Llama, MoE, or MLA attention.
+
+    Field names follow SimuMax so its JSON files load unchanged; fields SimuMax lacks
+    (``norm_type``, ``add_bias_linear`` ...) default to the Llama/Megatron choices used by
+    the validation runs.
+    """
+
+    model_name: str = Field("model", description="Free-form name shown in reports.")
+    model_type: Literal["dense", "moe"] = Field("dense", description="dense or moe.")
+    attention_type: Literal["mha", "mla"] = Field(
+        "mha", description="mha covers MHA and GQA (kv_head_num < head_num); mla is DeepSeek latent attention."
+    )
+    hidden_size: PositiveInt = Field(description="Model width h.")
+    head_num: PositiveInt = Field(description="Number of query heads.")
+    kv_head_num: PositiveInt | None = Field(None, description="Key/value heads (GQA); default head_num.")
+    head_size: PositiveInt | None = Field(None, description="Per-head dim; default hidden_size / head_num.")
+    intermediate_size: PositiveInt = Field(description="Dense MLP hidden size (per branch for SwiGLU).")
+    layer_num: PositiveInt = Field(description="Number of transformer layers.")
+    vocab_size: PositiveInt = Field(description="Tokenizer vocabulary size before padding.")
+    use_swiglu: bool = Field(False, description="SwiGLU MLP (3 matrices) instead of GeLU (2 matrices).")
+    padded_vocab_size: bool = Field(
+        True, description="Pad the vocab as Megatron does: ceil(V / (divisor * tp)) * divisor * tp."
+    )
+    make_vocab_size_divisible_by: PositiveInt = Field(128, description="Megatron's vocab padding divisor.")
+    norm_type: Literal["rmsnorm", "layernorm"] = Field("rmsnorm", description="Normalisation layer.")
+    add_bias_linear: bool = Field(False, description="Linear layers carry biases (Megatron --add-bias-linear).")
+    untie_embeddings_and_output_weights: bool = Field(
+        True, description="Separate LM-head weight (Llama); false ties it to the input embedding."
+    )
+    # MoE (SimuMax names)
+    expert_num: PositiveInt | None = Field(None, description="Routed experts per MoE layer.")
+    topk: PositiveInt | None = Field(None, description="Experts per token.")
+    moe_ffn_hidden_size: PositiveInt | None = Field(None, description="Hidden size of one routed expert.")
+    moe_shared_expert_intermediate_size: PositiveInt | None = Field(
+        None, description="Hidden size of the shared expert(s) in total; absent means none."
+    )
+    dense_layers: int = Field(0, ge=0, description="The first k layers of a MoE model use a dense MLP.")
+    moe_pad_expert_input_to_capacity: bool = Field(False, description="Pad each expert's tokens to capacity.")
+    capacity: float | None = Field(None, gt=0, description="MoE capacity factor (with padding).")
+    moe_load_imbalance: float = Field(
+        1.0, ge=1.0, description="Max-loaded expert / mean load; 1 is balanced routing."
+    )
+    # MLA (SimuMax names)
+    q_lora_rank: PositiveInt | None = Field(None, description="MLA query low-rank dim; null means full-rank Q.")
+    kv_lora_rank: PositiveInt | None = Field(None, description="MLA compressed KV dim.")
+    qk_head_dim: PositiveInt | None = Field(None, description="MLA per-head q/k dim without the rope part.")
+    qk_pos_emb_head_dim: PositiveInt | None = Field(None, description="MLA per-head rope dim.")
+    v_head_dim: PositiveInt | None = Field(None, description="MLA per-head value dim.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.kv_head_num is None:
+            self.__dict__["kv_head_num"] = self.head_num
+        if self.head_size is None:
+            if self.hidden_size % self.head_num:
+                raise ConfigError("head_size", "required when hidden_size is not divisible by head_num")
+            self.__dict__["head_size"] = self.hidden_size // self.head_num
+        if self.attention_type == "mha" and self.head_num % self.kv_head_num:
+            raise ConfigError("kv_head_num", f"head_num ({self.head_num}) must be a multiple of kv_head_num ({self.kv_head_num})")
+        if self.model_type == "moe":
+            for name in ("expert_num", "topk"):
+                if getattr(self, name) is None:
+                    raise ConfigError(name, "required when model_type is 'moe'")
+            if self.topk > self.expert_num:
+                raise ConfigError("topk", f"must be <= expert_num ({self.expert_num})")
+            if self.dense_layers > self.layer_num:
+                raise ConfigError("dense_layers", f"must be <= layer_num ({self.layer_num})")
+        if self.attention_type == "mla":
+            for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+                if getattr(self, name) is None:
+                    raise ConfigError(name, "required when attention_type is 'mla'")
+        return self
+
+    # ---- derived sizes -------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.model_type == "moe"
+
+    @property
+    def moe_ffn(self) -> int:
+        return self.moe_ffn_hidden_size or self.intermediate_size
+
+    def padded_vocab(self, tp: int) -> int:
+        """Vocab rows of the embedding / LM head over all TP ranks (Megatron padding)."""
+        if not self.padded_vocab_size:
+            return self.vocab_size
+        mult = self.make_vocab_size_divisible_by * tp
+        return -(-self.vocab_size // mult) * mult
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether global layer index ``layer`` (0-based) has a MoE MLP."""
+        return self.is_moe and layer >= self.dense_layers

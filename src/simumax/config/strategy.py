@@ -1,0 +1,171 @@
+"""Parallel/training strategy config (SimuMax ``strategy/*.json`` format)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveInt, field_validator, model_validator
+
+from simumax.config.base import ConfigBase
+from simumax.errors import ConfigError
+
+MEGATRON_RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe_act", "moe", "shared_experts", "mla_up_proj")
+RecomputeGranularity = Literal["full_block", "selective_recompute"]
+
+
+class StrategyConfig(ConfigBase):
+    """How one training iteration is laid out on ``world_size`` accelerators.
+
+    Rank order is Megatron's tp-cp-ep-dp-pp (tp fastest). ``dp`` is derived:
+    world_size / (tp * cp * pp).
+    """
+
+    # batch
+    seq_len: PositiveInt = Field(description="Tokens per sequence.")
+    micro_batch_size: PositiveInt = Field(1, description="Sequences per micro-batch (mbs).")
+    micro_batch_num: PositiveInt = Field(1, description="Micro-batches per iteration per DP rank (mbc).")
+    dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Parameter/activation dtype.")
+    fp8: bool = Field(False, description="FP8 GEMMs (TransformerEngine); not modelled by the dense core yet.")
+    # parallel sizes
+    world_size: PositiveInt = Field(1, description="Total accelerators.")
+    tp_size: PositiveInt = Field(1, description="Tensor parallel size.")
+    pp_size: PositiveInt = Field(1, description="Pipeline parallel size.")
+    cp_size: PositiveInt = Field(1, description="Context parallel size.")
+    ep_size: PositiveInt = Field(1, description="Expert parallel size (MoE).")
+    etp_size: PositiveInt = Field(1, description="Expert tensor parallel size (MoE).")
+    interleaving_size: PositiveInt = Field(1, description="Virtual pipeline chunks per rank (VPP).")
+    microbatch_group_size_per_vp_stage: PositiveInt | None = Field(
+        None, description="Megatron's VPP micro-batch group; default pp_size."
+    )
+    num_layers_in_first_pipeline_stage: PositiveInt | None = Field(
+        None, description="Layers on the first PP stage; the rest split evenly."
+    )
+    num_layers_in_last_pipeline_stage: PositiveInt | None = Field(
+        None, description="Layers on the last PP stage; the rest split evenly."
+    )
+    enable_sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (with tp > 1).")
+    cp_comm_type: Literal["a2a", "all_gather", "p2p"] = Field("a2a", description="Context-parallel attention scheme.")
+    moe_dispatcher_policy: Literal["all2all", "all_gather"] = Field("all2all", description="MoE token dispatcher.")
+    # optimizer / precision
+    zero_state: int = Field(1, ge=0, le=1, description="0: plain DDP all-reduce; 1: distributed optimizer (ZeRO-1).")
+    use_fp32_accum_grad: bool = Field(True, description="fp32 main gradients (--accumulate-allreduce-grads-in-fp32).")
+    grad_reduce_in_bf16: bool = Field(False, description="Reduce gradients in bf16 (main grads 2 B instead of 4 B).")
+    ddp_bucket_size: PositiveInt | None = Field(
+        None, description="DDP bucket in elements; default max(40M, 1M * dp) as Megatron."
+    )
+    # kernels
+    enable_dropout: bool = Field(False, description="Attention/hidden dropout on (saves masks).")
+    use_fused_norm: bool = Field(True, description="Fused (TE/Apex) norm kernels.")
+    use_math_sdp: bool = Field(False, description="Unfused attention that materialises softmax probabilities.")
+    use_flash_sdp: bool = Field(True, description="Flash attention.")
+    use_fused_swiglu: bool = Field(True, description="Fused bias-SwiGLU kernel (--bias-swiglu-fusion).")
+    cross_entropy_loss_fusion: bool = Field(False, description="Fused vocab-parallel cross-entropy (TE).")
+    te_version: str | None = Field(None, description="TransformerEngine version, e.g. '2.11.0' (memory buffers).")
+    # recompute
+    enable_recompute: bool = Field(False, description="Master switch for the recompute fields below.")
+    recompute_granularity: RecomputeGranularity | None = Field(
+        None, description="full_block: whole layers; selective_recompute: the *_recompute flags."
+    )
+    recompute_layer_num: int | None = Field(
+        None, ge=0, description="Layers per stage (counted from the first) that recompute; null means all."
+    )
+    attn_recompute: bool = Field(False, description="Selective: recompute core attention.")
+    mla_rms_recompute: bool = Field(False, description="Selective: recompute MLA q/kv norms.")
+    mlp_recompute: bool = Field(False, description="Selective: recompute the MLP activation function.")
+    mlp_rms_recompute: bool = Field(False, description="Selective: recompute the pre-MLP norm.")
+    recompute_variance: bool = Field(False, description="Selective: norms keep no fp32 rstd; it is recomputed.")
+    megatron_recompute: bool = Field(False, description="Megatron >= 0.14 --recompute-modules semantics.")
+    megatron_recompute_modules: list[str] = Field(
+        default_factory=list, description=f"Subset of {MEGATRON_RECOMPUTE_MODULES}."
+    )
+    # memory
+    mem_factor: float = Field(0.94, gt=0, le=1, description="allocated / reserved ratio of the caching allocator.")
+    # networks: tier names from the system config; null picks by group placement
+    tp_net: str | None = Field(None, description="Network tier for TP collectives (auto if null).")
+    cp_net: str | None = Field(None, description="Network tier for CP collectives.")
+    ep_net: str | None = Field(None, description="Network tier for EP collectives.")
+    etp_net: str | None = Field(None, description="Network tier for ETP collectives.")
+    dp_net: str | None = Field(None, description="Network tier for DP collectives.")
+    pp_net: str | None = Field(None, description="Network tier for PP point-to-point.")
+    pp_comm_async: bool = Field(False, description="Overlapped P2P (accepted for SimuMax files; blocking modelled).")
+    enable_straggler_model: bool = Field(False, description="SimuMax straggler model (accepted, no effect).")
+
+    @field_validator("megatron_recompute_modules")
+    @classmethod
+    def _modules(cls, v: list[str]) -> list[str]:
+        for m in v:
+            if m not in MEGATRON_RECOMPUTE_MODULES:
+                raise ConfigError("megatron_recompute_modules", f"unknown module {m!r}; allowed {MEGATRON_RECOMPUTE_MODULES}")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "StrategyConfig":
+        denom = self.tp_size * self.cp_size * self.pp_size
+        if self.world_size % denom:
+            raise ConfigError(
+                "world_size", f"must be divisible by tp*cp*pp = {denom} (got {self.world_size})"
+            )
+        if self.use_math_sdp and self.use_flash_sdp:
+            raise ConfigError("use_math_sdp", "cannot be true together with use_flash_sdp")
+        if self.interleaving_size > 1 and self.pp_size == 1:
+            raise ConfigError("interleaving_size", "virtual pipeline needs pp_size > 1")
+        if self.enable_sequence_parallel and self.tp_size > 1 and self.seq_len % (self.tp_size * self.cp_size):
+            raise ConfigError("seq_len", f"must be divisible by tp*cp = {self.tp_size * self.cp_size} with sequence parallelism")
+        if self.cp_size > 1 and self.seq_len % (2 * self.cp_size):
+            raise ConfigError("seq_len", f"must be divisible by 2*cp = {2 * self.cp_size} for context parallelism")
+        if (self.ep_size * self.etp_size) > 1 and (self.dp_size * self.cp_size * self.tp_size) % (self.ep_size * self.etp_size):
+            raise ConfigError(
+                "ep_size", f"ep*etp ({self.ep_size * self.etp_size}) must divide tp*cp*dp ({self.dp_size * self.cp_size * self.tp_size})"
+            )
+        if self.megatron_recompute and not self.megatron_recompute_modules:
+            raise ConfigError("megatron_recompute_modules", "must name at least one module when megatron_recompute is true")
+        return self
+
+    # ---- derived ----------------------------------------------------------------------
+    @property
+    def dp_size(self) -> int:
+        return self.world_size // (self.tp_size * self.cp_size * self.pp_size)
+
+    @property
+    def edp_size(self) -> int:
+        """Expert-data-parallel size: ranks holding the same expert shard within a stage."""
+        return self.world_size // (self.pp_size * self.ep_size * self.etp_size)
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.micro_batch_num * self.dp_size
+
+    @property
+    def sp(self) -> bool:
+        """Sequence parallelism in effect (it is a no-op at tp == 1)."""
+        return self.enable_sequence_parallel and self.tp_size > 1
+
+    @property
+    def recompute_mode(self) -> str:
+        """'none', 'full_block', 'selective' or 'megatron' — what the IR acts on."""
+        if self.megatron_recompute:
+            return "megatron"
+        if not self.enable_recompute or self.recompute_granularity is None:
+            return "none"
+        return "full_block" if self.recompute_granularity == "full_block" else "selective"
+
+    @property
+    def main_grad_bytes(self) -> int:
+        if self.grad_reduce_in_bf16 or not self.use_fp32_accum_grad:
+            return 2
+        return 4
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 4 if self.dtype == "fp32" else 2
+
+    def te_at_least(self, version: str) -> bool:
+        if not self.te_version:
+            return False
+        def parts(v: str) -> tuple[int, ...]:
+            out = []
+            for p in v.split(".")[:3]:
+                digits = "".join(ch for ch in p if ch.isdigit())
+                out.append(int(digits or 0))
+            return tuple(out)
+        return parts(self.te_version) >= parts(version)

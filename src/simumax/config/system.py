@@ -1,0 +1,115 @@
+"""Hardware config (SimuMax ``system/*.json`` format): accelerator peaks, kernel
+efficiency tables and network tiers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, PositiveFloat, PositiveInt, model_serializer, model_validator
+
+from simumax.config.base import ConfigBase
+from simumax.errors import ConfigError
+
+
+class ComputeOpSpec(ConfigBase):
+    """Peak and efficiency of one compute kernel family (matmul, sdp_fwd, ...)."""
+
+    tflops: float = Field(ge=0, description="Peak dense TFLOP/s for this family.")
+    efficient_factor: float = Field(ge=0, description="Fallback fraction of peak when no table entry matches.")
+    accurate_efficient_factor: dict[str, float] = Field(
+        default_factory=dict, description="Measured efficiency per shape key (SimuMax key strings)."
+    )
+
+
+class BandwidthSpec(ConfigBase):
+    """A memory-bound kernel family or a link: bandwidth, efficiency and per-call latency."""
+
+    gbps: PositiveFloat = Field(description="Bandwidth in GB/s (1e9 bytes/s).")
+    efficient_factor: float = Field(1.0, ge=0, description="Achieved fraction of gbps.")
+    latency_us: float = Field(0.0, ge=0, description="Fixed cost per kernel / message in microseconds.")
+
+
+class AcceleratorConfig(ConfigBase):
+    backend: str = Field("cuda", description="Runtime backend name (informational).")
+    mem_gbs: PositiveFloat = Field(description="Device memory in GiB.")
+    mode: str = Field("roofline", description="Cost mode; only roofline is defined.")
+    op: dict[str, ComputeOpSpec] = Field(description="Compute families: matmul, group_matmul, sdp_fwd, sdp_bwd, fp8_*, default.")
+    bandwidth: dict[str, BandwidthSpec] = Field(
+        description="Memory-bound families: default, permute_fwd, permute_bwd, ce, ce_fusion."
+    )
+
+    @model_validator(mode="after")
+    def _defaults(self) -> "AcceleratorConfig":
+        if "default" not in self.op:
+            raise ConfigError("accelerator.op.default", "required (fallback peak for ops without a family)")
+        if "default" not in self.bandwidth:
+            raise ConfigError("accelerator.bandwidth.default", "required (HBM bandwidth)")
+        return self
+
+
+class CollectiveSpec(ConfigBase):
+    """α-β parameters of one collective on one tier.
+
+    time = bytes * scale * (n + offset) / n / (gbps * efficient_factor) + latency + fixed latency.
+    """
+
+    scale: float = Field(1.0, description="Bytes multiplier (2 for ring all-reduce).")
+    offset: float = Field(-1.0, description="Ring factor (n + offset) / n; -1 gives (n-1)/n.")
+    efficient_factor: float | None = Field(None, gt=0, description="Link efficiency; default the tier's.")
+    latency_us: float | None = Field(None, ge=0, description="Per-call latency; default the tier's.")
+    fixed_latency_us: float = Field(0.0, ge=0, description="Extra constant per call.")
+    fixed_latency_us_by_comm_num: dict[str, float] = Field(
+        default_factory=dict, description="Extra constant per call by group size (overrides fixed_latency_us)."
+    )
+    dp_fixed_bw: dict[str, float] = Field(
+        default_factory=dict, description="Measured bus bandwidth (GB/s) by group size for DP collectives."
+    )
+
+
+class NetworkTier(ConfigBase):
+    processor_usage: float = Field(0.0, ge=0, le=1, description="Compute slowdown while this tier communicates.")
+    bandwidth: BandwidthSpec = Field(description="Link bandwidth per GPU.")
+    op: dict[str, CollectiveSpec] = Field(
+        default_factory=dict, description="all_reduce, all_gather, reduce_scatter, all2all, p2p."
+    )
+
+
+class NetworksConfig(ConfigBase):
+    """Network tiers by name; SimuMax stores them flat next to ``intra_with_pcie``."""
+
+    intra_with_pcie: bool = Field(False, description="Intra-node links are PCIe (tiers intra_node_pcie_<n>x).")
+    tiers: dict[str, NetworkTier] = Field(default_factory=dict, description="Tier name -> tier.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "tiers" not in data:
+            data = dict(data)
+            flag = data.pop("intra_with_pcie", False)
+            return {"intra_with_pcie": flag, "tiers": data}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        return {"intra_with_pcie": out["intra_with_pcie"], **out["tiers"]}
+
+
+class SystemConfig(ConfigBase):
+    """One node type: ``num_per_node`` accelerators and the networks joining them."""
+
+    sys_name: str = Field("system", description="Name shown in reports.")
+    num_per_node: PositiveInt = Field(8, description="Accelerators per node.")
+    accelerator: AcceleratorConfig
+    networks: NetworksConfig
+    FC8: bool = Field(False, description="SimuMax flag kept for compatibility; no effect.")
+
+    @model_validator(mode="after")
+    def _tiers(self) -> "SystemConfig":
+        if not self.networks.tiers:
+            raise ConfigError("networks", "needs at least one tier")
+        return self
+
+    @property
+    def mem_bytes(self) -> int:
+        return int(self.accelerator.mem_gbs * 2**30)

@@ -1,0 +1,1 @@
+"""Costs: kernel time from the system config (compute roofline, memory-bound, collectives)."""

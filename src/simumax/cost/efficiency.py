@@ -1,0 +1,75 @@
+"""Compute-kernel time: peak x efficiency, efficiency from the measured shape table.
+
+Lookups are counted: a hit uses the measured entry; a miss uses the family's configured
+``efficient_factor`` and is recorded (with its key) so reports show which shapes were
+not measured.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from simumax.config.system import SystemConfig
+from simumax.graph.kernels import Attention, Gemm, MemBound
+
+
+@dataclass(slots=True)
+class LookupLog:
+    hits: Counter[str] = field(default_factory=Counter)  # family -> count
+    misses: Counter[str] = field(default_factory=Counter)  # "family: key" -> count
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "hits": dict(sorted(self.hits.items())),
+            "misses": dict(sorted(self.misses.items())),
+        }
+
+
+class ComputeModel:
+    """Time of Gemm / Attention / MemBound kernels on one accelerator."""
+
+    def __init__(self, system: SystemConfig, fp8: bool = False) -> None:
+        self.acc = system.accelerator
+        self.fp8 = fp8
+        self.log = LookupLog()
+        self._cache: dict[object, tuple[float, float]] = {}
+        self._hit: dict[object, tuple[str, bool]] = {}
+
+    def _family(self, name: str):
+        ops = self.acc.op
+        if self.fp8 and name in ("matmul", "group_matmul") and f"fp8_{name}" in ops:
+            name = f"fp8_{name}"
+        return name, ops.get(name) or ops["default"]
+
+    def compute(self, k: Gemm | Attention) -> tuple[float, float]:
+        """(seconds, achieved efficiency on model FLOPs) of one GEMM or attention kernel."""
+        cached = self._cache.get(k)
+        if cached is not None:
+            self._record(k, cached)
+            return cached
+        name, spec = self._family(k.family)
+        eff = spec.accurate_efficient_factor.get(k.key)
+        hit = eff is not None
+        if not hit:
+            eff = spec.efficient_factor
+        table_flops = k.table_flops if isinstance(k, Attention) else k.flops
+        peak = spec.tflops * 1e12
+        t = table_flops / (peak * eff) if eff > 0 else float("inf")
+        result = (t, k.flops / (t * peak) if t > 0 else 0.0)
+        self._cache[k] = result
+        self._hit[k] = (name, hit)
+        self._record(k, result)
+        return result
+
+    def _record(self, k: Gemm | Attention, _: tuple[float, float]) -> None:
+        name, hit = self._hit[k]
+        if hit:
+            self.log.hits[name] += 1
+        else:
+            self.log.misses[f"{name}: {k.key}"] += 1
+
+    def membound(self, k: MemBound) -> float:
+        bw = self.acc.bandwidth.get(k.family) or self.acc.bandwidth["default"]
+        return k.bytes / (bw.gbps * 1e9 * bw.efficient_factor) + bw.latency_us * 1e-6
+

@@ -1,0 +1,110 @@
+"""Collective time per network tier (α-β with SimuMax's per-op fields) and group placement.
+
+Ranks are ordered tp-cp-dp-pp (tp fastest) for dense parameters and etp-ep-edp-pp for
+expert parameters, as Megatron-Core builds its groups. A group whose ranks lie inside one
+node uses an intra-node tier (on PCIe systems the ``intra_node_pcie_<n>x`` tier for the
+span of the switch tree it crosses); otherwise ``inter_node``.
+
+time = bytes * scale * (n + offset) / n / (bw * eff) + latency_us + fixed latency
+(the ring model: (n-1)/n of the buffer crosses each link, twice for all-reduce).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simumax.config.strategy import StrategyConfig
+from simumax.config.system import CollectiveSpec, NetworkTier, SystemConfig
+from simumax.errors import ConfigError
+from simumax.graph.kernels import Collective
+
+DEFAULT_SPECS = {
+    "all_reduce": CollectiveSpec(scale=2, offset=-1),
+    "all_gather": CollectiveSpec(scale=1, offset=-1),
+    "reduce_scatter": CollectiveSpec(scale=1, offset=-1),
+    "all2all": CollectiveSpec(scale=1, offset=-1),
+    "p2p": CollectiveSpec(scale=1, offset=0),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPlacement:
+    size: int
+    stride: int
+    tier: str
+    intra_node: bool
+
+
+def _next_pow2(x: int) -> int:
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+class NetworkModel:
+    def __init__(self, system: SystemConfig, st: StrategyConfig) -> None:
+        self.system = system
+        self.nets = system.networks
+        tp, cp, dp, pp = st.tp_size, st.cp_size, st.dp_size, st.pp_size
+        ep, etp = st.ep_size, st.etp_size
+        layout = {
+            "tp": (tp, 1),
+            "cp": (cp, tp),
+            "dp": (dp, tp * cp),
+            "pp": (2 if pp > 1 else 1, tp * cp * dp),  # p2p between neighbouring stages
+            "etp": (etp, 1),
+            "ep": (ep, etp),
+            "edp": (st.edp_size, ep * etp),
+        }
+        overrides = {"tp": st.tp_net, "cp": st.cp_net, "dp": st.dp_net, "pp": st.pp_net, "ep": st.ep_net, "etp": st.etp_net, "edp": st.dp_net}
+        self.groups = {g: self._place(g, n, stride, overrides.get(g)) for g, (n, stride) in layout.items()}
+        self._cache: dict[Collective, float] = {}
+
+    def _place(self, group: str, n: int, stride: int, override: str | None) -> GroupPlacement:
+        per_node = self.system.num_per_node
+        span = stride * (n - 1) + 1
+        intra = span <= per_node and (per_node % (stride * n) == 0 or stride * n <= per_node)
+        if override:
+            return GroupPlacement(n, stride, override, intra)
+        tiers = self.nets.tiers
+        if intra:
+            if self.nets.intra_with_pcie:
+                width = _next_pow2(span)
+                for w in sorted(int(k.split("_")[-1][:-1]) for k in tiers if k.startswith("intra_node_pcie_")):
+                    if w >= width:
+                        return GroupPlacement(n, stride, f"intra_node_pcie_{w}x", True)
+            for name in ("high_intra_node", "low_intra_node", "intra_node"):
+                if name in tiers:
+                    return GroupPlacement(n, stride, name, True)
+            intra_tiers = [k for k in tiers if "intra" in k]
+            if intra_tiers:
+                return GroupPlacement(n, stride, sorted(intra_tiers)[-1], True)
+        if "inter_node" in tiers:
+            return GroupPlacement(n, stride, "inter_node", False)
+        raise ConfigError("networks", f"no tier for the {group} group (size {n}); add 'inter_node'")
+
+    def tier(self, group: str) -> NetworkTier:
+        return self.nets.tiers[self.groups[group].tier]
+
+    def time(self, c: Collective) -> float:
+        cached = self._cache.get(c)
+        if cached is not None:
+            return cached
+        place = self.groups[c.group]
+        n = place.size
+        if n <= 1 or c.bytes <= 0:
+            self._cache[c] = 0.0
+            return 0.0
+        tier = self.nets.tiers[place.tier]
+        spec = tier.op.get(c.op) or DEFAULT_SPECS[c.op]
+        bw = tier.bandwidth.gbps * 1e9
+        eff = spec.efficient_factor if spec.efficient_factor is not None else tier.bandwidth.efficient_factor
+        fixed_bw = spec.dp_fixed_bw.get(str(n)) if c.group in ("dp", "edp") else None
+        if fixed_bw:
+            bw, eff = fixed_bw * 1e9, 1.0
+        latency = spec.latency_us if spec.latency_us is not None else tier.bandwidth.latency_us
+        fixed = spec.fixed_latency_us_by_comm_num.get(str(n), spec.fixed_latency_us)
+        t = c.bytes * spec.scale * (n + spec.offset) / n / (bw * eff) + (latency + fixed) * 1e-6
+        self._cache[c] = t
+        return t

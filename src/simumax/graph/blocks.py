@@ -1,0 +1,273 @@
+"""Building blocks: norms, TP linears, attention, activations, embedding, head, loss.
+
+Each function returns Ops for one micro-batch on one rank. Where Megatron/TransformerEngine
+place TP collectives and what they save is described here once (see docs/modeling.md):
+
+* column-parallel linear (QKV, FC1, LM head): with SP, all-gather of the sequence-sharded
+  input in forward; in backward the input is re-gathered for the weight gradient and the
+  input gradient is reduce-scattered. Without SP: one all-reduce of the input gradient in
+  backward. All exposed: the validation runs disabled TP communication overlap, and
+  treating TE's asynchronous re-gather as hidden under-predicts every TP>1 case.
+* row-parallel linear (attention out, FC2): reduce-scatter (SP) or all-reduce of the output
+  in forward; all-gather of the output gradient in backward with SP.
+* a linear saves its local (not gathered) input; weight gradients accumulate into fp32
+  main_grad (Megatron's gradient-accumulation fusion: NT GEMM with accumulate=True).
+"""
+
+from __future__ import annotations
+
+from simumax.graph.dims import Dims
+from simumax.graph.kernels import Attention, Collective, Gemm, MemBound
+from simumax.graph.ops import Op, Tensor
+
+FP32 = 4
+
+
+def norm(name: str, module: str, layer: int, d: Dims, x: Tensor, *, rms: bool, save_rstd: bool = True) -> Op:
+    """RMSNorm / LayerNorm on the (sequence-sharded) hidden state; saves input and rstd."""
+    n = d.local_tokens
+    x_bytes = x[1]
+    stats = float(n * FP32 * (1 if rms else 2))
+    saved: list[Tensor] = [x]
+    if save_rstd:
+        saved.append((f"{name}.rstd", stats))
+    return Op(
+        name=name,
+        module=module,
+        layer=layer,
+        fwd=(MemBound(f"{name}.fwd", 2 * x_bytes),),
+        bwd_input=(MemBound(f"{name}.bwd", 3 * x_bytes),),
+        saved=tuple(saved),
+        input=(x,),
+        bwd_transient=2 * x_bytes,
+        params=d.h * (1 if rms else 2),
+    )
+
+
+def column_linear(
+    name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, bias: bool = False, te: bool = True
+) -> Op:
+    """Column-parallel linear: k inputs (full) -> n outputs on this rank."""
+    t = d.tokens
+    full_in = d.act(k)
+    fwd: list = []
+    bwd_in: list = []
+    if d.sp:
+        fwd.append(Collective("all_gather", full_in, "tp"))
+        bwd_in.append(Collective("all_gather", full_in, "tp"))
+    bwd_in.append(Gemm(t, n, k, "NN"))
+    if d.sp:
+        bwd_in.append(Collective("reduce_scatter", full_in, "tp"))
+    elif d.tp > 1:
+        bwd_in.append(Collective("all_reduce", full_in, "tp"))
+    fwd.append(Gemm(t, k, n, "TN"))
+    out = d.act(n)
+    gathered = full_in if d.sp else 0.0
+    return Op(
+        name=name,
+        module=module,
+        layer=layer,
+        fwd=tuple(fwd),
+        bwd_input=tuple(bwd_in),
+        bwd_weight=(Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32"),),
+        saved=(x,),
+        input=(x,),
+        fwd_transient=gathered,
+        bwd_transient=out + full_in + gathered,
+        params=k * n + (n if bias else 0),
+        weight_shapes=((n, k),) if te else (),
+    )
+
+
+def row_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, bias: bool = False) -> Op:
+    """Row-parallel linear: k inputs on this rank -> n outputs (full, then reduced)."""
+    t = d.tokens
+    full_out = d.act(n)
+    fwd: list = [Gemm(t, k, n, "TN")]
+    bwd_in: list = []
+    if d.sp:
+        fwd.append(Collective("reduce_scatter", full_out, "tp"))
+        bwd_in.append(Collective("all_gather", full_out, "tp"))
+    elif d.tp > 1:
+        fwd.append(Collective("all_reduce", full_out, "tp"))
+    bwd_in.append(Gemm(t, n, k, "NN"))
+    return Op(
+        name=name,
+        module=module,
+        layer=layer,
+        fwd=tuple(fwd),
+        bwd_input=tuple(bwd_in),
+        bwd_weight=(Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32"),),
+        saved=(x,),
+        input=(x,),
+        fwd_transient=full_out,
+        bwd_transient=full_out + d.act(k),
+        params=k * n + (n if bias else 0),
+        weight_shapes=((n, k),),
+    )
+
+
+def rope(name: str, layer: int, d: Dims, qk_width: int) -> Op:
+    """Fused rotary embedding on q and k (reads and writes them once; saves nothing)."""
+    nbytes = d.act(qk_width)
+    return Op(
+        name=name,
+        module="core_attn",
+        layer=layer,
+        fwd=(MemBound(f"{name}.fwd", 2 * nbytes),),
+        bwd_input=(MemBound(f"{name}.bwd", 2 * nbytes),),
+        bwd_transient=nbytes,
+    )
+
+
+def flash_attention(name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tensor, out: Tensor, *, qk_dim: int, v_dim: int) -> Op:
+    """Flash attention: saves q, k, v, the output and the fp32 log-sum-exp."""
+    shape = dict(batch=d.b, seq_len=d.s, head_num=d.heads, kv_head_num=d.kv_heads, qk_head_dim=qk_dim, v_head_dim=v_dim)
+    lse = (f"{name}.lse", float(d.b * d.heads * d.s * FP32))
+    grads = q[1] + k[1] + v[1] + out[1]
+    return Op(
+        name=name,
+        module="core_attn",
+        layer=layer,
+        fwd=(Attention("fwd", **shape),),
+        bwd_input=(Attention("bwd", **shape),),
+        saved=(q, k, v, out, lse),
+        input=(q, k, v),
+        bwd_transient=grads,
+    )
+
+
+def math_attention(name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tensor, *, qk_dim: int, v_dim: int, dropout: bool) -> Op:
+    """Unfused attention: QK^T, softmax (probabilities saved), dropout, PV."""
+    b, a, s = d.b, d.heads, d.s
+    scores = float(b * a * s * s * d.act_bytes)
+    t = d.tokens
+    # per head-batch GEMMs written as batched Gemm kernels (b = batch * heads)
+    bh = b * a
+    fwd = (
+        Gemm(s, qk_dim, s, "TN", b=bh),
+        MemBound(f"{name}.softmax", 2 * scores),
+        Gemm(s, s, v_dim, "TN", b=bh),
+    )
+    bwd = (
+        Gemm(s, v_dim, s, "NN", b=bh),
+        Gemm(s, s, v_dim, "NT", b=bh),
+        MemBound(f"{name}.softmax_bwd", 3 * scores),
+        Gemm(s, s, qk_dim, "NN", b=bh),
+        Gemm(s, s, qk_dim, "NT", b=bh),
+    )
+    # the local spec expands K and V to all query heads before saving them
+    k_full = (f"{k[0]}.expanded", float(t * a * qk_dim * d.act_bytes))
+    v_full = (f"{v[0]}.expanded", float(t * a * v_dim * d.act_bytes))
+    saved: list[Tensor] = [q, k_full, v_full, (f"{name}.probs", scores)]
+    if dropout:
+        saved.append((f"{name}.dropout_mask", scores / d.act_bytes))
+    return Op(
+        name=name,
+        module="core_attn",
+        layer=layer,
+        fwd=fwd,
+        bwd_input=bwd,
+        saved=tuple(saved),
+        input=(q, k, v),
+        fwd_transient=scores,
+        bwd_transient=2 * scores,
+    )
+
+
+def swiglu(name: str, layer: int, d: Dims, x: Tensor, ffn: int, *, fused: bool) -> Op:
+    """SwiGLU on the [tokens, 2*ffn] FC1 output; saves the input (and the gate when unfused)."""
+    out = d.act(ffn)
+    saved: list[Tensor] = [x]
+    if not fused:  # silu(gate) * up keeps silu's input and the product's operands
+        saved += [(f"{name}.silu_out", out), (f"{name}.up", out)]
+    return Op(
+        name=name,
+        module="act",
+        layer=layer,
+        fwd=(MemBound(f"{name}.fwd", x[1] + out),),
+        bwd_input=(MemBound(f"{name}.bwd", 2 * x[1] + out),),
+        saved=tuple(saved),
+        input=(x,),
+        bwd_transient=x[1] + out,
+    )
+
+
+def gelu(name: str, layer: int, d: Dims, x: Tensor, ffn: int) -> Op:
+    out = d.act(ffn)
+    return Op(
+        name=name,
+        module="act",
+        layer=layer,
+        fwd=(MemBound(f"{name}.fwd", x[1] + out),),
+        bwd_input=(MemBound(f"{name}.bwd", 2 * x[1] + out),),
+        saved=(x,),
+        input=(x,),
+        bwd_transient=x[1] + out,
+    )
+
+
+def dropout_add(name: str, module: str, layer: int, d: Dims, *, dropout: bool) -> Op:
+    """Residual add (with dropout when enabled) on the sequence-sharded hidden state."""
+    x = d.act(d.h, local=True)
+    saved: tuple[Tensor, ...] = ((f"{name}.mask", x / d.act_bytes),) if dropout else ()
+    return Op(
+        name=name,
+        module=module,
+        layer=layer,
+        fwd=(MemBound(f"{name}.fwd", 3 * x),),
+        bwd_input=(MemBound(f"{name}.bwd", 2 * x),) if dropout else (),
+        saved=saved,
+    )
+
+
+def embedding(d: Dims, vocab_local: int) -> Op:
+    """Vocab-parallel embedding: lookup, then all-reduce (or reduce-scatter with SP) over TP."""
+    full = d.act(d.h)
+    fwd: list = [MemBound("embedding.fwd", 2 * full)]
+    bwd_in: list = []
+    if d.sp:
+        fwd.append(Collective("reduce_scatter", full, "tp"))
+        bwd_in.append(Collective("all_gather", full, "tp"))
+    elif d.tp > 1:
+        fwd.append(Collective("all_reduce", full, "tp"))
+    ids = ("embedding.ids", float(d.tokens * 8))
+    return Op(
+        name="embedding",
+        module="embedding",
+        layer=-1,
+        fwd=tuple(fwd),
+        bwd_input=tuple(bwd_in),
+        bwd_weight=(MemBound("embedding.wgrad", full + d.tokens * d.h * FP32),),
+        saved=(ids,),
+        bwd_transient=full,
+        params=vocab_local * d.h,
+    )
+
+
+def cross_entropy(d: Dims, logits: Tensor, *, fused: bool) -> Op:
+    """Vocab-parallel cross-entropy over logits [tokens, vocab/tp].
+
+    Fused (TE): bf16 logits are kept and overwritten with their gradient in place; the
+    kernel upcasts to fp32 internally (an fp32 logits-sized buffer during the loss).
+    Unfused (Megatron): an fp32 copy of the logits becomes the saved softmax.
+    Both all-reduce per-token max, sum-exp and target logit over TP.
+    """
+    n = d.tokens * d.vocab
+    bf16 = logits[1]
+    f32 = float(n * FP32)
+    stats = [Collective("all_reduce", d.tokens * FP32, "tp") for _ in range(3)] if d.tp > 1 else []
+    if fused:
+        fwd = (MemBound("loss.fwd", 2 * bf16, family="ce_fusion"), *stats)
+        bwd = (MemBound("loss.bwd", 2 * bf16, family="ce_fusion"),)
+        return Op(
+            name="loss", module="loss", layer=-1, fwd=fwd, bwd_input=bwd, saved=(logits,), input=(logits,),
+            fwd_transient=f32, bwd_transient=bf16,
+        )
+    fwd = (MemBound("loss.fwd", bf16 + 3 * f32, family="ce"), *stats)
+    bwd = (MemBound("loss.bwd", f32 + bf16, family="ce"),)
+    return Op(
+        name="loss", module="loss", layer=-1, fwd=fwd, bwd_input=bwd,
+        saved=(("loss.softmax_fp32", f32),), input=(logits,),
+        fwd_transient=bf16 + f32, bwd_transient=bf16,
+    )

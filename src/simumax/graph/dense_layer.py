@@ -1,0 +1,66 @@
+"""One dense transformer layer (pre-norm, attention + MLP) as Megatron-Core/TE runs it."""
+
+from __future__ import annotations
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.graph import blocks
+from simumax.graph.dims import Dims
+from simumax.graph.ops import Op
+
+
+def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_in: tuple[str, float]) -> list[Op]:
+    """Input norm, QKV, RoPE, core attention, output projection, residual add."""
+    P = f"L{layer}"
+    rms = model.norm_type == "rmsnorm"
+    hd = d.head_dim
+    q_w, kv_w = d.heads * hd, d.kv_heads * hd
+    ln_out = (f"{P}.attn_norm.out", d.act(d.h, local=True))
+    mixed = (f"{P}.qkv.out", d.act(q_w + 2 * kv_w))
+    q = (f"{P}.q", d.act(q_w))
+    k = (f"{P}.k", d.act(kv_w))
+    # v is a view into the fused QKV output; keeping v keeps that whole buffer alive
+    v = mixed
+    out = (f"{P}.attn.out", d.act(q_w))
+    bias = model.add_bias_linear
+    ops = [
+        blocks.norm(f"{P}.attn_norm", "attn_norm", layer, d, x_in, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
+        blocks.column_linear(f"{P}.qkv", "qkv", layer, d, ln_out, d.h, q_w + 2 * kv_w, bias=bias).with_(output=mixed),
+        blocks.rope(f"{P}.rope", layer, d, q_w + kv_w).with_(input=(mixed,), output=q),
+    ]
+    if st.use_math_sdp:
+        core = blocks.math_attention(f"{P}.attn", layer, d, q, k, v, qk_dim=hd, v_dim=hd, dropout=st.enable_dropout)
+    else:
+        core = blocks.flash_attention(f"{P}.attn", layer, d, q, k, v, out, qk_dim=hd, v_dim=hd)
+    ops.append(core.with_(output=out))
+    ops.append(blocks.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, out, q_w, d.h, bias=bias))
+    ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_proj", layer, d, dropout=st.enable_dropout))
+    return ops
+
+
+def mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_mid: tuple[str, float]) -> list[Op]:
+    """Pre-MLP norm, FC1, activation, FC2, residual add."""
+    P = f"L{layer}"
+    rms = model.norm_type == "rmsnorm"
+    ln_out = (f"{P}.mlp_norm.out", d.act(d.h, local=True))
+    fc1_n = 2 * d.ffn if model.use_swiglu else d.ffn
+    fc1_out = (f"{P}.fc1.out", d.act(fc1_n))
+    act_out = (f"{P}.act.out", d.act(d.ffn))
+    bias = model.add_bias_linear
+    if model.use_swiglu:
+        act = blocks.swiglu(f"{P}.act", layer, d, fc1_out, d.ffn, fused=st.use_fused_swiglu)
+    else:
+        act = blocks.gelu(f"{P}.act", layer, d, fc1_out, d.ffn)
+    return [
+        blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
+        blocks.column_linear(f"{P}.fc1", "fc1", layer, d, ln_out, d.h, fc1_n, bias=bias).with_(output=fc1_out),
+        act.with_(output=act_out),
+        blocks.row_linear(f"{P}.fc2", "fc2", layer, d, act_out, d.ffn, d.h, bias=bias),
+        blocks.dropout_add(f"{P}.mlp_add", "fc2", layer, d, dropout=st.enable_dropout),
+    ]
+
+
+def dense_layer(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int) -> list[Op]:
+    x_in = (f"L{layer}.x", d.act(d.h, local=True))
+    x_mid = (f"L{layer}.x_mid", d.act(d.h, local=True))
+    return attention_ops(model, st, d, layer, x_in) + mlp_ops(model, st, d, layer, x_mid)

@@ -1,0 +1,51 @@
+"""Per-rank tensor sizes one strategy implies, computed once and shared by all builders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Dims:
+    b: int  # micro-batch size
+    s: int  # sequence per CP rank
+    tokens: int  # b * s: rows of every GEMM
+    local_tokens: int  # rows of a sequence-parallel activation (tokens / tp with SP)
+    tp: int
+    sp: bool
+    h: int
+    heads: int  # query heads per TP rank
+    kv_heads: int  # kv heads per TP rank (replicated when tp > kv_head_num)
+    head_dim: int
+    ffn: int  # dense MLP hidden per TP rank
+    vocab: int  # padded vocab per TP rank
+    act_bytes: int  # bytes of one activation element (bf16: 2)
+
+    @classmethod
+    def of(cls, model: ModelConfig, st: StrategyConfig) -> "Dims":
+        tp, cp = st.tp_size, st.cp_size
+        s = st.seq_len // cp
+        tokens = st.micro_batch_size * s
+        sp = st.sp
+        return cls(
+            b=st.micro_batch_size,
+            s=s,
+            tokens=tokens,
+            local_tokens=tokens // tp if sp else tokens,
+            tp=tp,
+            sp=sp,
+            h=model.hidden_size,
+            heads=model.head_num // tp,
+            kv_heads=max(model.kv_head_num // tp, 1),
+            head_dim=model.head_size,
+            ffn=model.intermediate_size // tp,
+            vocab=model.padded_vocab(tp) // tp,
+            act_bytes=st.dtype_bytes,
+        )
+
+    def act(self, width: int, local: bool = False) -> float:
+        """Bytes of a [tokens, width] activation (sequence-sharded when ``local`` and SP)."""
+        return float((self.local_tokens if local else self.tokens) * width * self.act_bytes)

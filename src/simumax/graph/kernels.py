@@ -1,0 +1,107 @@
+"""The kernels an op launches. Each knows its FLOPs and bytes; costing lives in cost/."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+GemmLayout = Literal["TN", "NN", "NT"]  # fwd, dgrad, wgrad (cuBLAS column-major convention)
+CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all2all", "p2p"]
+Group = Literal["tp", "cp", "ep", "etp", "dp", "edp", "pp"]
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """C[m, n] = A[m, k] @ B[k, n]; m = tokens in fwd/dgrad, = out features in wgrad."""
+
+    m: int
+    k: int
+    n: int
+    layout: GemmLayout
+    accumulate: bool = False
+    out_dtype: str = "bf16"
+    b: int = 1
+    family: str = "matmul"
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.b * self.m * self.k * self.n
+
+    @property
+    def key(self) -> str:
+        """SimuMax's shape-table key, so measured tables apply unchanged."""
+        return (
+            f"b={self.b}, m={self.m}, k={self.k}, n={self.n}, layout={self.layout}, "
+            f"accumulate={self.accumulate}, out_dtype={self.out_dtype}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Attention:
+    """Fused (flash) attention, one direction.
+
+    ``flops`` counts what the model needs (causal: half the score matrix; backward 2x
+    forward, the MFU convention). ``table_flops`` is SimuMax's convention (no causal
+    halving), the one its measured efficiency tables were computed with.
+    """
+
+    phase: Literal["fwd", "bwd"]
+    batch: int
+    seq_len: int
+    head_num: int
+    kv_head_num: int
+    qk_head_dim: int
+    v_head_dim: int
+    causal: bool = True
+    qkv_contiguous: bool = True
+
+    @property
+    def table_flops(self) -> float:
+        fwd = 2.0 * self.batch * self.head_num * self.seq_len * self.seq_len * (self.qk_head_dim + self.v_head_dim)
+        return fwd if self.phase == "fwd" else 2.0 * fwd
+
+    @property
+    def flops(self) -> float:
+        s = self.seq_len
+        frac = (s + 1) / (2 * s) if self.causal else 1.0
+        return self.table_flops * frac
+
+    @property
+    def family(self) -> str:
+        return "sdp_fwd" if self.phase == "fwd" else "sdp_bwd"
+
+    @property
+    def key(self) -> str:
+        return (
+            f"batch={self.batch}, seq_len={self.seq_len}, head_num={self.head_num}, "
+            f"kv_head_num={self.kv_head_num}, qk_head_dim={self.qk_head_dim}, "
+            f"v_head_dim={self.v_head_dim}, qkv_contiguous={self.qkv_contiguous}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MemBound:
+    """A bandwidth-bound kernel (norm, activation, add, softmax, CE, optimizer ...)."""
+
+    name: str
+    bytes: float
+    family: str = "default"  # key into accelerator.bandwidth
+    flops: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One collective on a parallel group.
+
+    ``bytes`` is the logical buffer: the gathered output for all_gather, the full input
+    for reduce_scatter, the tensor for all_reduce, the send buffer for all2all / p2p.
+    """
+
+    op: CollectiveOp
+    bytes: float
+    group: Group
+
+    flops = 0.0
+
+
+Kernel = Gemm | Attention | MemBound | Collective

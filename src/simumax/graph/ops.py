@@ -1,0 +1,74 @@
+"""The op: the single description every estimate, memory walk and simulation reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from simumax.graph.kernels import Collective, Kernel
+
+Tensor = tuple[str, float]  # (unique name within a micro-batch, bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operator of one micro-batch on one pipeline rank.
+
+    Phases: ``fwd``, ``bwd_input`` (activation gradients), ``bwd_weight`` (weight
+    gradients). ``saved`` are the tensors kept from forward to backward, by name, so a
+    tensor two ops keep (a linear's input that is also attention's output) counts once.
+    ``recompute_group`` names the checkpointed group the op belongs to (set by
+    graph.recompute): its forward kernels run again in backward, and the tensors it saves
+    or outputs are not kept between forward and backward, except the group's inputs.
+    """
+
+    name: str
+    module: str  # recompute/grouping tag: attn_norm, qkv, rope, core_attn, attn_proj, ...
+    layer: int  # global layer index; -1 for embedding, head and loss
+    fwd: tuple[Kernel, ...] = ()
+    bwd_input: tuple[Kernel, ...] = ()
+    bwd_weight: tuple[Kernel, ...] = ()
+    saved: tuple[Tensor, ...] = ()
+    input: tuple[Tensor, ...] = ()  # what a checkpoint of a group starting here keeps
+    output: Tensor | None = None
+    fwd_transient: float = 0.0  # bytes alive only while its forward runs
+    bwd_transient: float = 0.0  # bytes alive only while its backward runs
+    params: int = 0  # parameters this rank holds for the op
+    expert_params: int = 0  # of which expert (sharded over EP/ETP, reduced over EDP)
+    weight_shapes: tuple[tuple[int, int], ...] = ()  # TE linear weights on this rank
+    recompute_group: str | None = None
+
+    def kernels(self, phase: str) -> tuple[Kernel, ...]:
+        if phase == "recompute":
+            return self.fwd if self.recompute_group else ()
+        return getattr(self, phase)
+
+    @property
+    def saved_bytes(self) -> float:
+        return sum(b for _, b in self.saved)
+
+    def with_(self, **kw: object) -> "Op":
+        return replace(self, **kw)
+
+
+PHASES = ("fwd", "bwd_input", "bwd_weight", "recompute")
+
+
+@dataclass(slots=True)
+class Stage:
+    """Everything one pipeline rank runs for one micro-batch, in forward order."""
+
+    index: int
+    ops: list[Op] = field(default_factory=list)
+    layers: list[int] = field(default_factory=list)
+    p2p_bytes: float = 0.0  # activation sent to the next stage per micro-batch
+
+    @property
+    def params(self) -> int:
+        return sum(o.params for o in self.ops)
+
+    @property
+    def expert_params(self) -> int:
+        return sum(o.expert_params for o in self.ops)
+
+    def collectives(self) -> list[Collective]:
+        return [k for o in self.ops for ph in PHASES for k in o.kernels(ph) if isinstance(k, Collective)]

@@ -1,0 +1,64 @@
+"""Which ops of a layer are checkpointed, from the strategy's recompute fields.
+
+Groups (module tags of graph.dense_layer):
+* full_block: the whole layer, for the first ``recompute_layer_num`` layers of each stage;
+* selective (SimuMax flags): attn_recompute -> core attention (RoPE + attention);
+  mlp_recompute -> the MLP (FC1, activation, FC2); mlp_rms_recompute -> the pre-MLP norm;
+  mla_rms_recompute -> MLA's q/kv norms;
+* megatron (--recompute-modules): core_attn, mlp, layernorm (both norms), moe_act, moe,
+  shared_experts, mla_up_proj.
+"""
+
+from __future__ import annotations
+
+from simumax.config.strategy import StrategyConfig
+from simumax.graph.ops import Op
+
+SELECTIVE_FLAGS = {
+    "attn_recompute": [("attn", {"core_attn"})],
+    "mlp_recompute": [("mlp", {"fc1", "act", "fc2_gemm"})],
+    "mlp_rms_recompute": [("mlp_norm", {"mlp_norm"})],
+    "mla_rms_recompute": [("mla_norm", {"mla_norm"})],
+}
+MEGATRON_MODULES = {
+    "core_attn": [("attn", {"core_attn"})],
+    "mlp": [("mlp", {"fc1", "act", "fc2_gemm"})],
+    "layernorm": [("attn_norm", {"attn_norm"}), ("mlp_norm", {"mlp_norm"})],
+    "moe_act": [("moe_act", {"moe_act"})],
+    "moe": [("moe", {"router", "dispatch", "experts", "moe_act", "combine"})],
+    "shared_experts": [("shared", {"shared_fc1", "shared_act", "shared_fc2"})],
+    "mla_up_proj": [("mla_up", {"mla_up_proj"})],
+}
+
+
+def _groups(st: StrategyConfig) -> list[tuple[str, set[str]]]:
+    mode = st.recompute_mode
+    out: list[tuple[str, set[str]]] = []
+    if mode == "selective":
+        for flag, groups in SELECTIVE_FLAGS.items():
+            if getattr(st, flag):
+                out += groups
+    elif mode == "megatron":
+        for m in st.megatron_recompute_modules:
+            out += MEGATRON_MODULES[m]
+    return out
+
+
+def apply_recompute(st: StrategyConfig, layer_ops: list[Op], position_in_stage: int) -> list[Op]:
+    """Tag the layer's ops with their recompute group (position counts from the stage start)."""
+    mode = st.recompute_mode
+    if mode == "none":
+        return layer_ops
+    limit = st.recompute_layer_num
+    if mode != "megatron" and limit is not None and position_in_stage >= limit:
+        return layer_ops
+    layer = layer_ops[0].layer
+    if mode == "full_block":
+        return [o.with_(recompute_group=f"L{layer}.block") for o in layer_ops]
+    groups = _groups(st)
+    tagged = []
+    for o in layer_ops:
+        module = "fc2_gemm" if o.module == "fc2" and o.name.endswith("fc2") else o.module
+        gid = next((f"L{layer}.{g}" for g, mods in groups if module in mods), None)
+        tagged.append(o.with_(recompute_group=gid) if gid else o)
+    return tagged

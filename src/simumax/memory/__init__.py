@@ -1,0 +1,1 @@
+"""Memory: static model states and the activation walk of one micro-batch."""

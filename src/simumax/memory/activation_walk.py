@@ -1,0 +1,110 @@
+"""Walk one micro-batch's forward then backward over a stage's ops, tracking live bytes.
+
+Tensors are tracked by name, so a tensor several ops keep counts once. Recompute
+groups keep only their inputs between forward and backward; in backward the group's
+tensors come back (re-run forward) just before its last op's backward and are released
+op by op like any saved tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simumax.graph.ops import Op
+
+# Groups checkpointed "without output" (Megatron CheckpointWithoutOutput): their output
+# is discarded too and recomputed, even where a later op saved it.
+WITHOUT_OUTPUT = ("attn_norm", "mlp_norm", "mla_norm", "moe_act", "mla_up")
+
+
+@dataclass(frozen=True, slots=True)
+class WalkResult:
+    stored: float  # bytes kept per micro-batch between its forward and backward
+    fwd_peak: float  # max live bytes of this micro-batch during its forward
+    bwd_peak: float  # max live bytes of this micro-batch during its backward
+    fwd_peak_op: str
+    bwd_peak_op: str
+
+
+def _groups(ops: list[Op]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for i, o in enumerate(ops):
+        if o.recompute_group:
+            groups.setdefault(o.recompute_group, []).append(i)
+    return groups
+
+
+def walk(ops: list[Op]) -> WalkResult:
+    groups = _groups(ops)
+    dropped: dict[str, dict[str, float]] = {}
+    kept_names: set[str] = set()
+    for gid, idx in groups.items():
+        members = [ops[i] for i in idx]
+        keep = {name for name, _ in members[0].input}
+        last_out = members[-1].output
+        if last_out is not None and not gid.endswith(WITHOUT_OUTPUT):
+            keep.add(last_out[0])
+        kept_names |= keep
+        tensors: dict[str, float] = {}
+        for m in members:
+            for name, nbytes in m.saved:
+                tensors[name] = nbytes
+            if m.output is not None:
+                tensors[m.output[0]] = m.output[1]
+        dropped[gid] = {n: b for n, b in tensors.items() if n not in keep}
+    all_dropped = {n for t in dropped.values() for n in t}
+
+    first_use: dict[str, int] = {}
+    sizes: dict[str, float] = {}
+    for i, o in enumerate(ops):
+        names = list(o.saved) + (list(o.input) if o.recompute_group else [])
+        for name, nbytes in names:
+            first_use.setdefault(name, i)
+            sizes[name] = nbytes
+    release: dict[int, list[str]] = {}
+    for name, i in first_use.items():
+        release.setdefault(i, []).append(name)
+
+    # forward
+    live: dict[str, float] = {}
+    live_total = 0.0
+    fwd_peak, fwd_op = 0.0, ""
+    for o in ops:
+        new: list[tuple[str, float]] = list(o.saved)
+        if o.recompute_group:
+            new += list(o.input)
+        extra = 0.0
+        for name, nbytes in new:
+            if name in all_dropped and name not in kept_names:
+                extra += nbytes  # exists while the checkpointed forward runs, then freed
+            elif name not in live:
+                live[name] = nbytes
+                live_total += nbytes
+        here = live_total + o.fwd_transient + extra
+        if here > fwd_peak:
+            fwd_peak, fwd_op = here, o.name
+    stored = live_total
+
+    # backward: a group's tensors come back before the first backward that needs them
+    last_user: dict[str, int] = {}
+    for i, o in enumerate(ops):
+        for name, _ in o.saved:
+            last_user[name] = i
+    last_of_group: dict[int, list[str]] = {}
+    for gid, idx in groups.items():
+        at = max([idx[-1]] + [last_user.get(n, -1) for n in dropped[gid]])
+        last_of_group.setdefault(at, []).append(gid)
+    bwd_peak, bwd_op = 0.0, ""
+    for i in range(len(ops) - 1, -1, -1):
+        o = ops[i]
+        for gid in last_of_group.get(i, ()):
+            for name, nbytes in dropped[gid].items():
+                if name not in live:
+                    live[name] = nbytes
+                    live_total += nbytes
+        here = live_total + o.bwd_transient
+        if here > bwd_peak:
+            bwd_peak, bwd_op = here, o.name
+        for name in release.get(i, ()):
+            live_total -= live.pop(name, 0.0)
+    return WalkResult(stored, fwd_peak, bwd_peak, fwd_op, bwd_op)

@@ -1,0 +1,56 @@
+"""Weights, gradients, optimizer states and framework buffers of one pipeline stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simumax.config.strategy import StrategyConfig
+from simumax.graph.ops import Stage
+
+ADAM_STATE_BYTES = 8  # fp32 exp_avg + exp_avg_sq
+FP32 = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStates:
+    weights: float
+    grads: float
+    optimizer: float
+    te_buffers: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.te_buffers
+
+
+def optimizer_bytes_per_param(st: StrategyConfig) -> int:
+    """fp32 master copy (unless training in fp32) + Adam moments."""
+    master = 0 if st.dtype == "fp32" else FP32
+    return master + ADAM_STATE_BYTES
+
+
+def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
+    """Megatron DDP: bf16 params, main grads (fp32 unless reduced in bf16), optimizer
+    sharded over DP (dense) / expert-DP (experts) with the distributed optimizer.
+
+    TransformerEngine >= 2.3 keeps one dummy weight-gradient tensor per distinct linear
+    weight shape (returned to autograd because the real gradient goes to main_grad).
+    """
+    dense = stage.params - stage.expert_params
+    expert = stage.expert_params
+    total = dense + expert
+    per_param_opt = optimizer_bytes_per_param(st)
+    if st.zero_state >= 1:
+        opt = per_param_opt * (dense / st.dp_size + expert / st.edp_size)
+    else:
+        opt = per_param_opt * total
+    te = 0.0
+    if st.te_at_least("2.3"):
+        shapes = {s for o in stage.ops for s in o.weight_shapes}
+        te = float(sum(n * k for n, k in shapes) * st.dtype_bytes)
+    return ModelStates(
+        weights=float(total * st.dtype_bytes),
+        grads=float(total * st.main_grad_bytes),
+        optimizer=float(opt),
+        te_buffers=te,
+    )

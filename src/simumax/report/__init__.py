@@ -1,0 +1,1 @@
+"""Typed results (SI units) and their human formatting."""

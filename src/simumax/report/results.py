@@ -1,0 +1,77 @@
+"""Typed results. Every number is SI: seconds, bytes, FLOPs, FLOP/s, tokens/s."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float):
+        return float(f"{x:.12g}")
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+class _ToDict:
+    def to_dict(self) -> dict[str, Any]:
+        return _clean(asdict(self))  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost(_ToDict):
+    stage: int
+    layers: int
+    fwd: float  # one micro-batch, seconds
+    bwd: float
+    recompute: float
+    p2p: float
+    comm_exposed: dict[str, float]  # per micro-batch, by group (tp, cp, ep ...)
+    dp_comm: float  # per iteration
+    optimizer: float  # per iteration
+    end_of_backward: float  # when this stage's last backward finishes
+
+
+@dataclass(frozen=True, slots=True)
+class CostResult(_ToDict):
+    duration_time_per_iter: float  # s
+    mfu: float  # model FLOPs (causal attention halved) / (time * peak * GPUs)
+    mfu_6nd_with_attn: float  # SimuMax convention: 6*N*D + full (non-causal) attention
+    tflops_per_gpu: float  # model FLOP/s per GPU / 1e12
+    throughput_per_accelerator: float  # tokens / s / GPU
+    flops_per_iter: float  # model FLOPs over all GPUs
+    tokens_per_iter: int
+    breakdown: dict[str, float]  # seconds on the critical rank: fwd, bwd, recompute, tp_comm, ...
+    stages: list[StageCost]
+    efficiency_lookups: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory(_ToDict):
+    stage: int
+    layers: int
+    params: int
+    weights: float  # bytes
+    grads: float
+    optimizer: float
+    te_buffers: float
+    model_mem: float  # weights + grads + optimizer + te_buffers
+    fwd_activation_cache_per_micro_batch: float
+    in_flight_micro_batches: float
+    activation_mem: float  # at the peak, all in-flight micro-batches
+    peak_mem: float  # allocated
+    peak_mem_with_reserved: float  # allocated / mem_factor
+    peak_path: dict[str, str]  # {"phase": "bwd", "op": "L3.fc1", "micro_batch": "..."}
+
+
+@dataclass(frozen=True, slots=True)
+class MemResult(_ToDict):
+    stages: list[StageMemory]
+    peak_mem: float  # max over stages, allocated
+    peak_mem_with_reserved: float
+    peak_stage: int
+    capacity: float  # device memory, bytes
+    fits: bool

@@ -1,0 +1,46 @@
+"""1F1B (PipeDream-flush, Megatron's default) in closed form.
+
+Rank r of p runs min(p - r - 1, m) warm-up forwards, then one-forward-one-backward,
+then cool-down backwards. With per-micro-batch stage times F_r + B_r the last backward on
+rank 0 ends at  sum_r (F_r + B_r) + (m - 1) * max_r (F_r + B_r); for uniform stages that
+is (m + p - 1)(F + B), a bubble fraction of (p - 1) / (m + p - 1). Interleaving over v
+virtual chunks divides the fill/drain part by v (Narayanan et al. 2021).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineTiming:
+    total: float  # first forward on rank 0 to last backward on rank 0
+    busy_max: float  # m * max_r (F_r + B_r)
+    end_per_rank: tuple[float, ...]  # when each rank finishes its last backward
+
+    @property
+    def bubble(self) -> float:
+        return self.total - self.busy_max
+
+
+def in_flight(pp: int, rank: int, mbc: int, interleaving: int = 1) -> int:
+    """Micro-batches whose activations rank ``rank`` holds at its peak under 1F1B."""
+    if interleaving == 1:
+        return min(pp - rank, mbc)
+    # interleaved: warm-up of (p - r - 1) * 2 + (v - 1) * p chunk-forwards (Megatron)
+    warm = (pp - rank - 1) * 2 + (interleaving - 1) * pp + 1
+    return min(warm, mbc * interleaving)  # in units of chunk-micro-batches
+
+
+def pipeline_time(per_stage: list[tuple[float, float]], mbc: int, interleaving: int = 1) -> PipelineTiming:
+    """per_stage: (F_r, B_r) per micro-batch, p2p included."""
+    totals = [f + b for f, b in per_stage]
+    worst = max(totals)
+    fill = sum(totals) - worst
+    total = mbc * worst + fill / interleaving
+    ends = []
+    done_before = 0.0
+    for f, b in per_stage:
+        ends.append(total - done_before)
+        done_before += b / interleaving
+    return PipelineTiming(total, mbc * worst, tuple(ends))

@@ -1,0 +1,125 @@
+"""Run validation cases (real Megatron measurements) and compare with predictions."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from simumax.config.base import read_json
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.errors import ConfigError
+from simumax.estimate import Estimate
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class CaseResult:
+    id: str
+    measured_time: float | None  # seconds
+    predicted_time: float | None
+    time_error: float | None  # (pred - real) / real
+    reference_time_error: float | None  # SimuMax v1.2's error on the same case
+    measured_mem: float | None  # bytes, peak allocated
+    predicted_mem: float | None
+    mem_error: float | None
+    reference_mem_error: float | None
+    skipped: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _resolve(spec: Any, root: Path) -> Any:
+    if isinstance(spec, str) and spec.endswith(".json"):
+        p = Path(spec)
+        return p if p.is_absolute() else root / p
+    return spec
+
+
+def _err(pred: float | None, real: float | None) -> float | None:
+    if pred is None or not real:
+        return None
+    return (pred - real) / real
+
+
+def load_cases(path: str | Path) -> list[dict[str, Any]]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("path", f"file not found: {p}")
+    cases = []
+    for i, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            cases.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"line {i}", f"not valid JSON ({exc.msg})", str(p)) from None
+    return cases
+
+
+def estimate_for_case(case: dict[str, Any], root: Path) -> Estimate:
+    model = load_model(_resolve(case["model"], root))
+    if case.get("model_overrides"):
+        model = model.with_updates(case["model_overrides"], source=f"{case['id']} model_overrides")
+    strategy = load_strategy(case["strategy"])
+    system = load_system(_resolve(case["system"], root))
+    return Estimate(model, strategy, system)
+
+
+def run_case(case: dict[str, Any], root: Path) -> CaseResult:
+    measured = case.get("measured", {})
+    ref = case.get("reference_prediction", {})
+    real_t = measured.get("iter_time_ms")
+    real_m = measured.get("peak_alloc_gib")
+    real_t = real_t / 1e3 if real_t is not None else None
+    real_m = real_m * GIB if real_m is not None else None
+    ref_t = _err(ref.get("iter_time_ms") and ref["iter_time_ms"] / 1e3, real_t)
+    ref_m = _err(ref.get("peak_alloc_gib") and ref["peak_alloc_gib"] * GIB, real_m)
+    try:
+        est = estimate_for_case(case, root)
+        t = est.cost().duration_time_per_iter
+        mem = est.memory().peak_mem
+    except ConfigError as exc:
+        return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc))
+    return CaseResult(case["id"], real_t, t, _err(t, real_t), ref_t, real_m, mem, _err(mem, real_m), ref_m)
+
+
+def default_reference_root(jsonl: Path) -> Path:
+    """Validation files live in shared/validation; their config paths are relative to shared/reference."""
+    return jsonl.resolve().parent.parent / "reference"
+
+
+def run_file(path: str | Path, reference_root: str | Path | None = None) -> list[CaseResult]:
+    p = Path(path)
+    root = Path(reference_root) if reference_root else default_reference_root(p)
+    return [run_case(c, root) for c in load_cases(p)]
+
+
+def summary(results: list[CaseResult]) -> dict[str, float | int | None]:
+    def stats(xs: list[float]) -> tuple[float | None, float | None]:
+        if not xs:
+            return None, None
+        a = [abs(x) for x in xs]
+        return sum(a) / len(a), max(a)
+
+    t = [r.time_error for r in results if r.time_error is not None]
+    m = [r.mem_error for r in results if r.mem_error is not None]
+    rt = [r.reference_time_error for r in results if r.reference_time_error is not None and r.time_error is not None]
+    t_mean, t_max = stats(t)
+    m_mean, m_max = stats(m)
+    rt_mean, rt_max = stats(rt)
+    return {
+        "cases": len(results),
+        "evaluated": len(t),
+        "skipped": sum(1 for r in results if r.skipped),
+        "time_mean_abs_error": t_mean,
+        "time_max_abs_error": t_max,
+        "time_mean_error": sum(t) / len(t) if t else None,
+        "mem_mean_abs_error": m_mean,
+        "mem_max_abs_error": m_max,
+        "reference_time_mean_abs_error": rt_mean,
+        "reference_time_max_abs_error": rt_max,
+    }
