@@ -37,6 +37,12 @@ class ModelConfig(ConfigBase):
     make_vocab_size_divisible_by: PositiveInt = Field(128, description="Megatron's vocab padding divisor.")
     norm_type: Literal["rmsnorm", "layernorm"] = Field("rmsnorm", description="Normalisation layer.")
     add_bias_linear: bool = Field(False, description="Linear layers carry biases (Megatron --add-bias-linear).")
+    position_embedding_type: Literal["rope", "learned_absolute", "none"] = Field(
+        "rope", description="RoPE (Llama) or learned absolute position embeddings (GPT-3)."
+    )
+    max_position_embeddings: PositiveInt | None = Field(
+        None, description="Rows of the learned position table; default the strategy's seq_len."
+    )
     untie_embeddings_and_output_weights: bool = Field(
         True, description="Separate LM-head weight (Llama); false ties it to the input embedding."
     )

@@ -46,6 +46,9 @@ class StrategyConfig(ConfigBase):
     enable_sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (with tp > 1).")
     cp_comm_type: Literal["a2a", "all_gather", "p2p"] = Field("a2a", description="Context-parallel attention scheme.")
     moe_dispatcher_policy: Literal["all2all", "all_gather"] = Field("all2all", description="MoE token dispatcher.")
+    dispatch_probs: bool = Field(
+        False, description="MoE: routing probabilities travel with the tokens in dispatch (SimuMax field)."
+    )
     # optimizer / precision
     zero_state: int = Field(1, ge=0, le=1, description="0: plain DDP all-reduce; 1: distributed optimizer (ZeRO-1).")
     use_fp32_accum_grad: bool = Field(True, description="fp32 main gradients (--accumulate-allreduce-grads-in-fp32).")

@@ -112,7 +112,7 @@ def rope(name: str, layer: int, d: Dims, qk_width: int) -> Op:
     nbytes = d.act(qk_width)
     return Op(
         name=name,
-        module="core_attn",
+        module="rope",
         layer=layer,
         fwd=(MemBound(f"{name}.fwd", 2 * nbytes),),
         bwd_input=(MemBound(f"{name}.bwd", 2 * nbytes),),
@@ -160,8 +160,8 @@ def math_attention(name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tens
     k_full = (f"{k[0]}.expanded", float(t * a * qk_dim * d.act_bytes))
     v_full = (f"{v[0]}.expanded", float(t * a * v_dim * d.act_bytes))
     saved: list[Tensor] = [q, k_full, v_full, (f"{name}.probs", scores)]
-    if dropout:
-        saved.append((f"{name}.dropout_mask", scores / d.act_bytes))
+    if dropout:  # softmax output (for its backward), the mask, and the dropped probs (for PV)
+        saved += [(f"{name}.dropout_mask", scores / d.act_bytes), (f"{name}.probs_dropped", scores)]
     return Op(
         name=name,
         module="core_attn",
@@ -221,7 +221,7 @@ def dropout_add(name: str, module: str, layer: int, d: Dims, *, dropout: bool) -
     )
 
 
-def embedding(d: Dims, vocab_local: int) -> Op:
+def embedding(d: Dims, vocab_local: int, position_rows: int = 0) -> Op:
     """Vocab-parallel embedding: lookup, then all-reduce (or reduce-scatter with SP) over TP."""
     full = d.act(d.h)
     fwd: list = [MemBound("embedding.fwd", 2 * full)]
@@ -241,7 +241,7 @@ def embedding(d: Dims, vocab_local: int) -> Op:
         bwd_weight=(MemBound("embedding.wgrad", full + d.tokens * d.h * FP32),),
         saved=(ids,),
         bwd_transient=full,
-        params=vocab_local * d.h,
+        params=(vocab_local + position_rows) * d.h,
     )
 
 
@@ -250,7 +250,8 @@ def cross_entropy(d: Dims, logits: Tensor, *, fused: bool) -> Op:
 
     Fused (TE): bf16 logits are kept and overwritten with their gradient in place; the
     kernel upcasts to fp32 internally (an fp32 logits-sized buffer during the loss).
-    Unfused (Megatron): an fp32 copy of the logits becomes the saved softmax.
+    Unfused (Megatron): an fp32 copy of the logits becomes the saved softmax (exp and
+    normalisation run in place on it), while the bf16 logits it was made from die.
     Both all-reduce per-token max, sum-exp and target logit over TP.
     """
     n = d.tokens * d.vocab
@@ -269,5 +270,5 @@ def cross_entropy(d: Dims, logits: Tensor, *, fused: bool) -> Op:
     return Op(
         name="loss", module="loss", layer=-1, fwd=fwd, bwd_input=bwd,
         saved=(("loss.softmax_fp32", f32),), input=(logits,),
-        fwd_transient=bf16 + f32, bwd_transient=bf16,
+        fwd_transient=bf16, bwd_transient=bf16,
     )

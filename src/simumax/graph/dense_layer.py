@@ -17,17 +17,20 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     q_w, kv_w = d.heads * hd, d.kv_heads * hd
     ln_out = (f"{P}.attn_norm.out", d.act(d.h, local=True))
     mixed = (f"{P}.qkv.out", d.act(q_w + 2 * kv_w))
-    q = (f"{P}.q", d.act(q_w))
-    k = (f"{P}.k", d.act(kv_w))
-    # v is a view into the fused QKV output; keeping v keeps that whole buffer alive
+    # q, k, v are views into the fused QKV output, so keeping v (or q, k without RoPE)
+    # keeps that whole buffer alive; RoPE writes new q and k tensors
     v = mixed
+    rotary = model.position_embedding_type == "rope"
+    q = (f"{P}.q", d.act(q_w)) if rotary else mixed
+    k = (f"{P}.k", d.act(kv_w)) if rotary else mixed
     out = (f"{P}.attn.out", d.act(q_w))
     bias = model.add_bias_linear
     ops = [
         blocks.norm(f"{P}.attn_norm", "attn_norm", layer, d, x_in, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
         blocks.column_linear(f"{P}.qkv", "qkv", layer, d, ln_out, d.h, q_w + 2 * kv_w, bias=bias).with_(output=mixed),
-        blocks.rope(f"{P}.rope", layer, d, q_w + kv_w).with_(input=(mixed,), output=q),
     ]
+    if rotary:
+        ops.append(blocks.rope(f"{P}.rope", layer, d, q_w + kv_w).with_(input=(mixed,), output=q))
     if st.use_math_sdp:
         core = blocks.math_attention(f"{P}.attn", layer, d, q, k, v, qk_dim=hd, v_dim=hd, dropout=st.enable_dropout)
     else:

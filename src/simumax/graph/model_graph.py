@@ -37,7 +37,10 @@ def build_stages(model: ModelConfig, st: StrategyConfig) -> list[Stage]:
     for r, n in enumerate(counts):
         stage = Stage(index=r, layers=list(range(first_layer, first_layer + n)))
         if r == 0:
-            stage.ops.append(blocks.embedding(d, d.vocab))
+            pos_rows = 0
+            if model.position_embedding_type == "learned_absolute":  # replicated over TP
+                pos_rows = model.max_position_embeddings or st.seq_len
+            stage.ops.append(blocks.embedding(d, d.vocab, pos_rows))
         for pos, layer in enumerate(stage.layers):
             if model.is_moe_layer(layer):
                 raise ConfigError("model_type", "MoE layers are not modelled by this version (dense models only)")

@@ -1,0 +1,54 @@
+"""Human formatting, used only at print time."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from simumax.report.results import CostResult, MemResult
+
+GIB = 2**30
+
+
+def gib(x: float) -> str:
+    return f"{x / GIB:.2f}"
+
+
+def ms(x: float) -> str:
+    return f"{x * 1e3:.1f}"
+
+
+def summary_table(title: str, cost: CostResult, mem: MemResult) -> Table:
+    t = Table(title=title, show_header=False)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("iteration time (ms)", ms(cost.duration_time_per_iter))
+    t.add_row("MFU (causal attention)", f"{cost.mfu:.1%}")
+    t.add_row("MFU (SimuMax 6ND + attn)", f"{cost.mfu_6nd_with_attn:.1%}")
+    t.add_row("TFLOP/s per GPU", f"{cost.tflops_per_gpu:.1f}")
+    t.add_row("tokens/s per GPU", f"{cost.throughput_per_accelerator:.0f}")
+    t.add_row("peak allocated (GiB, max stage)", f"{gib(mem.peak_mem)} (stage {mem.peak_stage})")
+    t.add_row("peak reserved (GiB)", f"{gib(mem.peak_mem_with_reserved)} of {gib(mem.capacity)}")
+    return t
+
+
+def breakdown_table(cost: CostResult) -> Table:
+    t = Table(title="time on the critical rank (ms per iteration)")
+    t.add_column("part")
+    t.add_column("ms", justify="right")
+    t.add_column("share", justify="right")
+    for k, v in cost.breakdown.items():
+        t.add_row(k, ms(v), f"{v / cost.duration_time_per_iter:.1%}")
+    return t
+
+
+def memory_table(mem: MemResult) -> Table:
+    t = Table(title="memory per pipeline stage (GiB)")
+    for col in ("stage", "layers", "weights", "grads", "optimizer", "TE buf", "act/mb", "in-flight", "peak", "reserved", "peak at"):
+        t.add_column(col, justify="right" if col not in ("peak at",) else "left")
+    for s in mem.stages:
+        t.add_row(
+            str(s.stage), str(s.layers), gib(s.weights), gib(s.grads), gib(s.optimizer), gib(s.te_buffers),
+            gib(s.fwd_activation_cache_per_micro_batch), s.peak_path["in_flight"], gib(s.peak_mem),
+            gib(s.peak_mem_with_reserved), f"{s.peak_path['phase']} {s.peak_path['op']}",
+        )
+    return t
