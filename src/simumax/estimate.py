@@ -156,8 +156,10 @@ class Estimate:
             "bwd": (ct.bwd.total - sum(ct.bwd.comm.values())) * m,
             "recompute": (ct.recompute.total - sum(ct.recompute.comm.values())) * m,
             **{f"{g}_comm": x * m for g, x in sorted(comm_mb.items())},
-            "pp_p2p": (per_stage[crit][0] + per_stage[crit][1] - ct.total) * m,
-            "bubble": total - sc.dp_comm - sc.optimizer - m * (per_stage[crit][0] + per_stage[crit][1]),
+            "pp_p2p": sc.p2p * ((crit > 0) + (crit < len(times) - 1)) * m,
+            # fill/drain of the pipeline, and per-micro-batch waiting on a slower stage
+            "bubble": max(0.0, pipe.end_per_rank[crit] - pipe.busy_max),
+            "stage_imbalance": max(0.0, m * (max(f + b for f, b in per_stage) - per_stage[crit][0] - per_stage[crit][1])),
             "dp_comm": sc.dp_comm,
             "optimizer": sc.optimizer,
         }

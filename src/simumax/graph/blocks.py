@@ -156,9 +156,11 @@ def math_attention(name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tens
         Gemm(s, s, qk_dim, "NN", b=bh),
         Gemm(s, s, qk_dim, "NT", b=bh),
     )
-    # the local spec expands K and V to all query heads before saving them
-    k_full = (f"{k[0]}.expanded", float(t * a * qk_dim * d.act_bytes))
-    v_full = (f"{v[0]}.expanded", float(t * a * v_dim * d.act_bytes))
+    # the local spec expands K and V to all query heads (GQA) before saving them
+    k_full, v_full = k, v
+    if d.kv_heads != d.heads:
+        k_full = (f"{name}.k_expanded", float(t * a * qk_dim * d.act_bytes))
+        v_full = (f"{name}.v_expanded", float(t * a * v_dim * d.act_bytes))
     saved: list[Tensor] = [q, k_full, v_full, (f"{name}.probs", scores)]
     if dropout:  # softmax output (for its backward), the mask, and the dropped probs (for PV)
         saved += [(f"{name}.dropout_mask", scores / d.act_bytes), (f"{name}.probs_dropped", scores)]

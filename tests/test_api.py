@@ -1,0 +1,73 @@
+"""The SimuMax-compatible Python API and its typed, SI-unit results."""
+
+from __future__ import annotations
+
+import json
+
+from simumax import ModelConfig, PerfLLM, StrategyConfig, SystemConfig
+from tests.conftest import REFERENCE, needs_shared
+
+
+def test_tutorial_flow_with_presets(tmp_path) -> None:
+    perf = PerfLLM()
+    perf.configure(strategy_config="tp1_pp2_dp4_mbs1", model_config="llama3-8b", system_config="a100_pcie")
+    perf.run_estimate()
+    cost, mem = perf.analysis_cost(), perf.analysis_mem()
+    assert 0.5 < cost.duration_time_per_iter < 60  # seconds
+    assert cost.throughput_per_accelerator > 0 and cost.tflops_per_gpu > 0
+    assert 0 < cost.mfu < cost.mfu_6nd_with_attn < 1  # non-causal attention counts more FLOPs
+    for key in ("fwd", "bwd", "recompute", "pp_p2p", "bubble", "dp_comm", "optimizer"):
+        assert key in cost.breakdown
+    assert len(mem.stages) == 2
+    s0 = mem.stages[0]
+    assert s0.in_flight_micro_batches == 2 and mem.stages[1].in_flight_micro_batches == 1
+    assert s0.peak_mem_with_reserved == s0.peak_mem / 0.94
+    assert s0.peak_path["phase"] in ("fwd", "bwd")
+    perf.analysis(tmp_path)
+    for name in ("compute_result.json", "mem_result.json", "model_config.json", "strategy_config.json", "system_config.json"):
+        json.loads((tmp_path / name).read_text())
+    assert json.loads((tmp_path / "compute_result.json").read_text())["duration_time_per_iter"] == cost.to_dict()["duration_time_per_iter"]
+
+
+@needs_shared
+def test_configure_with_paths_and_objects_agree() -> None:
+    paths = dict(
+        strategy_config=REFERENCE / "strategy/tp2_pp1_dp4_mbs1.json",
+        model_config=REFERENCE / "models/llama3-8b.json",
+        system_config=REFERENCE / "system/a100_pcie.json",
+    )
+    a = PerfLLM().configure(**paths).analysis_cost().duration_time_per_iter
+    objs = dict(
+        strategy_config=StrategyConfig.init_from_config_file(paths["strategy_config"]),
+        model_config=ModelConfig.init_from_config_file(paths["model_config"]),
+        system_config=SystemConfig.init_from_config_file(paths["system_config"]),
+    )
+    assert PerfLLM().configure(**objs).analysis_cost().duration_time_per_iter == a
+
+
+def test_selective_and_megatron_recompute_modes() -> None:
+    from simumax.config.loader import load_model
+
+    # 12 layers, so the presets' recompute_layer_num = 12 covers every layer
+    base = dict(model_config=load_model("llama3-8b").with_updates({"layer_num": 12}), system_config="a100_pcie")
+    none = PerfLLM().configure(strategy_config="tp2_pp1_dp4_mbs1", **base)
+    sel = PerfLLM().configure(strategy_config="tp2_pp1_dp4_mbs1_selective_recompute", **base)
+    full = PerfLLM().configure(strategy_config="tp2_pp1_dp4_mbs1_full_recompute", **base)
+    meg = PerfLLM().configure(
+        strategy_config=StrategyConfig.init_from_dict(
+            {**none.strategy_config.to_dict(), "megatron_recompute": True, "megatron_recompute_modules": ["layernorm", "mlp"]}
+        ),
+        **base,
+    )
+    act = lambda p: p.analysis_mem().stages[0].fwd_activation_cache_per_micro_batch  # noqa: E731
+    assert act(full) < act(meg) < act(none)
+    assert act(full) < act(sel) < act(none)
+    assert full.analysis_cost().breakdown["recompute"] > sel.analysis_cost().breakdown["recompute"] > 0
+
+
+def test_results_are_deterministic() -> None:
+    def run() -> str:
+        p = PerfLLM().configure(strategy_config="tp2_pp1_dp4_mbs1", model_config="llama3-70b", system_config="b200_bf16_ceperm")
+        return json.dumps({"c": p.analysis_cost().to_dict(), "m": p.analysis_mem().to_dict()}, sort_keys=True)
+
+    assert run() == run()

@@ -1,0 +1,79 @@
+"""Config formats: every SimuMax file loads unchanged; presets ship in the package."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from simumax import ModelConfig, StrategyConfig, SystemConfig
+from simumax.config.loader import list_presets, load_model, load_strategy, load_system
+from tests.conftest import REFERENCE, ROOT, needs_shared
+
+KIND_CLASS = {"models": ModelConfig, "strategy": StrategyConfig, "system": SystemConfig}
+
+
+def _reference_files() -> list[Path]:
+    return sorted(REFERENCE.glob("*/*.json")) if REFERENCE.is_dir() else []
+
+
+@needs_shared
+@pytest.mark.parametrize("path", _reference_files(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_reference_config_loads_unchanged(path: Path) -> None:
+    cfg = KIND_CLASS[path.parent.name].init_from_config_file(path)
+    # every field of the file is kept with its value
+    raw = json.loads(path.read_text())
+    dumped = cfg.to_dict()
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            continue
+        assert dumped[key] == value, key
+
+
+def test_presets_by_name() -> None:
+    assert "llama3-8b" in list_presets("model")
+    assert "a100_pcie" in list_presets("system")
+    assert "tp1_pp2_dp4_mbs1" in list_presets("strategy")
+    assert load_model("llama3-70b").hidden_size == 8192
+    assert load_strategy("tp2_pp1_dp4_mbs1").dp_size == 4
+    assert load_system("b200_bf16_ceperm").num_per_node == 8
+
+
+def test_system_roundtrip_keeps_simumax_layout() -> None:
+    sy = load_system("a100_pcie")
+    d = sy.to_dict()
+    assert d["networks"]["intra_with_pcie"] is True
+    assert "intra_node_pcie_8x" in d["networks"]
+    assert SystemConfig.init_from_dict(d) == sy
+
+
+def test_vocab_padding_megatron_rule() -> None:
+    m = load_model("llama3-8b")  # vocab 128257
+    assert m.padded_vocab(1) == 128384
+    assert m.padded_vocab(2) == 128512
+    assert m.padded_vocab(8) == 129024
+    assert m.with_updates({"padded_vocab_size": False}).padded_vocab(8) == 128257
+
+
+def test_wheel_contains_presets(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+    )
+    wheel = next(tmp_path.glob("simumax-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for preset in ("models/llama3-8b.json", "system/a100_pcie.json", "strategy/tp1_pp2_dp4_mbs1.json"):
+        assert f"simumax/config/presets/{preset}" in names
+
+
+def test_config_docs_are_current() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_config_docs", ROOT / "docs" / "make_config_docs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert (ROOT / "docs" / "configs.md").read_text() == mod.render(), "run python docs/make_config_docs.py"

@@ -1,0 +1,104 @@
+"""Formulas checked against published numbers and hand derivations."""
+
+from __future__ import annotations
+
+import pytest
+
+from simumax import ModelConfig, StrategyConfig
+from simumax.config.loader import load_model, load_system
+from simumax.estimate import Estimate
+from simumax.graph.kernels import Attention
+from simumax.memory.activation_walk import walk
+
+
+def _estimate(model: ModelConfig, **strategy) -> Estimate:
+    st = StrategyConfig.init_from_dict({"seq_len": 4096, "world_size": 1, **strategy})
+    return Estimate(model, st, load_system("a100_pcie"))
+
+
+@pytest.mark.parametrize("name, expected", [("llama3-8b", 8_030_261_248), ("llama3-70b", 70_553_706_496)])
+def test_llama3_parameter_count_exact(name: str, expected: int) -> None:
+    m = load_model(name).with_updates({"vocab_size": 128256, "padded_vocab_size": False})
+    assert sum(s.params for s in _estimate(m).stages) == expected
+
+
+def test_parameters_split_over_stages_and_tp() -> None:
+    m = load_model("llama3-8b")
+    whole = sum(s.params for s in _estimate(m).stages)
+    split = _estimate(m, world_size=8, tp_size=2, pp_size=4)
+    norms = m.hidden_size * (2 * m.layer_num + 1)  # replicated on every TP rank
+    assert sum(s.params for s in split.stages) * 2 - norms == whole + (m.padded_vocab(2) - m.padded_vocab(1)) * m.hidden_size * 2
+
+
+def test_model_flops_are_6nd_plus_causal_attention() -> None:
+    """Per iteration: 6 x (GEMM weights) x tokens + 3 x causal attention forward."""
+    m = load_model("llama3-8b").with_updates({"layer_num": 4})
+    est = _estimate(m, micro_batch_num=2)
+    s, h, L = 4096, m.hidden_size, m.layer_num
+    vocab = m.padded_vocab(1)
+    gemm_weights = sum(s_.params for s_ in est.stages) - vocab * h - h * (2 * L + 1)  # minus embedding, norms
+    tokens = 2 * s
+    attn_fwd = 2 * m.head_num * s * s * 2 * m.head_size * (s + 1) / (2 * s)
+    expected = 6 * gemm_weights * tokens + 3 * L * attn_fwd * 2
+    assert est.model_flops_per_iter() == pytest.approx(expected, rel=1e-12)
+
+
+def test_attention_flops_conventions() -> None:
+    a = Attention("fwd", batch=1, seq_len=4096, head_num=32, kv_head_num=8, qk_head_dim=128, v_head_dim=128)
+    assert a.table_flops == 4 * 4096**2 * 32 * 128  # SimuMax: no causal halving
+    assert a.flops == pytest.approx(a.table_flops * 4097 / 8192)
+    b = Attention("bwd", batch=1, seq_len=4096, head_num=32, kv_head_num=8, qk_head_dim=128, v_head_dim=128)
+    assert b.flops == pytest.approx(2 * a.flops)
+
+
+def _gpt(h: int = 1024, a: int = 16) -> ModelConfig:
+    """The paper's GPT layer: LayerNorm, GeLU 4h MLP, MHA, learned positions, biases."""
+    return ModelConfig(
+        hidden_size=h, head_num=a, intermediate_size=4 * h, layer_num=2, vocab_size=51200,
+        norm_type="layernorm", position_embedding_type="learned_absolute", add_bias_linear=True,
+    )
+
+
+def _layer_bytes(est: Estimate) -> float:
+    ops = [o for o in est.stages[0].ops if o.layer == 0]
+    return walk(ops).stored
+
+
+KORTHIKANTI = dict(use_math_sdp=True, use_flash_sdp=False, enable_dropout=True)
+
+
+def test_korthikanti_activation_memory_no_recompute() -> None:
+    """Korthikanti et al. 2022, eq. (1): sbh(34 + 5as/h) bytes per layer (+ LN mean/rstd)."""
+    s, b, h, a = 2048, 2, 1024, 16
+    est = _estimate(_gpt(h, a), seq_len=s, micro_batch_size=b, **KORTHIKANTI)
+    ln_stats = 2 * (s * b * 8)  # two LayerNorms keep fp32 mean and rstd per token
+    assert _layer_bytes(est) == s * b * h * (34 + 5 * a * s / h) + ln_stats
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_korthikanti_sp_selective_is_34_over_t(t: int) -> None:
+    """Korthikanti et al. 2022, table 2: sequence parallel + selective recompute: 34 sbh / t."""
+    s, b, h, a = 2048, 1, 1024, 16
+    est = _estimate(
+        _gpt(h, a), seq_len=s, micro_batch_size=b, world_size=t, tp_size=t, enable_sequence_parallel=True,
+        enable_recompute=True, recompute_granularity="selective_recompute", attn_recompute=True, **KORTHIKANTI,
+    )
+    ln_stats = 2 * (s * b * 8) / t
+    assert _layer_bytes(est) == pytest.approx(s * b * h * 34 / t + ln_stats)
+
+
+def test_full_block_recompute_keeps_only_layer_input() -> None:
+    s, h = 4096, 4096
+    m = load_model("llama3-8b").with_updates({"layer_num": 2})
+    est = _estimate(m, enable_recompute=True, recompute_granularity="full_block", recompute_layer_num=1)
+    first = [o for o in est.stages[0].ops if o.layer == 0]
+    second = [o for o in est.stages[0].ops if o.layer == 1]
+    assert walk(first).stored == s * h * 2
+    assert walk(second).stored > 20 * s * h
+
+
+def test_in_flight_micro_batches_1f1b() -> None:
+    from simumax.schedule.one_f_one_b import in_flight
+
+    assert [in_flight(4, r, 8) for r in range(4)] == [4, 3, 2, 1]
+    assert [in_flight(4, r, 2) for r in range(4)] == [2, 2, 2, 1]
