@@ -106,9 +106,10 @@ def validate(
     for col in ("case", "pred ms", "real ms", "err", "SimuMax err", "pred GiB", "real GiB", "err", "SimuMax err"):
         t.add_column(col, justify="left" if col == "case" else "right")
     pct = lambda x: "-" if x is None else f"{x:+.1%}"  # noqa: E731
+    apct = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731
     for r in results:
         if r.skipped:
-            t.add_row(r.id, "skipped", "", "", "", "", "", "", r.skipped[:60])
+            t.add_row(r.id, "skipped", "", "", "", "", "", "", r.skipped.split(": ", 1)[-1][:40])
             continue
         t.add_row(
             r.id, fmt.ms(r.predicted_time), fmt.ms(r.measured_time), pct(r.time_error), pct(r.reference_time_error),
@@ -118,9 +119,9 @@ def validate(
     out_console.print(t)
     s = summ
     line = (
-        f"{s['evaluated']}/{s['cases']} cases: time mean |err| {pct(s['time_mean_abs_error'])} max {pct(s['time_max_abs_error'])}"
-        f" (SimuMax {pct(s['reference_time_mean_abs_error'])} / {pct(s['reference_time_max_abs_error'])});"
-        f" memory mean |err| {pct(s['mem_mean_abs_error'])} max {pct(s['mem_max_abs_error'])}"
+        f"{s['evaluated']}/{s['cases']} cases: time mean |err| {apct(s['time_mean_abs_error'])} max {apct(s['time_max_abs_error'])}"
+        f" (SimuMax {apct(s['reference_time_mean_abs_error'])} / {apct(s['reference_time_max_abs_error'])});"
+        f" memory mean |err| {apct(s['mem_mean_abs_error'])} max {apct(s['mem_max_abs_error'])}"
     )
     if s["skipped"]:
         line += f"; {s['skipped']} skipped"
