@@ -44,66 +44,60 @@ def norm(name: str, module: str, layer: int, d: Dims, x: Tensor, *, rms: bool, s
     )
 
 
-def column_linear(
-    name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, bias: bool = False, te: bool = True
+def _linear(
+    name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, fwd_comm: list, bwd_comm_before: list,
+    bwd_comm_after: list, *, fwd_transient: float, bwd_transient: float, bias: bool, te: bool,
 ) -> Op:
-    """Column-parallel linear: k inputs (full) -> n outputs on this rank."""
+    """A linear on [tokens, k] -> [tokens, n] (this rank's shard) with its TP collectives.
+
+    ``fwd_comm`` entries are (position, collective): 0 before the GEMM, 1 after it.
+    """
     t = d.tokens
-    full_in = d.act(k)
-    fwd: list = []
-    bwd_in: list = []
-    if d.sp:
-        fwd.append(Collective("all_gather", full_in, "tp"))
-        bwd_in.append(Collective("all_gather", full_in, "tp"))
-    bwd_in.append(Gemm(t, n, k, "NN"))
-    if d.sp:
-        bwd_in.append(Collective("reduce_scatter", full_in, "tp"))
-    elif d.tp > 1:
-        bwd_in.append(Collective("all_reduce", full_in, "tp"))
-    fwd.append(Gemm(t, k, n, "TN"))
-    out = d.act(n)
-    gathered = full_in if d.sp else 0.0
+    fwd = [c for pos, c in fwd_comm if pos == 0] + [Gemm(t, k, n, "TN")] + [c for pos, c in fwd_comm if pos == 1]
     return Op(
         name=name,
         module=module,
         layer=layer,
         fwd=tuple(fwd),
-        bwd_input=tuple(bwd_in),
+        bwd_input=(*bwd_comm_before, Gemm(t, n, k, "NN"), *bwd_comm_after),
         bwd_weight=(Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32"),),
         saved=(x,),
         input=(x,),
-        fwd_transient=gathered,
-        bwd_transient=out + full_in + gathered,
+        fwd_transient=fwd_transient,
+        bwd_transient=bwd_transient,
         params=k * n + (n if bias else 0),
         weight_shapes=((n, k),) if te else (),
     )
 
 
+def column_linear(
+    name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, bias: bool = False, te: bool = True
+) -> Op:
+    """Column-parallel linear: k inputs (full) -> n outputs on this rank."""
+    full_in = d.act(k)
+    gathered = full_in if d.sp else 0.0
+    if d.sp:
+        fwd, before = [(0, Collective("all_gather", full_in, "tp"))], [Collective("all_gather", full_in, "tp")]
+        after = [Collective("reduce_scatter", full_in, "tp")]
+    else:
+        fwd, before = [], []
+        after = [Collective("all_reduce", full_in, "tp")] if d.tp > 1 else []
+    return _linear(
+        name, module, layer, d, x, k, n, fwd, before, after,
+        fwd_transient=gathered, bwd_transient=d.act(n) + full_in + gathered, bias=bias, te=te,
+    )
+
+
 def row_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, bias: bool = False) -> Op:
     """Row-parallel linear: k inputs on this rank -> n outputs (full, then reduced)."""
-    t = d.tokens
     full_out = d.act(n)
-    fwd: list = [Gemm(t, k, n, "TN")]
-    bwd_in: list = []
     if d.sp:
-        fwd.append(Collective("reduce_scatter", full_out, "tp"))
-        bwd_in.append(Collective("all_gather", full_out, "tp"))
-    elif d.tp > 1:
-        fwd.append(Collective("all_reduce", full_out, "tp"))
-    bwd_in.append(Gemm(t, n, k, "NN"))
-    return Op(
-        name=name,
-        module=module,
-        layer=layer,
-        fwd=tuple(fwd),
-        bwd_input=tuple(bwd_in),
-        bwd_weight=(Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32"),),
-        saved=(x,),
-        input=(x,),
-        fwd_transient=full_out,
-        bwd_transient=full_out + d.act(k),
-        params=k * n + (n if bias else 0),
-        weight_shapes=((n, k),),
+        fwd, before = [(1, Collective("reduce_scatter", full_out, "tp"))], [Collective("all_gather", full_out, "tp")]
+    else:
+        fwd, before = ([(1, Collective("all_reduce", full_out, "tp"))] if d.tp > 1 else []), []
+    return _linear(
+        name, module, layer, d, x, k, n, fwd, before, [],
+        fwd_transient=full_out, bwd_transient=full_out + d.act(k), bias=bias, te=True,
     )
 
 
