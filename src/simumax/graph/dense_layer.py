@@ -37,7 +37,7 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
         core = blocks.flash_attention(f"{P}.attn", layer, d, q, k, v, out, qk_dim=hd, v_dim=hd)
     ops.append(core.with_(output=out))
     ops.append(blocks.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, out, q_w, d.h, bias=bias))
-    ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_proj", layer, d, dropout=st.enable_dropout))
+    ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))
     return ops
 
 
@@ -59,7 +59,7 @@ def mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_mid: 
         blocks.column_linear(f"{P}.fc1", "fc1", layer, d, ln_out, d.h, fc1_n, bias=bias).with_(output=fc1_out),
         act.with_(output=act_out),
         blocks.row_linear(f"{P}.fc2", "fc2", layer, d, act_out, d.ffn, d.h, bias=bias),
-        blocks.dropout_add(f"{P}.mlp_add", "fc2", layer, d, dropout=st.enable_dropout),
+        blocks.dropout_add(f"{P}.mlp_add", "mlp_add", layer, d, dropout=st.enable_dropout),
     ]
 
 

@@ -16,13 +16,13 @@ from simumax.graph.ops import Op
 
 SELECTIVE_FLAGS = {
     "attn_recompute": [("attn", {"core_attn"})],
-    "mlp_recompute": [("mlp", {"fc1", "act", "fc2_gemm"})],
+    "mlp_recompute": [("mlp", {"fc1", "act", "fc2"})],
     "mlp_rms_recompute": [("mlp_norm", {"mlp_norm"})],
     "mla_rms_recompute": [("mla_norm", {"mla_norm"})],
 }
 MEGATRON_MODULES = {
     "core_attn": [("attn", {"core_attn"})],
-    "mlp": [("mlp", {"fc1", "act", "fc2_gemm"})],
+    "mlp": [("mlp", {"fc1", "act", "fc2"})],
     "layernorm": [("attn_norm", {"attn_norm"}), ("mlp_norm", {"mlp_norm"})],
     "moe_act": [("moe_act", {"moe_act"})],
     "moe": [("moe", {"router", "dispatch", "experts", "moe_act", "combine"})],
@@ -58,7 +58,6 @@ def apply_recompute(st: StrategyConfig, layer_ops: list[Op], position_in_stage: 
     groups = _groups(st)
     tagged = []
     for o in layer_ops:
-        module = "fc2_gemm" if o.module == "fc2" and o.name.endswith("fc2") else o.module
-        gid = next((f"L{layer}.{g}" for g, mods in groups if module in mods), None)
+        gid = next((f"L{layer}.{g}" for g, mods in groups if o.module in mods), None)
         tagged.append(o.with_(recompute_group=gid) if gid else o)
     return tagged
