@@ -123,11 +123,13 @@ class Estimate:
         st = self.strategy
         times = self.stage_times
         v = st.interleaving_size
-        per_stage = []
-        for r, t in enumerate(times):
-            f = t.fwd.total + (t.p2p if r < len(times) - 1 else 0.0)
-            b = t.bwd.total + t.recompute.total + (t.p2p if r > 0 else 0.0)
-            per_stage.append((f, b))
+        last = len(times) - 1
+        # blocking P2P: a stage sends its activation forward and its input gradient back
+        p2p_fwd = [t.p2p if r < last else 0.0 for r, t in enumerate(times)]
+        p2p_bwd = [t.p2p if r > 0 else 0.0 for r, t in enumerate(times)]
+        per_stage = [
+            (t.fwd.total + p2p_fwd[r], t.bwd.total + t.recompute.total + p2p_bwd[r]) for r, t in enumerate(times)
+        ]
         pipe = pipeline_time(per_stage, st.micro_batch_num, v)
         stage_costs = []
         ends = []
@@ -156,7 +158,7 @@ class Estimate:
             "bwd": (ct.bwd.total - sum(ct.bwd.comm.values())) * m,
             "recompute": (ct.recompute.total - sum(ct.recompute.comm.values())) * m,
             **{f"{g}_comm": x * m for g, x in sorted(comm_mb.items())},
-            "pp_p2p": sc.p2p * ((crit > 0) + (crit < len(times) - 1)) * m,
+            "pp_p2p": (p2p_fwd[crit] + p2p_bwd[crit]) * m,
             # fill/drain of the pipeline, and per-micro-batch waiting on a slower stage
             "bubble": max(0.0, pipe.end_per_rank[crit] - pipe.busy_max),
             "stage_imbalance": max(0.0, m * (max(f + b for f, b in per_stage) - per_stage[crit][0] - per_stage[crit][1])),

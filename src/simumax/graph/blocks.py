@@ -45,21 +45,18 @@ def norm(name: str, module: str, layer: int, d: Dims, x: Tensor, *, rms: bool, s
 
 
 def _linear(
-    name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, fwd_comm: list, bwd_comm_before: list,
-    bwd_comm_after: list, *, fwd_transient: float, bwd_transient: float, bias: bool, te: bool,
+    name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, fwd_before: list, fwd_after: list,
+    bwd_before: list, bwd_after: list, fwd_transient: float, bwd_transient: float, bias: bool, te: bool,
 ) -> Op:
-    """A linear on [tokens, k] -> [tokens, n] (this rank's shard) with its TP collectives.
-
-    ``fwd_comm`` entries are (position, collective): 0 before the GEMM, 1 after it.
-    """
+    """A linear on [tokens, k] -> [tokens, n] (this rank's shard) with the TP collectives
+    around its forward GEMM and its input-gradient GEMM."""
     t = d.tokens
-    fwd = [c for pos, c in fwd_comm if pos == 0] + [Gemm(t, k, n, "TN")] + [c for pos, c in fwd_comm if pos == 1]
     return Op(
         name=name,
         module=module,
         layer=layer,
-        fwd=tuple(fwd),
-        bwd_input=(*bwd_comm_before, Gemm(t, n, k, "NN"), *bwd_comm_after),
+        fwd=(*fwd_before, Gemm(t, k, n, "TN"), *fwd_after),
+        bwd_input=(*bwd_before, Gemm(t, n, k, "NN"), *bwd_after),
         bwd_weight=(Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32"),),
         saved=(x,),
         input=(x,),
@@ -76,14 +73,13 @@ def column_linear(
     """Column-parallel linear: k inputs (full) -> n outputs on this rank."""
     full_in = d.act(k)
     gathered = full_in if d.sp else 0.0
+    gather = [Collective("all_gather", full_in, "tp")] if d.sp else []
     if d.sp:
-        fwd, before = [(0, Collective("all_gather", full_in, "tp"))], [Collective("all_gather", full_in, "tp")]
-        after = [Collective("reduce_scatter", full_in, "tp")]
+        reduce = [Collective("reduce_scatter", full_in, "tp")]
     else:
-        fwd, before = [], []
-        after = [Collective("all_reduce", full_in, "tp")] if d.tp > 1 else []
+        reduce = [Collective("all_reduce", full_in, "tp")] if d.tp > 1 else []
     return _linear(
-        name, module, layer, d, x, k, n, fwd, before, after,
+        name, module, layer, d, x, k, n, fwd_before=gather, fwd_after=[], bwd_before=gather, bwd_after=reduce,
         fwd_transient=gathered, bwd_transient=d.act(n) + full_in + gathered, bias=bias, te=te,
     )
 
@@ -92,11 +88,11 @@ def row_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n
     """Row-parallel linear: k inputs on this rank -> n outputs (full, then reduced)."""
     full_out = d.act(n)
     if d.sp:
-        fwd, before = [(1, Collective("reduce_scatter", full_out, "tp"))], [Collective("all_gather", full_out, "tp")]
+        reduce, gather = [Collective("reduce_scatter", full_out, "tp")], [Collective("all_gather", full_out, "tp")]
     else:
-        fwd, before = ([(1, Collective("all_reduce", full_out, "tp"))] if d.tp > 1 else []), []
+        reduce, gather = ([Collective("all_reduce", full_out, "tp")] if d.tp > 1 else []), []
     return _linear(
-        name, module, layer, d, x, k, n, fwd, before, [],
+        name, module, layer, d, x, k, n, fwd_before=[], fwd_after=reduce, bwd_before=gather, bwd_after=[],
         fwd_transient=full_out, bwd_transient=full_out + d.act(k), bias=bias, te=True,
     )
 
