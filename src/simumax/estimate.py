@@ -21,7 +21,7 @@ from simumax.graph.kernels import Collective, MemBound
 from simumax.graph.model_graph import build_stages
 from simumax.graph.ops import Stage
 from simumax.memory.activation_walk import walk
-from simumax.memory.model_states import model_states, optimizer_bytes_per_param
+from simumax.memory.model_states import model_states, optimizer_bytes_per_param, shard_params
 from simumax.report.results import CostResult, MemResult, StageCost, StageMemory
 from simumax.schedule.one_f_one_b import in_flight, pipeline_time
 
@@ -62,24 +62,31 @@ class Estimate:
         return out
 
     # ---- data-parallel gradient sync and optimizer ------------------------------------
-    def dp_comm_time(self, stage: Stage) -> float:
-        """Bucketed gradient reduce (RS for ZeRO-1, AR for ZeRO-0) + ZeRO-1 param all-gather."""
+    def _grad_sync_time(self, params: int, group: str, size: int) -> float:
+        """Bucketed gradient reduce (RS for ZeRO-1, AR for ZeRO-0) + ZeRO-1 param all-gather
+        of ``params`` over one data-parallel group of ``size`` ranks."""
         st = self.strategy
-        dp = st.dp_size * st.cp_size  # CP ranks hold the same weights and join the reduction
-        if dp <= 1:
+        if size <= 1 or params <= 0:
             return 0.0
-        params = stage.params
-        bucket = st.ddp_bucket_size or max(MEGATRON_MIN_BUCKET, 1_000_000 * st.dp_size)
+        bucket = st.ddp_bucket_size or max(MEGATRON_MIN_BUCKET, 1_000_000 * size)
         n_full, rest = divmod(params, bucket)
-        sizes = [bucket] * n_full + ([rest] if rest else [])
         t = 0.0
-        for elems in sizes:
+        for elems in [bucket] * n_full + ([rest] if rest else []):
             if st.zero_state >= 1:
-                t += self.network.time(Collective("reduce_scatter", elems * st.main_grad_bytes, "dp"))
-                t += self.network.time(Collective("all_gather", elems * st.dtype_bytes, "dp"))
+                t += self.network.time(Collective("reduce_scatter", elems * st.main_grad_bytes, group))
+                t += self.network.time(Collective("all_gather", elems * st.dtype_bytes, group))
             else:
-                t += self.network.time(Collective("all_reduce", elems * st.main_grad_bytes, "dp"))
+                t += self.network.time(Collective("all_reduce", elems * st.main_grad_bytes, group))
         return t
+
+    def dp_comm_time(self, stage: Stage) -> float:
+        """Dense gradients sync over DP x CP (CP ranks hold the same weights); expert
+        gradients over the expert-data-parallel group."""
+        st = self.strategy
+        dense = stage.params - stage.expert_params
+        return self._grad_sync_time(dense, "dp", st.dp_size * st.cp_size) + self._grad_sync_time(
+            stage.expert_params, "edp", st.edp_size
+        )
 
     def optimizer_time(self, stage: Stage) -> float:
         """Megatron's optimizer step over this rank's shard, pass by pass (bytes/param):
@@ -87,7 +94,7 @@ class Estimate:
         clip scale (8), Adam (read grad, master, m, v; write master, m, v: 4 + 2*12),
         master -> bf16 param (4 + 2); and zeroing the full main-grad buffer (g)."""
         st = self.strategy
-        shard = stage.params / (st.dp_size if st.zero_state >= 1 else 1)
+        shard = shard_params(st, stage)
         g = st.main_grad_bytes
         states = optimizer_bytes_per_param(st)
         kernels = [

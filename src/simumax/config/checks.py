@@ -54,6 +54,10 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
     if model.is_moe:
         if model.expert_num % st.ep_size:
             raise ConfigError("ep_size", f"expert_num ({model.expert_num}) must be divisible by ep ({st.ep_size})")
+        if model.moe_ffn % st.etp_size:
+            raise ConfigError("etp_size", f"expert hidden size ({model.moe_ffn}) must be divisible by etp ({st.etp_size})")
+        if tp > 1 and not st.enable_sequence_parallel:
+            raise ConfigError("enable_sequence_parallel", "Megatron requires sequence parallelism for MoE with tp > 1")
     elif st.ep_size > 1:
         raise ConfigError("ep_size", "expert parallelism needs a MoE model")
     if st.pp_size > model.layer_num:

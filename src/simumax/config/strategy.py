@@ -47,7 +47,14 @@ class StrategyConfig(ConfigBase):
     cp_comm_type: Literal["a2a", "all_gather", "p2p"] = Field("a2a", description="Context-parallel attention scheme.")
     moe_dispatcher_policy: Literal["all2all", "all_gather"] = Field("all2all", description="MoE token dispatcher.")
     dispatch_probs: bool = Field(
-        False, description="MoE: routing probabilities travel with the tokens in dispatch (SimuMax field)."
+        False,
+        description="MoE: routing probabilities travel with the tokens in dispatch and weight the expert "
+        "activation (Megatron >= 0.13); otherwise the combine's unpermute applies them.",
+    )
+    group_linear_mode: Literal["grouped", "serial", "merged"] = Field(
+        "grouped",
+        description="MoE expert GEMMs: grouped (TE grouped GEMM, --moe-grouped-gemm), serial (one GEMM per "
+        "local expert), merged (one GEMM over all expert rows; an efficiency upper bound).",
     )
     # optimizer / precision
     zero_state: int = Field(1, ge=0, le=1, description="0: plain DDP all-reduce; 1: distributed optimizer (ZeRO-1).")

@@ -11,7 +11,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from simumax.config.system import SystemConfig
-from simumax.graph.kernels import Attention, Gemm, MemBound
+from simumax.graph.kernels import Attention, Gemm, GroupGemm, MemBound
+
+ComputeKernel = Gemm | GroupGemm | Attention
 
 
 @dataclass(slots=True)
@@ -33,8 +35,8 @@ class ComputeModel:
         self.acc = system.accelerator
         self.fp8 = fp8
         self.log = LookupLog()
-        self._cache: dict[object, tuple[float, float]] = {}
-        self._hit: dict[object, tuple[str, bool]] = {}
+        # kernel -> (seconds, achieved efficiency, family used, table hit)
+        self._cache: dict[object, tuple[float, float, str, bool]] = {}
 
     def _family(self, name: str):
         ops = self.acc.op
@@ -42,12 +44,19 @@ class ComputeModel:
             name = f"fp8_{name}"
         return name, ops.get(name) or ops["default"]
 
-    def compute(self, k: Gemm | Attention) -> tuple[float, float]:
+    def compute(self, k: ComputeKernel) -> tuple[float, float]:
         """(seconds, achieved efficiency on model FLOPs) of one GEMM or attention kernel."""
         cached = self._cache.get(k)
-        if cached is not None:
-            self._record(k, cached)
-            return cached
+        if cached is None:
+            cached = self._cache[k] = self._cost(k)
+        t, eff, name, hit = cached
+        if hit:
+            self.log.hits[name] += 1
+        else:
+            self.log.misses[f"{name}: {k.key}"] += 1
+        return t, eff
+
+    def _cost(self, k: ComputeKernel) -> tuple[float, float, str, bool]:
         name, spec = self._family(k.family)
         eff = spec.accurate_efficient_factor.get(k.key)
         hit = eff is not None
@@ -56,18 +65,7 @@ class ComputeModel:
         table_flops = k.table_flops if isinstance(k, Attention) else k.flops
         peak = spec.tflops * 1e12
         t = table_flops / (peak * eff) if eff > 0 else float("inf")
-        result = (t, k.flops / (t * peak) if t > 0 else 0.0)
-        self._cache[k] = result
-        self._hit[k] = (name, hit)
-        self._record(k, result)
-        return result
-
-    def _record(self, k: Gemm | Attention, _: tuple[float, float]) -> None:
-        name, hit = self._hit[k]
-        if hit:
-            self.log.hits[name] += 1
-        else:
-            self.log.misses[f"{name}: {k.key}"] += 1
+        return t, (k.flops / (t * peak) if t > 0 else 0.0), name, hit
 
     def membound(self, k: MemBound) -> float:
         bw = self.acc.bandwidth.get(k.family) or self.acc.bandwidth["default"]

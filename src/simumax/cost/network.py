@@ -51,7 +51,7 @@ class NetworkModel:
         layout = {
             "tp": (tp, 1),
             "cp": (cp, tp),
-            "dp": (dp, tp * cp),
+            "dp": (dp * cp, tp),  # dense gradients reduce over DP x CP (same weights)
             "pp": (2 if pp > 1 else 1, tp * cp * dp),  # p2p between neighbouring stages
             "etp": (etp, 1),
             "ep": (ep, etp),

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from simumax.cost.efficiency import ComputeModel
 from simumax.cost.network import NetworkModel
-from simumax.graph.kernels import Attention, Collective, Gemm, Kernel, MemBound
+from simumax.graph.kernels import Attention, Collective, Gemm, GroupGemm, Kernel, MemBound
 from simumax.graph.ops import Op, Stage
 
 
@@ -62,7 +62,7 @@ class Coster:
         out.comm[c.group] += t
 
     @staticmethod
-    def _compute(out: PhaseTime, k: Gemm | Attention | MemBound, t: float) -> None:
+    def _compute(out: PhaseTime, k: Gemm | GroupGemm | Attention | MemBound, t: float) -> None:
         out.total += t
         out.flops += k.flops
         if isinstance(k, MemBound):

@@ -23,8 +23,11 @@ from simumax.graph.ops import Op, Tensor
 FP32 = 4
 
 
-def norm(name: str, module: str, layer: int, d: Dims, x: Tensor, *, rms: bool, save_rstd: bool = True) -> Op:
-    """RMSNorm / LayerNorm on the (sequence-sharded) hidden state; saves input and rstd."""
+def norm(
+    name: str, module: str, layer: int, d: Dims, x: Tensor, *, rms: bool, save_rstd: bool = True, width: int | None = None
+) -> Op:
+    """RMSNorm / LayerNorm over ``width`` (default hidden) features of the sequence-sharded
+    tokens; saves input and rstd."""
     n = d.local_tokens
     x_bytes = x[1]
     stats = float(n * FP32 * (1 if rms else 2))
@@ -40,17 +43,19 @@ def norm(name: str, module: str, layer: int, d: Dims, x: Tensor, *, rms: bool, s
         saved=tuple(saved),
         input=(x,),
         bwd_transient=2 * x_bytes,
-        params=d.h * (1 if rms else 2),
+        params=(width or d.h) * (1 if rms else 2),
+        tp_replicated=True,
     )
 
 
 def _linear(
     name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, fwd_before: list, fwd_after: list,
     bwd_before: list, bwd_after: list, fwd_transient: float, bwd_transient: float, bias: bool, te: bool,
+    rows: int | None = None,
 ) -> Op:
-    """A linear on [tokens, k] -> [tokens, n] (this rank's shard) with the TP collectives
-    around its forward GEMM and its input-gradient GEMM."""
-    t = d.tokens
+    """A linear on [rows, k] -> [rows, n] (this rank's shard; rows default to the gathered
+    tokens) with the TP collectives around its forward GEMM and its input-gradient GEMM."""
+    t = d.tokens if rows is None else rows
     return Op(
         name=name,
         module=module,
@@ -97,6 +102,16 @@ def row_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n
     )
 
 
+def replicated_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int) -> Op:
+    """A linear whose weight every TP rank holds whole (Megatron's "duplicated" mode, e.g.
+    MLA down-projections): it runs on the rank's own (sequence-sharded) tokens, no TP comm."""
+    return _linear(
+        name, module, layer, d, x, k, n, fwd_before=[], fwd_after=[], bwd_before=[], bwd_after=[],
+        fwd_transient=0.0, bwd_transient=d.act(n, local=True) + d.act(k, local=True), bias=False, te=True,
+        rows=d.local_tokens,
+    ).with_(tp_replicated=True)
+
+
 def rope(name: str, layer: int, d: Dims, qk_width: int) -> Op:
     """Fused rotary embedding on q and k (reads and writes them once; saves nothing)."""
     nbytes = d.act(qk_width)
@@ -110,9 +125,13 @@ def rope(name: str, layer: int, d: Dims, qk_width: int) -> Op:
     )
 
 
-def flash_attention(name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tensor, out: Tensor, *, qk_dim: int, v_dim: int) -> Op:
+def flash_attention(
+    name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tensor, out: Tensor, *, qk_dim: int, v_dim: int, kv_heads: int | None = None
+) -> Op:
     """Flash attention: saves q, k, v, the output and the fp32 log-sum-exp."""
-    shape = dict(batch=d.b, seq_len=d.s, head_num=d.heads, kv_head_num=d.kv_heads, qk_head_dim=qk_dim, v_head_dim=v_dim)
+    shape = dict(
+        batch=d.b, seq_len=d.s, head_num=d.heads, kv_head_num=kv_heads or d.kv_heads, qk_head_dim=qk_dim, v_head_dim=v_dim
+    )
     lse = (f"{name}.lse", float(d.b * d.heads * d.s * FP32))
     grads = q[1] + k[1] + v[1] + out[1]
     return Op(

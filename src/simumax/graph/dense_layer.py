@@ -61,9 +61,3 @@ def mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_mid: 
         blocks.row_linear(f"{P}.fc2", "fc2", layer, d, act_out, d.ffn, d.h, bias=bias),
         blocks.dropout_add(f"{P}.mlp_add", "mlp_add", layer, d, dropout=st.enable_dropout),
     ]
-
-
-def dense_layer(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int) -> list[Op]:
-    x_in = (f"L{layer}.x", d.act(d.h, local=True))
-    x_mid = (f"L{layer}.x_mid", d.act(d.h, local=True))
-    return attention_ops(model, st, d, layer, x_in) + mlp_ops(model, st, d, layer, x_mid)

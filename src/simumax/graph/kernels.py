@@ -36,6 +36,41 @@ class Gemm:
         )
 
 
+GroupStage = Literal["fwd", "bwd_grad_act", "bwd_grad_w"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupGemm:
+    """TransformerEngine grouped GEMM over ``ng`` local experts, each [M, K] @ [K, N].
+
+    M, N, K are the forward shape in every stage (as SimuMax keys its measured table);
+    ``stage`` says which product runs: forward, input gradient, or weight gradient
+    (accumulated into the main-grad dtype).
+    """
+
+    ng: int
+    M: int
+    N: int
+    K: int
+    stage: GroupStage
+    main_grad_dtype: str = "fp32"
+    dtype: str = "bf16"
+    family: str = "group_matmul"
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.ng * self.M * self.N * self.K
+
+    @property
+    def key(self) -> str:
+        grad = self.stage != "fwd"
+        return (
+            f"ng={self.ng}, M={self.M}, N={self.N}, K={self.K}, dtype={self.dtype}, out_dtype=bf16, "
+            f"main_grad_dtype={self.main_grad_dtype}, stage={self.stage}, grad={grad}, "
+            f"accumulate={self.stage == 'bwd_grad_w'}, use_split_accumulator={grad}, single_output={not grad}"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Attention:
     """Fused (flash) attention, one direction.
@@ -104,4 +139,4 @@ class Collective:
     flops = 0.0
 
 
-Kernel = Gemm | Attention | MemBound | Collective
+Kernel = Gemm | GroupGemm | Attention | MemBound | Collective

@@ -5,17 +5,18 @@ from __future__ import annotations
 from simumax.config.checks import stage_layer_counts
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
-from simumax.errors import ConfigError
 from simumax.graph import blocks
-from simumax.graph.dense_layer import dense_layer
+from simumax.graph.dense_layer import attention_ops, mlp_ops
 from simumax.graph.dims import Dims
 from simumax.graph.ops import Op, Stage
+from simumax.graph.mla import mla_attention_ops
+from simumax.graph.moe_layer import moe_mlp_ops
 from simumax.graph.recompute import apply_recompute
 
 
 def _head_ops(model: ModelConfig, st: StrategyConfig, d: Dims) -> list[Op]:
     """Final norm, LM head (Megatron's column-parallel linear) and the loss."""
-    x = ("final.x", d.act(d.h, local=True))
+    x = (f"L{model.layer_num}.x", d.act(d.h, local=True))  # the last layer's output
     ln_out = ("final_norm.out", d.act(d.h, local=True))
     logits = ("logits", d.act(d.vocab))
     head = blocks.column_linear("lm_head", "lm_head", -1, d, ln_out, d.h, d.vocab, te=False).with_(output=logits)
@@ -26,6 +27,19 @@ def _head_ops(model: ModelConfig, st: StrategyConfig, d: Dims) -> list[Op]:
         head,
         blocks.cross_entropy(d, logits, fused=st.cross_entropy_loss_fusion),
     ]
+
+
+def layer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int) -> list[Op]:
+    """One transformer layer: MHA/GQA or MLA attention, then a dense or MoE MLP."""
+    x_in = (f"L{layer}.x", d.act(d.h, local=True))
+    x_mid = (f"L{layer}.x_mid", d.act(d.h, local=True))
+    attn = mla_attention_ops if model.attention_type == "mla" else attention_ops
+    mlp = moe_mlp_ops if model.is_moe_layer(layer) else mlp_ops
+    a, m = attn(model, st, d, layer, x_in), mlp(model, st, d, layer, x_mid)
+    # the residual adds produce the next block's input (named, so checkpoints see it)
+    a[-1] = a[-1].with_(output=x_mid)
+    m[-1] = m[-1].with_(output=(f"L{layer + 1}.x", x_in[1]))
+    return a + m
 
 
 def build_stages(model: ModelConfig, st: StrategyConfig) -> list[Stage]:
@@ -42,9 +56,7 @@ def build_stages(model: ModelConfig, st: StrategyConfig) -> list[Stage]:
                 pos_rows = model.max_position_embeddings or st.seq_len
             stage.ops.append(blocks.embedding(d, d.vocab, pos_rows))
         for pos, layer in enumerate(stage.layers):
-            if model.is_moe_layer(layer):
-                raise ConfigError("model_type", "MoE layers are not modelled by this version (dense models only)")
-            stage.ops.extend(apply_recompute(st, dense_layer(model, st, d, layer), pos))
+            stage.ops.extend(apply_recompute(st, layer_ops(model, st, d, layer), pos))
         if r == len(counts) - 1:
             stage.ops.extend(_head_ops(model, st, d))
         stage.p2p_bytes = d.act(d.h, local=True) if r < len(counts) - 1 else 0.0

@@ -34,6 +34,7 @@ class Op:
     bwd_transient: float = 0.0  # bytes alive only while its backward runs
     params: int = 0  # parameters this rank holds for the op
     expert_params: int = 0  # of which expert (sharded over EP/ETP, reduced over EDP)
+    tp_replicated: bool = False  # params identical on every TP rank (norms, router, MLA down-projections)
     weight_shapes: tuple[tuple[int, int], ...] = ()  # TE linear weights on this rank
     recompute_group: str | None = None
 

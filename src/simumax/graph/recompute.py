@@ -2,9 +2,10 @@
 
 Groups (module tags of graph.dense_layer):
 * full_block: the whole layer, for the first ``recompute_layer_num`` layers of each stage;
-* selective (SimuMax flags): attn_recompute -> core attention (RoPE + attention);
-  mlp_recompute -> the MLP (FC1, activation, FC2); mlp_rms_recompute -> the pre-MLP norm;
-  mla_rms_recompute -> MLA's q/kv norms;
+* selective (SimuMax flags): attn_recompute -> core attention;
+  mlp_recompute -> the MLP (FC1, activation, FC2; on MoE layers the routed experts' FC1,
+  activation and FC2, not the dispatch); mlp_rms_recompute -> the pre-MLP norm;
+  mla_rms_recompute -> MLA's q and kv norms;
 * megatron (--recompute-modules): core_attn, mlp, layernorm (both norms), moe_act, moe,
   shared_experts, mla_up_proj.
 """
@@ -16,18 +17,18 @@ from simumax.graph.ops import Op
 
 SELECTIVE_FLAGS = {
     "attn_recompute": [("attn", {"core_attn"})],
-    "mlp_recompute": [("mlp", {"fc1", "act", "fc2"})],
+    "mlp_recompute": [("mlp", {"fc1", "act", "fc2", "expert_fc1", "moe_act", "expert_fc2"})],
     "mlp_rms_recompute": [("mlp_norm", {"mlp_norm"})],
-    "mla_rms_recompute": [("mla_norm", {"mla_norm"})],
+    "mla_rms_recompute": [("mla_q_norm", {"mla_q_norm"}), ("mla_kv_norm", {"mla_kv_norm"})],
 }
 MEGATRON_MODULES = {
     "core_attn": [("attn", {"core_attn"})],
     "mlp": [("mlp", {"fc1", "act", "fc2"})],
     "layernorm": [("attn_norm", {"attn_norm"}), ("mlp_norm", {"mlp_norm"})],
     "moe_act": [("moe_act", {"moe_act"})],
-    "moe": [("moe", {"router", "dispatch", "experts", "moe_act", "combine"})],
+    "moe": [("moe", {"router", "dispatch", "expert_fc1", "moe_act", "expert_fc2", "combine", "shared_fc1", "shared_act", "shared_fc2", "moe_sum"})],
     "shared_experts": [("shared", {"shared_fc1", "shared_act", "shared_fc2"})],
-    "mla_up_proj": [("mla_up", {"mla_up_proj"})],
+    "mla_up_proj": [("mla_up", {"mla_up_proj", "mla_rope"})],
 }
 
 

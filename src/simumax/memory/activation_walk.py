@@ -14,7 +14,7 @@ from simumax.graph.ops import Op
 
 # Groups checkpointed "without output" (Megatron CheckpointWithoutOutput): their output
 # is discarded too and recomputed, even where a later op saved it.
-WITHOUT_OUTPUT = ("attn_norm", "mlp_norm", "mla_norm", "moe_act", "mla_up")
+WITHOUT_OUTPUT = ("attn_norm", "mlp_norm", "mla_q_norm", "mla_kv_norm", "moe_act", "mla_up")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,9 @@ def walk(ops: list[Op]) -> WalkResult:
     kept_names: set[str] = set()
     for gid, idx in groups.items():
         members = [ops[i] for i in idx]
-        keep = {name for name, _ in members[0].input}
+        # a checkpoint keeps what enters the group from outside (not what members produce)
+        produced = {m.output[0] for m in members if m.output is not None}
+        keep = {name for m in members for name, _ in m.input if name not in produced}
         last_out = members[-1].output
         if last_out is not None and not gid.endswith(WITHOUT_OUTPUT):
             keep.add(last_out[0])

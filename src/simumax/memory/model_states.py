@@ -29,24 +29,29 @@ def optimizer_bytes_per_param(st: StrategyConfig) -> int:
     return master + ADAM_STATE_BYTES
 
 
+def shard_params(st: StrategyConfig, stage: Stage) -> float:
+    """Parameters whose optimizer state this rank owns: all of them without the
+    distributed optimizer; otherwise dense / (dp * cp) and experts / edp."""
+    if st.zero_state < 1:
+        return float(stage.params)
+    dense = stage.params - stage.expert_params
+    return dense / (st.dp_size * st.cp_size) + stage.expert_params / st.edp_size
+
+
 def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
     """Megatron DDP: bf16 params, main grads (fp32 unless reduced in bf16), optimizer
     sharded over DP (dense) / expert-DP (experts) with the distributed optimizer.
 
     TransformerEngine >= 2.3 keeps one dummy weight-gradient tensor per distinct linear
-    weight shape (returned to autograd because the real gradient goes to main_grad).
+    weight shape (returned to autograd because the real gradient goes to main_grad);
+    grouped (expert) linears do so from 2.10.
     """
-    dense = stage.params - stage.expert_params
-    expert = stage.expert_params
-    total = dense + expert
-    per_param_opt = optimizer_bytes_per_param(st)
-    if st.zero_state >= 1:
-        opt = per_param_opt * (dense / st.dp_size + expert / st.edp_size)
-    else:
-        opt = per_param_opt * total
+    total = stage.params
+    opt = optimizer_bytes_per_param(st) * shard_params(st, stage)
     te = 0.0
     if st.te_at_least("2.3"):
-        shapes = {s for o in stage.ops for s in o.weight_shapes}
+        grouped_too = st.te_at_least("2.10")
+        shapes = {s for o in stage.ops if grouped_too or not o.expert_params for s in o.weight_shapes}
         te = float(sum(n * k for n, k in shapes) * st.dtype_bytes)
     return ModelStates(
         weights=float(total * st.dtype_bytes),

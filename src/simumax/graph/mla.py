@@ -1,0 +1,94 @@
+"""DeepSeek multi-latent attention (MLA) as Megatron-Core runs it, with TP over heads.
+
+Order per layer: input norm, q down-projection + q norm, kv down-projection + kv norm,
+q/kv up-projections, RoPE + concatenation into contiguous query/key/value, flash
+attention, output projection, residual add.
+
+The down-projections are "duplicated" linears (every TP rank holds the whole weight and
+runs it on its own sequence-sharded tokens); the up-projections are column-parallel over
+heads, so with SP they all-gather the compressed [tokens, rank] input (much smaller than
+the hidden state) and the decoupled RoPE key [tokens, rope_dim] is all-gathered too.
+SimuMax asserts tp == 1 for MLA; this module does not need to.
+"""
+
+from __future__ import annotations
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.graph import blocks
+from simumax.graph.dims import Dims
+from simumax.graph.kernels import Collective, MemBound
+from simumax.graph.ops import Op, Tensor
+
+
+def _rope_concat(
+    name: str, layer: int, d: Dims, q: Tensor, kv: Tensor, kv_comb: Tensor, k_pe_bytes: float, outs: tuple[Tensor, Tensor, Tensor]
+) -> Op:
+    """RoPE on the q/k positional parts and concatenation into contiguous query, key (the
+    shared k_pe broadcast to every head) and value. Saves nothing: backward only routes
+    gradients. With SP, k_pe is all-gathered over TP first (reduce-scattered in backward)."""
+    written = sum(b for _, b in outs)
+    read = q[1] + kv[1] + k_pe_bytes
+    fwd: list = []
+    bwd: list = [MemBound(f"{name}.bwd", read + written)]
+    if d.sp:
+        full_pe = k_pe_bytes * d.tp
+        fwd.append(Collective("all_gather", full_pe, "tp"))
+        bwd.append(Collective("reduce_scatter", full_pe, "tp"))
+    fwd.append(MemBound(f"{name}.fwd", read + written))
+    return Op(
+        name=name, module="mla_rope", layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd),
+        input=(q, kv, kv_comb),  # k_pe is a view into the kv down-projection output fwd_transient=0.0, bwd_transient=written + read,
+    )
+
+
+def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_in: Tensor) -> list[Op]:
+    P = f"L{layer}"
+    rms = model.norm_type == "rmsnorm"
+    heads = d.heads
+    nope, rope_dim, v_dim = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+    q_dim = nope + rope_dim
+    kv_rank, q_rank = model.kv_lora_rank, model.q_lora_rank
+    save_rstd = not st.recompute_variance
+
+    ln_out = (f"{P}.attn_norm.out", d.act(d.h, local=True))
+    ops = [blocks.norm(f"{P}.attn_norm", "attn_norm", layer, d, x_in, rms=rms, save_rstd=save_rstd).with_(output=ln_out)]
+
+    q_full = (f"{P}.q_up.out", d.act(heads * q_dim))
+    if q_rank:
+        q_c = (f"{P}.q_down.out", d.act(q_rank, local=True))
+        q_c_norm = (f"{P}.q_norm.out", d.act(q_rank, local=True))
+        ops += [
+            blocks.replicated_linear(f"{P}.q_down", "q_down", layer, d, ln_out, d.h, q_rank).with_(output=q_c),
+            blocks.norm(f"{P}.q_norm", "mla_q_norm", layer, d, q_c, rms=rms, save_rstd=save_rstd, width=q_rank).with_(output=q_c_norm),
+        ]
+    kv_comb = (f"{P}.kv_down.out", d.act(kv_rank + rope_dim, local=True))
+    kv_c = (f"{P}.kv_c", d.act(kv_rank, local=True))  # contiguous copy of the split for the norm
+    kv_c_norm = (f"{P}.kv_norm.out", d.act(kv_rank, local=True))
+    ops += [
+        blocks.replicated_linear(f"{P}.kv_down", "kv_down", layer, d, ln_out, d.h, kv_rank + rope_dim).with_(output=kv_comb),
+        blocks.norm(f"{P}.kv_norm", "mla_kv_norm", layer, d, kv_c, rms=rms, save_rstd=save_rstd, width=kv_rank).with_(
+            input=(kv_comb,), output=kv_c_norm
+        ),
+    ]
+    if q_rank:
+        ops.append(blocks.column_linear(f"{P}.q_up", "mla_up_proj", layer, d, q_c_norm, q_rank, heads * q_dim).with_(output=q_full))
+    else:  # DeepSeek-V2-Lite: full-rank query projection on the hidden state
+        ops.append(blocks.column_linear(f"{P}.q_proj", "mla_up_proj", layer, d, ln_out, d.h, heads * q_dim).with_(output=q_full))
+    kv_full = (f"{P}.kv_up.out", d.act(heads * (nope + v_dim)))
+    ops.append(blocks.column_linear(f"{P}.kv_up", "mla_up_proj", layer, d, kv_c_norm, kv_rank, heads * (nope + v_dim)).with_(output=kv_full))
+
+    query = (f"{P}.query", d.act(heads * q_dim))
+    key = (f"{P}.key", d.act(heads * q_dim))
+    value = (f"{P}.value", d.act(heads * v_dim))
+    ops.append(_rope_concat(f"{P}.rope", layer, d, q_full, kv_full, kv_comb, d.act(rope_dim, local=True), (query, key, value)).with_(output=query))
+
+    out = (f"{P}.attn.out", d.act(heads * v_dim))
+    if st.use_math_sdp:
+        core = blocks.math_attention(f"{P}.attn", layer, d, query, key, value, qk_dim=q_dim, v_dim=v_dim, dropout=st.enable_dropout)
+    else:
+        core = blocks.flash_attention(f"{P}.attn", layer, d, query, key, value, out, qk_dim=q_dim, v_dim=v_dim, kv_heads=heads)
+    ops.append(core.with_(output=out))
+    ops.append(blocks.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, out, heads * v_dim, d.h, bias=model.add_bias_linear))
+    ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))
+    return ops

@@ -1,0 +1,221 @@
+"""The MoE MLP of one layer, as Megatron-Core's MoELayer runs it.
+
+router (GEMM h -> E, softmax/top-k, aux loss) -> dispatch (permute tokens by expert, EP
+all-to-all, ETP all-gather, sort received chunks by local expert) -> experts (grouped
+GEMM FC1, activation, grouped GEMM FC2) -> combine (the mirror of dispatch; the fused
+unpermute merges the top-k copies of each token weighted by their routing probabilities)
+-> shared experts (a TP MLP on the same input) -> sum.
+
+Sizes per rank (see ``MoeDims``): each rank routes its own sequence-sharded tokens; with
+a capacity factor and ``moe_pad_expert_input_to_capacity`` every expert receives exactly
+``capacity`` rows from every source rank, otherwise (dropless) the balanced mean,
+scaled on the busiest rank by ``moe_load_imbalance`` (max-loaded / mean), capped at
+capacity when a capacity factor drops tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.graph import blocks
+from simumax.graph.dims import Dims
+from simumax.graph.kernels import Collective, Gemm, GroupGemm, Kernel, MemBound
+from simumax.graph.ops import Op, Tensor
+
+FP32 = 4
+INDEX = 4  # int32 row-id maps
+
+
+@dataclass(frozen=True, slots=True)
+class MoeDims:
+    tokens: int  # tokens this rank routes (sequence-sharded with SP)
+    experts: int
+    local_experts: int
+    topk: int
+    ep: int
+    etp: int
+    ffn: int  # expert hidden per ETP rank
+    rows_per_source: float  # rows one source rank sends one expert (busiest expert)
+    rows_sent: int  # rows this rank sends in dispatch (all its tokens' copies)
+    rows_received: int  # rows arriving at the busiest rank from the EP all-to-all
+    rows_per_expert: int  # grouped-GEMM M: rows per local expert after the ETP all-gather
+
+    @classmethod
+    def of(cls, model: ModelConfig, st: StrategyConfig, d: Dims) -> "MoeDims":
+        E, k = model.expert_num, model.topk
+        ep, etp = st.ep_size, st.etp_size
+        t = d.local_tokens
+        mean = t * k / E
+        cap = math.ceil(mean * model.capacity) if model.capacity else None
+        if cap is not None and model.moe_pad_expert_input_to_capacity:
+            busiest = balanced = float(cap)
+        else:
+            busiest = mean * model.moe_load_imbalance
+            balanced = mean
+            if cap is not None:
+                busiest, balanced = min(busiest, cap), min(balanced, cap)
+        return cls(
+            tokens=t,
+            experts=E,
+            local_experts=E // ep,
+            topk=k,
+            ep=ep,
+            etp=etp,
+            ffn=model.moe_ffn // etp,
+            rows_per_source=busiest,
+            rows_sent=math.ceil(balanced * E),
+            rows_received=math.ceil(busiest * E),
+            rows_per_expert=math.ceil(busiest * ep) * etp,
+        )
+
+    @property
+    def expert_rows(self) -> int:
+        """Rows all local experts process together on the busiest rank."""
+        return self.rows_per_expert * self.local_experts
+
+
+def _router(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, h: int) -> Op:
+    """Gating GEMM (weight replicated over TP), softmax/top-k and the aux-loss statistics."""
+    t, E = md.tokens, md.experts
+    scores = float(t * E * FP32)
+    logits = float(t * E * d.act_bytes)
+    return Op(
+        name=f"{P}.router", module="router", layer=layer,
+        fwd=(Gemm(t, h, E, "TN"), MemBound(f"{P}.router.topk", logits + 3 * scores)),
+        bwd_input=(MemBound(f"{P}.router.topk_bwd", 3 * scores + logits), Gemm(t, E, h, "NN")),
+        bwd_weight=(Gemm(E, t, h, "NT", accumulate=True, out_dtype="fp32"),),
+        saved=(x, (f"{P}.router.probs", scores), (f"{P}.router.map", float(t * E))),
+        input=(x,), fwd_transient=logits + scores, bwd_transient=logits + scores,
+        params=E * h, tp_replicated=True,
+    )
+
+
+def _dispatch(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int, probs: bool) -> Op:
+    """Permute by expert, EP all-to-all, ETP all-gather, sort chunks by local expert."""
+    row = h * d.act_bytes + (FP32 if probs else 0)  # the routing prob travels with its token
+    sent, recv = md.rows_sent * row, md.rows_received * row
+    a2a = Collective("all2all", float(max(sent, recv)), "ep")
+    fwd: list[Kernel] = [MemBound(f"{P}.permute", float(md.tokens * h * d.act_bytes + sent), family="permute_fwd"), a2a]
+    bwd: list[Kernel] = []
+    gathered = recv * md.etp
+    if md.etp > 1:
+        fwd.append(Collective("all_gather", float(gathered), "etp"))
+        bwd.append(Collective("reduce_scatter", float(gathered), "etp"))
+    if md.local_experts > 1 and md.ep > 1:  # received chunks are ordered by source rank
+        fwd.append(MemBound(f"{P}.sort_chunks", 2.0 * gathered, family="permute_fwd"))
+        bwd.insert(0, MemBound(f"{P}.sort_chunks_bwd", 2.0 * gathered, family="permute_bwd"))
+    bwd += [a2a, MemBound(f"{P}.permute_bwd", float(md.tokens * h * d.act_bytes + sent), family="permute_bwd")]
+    return Op(
+        name=f"{P}.dispatch", module="dispatch", layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd),
+        saved=((f"{P}.dispatch.row_map", float(md.tokens * md.topk * INDEX)),),
+        input=(x,), output=out, fwd_transient=float(sent + recv), bwd_transient=float(sent + recv + gathered),
+    )
+
+
+def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md: MoeDims, x: Tensor, k: int, n: int) -> Op:
+    """One expert linear over all local experts: grouped GEMM (TE GroupedLinear), one GEMM
+    per expert (``serial``), or one GEMM over all rows (``merged``, an efficiency bound)."""
+    ng, M = md.local_experts, md.rows_per_expert
+    grad = "fp32" if st.main_grad_bytes == 4 else "bf16"
+    mode = st.group_linear_mode
+    if mode == "grouped":
+        fwd = (GroupGemm(ng, M, n, k, "fwd", grad),)
+        dgrad = (GroupGemm(ng, M, n, k, "bwd_grad_act", grad),)
+        wgrad = (GroupGemm(ng, M, n, k, "bwd_grad_w", grad),)
+    else:
+        reps, rows = (ng, M) if mode == "serial" else (1, M * ng)
+        fwd = (Gemm(rows, k, n, "TN"),) * reps
+        dgrad = (Gemm(rows, n, k, "NN"),) * reps
+        wgrad = (Gemm(n, rows, k, "NT", accumulate=True, out_dtype=grad),) * reps
+    out_bytes = float(md.expert_rows * n * st.dtype_bytes)
+    return Op(
+        name=f"{P}.{name}", module=module, layer=layer, fwd=fwd, bwd_input=dgrad, bwd_weight=wgrad,
+        saved=(x,), input=(x,), bwd_transient=out_bytes + x[1],
+        params=ng * k * n, expert_params=ng * k * n, weight_shapes=((n, k),),
+    )
+
+
+def _combine(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int, probs_in_experts: bool) -> Op:
+    """Mirror of dispatch; the fused unpermute sums each token's top-k rows. When the
+    routing probabilities were not applied in the experts it weights by them here and keeps
+    its input (the combined rows) for the probabilities' gradient."""
+    row = h * d.act_bytes
+    sent, recv = md.rows_sent * row, md.rows_received * row
+    gathered = recv * md.etp
+    a2a = Collective("all2all", float(max(sent, recv)), "ep")
+    fwd: list[Kernel] = []
+    bwd: list[Kernel] = []
+    if md.local_experts > 1 and md.ep > 1:
+        fwd.append(MemBound(f"{P}.unsort_chunks", 2.0 * gathered, family="permute_fwd"))
+    if md.etp > 1:
+        fwd.append(Collective("reduce_scatter", float(gathered), "etp"))
+        bwd.append(Collective("all_gather", float(gathered), "etp"))
+    unpermute = float(sent + md.tokens * row)
+    fwd += [a2a, MemBound(f"{P}.unpermute", unpermute, family="permute_fwd")]
+    bwd = [MemBound(f"{P}.unpermute_bwd", unpermute, family="permute_bwd"), a2a, *bwd]
+    if md.local_experts > 1 and md.ep > 1:
+        bwd.append(MemBound(f"{P}.unsort_chunks_bwd", 2.0 * gathered, family="permute_bwd"))
+    saved: list[Tensor] = []
+    if not probs_in_experts:
+        saved.append((f"{P}.combine.rows", float(sent)))
+    return Op(
+        name=f"{P}.combine", module="combine", layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd),
+        saved=tuple(saved), input=(x,), output=out, fwd_transient=float(sent + recv), bwd_transient=float(sent + recv + gathered),
+    )
+
+
+def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_mid: Tensor) -> list[Op]:
+    P = f"L{layer}"
+    md = MoeDims.of(model, st, d)
+    h = d.h
+    rms = model.norm_type == "rmsnorm"
+    ln_out = (f"{P}.mlp_norm.out", d.act(h, local=True))
+    rows = md.expert_rows
+    ab = st.dtype_bytes
+    tokens = (f"{P}.moe.tokens", float(rows * h * ab))
+    swiglu = model.use_swiglu
+    fc1_n = 2 * md.ffn if swiglu else md.ffn
+    fc1_out = (f"{P}.expert_fc1.out", float(rows * fc1_n * ab))
+    act_out = (f"{P}.moe_act.out", float(rows * md.ffn * ab))
+    fc2_out = (f"{P}.expert_fc2.out", float(rows * h * ab))
+    routed = (f"{P}.moe.routed", d.act(h, local=True))
+    probs_in_experts = st.dispatch_probs
+
+    act_saved: list[Tensor] = [fc1_out]
+    if probs_in_experts:  # weighted activation: prob * act(x); keeps the probs for their grad
+        act_saved.append((f"{P}.moe_act.probs", float(rows * FP32)))
+    act = Op(
+        name=f"{P}.moe_act", module="moe_act", layer=layer,
+        fwd=(MemBound(f"{P}.moe_act.fwd", fc1_out[1] + act_out[1]),),
+        bwd_input=(MemBound(f"{P}.moe_act.bwd", 2 * fc1_out[1] + act_out[1]),),
+        saved=tuple(act_saved), input=(fc1_out,), output=act_out, bwd_transient=fc1_out[1] + act_out[1],
+    )
+    ops = [
+        blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
+        _router(P, layer, d, md, ln_out, h),
+        _dispatch(P, layer, d, md, ln_out, tokens, h, probs_in_experts),
+        _experts(P, "expert_fc1", "expert_fc1", layer, st, md, tokens, h, fc1_n).with_(output=fc1_out),
+        act,
+        _experts(P, "expert_fc2", "expert_fc2", layer, st, md, act_out, md.ffn, h).with_(output=fc2_out),
+        _combine(P, layer, d, md, fc2_out, routed, h, probs_in_experts),
+    ]
+    if model.moe_shared_expert_intermediate_size:
+        ffn_s = model.moe_shared_expert_intermediate_size // d.tp
+        s_n = 2 * ffn_s if swiglu else ffn_s
+        s_fc1 = (f"{P}.shared_fc1.out", d.act(s_n))
+        s_act = (f"{P}.shared_act.out", d.act(ffn_s))
+        if swiglu:
+            s_act_op = blocks.swiglu(f"{P}.shared_act", layer, d, s_fc1, ffn_s, fused=st.use_fused_swiglu)
+        else:
+            s_act_op = blocks.gelu(f"{P}.shared_act", layer, d, s_fc1, ffn_s)
+        ops += [
+            blocks.column_linear(f"{P}.shared_fc1", "shared_fc1", layer, d, ln_out, h, s_n).with_(output=s_fc1),
+            s_act_op.with_(module="shared_act", output=s_act),
+            blocks.row_linear(f"{P}.shared_fc2", "shared_fc2", layer, d, s_act, ffn_s, h),
+            Op(name=f"{P}.moe_sum", module="moe_sum", layer=layer, fwd=(MemBound(f"{P}.moe_sum", 3 * routed[1]),)),
+        ]
+    ops.append(blocks.dropout_add(f"{P}.mlp_add", "mlp_add", layer, d, dropout=st.enable_dropout))
+    return ops
