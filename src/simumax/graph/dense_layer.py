@@ -30,7 +30,7 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
         blocks.column_linear(f"{P}.qkv", "qkv", layer, d, ln_out, d.h, q_w + 2 * kv_w, bias=bias).with_(output=mixed),
     ]
     if rotary:
-        ops.append(blocks.rope(f"{P}.rope", layer, d, q_w + kv_w).with_(input=(mixed,), output=q))
+        ops.append(blocks.rope(f"{P}.rope", layer, d, q_w + kv_w).with_(input=(mixed,), output=q, also_outputs=(k,)))
     if st.use_math_sdp:
         core = blocks.math_attention(f"{P}.attn", layer, d, q, k, v, qk_dim=hd, v_dim=hd, dropout=st.enable_dropout)
     else:

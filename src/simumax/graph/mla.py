@@ -81,7 +81,7 @@ def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
     query = (f"{P}.query", d.act(heads * q_dim))
     key = (f"{P}.key", d.act(heads * q_dim))
     value = (f"{P}.value", d.act(heads * v_dim))
-    ops.append(_rope_concat(f"{P}.rope", layer, d, q_full, kv_full, kv_comb, d.act(rope_dim, local=True), (query, key, value)).with_(output=query))
+    ops.append(_rope_concat(f"{P}.rope", layer, d, q_full, kv_full, kv_comb, d.act(rope_dim, local=True), (query, key, value)).with_(output=query, also_outputs=(key, value)))
 
     out = (f"{P}.attn.out", d.act(heads * v_dim))
     if st.use_math_sdp:

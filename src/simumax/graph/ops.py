@@ -30,6 +30,7 @@ class Op:
     saved: tuple[Tensor, ...] = ()
     input: tuple[Tensor, ...] = ()  # what a checkpoint of a group starting here keeps
     output: Tensor | None = None
+    also_outputs: tuple[Tensor, ...] = ()  # further new tensors (RoPE writes q and k)
     fwd_transient: float = 0.0  # bytes alive only while its forward runs
     bwd_transient: float = 0.0  # bytes alive only while its backward runs
     params: int = 0  # parameters this rank holds for the op

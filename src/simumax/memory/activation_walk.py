@@ -41,7 +41,7 @@ def walk(ops: list[Op]) -> WalkResult:
     for gid, idx in groups.items():
         members = [ops[i] for i in idx]
         # a checkpoint keeps what enters the group from outside (not what members produce)
-        produced = {m.output[0] for m in members if m.output is not None}
+        produced = {t[0] for m in members for t in (m.output, *m.also_outputs) if t is not None}
         keep = {name for m in members for name, _ in m.input if name not in produced}
         last_out = members[-1].output
         if last_out is not None and not gid.endswith(WITHOUT_OUTPUT):
