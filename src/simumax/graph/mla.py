@@ -22,23 +22,35 @@ from simumax.graph.ops import Op, Tensor
 
 
 def _rope_concat(
-    name: str, layer: int, d: Dims, q: Tensor, kv: Tensor, kv_comb: Tensor, k_pe_bytes: float, outs: tuple[Tensor, Tensor, Tensor]
+    name: str, layer: int, d: Dims, q: Tensor, kv: Tensor, kv_comb: Tensor, rope_widths: tuple[int, int],
+    outs: tuple[Tensor, Tensor, Tensor],
 ) -> Op:
-    """RoPE on the q/k positional parts and concatenation into contiguous query, key (the
-    shared k_pe broadcast to every head) and value. Saves nothing: backward only routes
-    gradients. With SP, k_pe is all-gathered over TP first (reduce-scattered in backward)."""
-    written = sum(b for _, b in outs)
-    read = q[1] + kv[1] + k_pe_bytes
+    """Fused RoPE on the q and k positional parts, then concatenation into contiguous query,
+    key (the one k_pe broadcast to every head) and value, kernel by kernel as Megatron runs
+    them. Saves nothing. Backward: RoPE backward on both, the broadcast's sum over heads, and
+    the gradients of the split q and kv up-projection outputs re-assembled (two copies).
+    With SP, k_pe is all-gathered over TP first (reduce-scattered in backward)."""
+    q_pe, k_pe = (d.act(w) for w in rope_widths)
+    query, key, value = outs
     fwd: list = []
-    bwd: list = [MemBound(f"{name}.bwd", read + written)]
+    bwd: list = []
     if d.sp:
-        full_pe = k_pe_bytes * d.tp
-        fwd.append(Collective("all_gather", full_pe, "tp"))
-        bwd.append(Collective("reduce_scatter", full_pe, "tp"))
-    fwd.append(MemBound(f"{name}.fwd", read + written))
+        fwd.append(Collective("all_gather", k_pe, "tp"))
+    fwd += [
+        MemBound(f"{name}.rope_q", 2 * q_pe), MemBound(f"{name}.rope_k", 2 * k_pe),
+        MemBound(f"{name}.cat_query", 2 * query[1]), MemBound(f"{name}.cat_key", 2 * key[1]),
+        MemBound(f"{name}.contiguous_value", 2 * value[1]),
+    ]
+    bwd += [
+        MemBound(f"{name}.rope_q_bwd", 2 * q_pe), MemBound(f"{name}.k_pe_sum", q_pe + k_pe),
+        MemBound(f"{name}.rope_k_bwd", 2 * k_pe), MemBound(f"{name}.q_grad", 2 * q[1]), MemBound(f"{name}.kv_grad", 2 * kv[1]),
+    ]
+    if d.sp:
+        bwd.append(Collective("reduce_scatter", k_pe, "tp"))
     return Op(
         name=name, module="mla_rope", layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd),
-        input=(q, kv, kv_comb),  # k_pe is a view into the kv down-projection output fwd_transient=0.0, bwd_transient=written + read,
+        input=(q, kv, kv_comb),  # k_pe is a view into the kv down-projection output
+        bwd_transient=sum(b for _, b in outs) + q[1] + kv[1],
     )
 
 
@@ -81,7 +93,7 @@ def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
     query = (f"{P}.query", d.act(heads * q_dim))
     key = (f"{P}.key", d.act(heads * q_dim))
     value = (f"{P}.value", d.act(heads * v_dim))
-    ops.append(_rope_concat(f"{P}.rope", layer, d, q_full, kv_full, kv_comb, d.act(rope_dim, local=True), (query, key, value)).with_(output=query, also_outputs=(key, value)))
+    ops.append(_rope_concat(f"{P}.rope", layer, d, q_full, kv_full, kv_comb, (heads * rope_dim, rope_dim), (query, key, value)).with_(output=query, also_outputs=(key, value)))
 
     out = (f"{P}.attn.out", d.act(heads * v_dim))
     if st.use_math_sdp:

@@ -77,23 +77,48 @@ class MoeDims:
         return self.rows_per_expert * self.local_experts
 
 
-def _router(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, h: int) -> Op:
-    """Gating GEMM (weight replicated over TP), softmax/top-k and the aux-loss statistics."""
-    t, E = md.tokens, md.experts
-    scores = float(t * E * FP32)
-    logits = float(t * E * d.act_bytes)
+def _router(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, h: int, capacity: bool) -> Op:
+    """Gating GEMM (weight replicated over TP), then Megatron's top-k routing as the chain
+    of small [tokens, experts] kernels it launches (top-k, softmax of the top-k, scatter into
+    dense gate/map tensors, per-expert counts, the capacity top-k over tokens and its mask,
+    and the softmax scores of the load-balancing loss). Small kernels cost their launch
+    latency, so the chain is listed kernel by kernel."""
+    t, E, k = md.tokens, md.experts, md.topk
+    te = float(t * E)
+    ab = d.act_bytes
+    fwd: list[Kernel] = [Gemm(t, h, E, "TN")]
+    chain = [
+        ("topk", te * ab), ("topk_softmax", t * k * 8.0), ("gates_zeros", te * ab), ("gates_scatter", te * ab),
+        ("map_zeros", te * 4), ("map_scatter", te * 4), ("map_bool", te * 5), ("tokens_per_expert", te),
+    ]
+    if capacity:
+        chain += [("capacity_topk", te * ab), ("cap_zeros", te * ab), ("cap_scatter", te * ab), ("cap_bool", te * 3), ("mask_probs", te * 3 * ab)]
+    chain += [("aux_scores", te * (ab + FP32)), ("aux_loss", te * FP32)]
+    fwd += [MemBound(f"{P}.router.{n}", b) for n, b in chain]
+    bwd = [
+        MemBound(f"{P}.router.mask_probs_bwd", te * 3 * ab), MemBound(f"{P}.router.gather_bwd", te * ab),
+        MemBound(f"{P}.router.softmax_bwd", t * k * 12.0), MemBound(f"{P}.router.topk_bwd", 2 * te * ab),
+        MemBound(f"{P}.router.aux_bwd", te * (ab + 2 * FP32)), MemBound(f"{P}.router.add_grads", 3 * te * ab),
+        Gemm(t, E, h, "NN"),
+    ]
+    scores = te * FP32
     return Op(
         name=f"{P}.router", module="router", layer=layer,
-        fwd=(Gemm(t, h, E, "TN"), MemBound(f"{P}.router.topk", logits + 3 * scores)),
-        bwd_input=(MemBound(f"{P}.router.topk_bwd", 3 * scores + logits), Gemm(t, E, h, "NN")),
+        fwd=tuple(fwd), bwd_input=tuple(bwd),
         bwd_weight=(Gemm(E, t, h, "NT", accumulate=True, out_dtype="fp32"),),
-        saved=(x, (f"{P}.router.probs", scores), (f"{P}.router.map", float(t * E))),
-        input=(x,), fwd_transient=logits + scores, bwd_transient=logits + scores,
+        saved=(x, (f"{P}.router.scores", scores), (f"{P}.router.map", te)),
+        input=(x,), fwd_transient=4 * te * ab, bwd_transient=4 * te * ab,
         params=E * h, tp_replicated=True,
     )
 
 
-def _dispatch(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int, probs: bool) -> Op:
+def _sort_family(md: MoeDims, pad: bool) -> tuple[str, str]:
+    # padded chunks are re-ordered by a transpose + contiguous copy; otherwise the fused
+    # sort_chunks_by_idxs permute kernel
+    return ("default", "default") if pad else ("permute_fwd", "permute_bwd")
+
+
+def _dispatch(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int, probs: bool, pad: bool) -> Op:
     """Permute by expert, EP all-to-all, ETP all-gather, sort chunks by local expert."""
     row = h * d.act_bytes + (FP32 if probs else 0)  # the routing prob travels with its token
     sent, recv = md.rows_sent * row, md.rows_received * row
@@ -105,8 +130,9 @@ def _dispatch(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, 
         fwd.append(Collective("all_gather", float(gathered), "etp"))
         bwd.append(Collective("reduce_scatter", float(gathered), "etp"))
     if md.local_experts > 1 and md.ep > 1:  # received chunks are ordered by source rank
-        fwd.append(MemBound(f"{P}.sort_chunks", 2.0 * gathered, family="permute_fwd"))
-        bwd.insert(0, MemBound(f"{P}.sort_chunks_bwd", 2.0 * gathered, family="permute_bwd"))
+        f_fam, b_fam = _sort_family(md, pad)
+        fwd.append(MemBound(f"{P}.sort_chunks", 2.0 * gathered, family=f_fam))
+        bwd.insert(0, MemBound(f"{P}.sort_chunks_bwd", 2.0 * gathered, family=b_fam))
     bwd += [a2a, MemBound(f"{P}.permute_bwd", float(md.tokens * h * d.act_bytes + sent), family="permute_bwd")]
     return Op(
         name=f"{P}.dispatch", module="dispatch", layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd),
@@ -138,7 +164,7 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
     )
 
 
-def _combine(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int, probs_in_experts: bool) -> Op:
+def _combine(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int, probs_in_experts: bool, pad: bool) -> Op:
     """Mirror of dispatch; the fused unpermute sums each token's top-k rows. When the
     routing probabilities were not applied in the experts it weights by them here and keeps
     its input (the combined rows) for the probabilities' gradient."""
@@ -148,8 +174,9 @@ def _combine(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h
     a2a = Collective("all2all", float(max(sent, recv)), "ep")
     fwd: list[Kernel] = []
     bwd: list[Kernel] = []
+    f_fam, b_fam = _sort_family(md, pad)
     if md.local_experts > 1 and md.ep > 1:
-        fwd.append(MemBound(f"{P}.unsort_chunks", 2.0 * gathered, family="permute_fwd"))
+        fwd.append(MemBound(f"{P}.unsort_chunks", 2.0 * gathered, family=f_fam))
     if md.etp > 1:
         fwd.append(Collective("reduce_scatter", float(gathered), "etp"))
         bwd.append(Collective("all_gather", float(gathered), "etp"))
@@ -157,7 +184,7 @@ def _combine(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h
     fwd += [a2a, MemBound(f"{P}.unpermute", unpermute, family="permute_fwd")]
     bwd = [MemBound(f"{P}.unpermute_bwd", unpermute, family="permute_bwd"), a2a, *bwd]
     if md.local_experts > 1 and md.ep > 1:
-        bwd.append(MemBound(f"{P}.unsort_chunks_bwd", 2.0 * gathered, family="permute_bwd"))
+        bwd.append(MemBound(f"{P}.unsort_chunks_bwd", 2.0 * gathered, family=b_fam))
     saved: list[Tensor] = []
     if not probs_in_experts:
         saved.append((f"{P}.combine.rows", float(sent)))
@@ -183,6 +210,7 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
     fc2_out = (f"{P}.expert_fc2.out", float(rows * h * ab))
     routed = (f"{P}.moe.routed", d.act(h, local=True))
     probs_in_experts = st.dispatch_probs
+    pad = model.moe_pad_expert_input_to_capacity and model.capacity is not None
 
     act_saved: list[Tensor] = [fc1_out]
     if probs_in_experts:  # weighted activation: prob * act(x); keeps the probs for their grad
@@ -195,12 +223,12 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
     )
     ops = [
         blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
-        _router(P, layer, d, md, ln_out, h),
-        _dispatch(P, layer, d, md, ln_out, tokens, h, probs_in_experts),
+        _router(P, layer, d, md, ln_out, h, model.capacity is not None),
+        _dispatch(P, layer, d, md, ln_out, tokens, h, probs_in_experts, pad),
         _experts(P, "expert_fc1", "expert_fc1", layer, st, md, tokens, h, fc1_n).with_(output=fc1_out),
         act,
         _experts(P, "expert_fc2", "expert_fc2", layer, st, md, act_out, md.ffn, h).with_(output=fc2_out),
-        _combine(P, layer, d, md, fc2_out, routed, h, probs_in_experts),
+        _combine(P, layer, d, md, fc2_out, routed, h, probs_in_experts, pad),
     ]
     if model.moe_shared_expert_intermediate_size:
         ffn_s = model.moe_shared_expert_intermediate_size // d.tp
