@@ -125,24 +125,58 @@ def rope(name: str, layer: int, d: Dims, qk_width: int) -> Op:
     )
 
 
+def _cp_attention_kernels(d: Dims, shape: dict, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> tuple[list, list]:
+    """Attention kernels and CP collectives of one rank (TransformerEngine's schemes).
+
+    * a2a (Ulysses): all-to-all q, k, v from sequence- to head-sharded, full-sequence
+      attention on heads / cp, all-to-all of the output back; mirrored in backward.
+    * all_gather: K and V all-gathered over CP (again in backward, where dK, dV are
+      reduce-scattered); local queries attend the causal part of the full sequence.
+    * p2p (ring, load-balanced causal chunks): cp steps, the first causal on the local
+      chunk, the others non-causal against half a chunk, each step receiving the next KV
+      (and in backward passing dKV on). TE overlaps these transfers with the steps' compute;
+      the closed form counts them exposed, an upper bound (the event simulator overlaps).
+    """
+    cp, s = d.cp, d.s
+    if cp == 1:
+        return [Attention("fwd", **shape)], [Attention("bwd", **shape)]
+    if d.cp_comm == "a2a":
+        full = dict(shape, seq_len=s * cp, head_num=shape["head_num"] // cp, kv_head_num=max(shape["kv_head_num"] // cp, 1))
+        qkv = Collective("all2all", q[1] + k[1] + v[1], "cp")
+        o = Collective("all2all", out[1], "cp")
+        return [qkv, Attention("fwd", **full), o], [o, Attention("bwd", **full), qkv]
+    kv_bytes = k[1] + v[1]
+    if d.cp_comm == "all_gather":
+        part = dict(shape, kv_seq_len=s * cp // 2, causal=False)
+        ag = Collective("all_gather", kv_bytes * cp, "cp")
+        return [ag, Attention("fwd", **part)], [ag, Attention("bwd", **part), Collective("reduce_scatter", kv_bytes * cp, "cp")]
+    step = dict(shape, kv_seq_len=s // 2, causal=False)
+    send = Collective("p2p", kv_bytes, "cp")
+    fwd = [Attention("fwd", **shape)] + [send, Attention("fwd", **step)] * (cp - 1)
+    bwd = [Attention("bwd", **shape)] + [send, Attention("bwd", **step), Collective("p2p", kv_bytes, "cp")] * (cp - 1)
+    return fwd, bwd
+
+
 def flash_attention(
     name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tensor, out: Tensor, *, qk_dim: int, v_dim: int, kv_heads: int | None = None
 ) -> Op:
-    """Flash attention: saves q, k, v, the output and the fp32 log-sum-exp."""
+    """Flash attention: saves q, k, v, the output and the fp32 log-sum-exp (per CP rank)."""
     shape = dict(
         batch=d.b, seq_len=d.s, head_num=d.heads, kv_head_num=kv_heads or d.kv_heads, qk_head_dim=qk_dim, v_head_dim=v_dim
     )
+    fwd, bwd = _cp_attention_kernels(d, shape, q, k, v, out)
     lse = (f"{name}.lse", float(d.b * d.heads * d.s * FP32))
     grads = q[1] + k[1] + v[1] + out[1]
     return Op(
         name=name,
         module="core_attn",
         layer=layer,
-        fwd=(Attention("fwd", **shape),),
-        bwd_input=(Attention("bwd", **shape),),
+        fwd=tuple(fwd),
+        bwd_input=tuple(bwd),
         saved=(q, k, v, out, lse),
         input=(q, k, v),
-        bwd_transient=grads,
+        fwd_transient=(k[1] + v[1]) * (d.cp - 1) if d.cp_comm == "all_gather" else 0.0,
+        bwd_transient=grads + ((k[1] + v[1]) * (d.cp - 1) if d.cp_comm == "all_gather" else 0.0),
     )
 
 

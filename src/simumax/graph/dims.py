@@ -16,6 +16,8 @@ class Dims:
     local_tokens: int  # rows of a sequence-parallel activation (tokens / tp with SP)
     tp: int
     sp: bool
+    cp: int
+    cp_comm: str  # a2a | all_gather | p2p
     h: int
     heads: int  # query heads per TP rank
     kv_heads: int  # kv heads per TP rank (replicated when tp > kv_head_num)
@@ -37,6 +39,8 @@ class Dims:
             local_tokens=tokens // tp if sp else tokens,
             tp=tp,
             sp=sp,
+            cp=cp,
+            cp_comm=st.cp_comm_type,
             h=model.hidden_size,
             heads=model.head_num // tp,
             kv_heads=max(model.kv_head_num // tp, 1),

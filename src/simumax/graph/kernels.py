@@ -89,10 +89,12 @@ class Attention:
     v_head_dim: int
     causal: bool = True
     qkv_contiguous: bool = True
+    kv_seq_len: int | None = None  # keys per query when not seq_len (context-parallel blocks)
 
     @property
     def table_flops(self) -> float:
-        fwd = 2.0 * self.batch * self.head_num * self.seq_len * self.seq_len * (self.qk_head_dim + self.v_head_dim)
+        kv = self.kv_seq_len or self.seq_len
+        fwd = 2.0 * self.batch * self.head_num * self.seq_len * kv * (self.qk_head_dim + self.v_head_dim)
         return fwd if self.phase == "fwd" else 2.0 * fwd
 
     @property
@@ -107,8 +109,9 @@ class Attention:
 
     @property
     def key(self) -> str:
+        kv = f", kv_seq_len={self.kv_seq_len}" if self.kv_seq_len else ""
         return (
-            f"batch={self.batch}, seq_len={self.seq_len}, head_num={self.head_num}, "
+            f"batch={self.batch}, seq_len={self.seq_len}{kv}, head_num={self.head_num}, "
             f"kv_head_num={self.kv_head_num}, qk_head_dim={self.qk_head_dim}, "
             f"v_head_dim={self.v_head_dim}, qkv_contiguous={self.qkv_contiguous}"
         )
