@@ -43,7 +43,7 @@ class Estimate:
 
     @cached_property
     def compute_model(self) -> ComputeModel:
-        return ComputeModel(self.system, fp8=self.strategy.fp8)
+        return ComputeModel(self.system)
 
     @cached_property
     def network(self) -> NetworkModel:

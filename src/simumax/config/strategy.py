@@ -25,7 +25,17 @@ class StrategyConfig(ConfigBase):
     micro_batch_size: PositiveInt = Field(1, description="Sequences per micro-batch (mbs).")
     micro_batch_num: PositiveInt = Field(1, description="Micro-batches per iteration per DP rank (mbc).")
     dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Parameter/activation dtype.")
-    fp8: bool = Field(False, description="FP8 GEMMs (TransformerEngine); not modelled by the dense core yet.")
+    fp8: bool = Field(
+        False,
+        description="FP8 GEMMs in TransformerEngine linears (fp8_matmul / fp8_group_matmul tables), with input/"
+        "grad quantize kernels, fp8 saved inputs and fp8 weight copies; LM head, router and attention stay bf16.",
+    )
+    cache_groupgemm_col_fp8_inputs: bool = Field(
+        False, description="FP8: grouped (expert) linears keep their fp8 column-wise input instead of the bf16 one."
+    )
+    offload_groupgemm_col_inputs: bool = Field(
+        False, description="Grouped (expert) linears offload their saved inputs to host memory (no device bytes)."
+    )
     # parallel sizes
     world_size: PositiveInt = Field(1, description="Total accelerators.")
     tp_size: PositiveInt = Field(1, description="Tensor parallel size.")

@@ -31,18 +31,25 @@ class LookupLog:
 class ComputeModel:
     """Time of Gemm / Attention / MemBound kernels on one accelerator."""
 
-    def __init__(self, system: SystemConfig, fp8: bool = False) -> None:
+    def __init__(self, system: SystemConfig) -> None:
         self.acc = system.accelerator
-        self.fp8 = fp8
         self.log = LookupLog()
         # kernel -> (seconds, achieved efficiency, family used, table hit)
         self._cache: dict[object, tuple[float, float, str, bool]] = {}
 
-    def _family(self, name: str):
+    def _efficiency(self, name: str, key: str) -> tuple[float, bool]:
+        """(efficiency, measured) for a family and shape key. An fp8 family with neither a
+        measured entry nor its own default (SimuMax files give 0) uses the bf16 family's
+        efficiency for the same shape, against the fp8 peak."""
         ops = self.acc.op
-        if self.fp8 and name in ("matmul", "group_matmul") and f"fp8_{name}" in ops:
-            name = f"fp8_{name}"
-        return name, ops.get(name) or ops["default"]
+        spec = ops.get(name) or ops["default"]
+        eff = spec.accurate_efficient_factor.get(key)
+        if eff is not None:
+            return eff, True
+        if name.startswith("fp8_") and spec.efficient_factor <= 0:
+            base = ops.get(name[4:]) or ops["default"]
+            return base.accurate_efficient_factor.get(key, base.efficient_factor), False
+        return spec.efficient_factor, False
 
     def compute(self, k: ComputeKernel) -> tuple[float, float]:
         """(seconds, achieved efficiency on model FLOPs) of one GEMM or attention kernel."""
@@ -57,11 +64,10 @@ class ComputeModel:
         return t, eff
 
     def _cost(self, k: ComputeKernel) -> tuple[float, float, str, bool]:
-        name, spec = self._family(k.family)
-        eff = spec.accurate_efficient_factor.get(k.key)
-        hit = eff is not None
-        if not hit:
-            eff = spec.efficient_factor
+        ops = self.acc.op
+        name = k.family if k.family in ops else (k.family[4:] if k.family.startswith("fp8_") and k.family[4:] in ops else "default")
+        spec = ops[name]
+        eff, hit = self._efficiency(name, k.key)
         table_flops = k.table_flops if isinstance(k, Attention) else k.flops
         peak = spec.tflops * 1e12
         t = table_flops / (peak * eff) if eff > 0 else float("inf")

@@ -56,14 +56,25 @@ def _linear(
     """A linear on [rows, k] -> [rows, n] (this rank's shard; rows default to the gathered
     tokens) with the TP collectives around its forward GEMM and its input-gradient GEMM."""
     t = d.tokens if rows is None else rows
+    fam = "matmul"
+    saved = x
+    fwd_cast: list = []
+    bwd_cast: list = []
+    if d.fp8 and te:
+        # quantize the input (kept in fp8 for the weight gradient) and, in backward, the
+        # output gradient in both layouts; the bf16 input is not kept by this op
+        fam = "fp8_matmul"
+        saved = (f"{x[0]}.fp8", x[1] / d.act_bytes)
+        fwd_cast = [MemBound(f"{name}.quantize_input", x[1] * (1 + 1 / d.act_bytes))]
+        bwd_cast = [MemBound(f"{name}.quantize_grad", t * n * (d.act_bytes + 2.0))]
     return Op(
         name=name,
         module=module,
         layer=layer,
-        fwd=(*fwd_before, Gemm(t, k, n, "TN"), *fwd_after),
-        bwd_input=(*bwd_before, Gemm(t, n, k, "NN"), *bwd_after),
-        bwd_weight=(Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32"),),
-        saved=(x,),
+        fwd=(*fwd_cast, *fwd_before, Gemm(t, k, n, "TN", family=fam), *fwd_after),
+        bwd_input=(*bwd_cast, *bwd_before, Gemm(t, n, k, "NN", family=fam), *bwd_after),
+        bwd_weight=(Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32", family=fam),),
+        saved=(saved,),
         input=(x,),
         fwd_transient=fwd_transient,
         bwd_transient=bwd_transient,

@@ -25,6 +25,7 @@ class Dims:
     ffn: int  # dense MLP hidden per TP rank
     vocab: int  # padded vocab per TP rank
     act_bytes: int  # bytes of one activation element (bf16: 2)
+    fp8: bool  # TE linears run fp8 GEMMs
 
     @classmethod
     def of(cls, model: ModelConfig, st: StrategyConfig) -> "Dims":
@@ -48,6 +49,7 @@ class Dims:
             ffn=model.intermediate_size // tp,
             vocab=model.padded_vocab(tp) // tp,
             act_bytes=st.dtype_bytes,
+            fp8=st.fp8,
         )
 
     def act(self, width: int, local: bool = False) -> float:

@@ -54,7 +54,7 @@ class GroupGemm:
     K: int
     stage: GroupStage
     main_grad_dtype: str = "fp32"
-    dtype: str = "bf16"
+    dtype: str = "bf16"  # "fp8" in the fp8 family
     family: str = "group_matmul"
 
     @property

@@ -147,19 +147,30 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
     ng, M = md.local_experts, md.rows_per_expert
     grad = "fp32" if st.main_grad_bytes == 4 else "bf16"
     mode = st.group_linear_mode
+    fp8 = st.fp8
     if mode == "grouped":
-        fwd = (GroupGemm(ng, M, n, k, "fwd", grad),)
-        dgrad = (GroupGemm(ng, M, n, k, "bwd_grad_act", grad),)
-        wgrad = (GroupGemm(ng, M, n, k, "bwd_grad_w", grad),)
+        fam, dt = ("fp8_group_matmul", "fp8") if fp8 else ("group_matmul", "bf16")
+        fwd: tuple[Kernel, ...] = (GroupGemm(ng, M, n, k, "fwd", grad, dt, fam),)
+        dgrad: tuple[Kernel, ...] = (GroupGemm(ng, M, n, k, "bwd_grad_act", grad, dt, fam),)
+        wgrad: tuple[Kernel, ...] = (GroupGemm(ng, M, n, k, "bwd_grad_w", grad, dt, fam),)
     else:
+        fam = "fp8_matmul" if fp8 else "matmul"
         reps, rows = (ng, M) if mode == "serial" else (1, M * ng)
-        fwd = (Gemm(rows, k, n, "TN"),) * reps
-        dgrad = (Gemm(rows, n, k, "NN"),) * reps
-        wgrad = (Gemm(n, rows, k, "NT", accumulate=True, out_dtype=grad),) * reps
+        fwd = (Gemm(rows, k, n, "TN", family=fam),) * reps
+        dgrad = (Gemm(rows, n, k, "NN", family=fam),) * reps
+        wgrad = (Gemm(n, rows, k, "NT", accumulate=True, out_dtype=grad, family=fam),) * reps
     out_bytes = float(md.expert_rows * n * st.dtype_bytes)
+    saved: tuple[Tensor, ...] = (x,)
+    if st.offload_groupgemm_col_inputs:
+        saved = ()
+    elif fp8 and st.cache_groupgemm_col_fp8_inputs:
+        saved = ((f"{x[0]}.fp8_col", x[1] / st.dtype_bytes),)
+    if fp8:  # quantize the input in forward and the output gradient in backward
+        fwd = (MemBound(f"{P}.{name}.quantize_input", x[1] * (1 + 1 / st.dtype_bytes)), *fwd)
+        dgrad = (MemBound(f"{P}.{name}.quantize_grad", out_bytes * (1 + 2 / st.dtype_bytes)), *dgrad)
     return Op(
         name=f"{P}.{name}", module=module, layer=layer, fwd=fwd, bwd_input=dgrad, bwd_weight=wgrad,
-        saved=(x,), input=(x,), bwd_transient=out_bytes + x[1],
+        saved=saved, input=(x,), bwd_transient=out_bytes + x[1],
         params=ng * k * n, expert_params=ng * k * n, weight_shapes=((n, k),),
     )
 

@@ -53,6 +53,8 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
         grouped_too = st.te_at_least("2.10")
         shapes = {s for o in stage.ops if grouped_too or not o.expert_params for s in o.weight_shapes}
         te = float(sum(n * k for n, k in shapes) * st.dtype_bytes)
+    if st.fp8:  # TE keeps each fp8 weight in both layouts (1 B each) between micro-batches
+        te += 2.0 * sum(o.params for o in stage.ops if o.weight_shapes)
     return ModelStates(
         weights=float(total * st.dtype_bytes),
         grads=float(total * st.main_grad_bytes),
