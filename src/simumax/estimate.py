@@ -20,6 +20,7 @@ from simumax.cost.stage_time import Coster, StageTime, stage_time
 from simumax.graph.kernels import Collective, MemBound
 from simumax.graph.model_graph import build_stages
 from simumax.graph.ops import Stage
+from simumax.graph.params import ParamCount, count_params
 from simumax.memory.activation_walk import walk
 from simumax.memory.model_states import model_states, optimizer_bytes_per_param, shard_params
 from simumax.report.results import CostResult, MemResult, StageCost, StageMemory
@@ -114,9 +115,14 @@ class Estimate:
         per_mb = sum(t.fwd.flops + t.bwd.flops for t in self.stage_times)  # one rank of each stage
         return per_mb * st.micro_batch_num * st.world_size / st.pp_size
 
+    @cached_property
+    def params(self) -> ParamCount:
+        return count_params(self.model, self.strategy, self.stages)
+
     def flops_6nd_with_attn(self) -> float:
+        """SimuMax's convention: 6 x active params x tokens + non-causal attention."""
         m, st = self.model, self.strategy
-        n_params = sum(s.params for s in self.stages) * st.tp_size  # norms replicated: tiny
+        n_params = self.params.active
         tokens = st.global_batch_size * st.seq_len
         attn_per_token = 6 * m.layer_num * st.seq_len * m.head_num * 2 * m.head_size
         return tokens * (6 * n_params + attn_per_token)

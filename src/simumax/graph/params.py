@@ -1,0 +1,35 @@
+"""Parameter counts of the whole model, summed from the per-rank op IR.
+
+Each op knows the parameters one rank holds; the model's count multiplies them back by
+the shards: TP for TP-split weights (not for replicated ones: norms, router, MLA
+down-projections), EP x ETP for experts. Embedding rows are the padded vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.graph.ops import Stage
+
+
+@dataclass(frozen=True, slots=True)
+class ParamCount:
+    total: int
+    expert: int  # routed-expert parameters of all layers
+    active: int  # per token: everything except the (E - topk) / E unused routed experts
+
+    def to_dict(self) -> dict[str, int]:
+        return {"total": self.total, "expert": self.expert, "active": self.active}
+
+
+def count_params(model: ModelConfig, st: StrategyConfig, stages: list[Stage]) -> ParamCount:
+    dense = expert = 0
+    for s in stages:
+        for o in s.ops:
+            non_expert = o.params - o.expert_params
+            dense += non_expert if o.tp_replicated else non_expert * st.tp_size
+            expert += o.expert_params * st.ep_size * st.etp_size
+    active = dense + (expert * model.topk // model.expert_num if model.is_moe else 0)
+    return ParamCount(total=dense + expert, expert=expert, active=active)
