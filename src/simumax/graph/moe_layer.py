@@ -4,7 +4,8 @@ router (GEMM h -> E, softmax/top-k, aux loss) -> dispatch (permute tokens by exp
 all-to-all, ETP all-gather, sort received chunks by local expert) -> experts (grouped
 GEMM FC1, activation, grouped GEMM FC2) -> combine (the mirror of dispatch; the fused
 unpermute merges the top-k copies of each token weighted by their routing probabilities)
--> shared experts (a TP MLP on the same input) -> sum.
+-> shared experts (a TP MLP on the same input) -> sum. ``moe_dispatcher_policy: all_gather``
+swaps dispatch/combine for an all-gather of all tokens and a reduce-scatter of the output.
 
 Sizes per rank (see ``MoeDims``): each rank routes its own sequence-sharded tokens; with
 a capacity factor and ``moe_pad_expert_input_to_capacity`` every expert receives exactly
@@ -205,6 +206,33 @@ def _combine(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h
     )
 
 
+def _allgather_dispatch(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int) -> tuple[Op, Op]:
+    """Megatron's all-gather dispatcher: every rank gathers all tokens (and the routing map)
+    of its EP x ETP group, picks the rows of its local experts with a local permute, and
+    after the experts scatters them back and reduce-scatters the full output."""
+    row = h * d.act_bytes
+    group = md.ep * md.etp
+    gathered = float(md.tokens * group * row)
+    local = float(md.expert_rows * row)
+    ag = Collective("all_gather", gathered, "ep")
+    rs = Collective("reduce_scatter", gathered, "ep")
+    dispatch = Op(
+        name=f"{P}.dispatch", module="dispatch", layer=layer,
+        fwd=(ag, MemBound(f"{P}.permute", gathered + local, family="permute_fwd")),
+        bwd_input=(MemBound(f"{P}.permute_bwd", gathered + local, family="permute_bwd"), rs),
+        saved=((f"{P}.dispatch.row_map", float(md.expert_rows * INDEX)),),
+        input=(x,), output=out, fwd_transient=gathered, bwd_transient=2 * gathered,
+    )
+    combine = Op(
+        name=f"{P}.combine", module="combine", layer=layer,
+        fwd=(MemBound(f"{P}.unpermute", gathered + local, family="permute_fwd"), rs),
+        bwd_input=(ag, MemBound(f"{P}.unpermute_bwd", gathered + local, family="permute_bwd")),
+        saved=((f"{P}.combine.rows", local),), input=(x,), output=out,
+        fwd_transient=gathered, bwd_transient=2 * gathered,
+    )
+    return dispatch, combine
+
+
 def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_mid: Tensor) -> list[Op]:
     P = f"L{layer}"
     md = MoeDims.of(model, st, d)
@@ -232,14 +260,20 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         bwd_input=(MemBound(f"{P}.moe_act.bwd", 2 * fc1_out[1] + act_out[1]),),
         saved=tuple(act_saved), input=(fc1_out,), output=act_out, bwd_transient=fc1_out[1] + act_out[1],
     )
+    if st.moe_dispatcher_policy == "all_gather":
+        dispatch, combine = _allgather_dispatch(P, layer, d, md, ln_out, tokens, h)
+        combine = combine.with_(input=(fc2_out,), output=routed)
+    else:
+        dispatch = _dispatch(P, layer, d, md, ln_out, tokens, h, probs_in_experts, pad)
+        combine = _combine(P, layer, d, md, fc2_out, routed, h, probs_in_experts, pad)
     ops = [
         blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
         _router(P, layer, d, md, ln_out, h, model.capacity is not None),
-        _dispatch(P, layer, d, md, ln_out, tokens, h, probs_in_experts, pad),
+        dispatch,
         _experts(P, "expert_fc1", "expert_fc1", layer, st, md, tokens, h, fc1_n).with_(output=fc1_out),
         act,
         _experts(P, "expert_fc2", "expert_fc2", layer, st, md, act_out, md.ffn, h).with_(output=fc2_out),
-        _combine(P, layer, d, md, fc2_out, routed, h, probs_in_experts, pad),
+        combine,
     ]
     if model.moe_shared_expert_intermediate_size:
         ffn_s = model.moe_shared_expert_intermediate_size // d.tp
