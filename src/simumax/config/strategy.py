@@ -61,6 +61,7 @@ class StrategyConfig(ConfigBase):
         description="MoE: routing probabilities travel with the tokens in dispatch and weight the expert "
         "activation (Megatron >= 0.13); otherwise the combine's unpermute applies them.",
     )
+    moe_permute_fusion: bool = Field(True, description="MoE: TE fused permute/unpermute kernels (--moe-permute-fusion).")
     group_linear_mode: Literal["grouped", "serial", "merged"] = Field(
         "grouped",
         description="MoE expert GEMMs: grouped (TE grouped GEMM, --moe-grouped-gemm), serial (one GEMM per "

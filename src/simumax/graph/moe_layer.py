@@ -119,12 +119,29 @@ def _sort_family(md: MoeDims, pad: bool) -> tuple[str, str]:
     return ("default", "default") if pad else ("permute_fwd", "permute_bwd")
 
 
-def _dispatch(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int, probs: bool, pad: bool) -> Op:
+def _permute_kernels(P: str, md: MoeDims, moved: float, fused: bool) -> tuple[list[Kernel], list[Kernel]]:
+    """Token permute (forward) and its backward. Fused: TE's row-id-map + permute kernels.
+    Unfused: the routing map transposed, the sorted indices built (argsort / masked_select),
+    then an index_select gather (backward: zeros + index_add scatter)."""
+    if fused:
+        return [MemBound(f"{P}.permute", moved, family="permute_fwd")], [MemBound(f"{P}.permute_bwd", moved, family="permute_bwd")]
+    te = float(md.tokens * md.experts)
+    fwd: list[Kernel] = [
+        MemBound(f"{P}.map_transpose", 2 * te), MemBound(f"{P}.sort_indices", 2 * te + md.rows_sent * 8.0),
+        MemBound(f"{P}.index_select", moved),
+    ]
+    return fwd, [MemBound(f"{P}.grad_zeros", moved / 2), MemBound(f"{P}.index_add", moved)]
+
+
+def _dispatch(
+    P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int, probs: bool, pad: bool, fused: bool
+) -> Op:
     """Permute by expert, EP all-to-all, ETP all-gather, sort chunks by local expert."""
     row = h * d.act_bytes + (FP32 if probs else 0)  # the routing prob travels with its token
     sent, recv = md.rows_sent * row, md.rows_received * row
     a2a = Collective("all2all", float(max(sent, recv)), "ep")
-    fwd: list[Kernel] = [MemBound(f"{P}.permute", float(md.tokens * h * d.act_bytes + sent), family="permute_fwd"), a2a]
+    perm_f, perm_b = _permute_kernels(P, md, float(md.tokens * h * d.act_bytes + sent), fused)
+    fwd: list[Kernel] = [*perm_f, a2a]
     bwd: list[Kernel] = []
     gathered = recv * md.etp
     if md.etp > 1:
@@ -134,7 +151,7 @@ def _dispatch(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, 
         f_fam, b_fam = _sort_family(md, pad)
         fwd.append(MemBound(f"{P}.sort_chunks", 2.0 * gathered, family=f_fam))
         bwd.insert(0, MemBound(f"{P}.sort_chunks_bwd", 2.0 * gathered, family=b_fam))
-    bwd += [a2a, MemBound(f"{P}.permute_bwd", float(md.tokens * h * d.act_bytes + sent), family="permute_bwd")]
+    bwd += [a2a, *perm_b]
     return Op(
         name=f"{P}.dispatch", module="dispatch", layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd),
         saved=((f"{P}.dispatch.row_map", float(md.tokens * md.topk * INDEX)),),
@@ -176,7 +193,9 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
     )
 
 
-def _combine(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int, probs_in_experts: bool, pad: bool) -> Op:
+def _combine(
+    P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int, probs_in_experts: bool, pad: bool, fused: bool
+) -> Op:
     """Mirror of dispatch; the fused unpermute sums each token's top-k rows. When the
     routing probabilities were not applied in the experts it weights by them here and keeps
     its input (the combined rows) for the probabilities' gradient."""
@@ -193,8 +212,13 @@ def _combine(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h
         fwd.append(Collective("reduce_scatter", float(gathered), "etp"))
         bwd.append(Collective("all_gather", float(gathered), "etp"))
     unpermute = float(sent + md.tokens * row)
-    fwd += [a2a, MemBound(f"{P}.unpermute", unpermute, family="permute_fwd")]
-    bwd = [MemBound(f"{P}.unpermute_bwd", unpermute, family="permute_bwd"), a2a, *bwd]
+    if fused:
+        fwd += [a2a, MemBound(f"{P}.unpermute", unpermute, family="permute_fwd")]
+        bwd = [MemBound(f"{P}.unpermute_bwd", unpermute, family="permute_bwd"), a2a, *bwd]
+    else:  # gather the probs, weight the rows, zeros + scatter_add back to token order
+        weight = [MemBound(f"{P}.gather_probs", md.rows_sent * 12.0), MemBound(f"{P}.weight_rows", 2.0 * sent)]
+        fwd += [a2a, *(weight if not probs_in_experts else []), MemBound(f"{P}.out_zeros", md.tokens * row), MemBound(f"{P}.scatter_add", unpermute)]
+        bwd = [MemBound(f"{P}.unpermute_gather", unpermute), *([MemBound(f"{P}.weight_rows_bwd", 3.0 * sent)] if not probs_in_experts else []), a2a, *bwd]
     if md.local_experts > 1 and md.ep > 1:
         bwd.append(MemBound(f"{P}.unsort_chunks_bwd", 2.0 * gathered, family=b_fam))
     saved: list[Tensor] = []
@@ -264,8 +288,8 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         dispatch, combine = _allgather_dispatch(P, layer, d, md, ln_out, tokens, h)
         combine = combine.with_(input=(fc2_out,), output=routed)
     else:
-        dispatch = _dispatch(P, layer, d, md, ln_out, tokens, h, probs_in_experts, pad)
-        combine = _combine(P, layer, d, md, fc2_out, routed, h, probs_in_experts, pad)
+        dispatch = _dispatch(P, layer, d, md, ln_out, tokens, h, probs_in_experts, pad, st.moe_permute_fusion)
+        combine = _combine(P, layer, d, md, fc2_out, routed, h, probs_in_experts, pad, st.moe_permute_fusion)
     ops = [
         blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
         _router(P, layer, d, md, ln_out, h, model.capacity is not None),
