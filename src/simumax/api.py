@@ -16,6 +16,9 @@ from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 from simumax.report.results import CostResult, MemResult
+from simumax.search.evaluate import SearchRow, evaluate
+from simumax.search.run import run_search
+from simumax.search.space import RECOMPUTE_TYPES, SearchSpace
 
 log = logging.getLogger(__name__)
 ConfigLike = Any  # a config object, a JSON path or a preset name
@@ -52,6 +55,7 @@ class PerfLLM:
         self._estimate: Estimate | None = None
         self._cost: CostResult | None = None
         self._mem: MemResult | None = None
+        self.all_search_result: list[dict[str, Any]] = []
 
     def configure(
         self,
@@ -113,3 +117,130 @@ class PerfLLM:
         write_json_atomic(out / "strategy_config.json", self.strategy_config.to_dict())  # type: ignore[union-attr]
         write_json_atomic(out / "system_config.json", self.system_config.to_dict())  # type: ignore[union-attr]
         return {"cost": cost, "mem": mem}
+
+    # ---- search (names from the SimuMax tutorial) ------------------------------------
+    def _configured(self) -> tuple[ModelConfig, StrategyConfig, SystemConfig]:
+        self._require()
+        return self.model_config, self.strategy_config, self.system_config  # type: ignore[return-value]
+
+    def _fits(self, st: StrategyConfig, gmi_error: float, use_reserved_memory: bool) -> bool:
+        model, _, system = self._configured()
+        return evaluate(model, st, system, gmi_error=gmi_error, use_reserved_memory=use_reserved_memory).fits
+
+    def search_max_micro_batch_size(
+        self, gmi_error: float = 0.0, use_reserved_memory: bool = True, max_micro_batch_size: int = 1024
+    ) -> int:
+        """Largest micro_batch_size that fits with the configured strategy (0 if none)."""
+        _, st, _ = self._configured()
+        fits = lambda m: self._fits(st.with_updates({"micro_batch_size": m}), gmi_error, use_reserved_memory)  # noqa: E731
+        return _largest(fits, 1, max_micro_batch_size)
+
+    def search_max_micro_batch_size_fixed_gbs(
+        self, pp_size: int, dp_size: int, global_batch_size: int, gmi_error: float = 0.0, use_reserved_memory: bool = True
+    ) -> int:
+        """Largest micro_batch_size dividing global_batch_size / dp that fits, at the
+        configured tp and cp with pp_size and dp_size (0 if none)."""
+        _, st, _ = self._configured()
+        if global_batch_size % dp_size:
+            raise ConfigError("global_batch_size", f"must be divisible by dp_size ({dp_size})")
+        per_dp = global_batch_size // dp_size
+        world = st.tp_size * st.cp_size * pp_size * dp_size
+        best = 0
+        for mbs in sorted(d for d in range(1, per_dp + 1) if per_dp % d == 0):
+            trial = st.with_updates({"world_size": world, "pp_size": pp_size, "micro_batch_size": mbs, "micro_batch_num": per_dp // mbs})
+            if not self._fits(trial, gmi_error, use_reserved_memory):
+                break  # memory grows with mbs
+            best = mbs
+        return best
+
+    def search_best_parallel_strategy(
+        self,
+        world_size: int,
+        gmi_error: float = 0.0,
+        micro_batch_size: int | list[int] = 1,
+        global_batch_size: int | None = None,
+        tp_search_list: list[int] | None = None,
+        ep_search_list: list[int] | None = None,
+        pp_search_list: list[int] | None = None,
+        recompute_search_type: str | list[str] | None = None,
+        cp_search_list: list[int] | None = None,
+        use_reserved_memory: bool = True,
+        jobs: int = 1,
+        dump_path: str | Path | None = None,
+    ) -> list[SearchRow]:
+        """Every legal strategy of the space, ranked (fitting ones by iteration time).
+        Fills ``all_search_result`` with the rows as dicts; ``dump_path`` writes them as JSONL."""
+        model, st, system = self._configured()
+        rc = [recompute_search_type] if isinstance(recompute_search_type, str) else (recompute_search_type or ["none"])
+        mbs = [micro_batch_size] if isinstance(micro_batch_size, int) else micro_batch_size
+        space = SearchSpace(
+            world_size=world_size,
+            global_batch_size=global_batch_size or st.global_batch_size,
+            tp=tuple(tp_search_list or (1, 2, 4, 8)),
+            pp=tuple(pp_search_list) if pp_search_list else None,
+            ep=tuple(ep_search_list or (1,)),
+            cp=tuple(cp_search_list or (1,)),
+            mbs=tuple(mbs),
+            recompute=tuple(rc),
+        )
+        rows = run_search(model, system, st, space, gmi_error=gmi_error, use_reserved_memory=use_reserved_memory, jobs=jobs)
+        self.all_search_result = [r.to_dict() for r in rows]
+        if dump_path:
+            write_jsonl_atomic(Path(dump_path), self.all_search_result)
+        return rows
+
+    def search_best_parallel_strategy_with_recompute(
+        self,
+        world_size: int,
+        gmi_error: float = 0.0,
+        micro_batch_size: int | list[int] = 1,
+        global_batch_size: int | None = None,
+        all_search_result: list[dict[str, Any]] | None = None,
+        tp_search_list: list[int] | None = None,
+        ep_search_list: list[int] | None = None,
+        recompute_search_type: str | list[str] | None = None,
+        use_reserved_memory: bool = True,
+        dump_path: str | Path | None = None,
+        pp_search_list: list[int] | None = None,
+        jobs: int = 1,
+    ) -> list[SearchRow]:
+        """As search_best_parallel_strategy over all recompute types by default (full-block
+        with the fewest layers that fit); rows are also appended to ``all_search_result``."""
+        rows = self.search_best_parallel_strategy(
+            world_size, gmi_error, micro_batch_size, global_batch_size, tp_search_list, ep_search_list, pp_search_list,
+            recompute_search_type or list(RECOMPUTE_TYPES), None, use_reserved_memory, jobs, dump_path,
+        )
+        if all_search_result is not None:
+            all_search_result.extend(self.all_search_result)
+        return rows
+
+
+def _largest(fits: Any, lo: int, hi: int) -> int:
+    """Largest n in [lo, hi] with fits(n), assuming fits is monotone (0 if none)."""
+    if not fits(lo):
+        return 0
+    n = lo
+    while n * 2 <= hi and fits(n * 2):
+        n *= 2
+    a, b = n, min(n * 2, hi + 1)  # fits(a), not fits(b) (or b past hi)
+    while b - a > 1:
+        mid = (a + b) // 2
+        if fits(mid):
+            a = mid
+        else:
+            b = mid
+    return a
+
+
+def write_jsonl_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
+    """All rows, one JSON object per line, via a temp file and rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

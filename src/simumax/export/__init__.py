@@ -1,0 +1,1 @@
+"""Exports of configs to other tools' formats."""

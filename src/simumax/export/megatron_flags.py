@@ -1,0 +1,73 @@
+"""A strategy (and model) as Megatron-LM command-line flags."""
+
+from __future__ import annotations
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+
+
+def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list[str]:
+    f = [
+        f"--tensor-model-parallel-size {st.tp_size}",
+        f"--pipeline-model-parallel-size {st.pp_size}",
+        f"--context-parallel-size {st.cp_size}",
+        f"--micro-batch-size {st.micro_batch_size}",
+        f"--global-batch-size {st.global_batch_size}",
+        f"--seq-length {st.seq_len}",
+    ]
+    if st.sp:
+        f.append("--sequence-parallel")
+    if st.interleaving_size > 1:
+        f.append(f"--num-layers-per-virtual-pipeline-stage {_layers_per_chunk(st, model)}")
+    if st.num_layers_in_first_pipeline_stage:
+        f.append(f"--decoder-first-pipeline-num-layers {st.num_layers_in_first_pipeline_stage}")
+    if st.num_layers_in_last_pipeline_stage:
+        f.append(f"--decoder-last-pipeline-num-layers {st.num_layers_in_last_pipeline_stage}")
+    if st.cp_size > 1:
+        f.append(f"--cp-comm-type {st.cp_comm_type}")
+    if model is not None and model.is_moe:
+        f += [f"--expert-model-parallel-size {st.ep_size}", f"--expert-tensor-parallel-size {st.etp_size}"]
+        f.append(f"--moe-token-dispatcher-type {'alltoall' if st.moe_dispatcher_policy == 'all2all' else 'allgather'}")
+        if st.group_linear_mode == "grouped":
+            f.append("--moe-grouped-gemm")
+        if st.moe_permute_fusion:
+            f.append("--moe-permute-fusion")
+        if model.capacity is not None:
+            f.append(f"--moe-expert-capacity-factor {model.capacity:g}")
+            if model.moe_pad_expert_input_to_capacity:
+                f.append("--moe-pad-expert-input-to-capacity")
+    if st.zero_state >= 1:
+        f.append("--use-distributed-optimizer")
+    if st.use_fp32_accum_grad and not st.grad_reduce_in_bf16:
+        f.append("--accumulate-allreduce-grads-in-fp32")
+    if st.dtype == "bf16":
+        f.append("--bf16")
+    elif st.dtype == "fp16":
+        f.append("--fp16")
+    if st.fp8:
+        f.append("--fp8-format hybrid")
+    if st.use_flash_sdp:
+        f.append("--use-flash-attn")
+    if st.cross_entropy_loss_fusion:
+        f.append("--cross-entropy-loss-fusion")
+    mode = st.recompute_mode
+    if mode == "full_block":
+        f += ["--recompute-granularity full", "--recompute-method block"]
+        n = st.recompute_layer_num
+        f.append(f"--recompute-num-layers {n if n is not None else _max_stage_layers(st, model)}")
+    elif mode == "selective":
+        f.append("--recompute-granularity selective")
+        mods = [m for flag, m in (("attn_recompute", "core_attn"), ("mlp_recompute", "mlp"), ("mlp_rms_recompute", "layernorm")) if getattr(st, flag)]
+        if mods and mods != ["core_attn"]:
+            f.append("--recompute-modules " + " ".join(mods))
+    elif mode == "megatron":
+        f += ["--recompute-granularity selective", "--recompute-modules " + " ".join(st.megatron_recompute_modules)]
+    return f
+
+
+def _max_stage_layers(st: StrategyConfig, model: ModelConfig | None) -> int:
+    return (model.layer_num // st.pp_size) if model else 1
+
+
+def _layers_per_chunk(st: StrategyConfig, model: ModelConfig | None) -> int:
+    return max(_max_stage_layers(st, model) // st.interleaving_size, 1)

@@ -1,0 +1,1 @@
+"""Strategy search: enumerate legal strategies, evaluate memory first, cost what fits."""
