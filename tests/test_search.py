@@ -90,3 +90,15 @@ def test_megatron_flags() -> None:
     tp = " ".join(megatron_flags(load_strategy("tp2_pp1_dp4_mbs1_selective_recompute")))
     assert "--sequence-parallel" in tp and "--recompute-granularity selective" in tp
     assert load_system("a100_pcie")  # the system preset the search tests use exists
+
+
+def test_search_cli_writes_jsonl_and_csv(tmp_path) -> None:
+    from tests.test_errors import run_cli
+
+    base = ["search", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie", "--world-size", "8", "--gbs", "16"]
+    r = run_cli(*base, "--set", "model.layer_num=4", "--tp", "1,2", "--pp", "1,2", "--recompute", "none", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = (tmp_path / "search.jsonl").read_text().splitlines()
+    assert len(rows) == 4 and (tmp_path / "search.csv").read_text().count("\n") == 5
+    bad = run_cli(*base, "--tp", "1,x")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--tp" in bad.stderr

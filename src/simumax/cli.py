@@ -84,6 +84,79 @@ def perf(
         out_console.print(f"[yellow]{len(misses)} kernel shapes not in the efficiency table (family default used); see --json[/]")
 
 
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(name, f"expected comma-separated integers, got {text!r}") from None
+
+
+@app.command()
+def search(
+    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
+    strategy: str = typer.Option(..., "--strategy", "-s", help="Base strategy (seq_len, dtype, kernels ...)."),
+    system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
+    world_size: int = typer.Option(..., "--world-size", help="Accelerators to lay the job out on."),
+    global_batch_size: Optional[int] = typer.Option(None, "--gbs", help="Global batch (sequences); default the base strategy's."),
+    tp: str = typer.Option("1,2,4,8", "--tp", help="TP sizes to try."),
+    pp: Optional[str] = typer.Option(None, "--pp", help="PP sizes to try (default: divisors of the layer count)."),
+    ep: str = typer.Option("1", "--ep", help="EP sizes to try (MoE)."),
+    cp: str = typer.Option("1", "--cp", help="CP sizes to try."),
+    mbs: str = typer.Option("1", "--mbs", help="Micro-batch sizes to try."),
+    recompute: str = typer.Option("none,selective,full_block", "--recompute", help="Recompute types to try."),
+    gmi_error: float = typer.Option(0.0, "--gmi-error", help="GiB kept free per GPU."),
+    jobs: int = typer.Option(1, "--jobs", help="Worker processes."),
+    top: int = typer.Option(10, "--top", help="Rows shown."),
+    set_: list[str] = SetOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print all rows as JSON."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write search.jsonl and search.csv here."),
+) -> None:
+    """Search the fastest strategy that fits memory; print the top rows."""
+    from rich.progress import Progress
+
+    from simumax.api import write_jsonl_atomic
+    from simumax.search.run import run_search
+    from simumax.search.space import SearchSpace
+
+    m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
+    space = SearchSpace(
+        world_size=world_size, global_batch_size=global_batch_size or st.global_batch_size, tp=tuple(_int_list(tp, "--tp")),
+        pp=tuple(_int_list(pp, "--pp")) if pp else None, ep=tuple(_int_list(ep, "--ep")), cp=tuple(_int_list(cp, "--cp")),
+        mbs=tuple(_int_list(mbs, "--mbs")), recompute=tuple(r.strip() for r in recompute.split(",") if r.strip()),
+    )
+    with Progress(console=err_console, transient=True, disable=as_json) as bar:
+        task = bar.add_task("evaluating", total=None)
+        rows = run_search(m, sy, st, space, gmi_error=gmi_error, jobs=jobs, progress=lambda i, n: bar.update(task, completed=i, total=n))
+    dicts = [r.to_dict() for r in rows]
+    if out is not None:
+        write_jsonl_atomic(out / "search.jsonl", dicts)
+        _write_csv(out / "search.csv", rows)
+    if as_json:
+        out_console.print_json(json.dumps(dicts, sort_keys=True))
+        return
+    out_console.print(fmt.search_table(rows[:top], float(sy.mem_bytes), gmi_error))
+
+
+def _write_csv(path: Path, rows: list) -> None:
+    import csv
+    import io
+    import os
+    import tempfile
+
+    cols = ["tp", "pp", "dp", "ep", "cp", "mbs", "mbc", "zero", "recompute", "recompute_layer_num", "fits", "iter_time", "mfu", "tokens_per_s_per_gpu", "peak_mem", "headroom"]
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(cols)
+    for r in rows:
+        d = r.to_dict()
+        w.writerow([d[c] for c in cols])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", newline="") as f:
+        f.write(buf.getvalue())
+    os.replace(tmp, path)
+
+
 @app.command()
 def validate(
     file: Path = typer.Argument(..., help="Validation JSONL (schema: shared/validation/README.md)."),

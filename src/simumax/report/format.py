@@ -52,3 +52,16 @@ def memory_table(mem: MemResult) -> Table:
             gib(s.peak_mem_with_reserved), f"{s.peak_path['phase']} {s.peak_path['op']}",
         )
     return t
+
+
+def search_table(rows: list, capacity: float, gmi_error_gib: float) -> Table:
+    t = Table(title=f"best strategies (capacity {capacity / GIB:.0f} GiB, {gmi_error_gib:g} GiB kept free)")
+    for col in ("#", "strategy", "iter ms", "MFU", "tokens/s/GPU", "peak GiB per stage", "headroom GiB"):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for i, r in enumerate(rows, 1):
+        stages = " ".join(f"{x / GIB:.1f}" for x in r.peak_mem_per_stage)
+        if r.fits:
+            t.add_row(str(i), r.label, f"{r.iter_time * 1e3:.1f}", f"{r.mfu:.1%}", f"{r.tokens_per_s_per_gpu:.0f}", stages, f"{r.headroom / GIB:.1f}")
+        else:
+            t.add_row(str(i), r.label, "does not fit", "-", "-", stages, f"{r.headroom / GIB:.1f}")
+    return t
