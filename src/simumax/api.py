@@ -24,18 +24,26 @@ log = logging.getLogger(__name__)
 ConfigLike = Any  # a config object, a JSON path or a preset name
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via a temp file and rename, so a crash never leaves half a file."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temp file and rename, so a crash never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_jsonl_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
+    """All rows, one JSON object per line."""
+    write_text_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
 class PerfLLM:
@@ -230,17 +238,3 @@ def _largest(fits: Any, lo: int, hi: int) -> int:
         else:
             b = mid
     return a
-
-
-def write_jsonl_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
-    """All rows, one JSON object per line, via a temp file and rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -140,8 +140,8 @@ def search(
 def _write_csv(path: Path, rows: list) -> None:
     import csv
     import io
-    import os
-    import tempfile
+
+    from simumax.api import write_text_atomic
 
     cols = ["tp", "pp", "dp", "ep", "cp", "mbs", "mbc", "zero", "recompute", "recompute_layer_num", "fits", "iter_time", "mfu", "tokens_per_s_per_gpu", "peak_mem", "headroom"]
     buf = io.StringIO()
@@ -150,11 +150,7 @@ def _write_csv(path: Path, rows: list) -> None:
     for r in rows:
         d = r.to_dict()
         w.writerow([d[c] for c in cols])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", newline="") as f:
-        f.write(buf.getvalue())
-    os.replace(tmp, path)
+    write_text_atomic(path, buf.getvalue())
 
 
 @app.command()

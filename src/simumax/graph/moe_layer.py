@@ -39,7 +39,6 @@ class MoeDims:
     ep: int
     etp: int
     ffn: int  # expert hidden per ETP rank
-    rows_per_source: float  # rows one source rank sends one expert (busiest expert)
     rows_sent: int  # rows this rank sends in dispatch (all its tokens' copies)
     rows_received: int  # rows arriving at the busiest rank from the EP all-to-all
     rows_per_expert: int  # grouped-GEMM M: rows per local expert after the ETP all-gather
@@ -66,7 +65,6 @@ class MoeDims:
             ep=ep,
             etp=etp,
             ffn=model.moe_ffn // etp,
-            rows_per_source=busiest,
             rows_sent=math.ceil(balanced * E),
             rows_received=math.ceil(busiest * E),
             rows_per_expert=math.ceil(busiest * ep) * etp,
