@@ -63,10 +63,11 @@ class Estimate:
         return out
 
     # ---- data-parallel gradient sync and optimizer ------------------------------------
-    def _grad_sync_time(self, params: int, group: str, size: int) -> float:
+    def _grad_sync_time(self, params: int, group: str) -> float:
         """Bucketed gradient reduce (RS for ZeRO-1, AR for ZeRO-0) + ZeRO-1 param all-gather
-        of ``params`` over one data-parallel group of ``size`` ranks."""
+        of ``params`` over one data-parallel group."""
         st = self.strategy
+        size = self.network.groups[group].size
         if size <= 1 or params <= 0:
             return 0.0
         bucket = st.ddp_bucket_size or max(MEGATRON_MIN_BUCKET, 1_000_000 * size)
@@ -83,11 +84,8 @@ class Estimate:
     def dp_comm_time(self, stage: Stage) -> float:
         """Dense gradients sync over DP x CP (CP ranks hold the same weights); expert
         gradients over the expert-data-parallel group."""
-        st = self.strategy
         dense = stage.params - stage.expert_params
-        return self._grad_sync_time(dense, "dp", st.dp_size * st.cp_size) + self._grad_sync_time(
-            stage.expert_params, "edp", st.edp_size
-        )
+        return self._grad_sync_time(dense, "dp") + self._grad_sync_time(stage.expert_params, "edp")
 
     def optimizer_time(self, stage: Stage) -> float:
         """Megatron's optimizer step over this rank's shard, pass by pass (bytes/param):

@@ -37,17 +37,25 @@ class ComputeModel:
         # kernel -> (seconds, achieved efficiency, family used, table hit)
         self._cache: dict[object, tuple[float, float, str, bool]] = {}
 
-    def _efficiency(self, name: str, key: str) -> tuple[float, bool]:
-        """(efficiency, measured) for a family and shape key. An fp8 family with neither a
-        measured entry nor its own default (SimuMax files give 0) uses the bf16 family's
-        efficiency for the same shape, against the fp8 peak."""
+    def _family(self, name: str) -> str:
+        """The configured family a kernel uses: its own, else (fp8) its bf16 twin, else default."""
         ops = self.acc.op
-        spec = ops.get(name) or ops["default"]
+        for candidate in (name, name.removeprefix("fp8_")):
+            if candidate in ops:
+                return candidate
+        return "default"
+
+    def _efficiency(self, name: str, key: str) -> tuple[float, bool]:
+        """(efficiency, measured) for a configured family and shape key. An fp8 family with
+        neither a measured entry nor its own default (SimuMax files give 0) uses the bf16
+        family's efficiency for the same shape, against the fp8 peak."""
+        ops = self.acc.op
+        spec = ops[name]
         eff = spec.accurate_efficient_factor.get(key)
         if eff is not None:
             return eff, True
         if name.startswith("fp8_") and spec.efficient_factor <= 0:
-            base = ops.get(name[4:]) or ops["default"]
+            base = ops[self._family(name[4:])]
             return base.accurate_efficient_factor.get(key, base.efficient_factor), False
         return spec.efficient_factor, False
 
@@ -64,9 +72,8 @@ class ComputeModel:
         return t, eff
 
     def _cost(self, k: ComputeKernel) -> tuple[float, float, str, bool]:
-        ops = self.acc.op
-        name = k.family if k.family in ops else (k.family[4:] if k.family.startswith("fp8_") and k.family[4:] in ops else "default")
-        spec = ops[name]
+        name = self._family(k.family)
+        spec = self.acc.op[name]
         eff, hit = self._efficiency(name, k.key)
         table_flops = k.table_flops if isinstance(k, Attention) else k.flops
         peak = spec.tflops * 1e12

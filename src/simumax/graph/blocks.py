@@ -178,6 +178,7 @@ def flash_attention(
     fwd, bwd = _cp_attention_kernels(d, shape, q, k, v, out)
     lse = (f"{name}.lse", float(d.b * d.heads * d.s * FP32))
     grads = q[1] + k[1] + v[1] + out[1]
+    gathered_kv = (k[1] + v[1]) * (d.cp - 1) if d.cp_comm == "all_gather" else 0.0  # other ranks' K, V
     return Op(
         name=name,
         module="core_attn",
@@ -186,8 +187,8 @@ def flash_attention(
         bwd_input=tuple(bwd),
         saved=(q, k, v, out, lse),
         input=(q, k, v),
-        fwd_transient=(k[1] + v[1]) * (d.cp - 1) if d.cp_comm == "all_gather" else 0.0,
-        bwd_transient=grads + ((k[1] + v[1]) * (d.cp - 1) if d.cp_comm == "all_gather" else 0.0),
+        fwd_transient=gathered_kv,
+        bwd_transient=grads + gathered_kv,
     )
 
 

@@ -111,10 +111,14 @@ def _router(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, h: int, capacit
     )
 
 
-def _sort_family(md: MoeDims, pad: bool) -> tuple[str, str]:
-    # padded chunks are re-ordered by a transpose + contiguous copy; otherwise the fused
-    # sort_chunks_by_idxs permute kernel
-    return ("default", "default") if pad else ("permute_fwd", "permute_bwd")
+def _chunk_sort(P: str, name: str, md: MoeDims, nbytes: float, pad: bool) -> tuple[list[Kernel], list[Kernel]]:
+    """Re-order received rows between source-rank and local-expert order (only needed when
+    a rank holds several experts and receives from several ranks): a transpose + contiguous
+    copy with drop-and-pad, the fused sort_chunks_by_idxs permute kernel otherwise."""
+    if md.local_experts <= 1 or md.ep <= 1:
+        return [], []
+    f_fam, b_fam = ("default", "default") if pad else ("permute_fwd", "permute_bwd")
+    return [MemBound(f"{P}.{name}", 2.0 * nbytes, family=f_fam)], [MemBound(f"{P}.{name}_bwd", 2.0 * nbytes, family=b_fam)]
 
 
 def _permute_kernels(P: str, md: MoeDims, moved: float, fused: bool) -> tuple[list[Kernel], list[Kernel]]:
@@ -145,11 +149,9 @@ def _dispatch(
     if md.etp > 1:
         fwd.append(Collective("all_gather", float(gathered), "etp"))
         bwd.append(Collective("reduce_scatter", float(gathered), "etp"))
-    if md.local_experts > 1 and md.ep > 1:  # received chunks are ordered by source rank
-        f_fam, b_fam = _sort_family(md, pad)
-        fwd.append(MemBound(f"{P}.sort_chunks", 2.0 * gathered, family=f_fam))
-        bwd.insert(0, MemBound(f"{P}.sort_chunks_bwd", 2.0 * gathered, family=b_fam))
-    bwd += [a2a, *perm_b]
+    sort_f, sort_b = _chunk_sort(P, "sort_chunks", md, gathered, pad)
+    fwd += sort_f
+    bwd = [*sort_b, *bwd, a2a, *perm_b]
     return Op(
         name=f"{P}.dispatch", module="dispatch", layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd),
         saved=((f"{P}.dispatch.row_map", float(md.tokens * md.topk * INDEX)),),
@@ -201,11 +203,9 @@ def _combine(
     sent, recv = md.rows_sent * row, md.rows_received * row
     gathered = recv * md.etp
     a2a = Collective("all2all", float(max(sent, recv)), "ep")
-    fwd: list[Kernel] = []
+    sort_f, sort_b = _chunk_sort(P, "unsort_chunks", md, gathered, pad)
+    fwd: list[Kernel] = list(sort_f)
     bwd: list[Kernel] = []
-    f_fam, b_fam = _sort_family(md, pad)
-    if md.local_experts > 1 and md.ep > 1:
-        fwd.append(MemBound(f"{P}.unsort_chunks", 2.0 * gathered, family=f_fam))
     if md.etp > 1:
         fwd.append(Collective("reduce_scatter", float(gathered), "etp"))
         bwd.append(Collective("all_gather", float(gathered), "etp"))
@@ -217,8 +217,7 @@ def _combine(
         weight = [MemBound(f"{P}.gather_probs", md.rows_sent * 12.0), MemBound(f"{P}.weight_rows", 2.0 * sent)]
         fwd += [a2a, *(weight if not probs_in_experts else []), MemBound(f"{P}.out_zeros", md.tokens * row), MemBound(f"{P}.scatter_add", unpermute)]
         bwd = [MemBound(f"{P}.unpermute_gather", unpermute), *([MemBound(f"{P}.weight_rows_bwd", 3.0 * sent)] if not probs_in_experts else []), a2a, *bwd]
-    if md.local_experts > 1 and md.ep > 1:
-        bwd.append(MemBound(f"{P}.unsort_chunks_bwd", 2.0 * gathered, family=b_fam))
+    bwd += sort_b
     saved: list[Tensor] = []
     if not probs_in_experts:
         saved.append((f"{P}.combine.rows", float(sent)))
