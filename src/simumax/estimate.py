@@ -16,17 +16,28 @@ from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.cost.efficiency import ComputeModel
 from simumax.cost.network import NetworkModel
-from simumax.cost.stage_time import Coster, StageTime, stage_time
+from simumax.cost.stage_time import Coster, PhaseTime, StageTime, stage_time
 from simumax.graph.kernels import Collective, MemBound
-from simumax.graph.model_graph import build_stages
+from simumax.graph.model_graph import build_virtual_stages, merge_chunks
 from simumax.graph.ops import Stage
 from simumax.graph.params import ParamCount, count_params
 from simumax.memory.activation_walk import walk
 from simumax.memory.model_states import model_states, optimizer_bytes_per_param, shard_params
 from simumax.report.results import CostResult, MemResult, StageCost, StageMemory
-from simumax.schedule.one_f_one_b import in_flight, pipeline_time
+from simumax.memory.schedule_walk import RankActivations, walk_schedule
+from simumax.schedule import SPLIT_BACKWARD, rank_orders
+from simumax.schedule.one_f_one_b import pipeline_time
+from simumax.simulate.iteration import IterationRun, simulate_iteration
 
 MEGATRON_MIN_BUCKET = 40_000_000  # elements (Megatron DDP default bucket)
+
+
+@dataclass(frozen=True, slots=True)
+class GradBucket:
+    group: str  # dp or edp
+    ready_fraction: float  # share of the chunk's last weight-gradient pass done when it fills
+    reduce: float  # seconds: reduce-scatter (ZeRO-1) or all-reduce
+    gather: float  # seconds: ZeRO-1 parameter all-gather after the optimizer step
 
 
 @dataclass
@@ -39,8 +50,14 @@ class Estimate:
         check_compatible(self.model, self.strategy, self.system)
 
     @cached_property
+    def chunks(self) -> list[Stage]:
+        """One Stage per virtual stage (model chunk), in forward order."""
+        return build_virtual_stages(self.model, self.strategy)
+
+    @cached_property
     def stages(self) -> list[Stage]:
-        return build_stages(self.model, self.strategy)
+        """One Stage per pipeline rank (all its chunks)."""
+        return merge_chunks(self.chunks, self.strategy.pp_size)
 
     @cached_property
     def compute_model(self) -> ComputeModel:
@@ -52,40 +69,67 @@ class Estimate:
 
     @cached_property
     def coster(self) -> Coster:
-        return Coster(self.compute_model, self.network)
+        return Coster(self.compute_model, self.network, tp_comm_overlap=self.strategy.tp_comm_overlap)
+
+    @cached_property
+    def chunk_times(self) -> list[StageTime]:
+        """Per virtual stage, one micro-batch; ``p2p`` is its send to the next virtual
+        stage (0 when that one is on the same rank, as at DualPipeV's turn)."""
+        out = []
+        for k, c in enumerate(self.chunks):
+            crosses = k + 1 < len(self.chunks) and self.chunks[k + 1].index != c.index
+            p2p = self.network.time(Collective("p2p", c.p2p_bytes, "pp")) if crosses and c.p2p_bytes else 0.0
+            out.append(stage_time(self.coster, c, p2p))
+        return out
 
     @cached_property
     def stage_times(self) -> list[StageTime]:
-        out = []
-        for s in self.stages:
-            p2p = self.network.time(Collective("p2p", s.p2p_bytes, "pp")) if s.p2p_bytes else 0.0
-            out.append(stage_time(self.coster, s, p2p))
+        """Per pipeline rank: its chunks' times added."""
+        out = [StageTime(PhaseTime(), PhaseTime(), PhaseTime(), PhaseTime(), 0.0) for _ in self.stages]
+        for c, t in zip(self.chunks, self.chunk_times):
+            out[c.index].add(t)
         return out
 
+    def rank_pass_times(self) -> list[tuple[float, float]]:
+        """(F_r, B_r) per rank for one micro-batch through all its chunks, each pass
+        with the blocking send it ends with (forward to the next stage, gradient back)."""
+        out = [[0.0, 0.0] for _ in self.stages]
+        times = self.chunk_times
+        for k, (c, t) in enumerate(zip(self.chunks, times)):
+            out[c.index][0] += t.fwd.total + t.p2p
+            out[c.index][1] += t.bwd_input.total + t.bwd_weight.total + t.recompute.total + (times[k - 1].p2p if k else 0.0)
+        return [(f, b) for f, b in out]
+
     # ---- data-parallel gradient sync and optimizer ------------------------------------
-    def _grad_sync_time(self, params: int, group: str) -> float:
-        """Bucketed gradient reduce (RS for ZeRO-1, AR for ZeRO-0) + ZeRO-1 param all-gather
-        of ``params`` over one data-parallel group."""
+    def grad_buckets(self, chunk: Stage) -> list[GradBucket]:
+        """Megatron's DDP buckets of one model chunk (each chunk has its own buffers):
+        dense gradients reduce over DP x CP, expert gradients over the expert-data-parallel
+        group; reduce-scatter + ZeRO-1 all-gather, or all-reduce without ZeRO."""
+        dense = chunk.params - chunk.expert_params
+        return self._buckets(dense, "dp") + self._buckets(chunk.expert_params, "edp")
+
+    def _buckets(self, params: int, group: str) -> list[GradBucket]:
         st = self.strategy
         size = self.network.groups[group].size
         if size <= 1 or params <= 0:
-            return 0.0
+            return []
         bucket = st.ddp_bucket_size or max(MEGATRON_MIN_BUCKET, 1_000_000 * size)
         n_full, rest = divmod(params, bucket)
-        t = 0.0
+        out = []
+        done = 0
         for elems in [bucket] * n_full + ([rest] if rest else []):
+            done += elems
             if st.zero_state >= 1:
-                t += self.network.time(Collective("reduce_scatter", elems * st.main_grad_bytes, group))
-                t += self.network.time(Collective("all_gather", elems * st.dtype_bytes, group))
+                red = self.network.time(Collective("reduce_scatter", elems * st.main_grad_bytes, group))
+                gat = self.network.time(Collective("all_gather", elems * st.dtype_bytes, group))
             else:
-                t += self.network.time(Collective("all_reduce", elems * st.main_grad_bytes, group))
-        return t
+                red, gat = self.network.time(Collective("all_reduce", elems * st.main_grad_bytes, group)), 0.0
+            out.append(GradBucket(group, done / params, red, gat))
+        return out
 
     def dp_comm_time(self, stage: Stage) -> float:
-        """Dense gradients sync over DP x CP (CP ranks hold the same weights); expert
-        gradients over the expert-data-parallel group."""
-        dense = stage.params - stage.expert_params
-        return self._grad_sync_time(dense, "dp") + self._grad_sync_time(stage.expert_params, "edp")
+        """All gradient buckets (and ZeRO-1 parameter gathers) of one rank's chunks."""
+        return sum(b.reduce + b.gather for c in self.chunks if c.index == stage.index for b in self.grad_buckets(c))
 
     def optimizer_time(self, stage: Stage) -> float:
         """Megatron's optimizer step over this rank's shard, pass by pass (bytes/param):
@@ -130,24 +174,37 @@ class Estimate:
         name = "fp8_matmul" if self.strategy.fp8 and "fp8_matmul" in ops else "matmul"
         return (ops.get(name) or ops["default"]).tflops * 1e12
 
+    @property
+    def closed_form_applies(self) -> bool:
+        """1F1B / interleaved with no cross-pass overlap: the pipeline has a closed form;
+        otherwise cost() takes the pipeline from the event simulator."""
+        st = self.strategy
+        overlap = (
+            st.overlap_grad_reduce or st.overlap_param_gather or st.p2p_overlapped
+            or st.overlap_moe_expert_parallel_comm or st.defer_embedding_wgrad_compute
+        )
+        return st.schedule in ("1f1b", "interleaved") and not overlap
+
+    def simulate(self) -> IterationRun:
+        """The iteration on the event engine (same per-op costs as the closed form)."""
+        return simulate_iteration(self)
+
     def cost(self) -> CostResult:
         st = self.strategy
+        m = st.micro_batch_num
+        per_stage = self.rank_pass_times()
+        dp_t = [self.dp_comm_time(s) for s in self.stages]
+        opt_t = [self.optimizer_time(s) for s in self.stages]
+        if self.closed_form_applies:
+            pipe = pipeline_time(per_stage, m, st.interleaving_size)
+            end_bwd = list(pipe.end_per_rank)
+            ends = [e + d + o for e, d, o in zip(end_bwd, dp_t, opt_t)]
+        else:
+            run = self.simulate()
+            end_bwd, ends = run.end_of_backward, run.end
         times = self.stage_times
-        v = st.interleaving_size
-        last = len(times) - 1
-        # blocking P2P: a stage sends its activation forward and its input gradient back
-        p2p_fwd = [t.p2p if r < last else 0.0 for r, t in enumerate(times)]
-        p2p_bwd = [t.p2p if r > 0 else 0.0 for r, t in enumerate(times)]
-        per_stage = [
-            (t.fwd.total + p2p_fwd[r], t.bwd.total + t.recompute.total + p2p_bwd[r]) for r, t in enumerate(times)
-        ]
-        pipe = pipeline_time(per_stage, st.micro_batch_num, v)
         stage_costs = []
-        ends = []
         for r, (s, t) in enumerate(zip(self.stages, times)):
-            dp_t = self.dp_comm_time(s)
-            opt_t = self.optimizer_time(s)
-            ends.append(pipe.end_per_rank[r] + dp_t + opt_t)
             comm: dict[str, float] = {}
             for ph in (t.fwd, t.bwd, t.recompute):
                 for g, x in ph.comm.items():
@@ -155,26 +212,25 @@ class Estimate:
             stage_costs.append(
                 StageCost(
                     stage=r, layers=len(s.layers), fwd=t.fwd.total, bwd=t.bwd.total, recompute=t.recompute.total,
-                    p2p=t.p2p, comm_exposed=comm, dp_comm=dp_t, optimizer=opt_t, end_of_backward=pipe.end_per_rank[r],
+                    p2p=t.p2p, comm_exposed=comm, dp_comm=dp_t[r], optimizer=opt_t[r], end_of_backward=end_bwd[r],
                 )
             )
         total = max(ends)
         crit = max(range(len(ends)), key=lambda r: ends[r])
-        m = st.micro_batch_num
         ct = times[crit]
-        sc = stage_costs[crit]
-        comm_mb = sc.comm_exposed
+        busy_max = m * max(f + b for f, b in per_stage)
+        p2p_crit = max(0.0, per_stage[crit][0] + per_stage[crit][1] - ct.total)
         breakdown = {
             "fwd": (ct.fwd.total - sum(ct.fwd.comm.values())) * m,
             "bwd": (ct.bwd.total - sum(ct.bwd.comm.values())) * m,
             "recompute": (ct.recompute.total - sum(ct.recompute.comm.values())) * m,
-            **{f"{g}_comm": x * m for g, x in sorted(comm_mb.items())},
-            "pp_p2p": (p2p_fwd[crit] + p2p_bwd[crit]) * m,
+            **{f"{g}_comm": x * m for g, x in sorted(stage_costs[crit].comm_exposed.items())},
+            "pp_p2p": p2p_crit * m,
             # fill/drain of the pipeline, and per-micro-batch waiting on a slower stage
-            "bubble": max(0.0, pipe.end_per_rank[crit] - pipe.busy_max),
-            "stage_imbalance": max(0.0, m * (max(f + b for f, b in per_stage) - per_stage[crit][0] - per_stage[crit][1])),
-            "dp_comm": sc.dp_comm,
-            "optimizer": sc.optimizer,
+            "bubble": max(0.0, end_bwd[crit] - busy_max),
+            "stage_imbalance": max(0.0, busy_max - m * (per_stage[crit][0] + per_stage[crit][1])),
+            "dp_comm": max(0.0, ends[crit] - end_bwd[crit] - opt_t[crit]),  # exposed
+            "optimizer": opt_t[crit],
         }
         flops = self.model_flops_per_iter()
         world = st.world_size
@@ -193,25 +249,46 @@ class Estimate:
             efficiency_lookups=self.compute_model.log.to_dict(),
         )
 
+    def w_keep(self, chunk: Stage) -> float:
+        """Bytes a split backward keeps from B to W: saved inputs and output gradients
+        of the ops with weight gradients (at most what the chunk stores)."""
+        need = sum(o.saved_bytes + (o.output[1] if o.output else 0.0) for o in chunk.ops if o.bwd_weight)
+        return min(need, walk(chunk.ops).stored)
+
+    def activation_walks(self, times: IterationRun | None = None) -> list[RankActivations]:
+        orders = times.orders if times else rank_orders(self.strategy)
+        walks = {c.vstage: walk(c.ops) for c in self.chunks}
+        keep = {c.vstage: self.w_keep(c) for c in self.chunks} if self.strategy.schedule in SPLIT_BACKWARD else {}
+        return [
+            walk_schedule(orders[r], walks, keep, times.task_times(r) if times else None) for r in range(len(orders))
+        ]
+
     def memory(self) -> MemResult:
         st = self.strategy
-        v = st.interleaving_size
+        v = st.chunks_per_rank
+        acts = self.activation_walks()
         out = []
-        for s in self.stages:
+        for s, act in zip(self.stages, acts):
             states = model_states(st, s)
-            w = walk(s.ops)
-            n = in_flight(st.pp_size, s.index, st.micro_batch_num, v) / v
-            others = max(n - 1.0, 0.0) * w.stored
-            fwd_peak, bwd_peak = others + w.fwd_peak, others + w.bwd_peak
-            phase, op, act_peak = ("bwd", w.bwd_peak_op, bwd_peak) if bwd_peak >= fwd_peak else ("fwd", w.fwd_peak_op, fwd_peak)
-            peak = states.total + act_peak
+            stored = sum(walk(c.ops).stored for c in self.chunks if c.index == s.index) / v
+            t = act.peak_task
+            n = act.in_flight_at_peak / v
+            op = ""
+            if t is not None:
+                w = walk(self.chunks[t.vstage].ops)
+                op = w.fwd_peak_op if t.kind == "F" else w.bwd_peak_op
+            peak = states.total + act.peak
             out.append(
                 StageMemory(
                     stage=s.index, layers=len(s.layers), params=s.params, weights=states.weights, grads=states.grads,
                     optimizer=states.optimizer, te_buffers=states.te_buffers, model_mem=states.total,
-                    fwd_activation_cache_per_micro_batch=w.stored, in_flight_micro_batches=n,
-                    activation_mem=act_peak, peak_mem=peak, peak_mem_with_reserved=peak / st.mem_factor,
-                    peak_path={"phase": phase, "op": op, "in_flight": f"{n:g}"},
+                    fwd_activation_cache_per_micro_batch=stored, in_flight_micro_batches=n,
+                    activation_mem=act.peak, peak_mem=peak, peak_mem_with_reserved=peak / st.mem_factor,
+                    peak_path={
+                        "phase": {"F": "fwd", "B": "bwd", "W": "wgrad"}.get(t.kind, "") if t else "",
+                        "op": op, "in_flight": f"{n:g}", "micro_batch": str(t.mb) if t else "",
+                        "vstage": str(t.vstage) if t else "",
+                    },
                 )
             )
         top = max(out, key=lambda x: x.peak_mem)

@@ -30,9 +30,10 @@ def stage_layer_counts(model: ModelConfig, st: StrategyConfig) -> list[int]:
         counts[0] = first
     if last is not None:
         counts[-1] = last
-    v = st.interleaving_size
+    v = st.chunks_per_rank
     if v > 1 and any(c % v for c in counts):
-        raise ConfigError("interleaving_size", f"layers per stage {counts} must be divisible by interleaving_size {v}")
+        field = "interleaving_size" if st.schedule == "interleaved" else "pp_schedule"
+        raise ConfigError(field, f"layers per stage {counts} must split into {v} equal model chunks per rank")
     return counts
 
 

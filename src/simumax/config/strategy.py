@@ -11,6 +11,7 @@ from simumax.errors import ConfigError
 
 MEGATRON_RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe_act", "moe", "shared_experts", "mla_up_proj")
 RecomputeGranularity = Literal["full_block", "selective_recompute"]
+PipelineSchedule = Literal["1f1b", "interleaved", "zb", "dualpipev"]
 
 
 class StrategyConfig(ConfigBase):
@@ -108,7 +109,27 @@ class StrategyConfig(ConfigBase):
     etp_net: str | None = Field(None, description="Network tier for ETP collectives.")
     dp_net: str | None = Field(None, description="Network tier for DP collectives.")
     pp_net: str | None = Field(None, description="Network tier for PP point-to-point.")
-    pp_comm_async: bool = Field(False, description="Overlapped P2P (accepted for SimuMax files; blocking modelled).")
+    pp_comm_async: bool = Field(False, description="SimuMax name for overlap_p2p_comm (either turns it on).")
+    # pipeline schedule and overlap (Megatron's option names; all overlap is off by default)
+    pp_schedule: PipelineSchedule | None = Field(
+        None, description="1f1b, interleaved (needs interleaving_size > 1), zb (ZB-H1 zero bubble) or dualpipev; "
+        "null: interleaved when interleaving_size > 1, else 1f1b.",
+    )
+    overlap_grad_reduce: bool = Field(False, description="Gradient reduce of each bucket overlaps the remaining backward.")
+    overlap_param_gather: bool = Field(
+        False, description="ZeRO-1 parameter all-gather overlaps the next iteration's first forward."
+    )
+    tp_comm_overlap: bool = Field(False, description="TP all-gather / reduce-scatter overlap their GEMMs (TE userbuffers).")
+    overlap_p2p_comm: bool = Field(False, description="P2P sends run on a communication stream (do not block compute).")
+    overlap_moe_expert_parallel_comm: bool = Field(
+        False, description="EP all-to-all of one micro-batch overlaps compute of another (paired forward/backward)."
+    )
+    delay_wgrad_compute: bool = Field(
+        False, description="Weight-gradient GEMMs run during the backward all-to-all (needs overlap_moe_expert_parallel_comm)."
+    )
+    defer_embedding_wgrad_compute: bool = Field(
+        False, description="LM-head weight gradients of all micro-batches run after the last backward (pipeline drain)."
+    )
     enable_straggler_model: bool = Field(False, description="SimuMax straggler model (accepted, no effect).")
 
     @field_validator("megatron_recompute_modules")
@@ -138,6 +159,29 @@ class StrategyConfig(ConfigBase):
             raise ConfigError(
                 "ep_size", f"ep*etp ({self.ep_size * self.etp_size}) must divide tp*cp*dp ({self.dp_size * self.cp_size * self.tp_size})"
             )
+        sched = self.schedule
+        if sched == "interleaved" and self.interleaving_size == 1:
+            raise ConfigError("pp_schedule", "interleaved needs interleaving_size > 1")
+        if sched != "interleaved" and self.interleaving_size > 1:
+            raise ConfigError("pp_schedule", f"{sched} takes no interleaving_size (got {self.interleaving_size})")
+        if sched == "interleaved":
+            group = self.microbatch_group_size_per_vp_stage or self.pp_size
+            if not self.pp_size <= group <= self.micro_batch_num:
+                raise ConfigError(
+                    "microbatch_group_size_per_vp_stage",
+                    f"must lie in [pp_size={self.pp_size}, micro_batch_num={self.micro_batch_num}] (got {group})",
+                )
+            rest = self.micro_batch_num % group
+            if 0 < rest < self.pp_size:
+                raise ConfigError(
+                    "micro_batch_num", f"remainder modulo the VPP micro-batch group ({group}) must be 0 or >= pp_size (got {rest})"
+                )
+        if sched == "dualpipev" and self.pp_size == 1:
+            raise ConfigError("pp_schedule", "dualpipev needs pp_size > 1")
+        if sched == "dualpipev" and self.micro_batch_num < 2 * self.pp_size:
+            raise ConfigError("micro_batch_num", f"dualpipev needs at least 2*pp_size = {2 * self.pp_size} micro-batches")
+        if self.delay_wgrad_compute and not self.overlap_moe_expert_parallel_comm:
+            raise ConfigError("delay_wgrad_compute", "needs overlap_moe_expert_parallel_comm")
         if self.megatron_recompute and not self.megatron_recompute_modules:
             raise ConfigError("megatron_recompute_modules", "must name at least one module when megatron_recompute is true")
         return self
@@ -146,6 +190,22 @@ class StrategyConfig(ConfigBase):
     @property
     def dp_size(self) -> int:
         return self.world_size // (self.tp_size * self.cp_size * self.pp_size)
+
+    @property
+    def schedule(self) -> str:
+        """The pipeline schedule in effect."""
+        if self.pp_schedule:
+            return self.pp_schedule
+        return "interleaved" if self.interleaving_size > 1 else "1f1b"
+
+    @property
+    def chunks_per_rank(self) -> int:
+        """Model chunks (virtual stages) each pipeline rank holds."""
+        return {"interleaved": self.interleaving_size, "dualpipev": 2}.get(self.schedule, 1)
+
+    @property
+    def p2p_overlapped(self) -> bool:
+        return self.overlap_p2p_comm or self.pp_comm_async
 
     @property
     def edp_size(self) -> int:

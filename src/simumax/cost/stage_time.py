@@ -1,7 +1,11 @@
 """Per-op, per-phase time from kernel costs, and a stage's per-micro-batch totals.
 
-Kernels in a phase run one after another (no overlap: what the validation runs did;
-overlap options belong to the event simulator).
+Kernels in a phase run one after another (no overlap: what the validation runs did),
+except with ``tp_comm_overlap``: TE's userbuffers run an op's TP all-gather /
+reduce-scatter under its own GEMM, so per op and phase the pair costs
+max(G, C) + u * min(G, C) (u: the TP tier's ``processor_usage``, the slowdown of
+compute sharing the GPU with communication). Overlap across passes (gradient reduce,
+P2P, EP all-to-all between micro-batches) belongs to the event simulator.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import dataclass, field
 from simumax.cost.efficiency import ComputeModel
 from simumax.cost.network import NetworkModel
 from simumax.graph.kernels import Attention, Collective, Gemm, GroupGemm, Kernel, MemBound
-from simumax.graph.ops import Op, Stage
+from simumax.graph.ops import PHASES, Op, Stage
 
 
 @dataclass(slots=True)
@@ -35,9 +39,10 @@ class PhaseTime:
 class Coster:
     """Turns kernel sequences into PhaseTime using one compute and one network model."""
 
-    def __init__(self, compute: ComputeModel, network: NetworkModel) -> None:
+    def __init__(self, compute: ComputeModel, network: NetworkModel, tp_comm_overlap: bool = False) -> None:
         self.compute = compute
         self.network = network
+        self.tp_overlap_usage = network.tier("tp").processor_usage if tp_comm_overlap else None
 
     def kernel(self, k: Kernel) -> float:
         if isinstance(k, Collective):
@@ -48,12 +53,21 @@ class Coster:
 
     def sequence(self, kernels: tuple[Kernel, ...]) -> PhaseTime:
         out = PhaseTime()
+        gemm = 0.0
         for k in kernels:
             t = self.kernel(k)
             if isinstance(k, Collective):
                 self._comm(out, k, t)
             else:
                 self._compute(out, k, t)
+                if isinstance(k, (Gemm, GroupGemm)):
+                    gemm += t
+        u = self.tp_overlap_usage
+        if u is not None and out.comm.get("tp") and gemm > 0:
+            hidden = min(out.comm["tp"], gemm)
+            out.comm["tp"] -= hidden
+            out.compute += u * hidden  # the GEMM runs slower beside the collective
+            out.total += (u - 1) * hidden
         return out
 
     @staticmethod
@@ -71,33 +85,45 @@ class Coster:
             out.compute += t
 
     def op(self, o: Op) -> dict[str, PhaseTime]:
-        """fwd, bwd (input then weight gradients, timed as one sequence) and recompute."""
-        return {
-            "fwd": self.sequence(o.fwd),
-            "bwd": self.sequence(o.bwd_input + o.bwd_weight),
-            "recompute": self.sequence(o.kernels("recompute")),
-        }
+        """One PhaseTime per phase: fwd, bwd_input, bwd_weight, recompute."""
+        return {ph: self.sequence(o.kernels(ph)) for ph in PHASES}
 
 
 @dataclass(slots=True)
 class StageTime:
-    """One micro-batch on one stage."""
+    """One micro-batch on one stage (or one model chunk of it)."""
 
     fwd: PhaseTime
-    bwd: PhaseTime
+    bwd_input: PhaseTime
+    bwd_weight: PhaseTime
     recompute: PhaseTime
     p2p: float  # one send of the activation (or its gradient) to a neighbour
+    op_times: list[tuple[Op, dict[str, PhaseTime]]] = field(default_factory=list)  # for traces
+
+    @property
+    def bwd(self) -> PhaseTime:
+        """Input and weight gradients together (schedules that do not split them)."""
+        out = PhaseTime()
+        out.add(self.bwd_input)
+        out.add(self.bwd_weight)
+        return out
 
     @property
     def total(self) -> float:
-        return self.fwd.total + self.bwd.total + self.recompute.total
+        return self.fwd.total + self.bwd_input.total + self.bwd_weight.total + self.recompute.total
+
+    def add(self, other: "StageTime") -> None:
+        for ph in PHASES:
+            getattr(self, ph).add(getattr(other, ph))
+        self.p2p = max(self.p2p, other.p2p)
+        self.op_times.extend(other.op_times)
 
 
 def stage_time(coster: Coster, stage: Stage, p2p_time: float) -> StageTime:
-    fwd, bwd, rec = PhaseTime(), PhaseTime(), PhaseTime()
+    out = StageTime(PhaseTime(), PhaseTime(), PhaseTime(), PhaseTime(), p2p_time)
     for o in stage.ops:
         ph = coster.op(o)
-        fwd.add(ph["fwd"])
-        bwd.add(ph["bwd"])
-        rec.add(ph["recompute"])
-    return StageTime(fwd, bwd, rec, p2p_time)
+        out.op_times.append((o, ph))
+        for name in PHASES:
+            getattr(out, name).add(ph[name])
+    return out

@@ -9,18 +9,19 @@ from simumax.graph import blocks
 from simumax.graph.dense_layer import attention_ops, mlp_ops
 from simumax.graph.dims import Dims
 from simumax.graph.ops import Op, Stage
+from simumax.graph.placement import virtual_stage_places
 from simumax.graph.mla import mla_attention_ops
 from simumax.graph.moe_layer import moe_mlp_ops
 from simumax.graph.recompute import apply_recompute
 
 
-def _head_ops(model: ModelConfig, st: StrategyConfig, d: Dims) -> list[Op]:
+def _head_ops(model: ModelConfig, st: StrategyConfig, d: Dims, same_rank_as_embedding: bool) -> list[Op]:
     """Final norm, LM head (Megatron's column-parallel linear) and the loss."""
     x = (f"L{model.layer_num}.x", d.act(d.h, local=True))  # the last layer's output
     ln_out = ("final_norm.out", d.act(d.h, local=True))
     logits = ("logits", d.act(d.vocab))
     head = blocks.column_linear("lm_head", "lm_head", -1, d, ln_out, d.h, d.vocab, te=False).with_(output=logits)
-    if not model.untie_embeddings_and_output_weights and st.pp_size == 1:
+    if not model.untie_embeddings_and_output_weights and same_rank_as_embedding:
         head = head.with_(params=0)  # shares the embedding weight
     return [
         blocks.norm("final_norm", "final_norm", -1, d, x, rms=model.norm_type == "rmsnorm").with_(output=ln_out),
@@ -42,24 +43,47 @@ def layer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int) -> li
     return a + m
 
 
-def build_stages(model: ModelConfig, st: StrategyConfig) -> list[Stage]:
-    """Per pipeline rank: embedding on the first, its layers, head + loss on the last."""
+def build_virtual_stages(model: ModelConfig, st: StrategyConfig) -> list[Stage]:
+    """One Stage per virtual stage (model chunk) in forward order: embedding on the first,
+    head + loss on the last. Rank r's layers split evenly over its chunks. As in
+    Megatron, each chunk is its own TransformerBlock, so ``recompute_layer_num`` counts
+    from the first layer of each chunk."""
     d = Dims.of(model, st)
     counts = stage_layer_counts(model, st)
-    stages: list[Stage] = []
+    v = st.chunks_per_rank
+    places = virtual_stage_places(st)
+    out: list[Stage] = []
     first_layer = 0
-    for r, n in enumerate(counts):
-        stage = Stage(index=r, layers=list(range(first_layer, first_layer + n)))
-        if r == 0:
+    for k, (r, chunk) in enumerate(places):
+        n = counts[r] // v
+        stage = Stage(index=r, layers=list(range(first_layer, first_layer + n)), vstage=k, chunk=chunk)
+        if k == 0:
             pos_rows = 0
             if model.position_embedding_type == "learned_absolute":  # replicated over TP
                 pos_rows = model.max_position_embeddings or st.seq_len
             stage.ops.append(blocks.embedding(d, d.vocab, pos_rows))
         for pos, layer in enumerate(stage.layers):
             stage.ops.extend(apply_recompute(st, layer_ops(model, st, d, layer), pos))
-        if r == len(counts) - 1:
-            stage.ops.extend(_head_ops(model, st, d))
-        stage.p2p_bytes = d.act(d.h, local=True) if r < len(counts) - 1 else 0.0
-        stages.append(stage)
+        if k == len(places) - 1:
+            stage.ops.extend(_head_ops(model, st, d, same_rank_as_embedding=r == places[0][0]))
+        stage.p2p_bytes = d.act(d.h, local=True) if k < len(places) - 1 else 0.0
+        out.append(stage)
         first_layer += n
+    return out
+
+
+def merge_chunks(chunks: list[Stage], pp: int) -> list[Stage]:
+    """Per pipeline rank: all its chunks' ops (chunk order), for model states and totals."""
+    stages = [Stage(index=r) for r in range(pp)]
+    for c in sorted(chunks, key=lambda c: (c.index, c.chunk)):
+        s = stages[c.index]
+        s.ops.extend(c.ops)
+        s.layers.extend(c.layers)
+        s.p2p_bytes = max(s.p2p_bytes, c.p2p_bytes)
     return stages
+
+
+def build_stages(model: ModelConfig, st: StrategyConfig) -> list[Stage]:
+    """Per pipeline rank: everything it holds (embedding on the first, head on the last
+    virtual stage's rank)."""
+    return merge_chunks(build_virtual_stages(model, st), st.pp_size)

@@ -57,12 +57,15 @@ PHASES = ("fwd", "bwd_input", "bwd_weight", "recompute")
 
 @dataclass(slots=True)
 class Stage:
-    """Everything one pipeline rank runs for one micro-batch, in forward order."""
+    """Everything one pipeline rank (or one model chunk of it: ``vstage``) runs for one
+    micro-batch, in forward order."""
 
-    index: int
+    index: int  # pipeline rank
     ops: list[Op] = field(default_factory=list)
     layers: list[int] = field(default_factory=list)
-    p2p_bytes: float = 0.0  # activation sent to the next stage per micro-batch
+    p2p_bytes: float = 0.0  # activation sent to the next virtual stage per micro-batch
+    vstage: int = 0  # virtual stage (model chunk position in forward order)
+    chunk: int = 0  # chunk index on its rank
 
     @property
     def params(self) -> int:

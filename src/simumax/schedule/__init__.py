@@ -1,1 +1,28 @@
-"""Pipeline schedules: closed-form 1F1B (and interleaved) timing and in-flight counts."""
+"""Pipeline schedules: per rank, the ordered passes (tasks) it runs in one iteration.
+
+Each schedule is a small module with an ``order`` function; this registry maps the
+strategy's ``pp_schedule`` name to it. Schedules that split the backward into input
+and weight gradients (zero bubble, DualPipeV) emit W tasks.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from simumax.config.strategy import StrategyConfig
+from simumax.schedule import dualpipev, interleaved, one_f_one_b, zero_bubble
+from simumax.schedule.tasks import RankOrders
+
+SCHEDULES: dict[str, Callable[[StrategyConfig], RankOrders]] = {
+    "1f1b": lambda st: one_f_one_b.order(st.pp_size, st.micro_batch_num),
+    "interleaved": lambda st: interleaved.order(
+        st.pp_size, st.micro_batch_num, st.interleaving_size, st.microbatch_group_size_per_vp_stage
+    ),
+    "zb": lambda st: zero_bubble.order(st.pp_size, st.micro_batch_num),
+    "dualpipev": lambda st: dualpipev.order(st.pp_size, st.micro_batch_num),
+}
+SPLIT_BACKWARD = frozenset({"zb", "dualpipev"})
+
+
+def rank_orders(st: StrategyConfig) -> RankOrders:
+    return SCHEDULES[st.schedule](st)

@@ -1,4 +1,4 @@
-"""1F1B (PipeDream-flush, Megatron's default) in closed form.
+"""1F1B (PipeDream-flush, Megatron's default): task order and closed-form timing.
 
 Rank r of p runs min(p - r - 1, m) warm-up forwards, then one-forward-one-backward,
 then cool-down backwards. With per-micro-batch stage times F_r + B_r the last backward on
@@ -10,6 +10,21 @@ virtual chunks divides the fill/drain part by v (Narayanan et al. 2021).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from simumax.schedule.tasks import BACKWARD, FORWARD, RankOrders, Task
+
+
+def order(pp: int, mbc: int) -> RankOrders:
+    out = []
+    for r in range(pp):
+        warm = min(pp - r - 1, mbc)
+        tasks = [Task(FORWARD, r, i) for i in range(warm)]
+        for i in range(mbc - warm):
+            # steady state: a forward and a backward of different micro-batches (pairable)
+            tasks += [Task(FORWARD, r, warm + i, paired=warm > 0), Task(BACKWARD, r, i)]
+        tasks += [Task(BACKWARD, r, i) for i in range(mbc - warm, mbc)]
+        out.append(tasks)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,17 +38,13 @@ class PipelineTiming:
         return self.total - self.busy_max
 
 
-def in_flight(pp: int, rank: int, mbc: int, interleaving: int = 1) -> int:
+def in_flight(pp: int, rank: int, mbc: int) -> int:
     """Micro-batches whose activations rank ``rank`` holds at its peak under 1F1B."""
-    if interleaving == 1:
-        return min(pp - rank, mbc)
-    # interleaved: warm-up of (p - r - 1) * 2 + (v - 1) * p chunk-forwards (Megatron)
-    warm = (pp - rank - 1) * 2 + (interleaving - 1) * pp + 1
-    return min(warm, mbc * interleaving)  # in units of chunk-micro-batches
+    return min(pp - rank, mbc)
 
 
 def pipeline_time(per_stage: list[tuple[float, float]], mbc: int, interleaving: int = 1) -> PipelineTiming:
-    """per_stage: (F_r, B_r) per micro-batch, p2p included."""
+    """per_stage: (F_r, B_r) per micro-batch (all chunks of the rank), p2p included."""
     totals = [f + b for f, b in per_stage]
     worst = max(totals)
     fill = sum(totals) - worst

@@ -1,0 +1,55 @@
+"""Activation memory per rank from the schedule: walk its task list, holding each
+(chunk, micro-batch)'s stored activations from its forward to its backward.
+
+A pass's own peak (``WalkResult.fwd_peak`` / ``bwd_peak``: what one micro-batch has live
+at the worst moment of that pass) sits on top of what the other in-flight micro-batches
+hold. For 1F1B this gives min(p - r, m) micro-batches in flight; for interleaved,
+zero-bubble and DualPipeV schedules it follows their real order. A split backward (B
+then W) keeps what the weight gradients need (``w_keep``) until W runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simumax.memory.activation_walk import WalkResult
+from simumax.schedule.tasks import BACKWARD, FORWARD, Task
+
+
+@dataclass(slots=True)
+class RankActivations:
+    peak: float = 0.0  # bytes of activations at the worst moment
+    peak_task: Task | None = None
+    in_flight_at_peak: int = 0  # (chunk, micro-batch) activations held then, this pass included
+    timeline: list[tuple[float, float]] = field(default_factory=list)  # (seconds, bytes), when times given
+
+
+def walk_schedule(
+    order: list[Task],
+    walks: dict[int, WalkResult],
+    w_keep: dict[int, float] | None = None,
+    times: dict[Task, tuple[float, float]] | None = None,
+) -> RankActivations:
+    """``walks`` and ``w_keep`` by virtual stage; ``times`` (start, end) per task adds a timeline."""
+    held = 0.0
+    n_held = 0
+    keep = w_keep or {}
+    out = RankActivations()
+    for t in order:
+        w = walks[t.vstage]
+        if t.kind == FORWARD:
+            here, n = held + w.fwd_peak, n_held + 1
+            after, n_after = held + w.stored, n_held + 1
+        elif t.kind == BACKWARD:
+            here, n = held - w.stored + w.bwd_peak, n_held
+            after, n_after = held - w.stored + keep.get(t.vstage, 0.0), n_held - 1
+        else:  # W: the kept inputs and output gradients are read, then freed
+            here, n = held, n_held
+            after, n_after = held - keep.get(t.vstage, 0.0), n_held
+        if here > out.peak:
+            out.peak, out.peak_task, out.in_flight_at_peak = here, t, n
+        if times is not None:
+            start, end = times[t]
+            out.timeline += [(start, held), (start, here), (end, after)]
+        held, n_held = after, n_after
+    return out

@@ -1,0 +1,51 @@
+"""Megatron's interleaved (virtual pipeline) 1F1B, as forward_backward_pipelining_with_interleaving.
+
+Rank r holds chunks c = 0..v-1 (virtual stage c*p + r). Forward passes follow a table
+that walks ``group`` consecutive micro-batches through chunk 0, then the same ones
+through chunk 1, ... (``microbatch_group_size_per_vp_stage``, default p); backward
+passes follow the same table with chunks reversed. Warm-up is
+(p - r - 1) * 2 + (v - 1) * group forwards, then one forward one backward, then cool-down.
+"""
+
+from __future__ import annotations
+
+from simumax.schedule.tasks import BACKWARD, FORWARD, RankOrders, Task
+
+
+def schedule_table(mbc: int, v: int, group: int) -> list[tuple[int, int]]:
+    """(micro-batch, chunk) for each virtual micro-batch id, as Megatron's get_schedule_table."""
+    table = []
+    for lo in range(0, mbc, group):
+        hi = mbc if lo + group >= mbc else lo + group
+        table += [(mb, c) for c in range(v) for mb in range(lo, hi)]
+    return table
+
+
+def order(pp: int, mbc: int, v: int, group: int | None = None) -> RankOrders:
+    group = group or pp
+    table = schedule_table(mbc, v, group)
+    total = mbc * v
+    out = []
+    for r in range(pp):
+        warm = min((pp - r - 1) * 2 + (v - 1) * group, total)
+
+        def fwd(k: int, paired: bool = False) -> Task:
+            mb, c = table[k]
+            return Task(FORWARD, c * pp + r, mb, paired=paired)
+
+        def bwd(k: int) -> Task:
+            mb, c = table[k]
+            return Task(BACKWARD, (v - 1 - c) * pp + r, mb)
+
+        tasks = [fwd(k) for k in range(warm)]
+        for k in range(total - warm):
+            tasks += [fwd(warm + k, paired=table[warm + k][0] != table[k][0]), bwd(k)]
+        tasks += [bwd(k) for k in range(total - warm, total)]
+        out.append(tasks)
+    return out
+
+
+def in_flight(pp: int, rank: int, mbc: int, v: int, group: int | None = None) -> int:
+    """Chunk-micro-batches held at the peak: the warm-up forwards plus one."""
+    group = group or pp
+    return min((pp - rank - 1) * 2 + (v - 1) * group + 1, mbc * v)

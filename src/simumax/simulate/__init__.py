@@ -1,0 +1,1 @@
+"""Event simulation: schedule task lists + per-pass costs -> a timeline per pipeline rank."""

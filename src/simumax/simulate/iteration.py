@@ -1,0 +1,149 @@
+"""One training iteration on the event engine: the pipeline schedule, then (or, with
+the overlap options, during) gradient sync, the optimizer step and the ZeRO-1
+parameter all-gather, per pipeline rank.
+
+Overlap model (each option off by default, as in Megatron):
+- ``overlap_grad_reduce``: a chunk's buckets fill in order over its last
+  weight-gradient pass (by parameter share) and reduce on the comm stream from then.
+- ``overlap_param_gather``: the all-gathers run at the start of the (next) iteration
+  on the comm stream; a chunk's first forward waits for its own gathers.
+- ``defer_embedding_wgrad_compute``: the LM-head weight gradients of every micro-batch
+  run after the rank's last pass.
+- Communication overlapping compute slows it by the tier's ``processor_usage`` times
+  the overlapped time (added to the rank's compute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from simumax.schedule import SPLIT_BACKWARD, rank_orders
+from simumax.schedule.tasks import BACKWARD, FORWARD, WEIGHT, RankOrders, Task
+from simumax.simulate.engine import Event, PassCosts, PipelineOptions, run_pipeline
+
+if TYPE_CHECKING:
+    from simumax.estimate import Estimate
+
+
+@dataclass(slots=True)
+class IterationRun:
+    orders: RankOrders
+    events: list[list[Event]]  # per rank, compute and comm
+    end_of_backward: list[float]  # per rank: its last pipeline pass ends
+    end: list[float]  # per rank: optimizer step (and blocking parameter gathers) done
+    busy: list[float]  # per rank: seconds of pipeline passes (the rest until end_of_backward is bubble)
+
+    @property
+    def total(self) -> float:
+        return max(self.end)
+
+    def task_times(self, rank: int) -> dict[Task, tuple[float, float]]:
+        return {
+            Task(e.kind, e.vstage, e.mb): (e.start, e.end)
+            for e in self.events[rank] if e.stream == "compute" and e.kind in (FORWARD, BACKWARD, WEIGHT)
+        }
+
+
+def lm_head_wgrad(est: "Estimate") -> float:
+    """Seconds of the LM head's weight-gradient GEMMs for one micro-batch."""
+    t = est.chunk_times[-1]
+    return sum(ph["bwd_weight"].total for o, ph in t.op_times if o.name == "lm_head")
+
+
+def pass_costs(est: "Estimate") -> PassCosts:
+    st = est.strategy
+    split = st.schedule in SPLIT_BACKWARD
+    last = len(est.chunks) - 1
+    deferred = lm_head_wgrad(est) if st.defer_embedding_wgrad_compute else 0.0
+    c = PassCosts(rank=[ch.index for ch in est.chunks], dur={}, p2p=[t.p2p for t in est.chunk_times])
+    for k, t in enumerate(est.chunk_times):
+        w = t.bwd_weight.total - (deferred if k == last else 0.0)
+        c.dur[(FORWARD, k)] = t.fwd.total
+        c.dur[(BACKWARD, k)] = t.recompute.total + t.bwd_input.total + (0.0 if split else w)
+        if split:
+            c.dur[(WEIGHT, k)] = w
+        c.ep[(FORWARD, k)] = t.fwd.comm.get("ep", 0.0)
+        c.ep[(BACKWARD, k)] = t.bwd_input.comm.get("ep", 0.0) + t.recompute.comm.get("ep", 0.0)
+        c.wgrad[k] = 0.0 if split else w
+    return c
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total length of the intersection of two sorted lists of disjoint intervals."""
+    i = j = 0
+    tot = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        tot += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tot
+
+
+def simulate_iteration(est: "Estimate") -> IterationRun:
+    st = est.strategy
+    net = est.network
+    orders = rank_orders(st)
+    ranks = st.pp_size
+    chunks_of = [[c for c in est.chunks if c.index == r] for r in range(ranks)]
+    buckets = {c.vstage: est.grad_buckets(c) for c in est.chunks}
+    usage = {g: net.tier(g).processor_usage for g in ("dp", "edp")}
+    comm: list[list[Event]] = [[] for _ in range(ranks)]
+    comm_free = [0.0] * ranks
+    gate: dict[int, float] = {}
+    if st.overlap_param_gather:
+        for r in range(ranks):
+            for c in chunks_of[r]:
+                for b in buckets[c.vstage]:
+                    if b.gather:
+                        s = comm_free[r]
+                        comm_free[r] = s + b.gather
+                        comm[r].append(Event(r, "comm", f"{b.group} all_gather params", s, comm_free[r], "param_gather", c.vstage))
+                gate[c.vstage] = comm_free[r]
+    opts = PipelineOptions(
+        p2p_overlapped=st.p2p_overlapped,
+        pair_overlap=st.overlap_moe_expert_parallel_comm,
+        ep_usage=net.tier("ep").processor_usage,
+        delay_wgrad=st.delay_wgrad_compute,
+    )
+    run = run_pipeline(orders, pass_costs(est), opts, gate)
+    deferred = lm_head_wgrad(est) * st.micro_batch_num if st.defer_embedding_wgrad_compute else 0.0
+    events, end_bwd, end, busy = [], [], [], []
+    for r in range(ranks):
+        evs = run.events[r]
+        compute_end = run.end[r]
+        if deferred and r == est.chunks[-1].index:
+            evs.append(Event(r, "compute", "lm_head wgrad (deferred)", compute_end, compute_end + deferred, "wgrad"))
+            compute_end += deferred
+        busy.append(sum(e.end - e.start for e in evs if e.stream == "compute"))
+        slow = 0.0
+        compute_iv = [(e.start, e.end) for e in evs if e.stream == "compute"]
+        for b_ev in comm[r]:  # gathers at the start
+            slow += usage["dp"] * _overlap([(b_ev.start, b_ev.end)], compute_iv)
+        last_pass = {c.vstage: run.last_weight_pass[c.vstage] for c in chunks_of[r]}
+        for c in sorted(chunks_of[r], key=lambda c: last_pass[c.vstage].end):
+            ev = last_pass[c.vstage]
+            for b in buckets[c.vstage]:
+                ready = ev.start + b.ready_fraction * (ev.end - ev.start) if st.overlap_grad_reduce else compute_end
+                s = max(ready, comm_free[r])
+                comm_free[r] = s + b.reduce
+                red = "reduce_scatter" if st.zero_state >= 1 else "all_reduce"
+                comm[r].append(Event(r, "comm", f"{b.group} {red} grads", s, comm_free[r], "grad_sync", c.vstage))
+                slow += usage[b.group] * _overlap([(s, comm_free[r])], compute_iv)
+        grads_done = max(compute_end + slow, comm_free[r])
+        opt = est.optimizer_time(est.stages[r])
+        evs.append(Event(r, "compute", "optimizer step", grads_done, grads_done + opt, "optimizer"))
+        t = grads_done + opt
+        if not st.overlap_param_gather:
+            for c in chunks_of[r]:
+                for b in buckets[c.vstage]:
+                    if b.gather:
+                        comm[r].append(Event(r, "comm", f"{b.group} all_gather params", t, t + b.gather, "param_gather", c.vstage))
+                        t += b.gather
+        events.append(sorted(evs + comm[r], key=lambda e: (e.start, e.stream)))
+        end_bwd.append(compute_end)
+        end.append(t)
+    return IterationRun(orders, events, end_bwd, end, busy)
