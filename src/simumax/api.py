@@ -2,48 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from simumax.atomic import write_json_atomic, write_jsonl_atomic, write_text_atomic  # noqa: F401 (re-exported)
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
-from simumax.report.results import CostResult, MemResult
+from simumax.report.results import CostResult, MemResult, SimResult
 from simumax.search.evaluate import SearchRow, evaluate
 from simumax.search.run import run_search
 from simumax.search.space import RECOMPUTE_TYPES, SearchSpace
+from simumax.simulate.outputs import simulate_to
 
 log = logging.getLogger(__name__)
 ConfigLike = Any  # a config object, a JSON path or a preset name
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write via a temp file and rename, so a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
-def write_jsonl_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
-    """All rows, one JSON object per line."""
-    write_text_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
 class PerfLLM:
@@ -125,6 +102,13 @@ class PerfLLM:
         write_json_atomic(out / "strategy_config.json", self.strategy_config.to_dict())  # type: ignore[union-attr]
         write_json_atomic(out / "system_config.json", self.system_config.to_dict())  # type: ignore[union-attr]
         return {"cost": cost, "mem": mem}
+
+    def simulate(self, save_path: str | Path | None = None, ops: bool | None = None, gantt: bool = True) -> SimResult:
+        """Event-simulate the iteration with the strategy's schedule and overlap options.
+        With ``save_path`` writes tracing_logs.json (Chrome trace: Perfetto,
+        chrome://tracing), memory_timeline_rank<r>.json, a memory_viz snapshot pickle
+        of the peak rank and pipeline.png there."""
+        return simulate_to(self._require(), Path(save_path) if save_path is not None else None, ops=ops, gantt=gantt)
 
     # ---- search (names from the SimuMax tutorial) ------------------------------------
     def _configured(self) -> tuple[ModelConfig, StrategyConfig, SystemConfig]:

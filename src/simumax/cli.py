@@ -11,7 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from simumax.api import PerfLLM, write_json_atomic
+from simumax.api import PerfLLM
+from simumax.atomic import write_json_atomic
 from simumax.config.loader import list_presets, load_model, load_strategy, load_system
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
@@ -84,6 +85,31 @@ def perf(
         out_console.print(f"[yellow]{len(misses)} kernel shapes not in the efficiency table (family default used); see --json[/]")
 
 
+@app.command()
+def simulate(
+    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
+    strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
+    system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help="1f1b | interleaved | zb | dualpipev (default: the strategy's)."),
+    set_: list[str] = SetOpt,
+    out: Path = typer.Option(Path("simumax_sim"), "--out", help="Folder for the trace, memory files and Gantt chart."),
+    ops: Optional[bool] = typer.Option(None, "--ops/--no-ops", help="Per-op events in the trace (default: when not huge)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Event-simulate one iteration: Chrome trace, memory timelines, memory_viz snapshot, Gantt PNG."""
+    if schedule is not None:
+        set_ = [*set_, f"strategy.pp_schedule={schedule}"]
+    m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
+    res = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy).simulate(out, ops=ops)
+    if as_json:
+        out_console.print_json(json.dumps(res.to_dict(), sort_keys=True))
+        return
+    out_console.print(fmt.simulation_table(res))
+    for what, path in res.files.items():
+        if not what.startswith("memory_timeline_rank") or what.endswith("rank0"):
+            out_console.print(f"{what}: {path}")
+
+
 def _int_list(text: str, name: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -114,7 +140,7 @@ def search(
     """Search the fastest strategy that fits memory; print the top rows."""
     from rich.progress import Progress
 
-    from simumax.api import write_jsonl_atomic
+    from simumax.atomic import write_jsonl_atomic
     from simumax.search.run import run_search
     from simumax.search.space import SearchSpace
 
@@ -141,7 +167,7 @@ def _write_csv(path: Path, rows: list) -> None:
     import csv
     import io
 
-    from simumax.api import write_text_atomic
+    from simumax.atomic import write_text_atomic
 
     cols = ["tp", "pp", "dp", "ep", "cp", "mbs", "mbc", "zero", "recompute", "recompute_layer_num", "fits", "iter_time", "mfu", "tokens_per_s_per_gpu", "peak_mem", "headroom"]
     buf = io.StringIO()

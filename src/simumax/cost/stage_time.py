@@ -26,12 +26,14 @@ class PhaseTime:
     membound: float = 0.0
     comm: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # exposed, by group
     flops: float = 0.0
+    bytes: float = 0.0  # moved by memory-bound kernels and collectives
 
     def add(self, other: "PhaseTime") -> None:
         self.total += other.total
         self.compute += other.compute
         self.membound += other.membound
         self.flops += other.flops
+        self.bytes += other.bytes
         for g, t in other.comm.items():
             self.comm[g] += t
 
@@ -74,6 +76,7 @@ class Coster:
     def _comm(out: PhaseTime, c: Collective, t: float) -> None:
         out.total += t
         out.comm[c.group] += t
+        out.bytes += c.bytes
 
     @staticmethod
     def _compute(out: PhaseTime, k: Gemm | GroupGemm | Attention | MemBound, t: float) -> None:
@@ -81,6 +84,7 @@ class Coster:
         out.flops += k.flops
         if isinstance(k, MemBound):
             out.membound += t
+            out.bytes += k.bytes
         else:
             out.compute += t
 

@@ -28,9 +28,9 @@ def walk_schedule(
     order: list[Task],
     walks: dict[int, WalkResult],
     w_keep: dict[int, float] | None = None,
-    times: dict[Task, tuple[float, float]] | None = None,
+    times: dict[tuple[str, int, int], tuple[float, float]] | None = None,
 ) -> RankActivations:
-    """``walks`` and ``w_keep`` by virtual stage; ``times`` (start, end) per task adds a timeline."""
+    """``walks`` and ``w_keep`` by virtual stage; ``times`` (start, end) by (kind, vstage, mb) adds a timeline."""
     held = 0.0
     n_held = 0
     keep = w_keep or {}
@@ -49,7 +49,7 @@ def walk_schedule(
         if here > out.peak:
             out.peak, out.peak_task, out.in_flight_at_peak = here, t, n
         if times is not None:
-            start, end = times[t]
+            start, end = times[(t.kind, t.vstage, t.mb)]
             out.timeline += [(start, held), (start, here), (end, after)]
         held, n_held = after, n_after
     return out

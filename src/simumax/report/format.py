@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from simumax.report.results import CostResult, MemResult
+from simumax.report.results import CostResult, MemResult, SimResult
 
 GIB = 2**30
 
@@ -64,4 +64,16 @@ def search_table(rows: list, capacity: float, gmi_error_gib: float) -> Table:
             t.add_row(str(i), r.label, f"{r.iter_time * 1e3:.1f}", f"{r.mfu:.1%}", f"{r.tokens_per_s_per_gpu:.0f}", stages, f"{r.headroom / GIB:.1f}")
         else:
             t.add_row(str(i), r.label, "does not fit", "-", "-", stages, f"{r.headroom / GIB:.1f}")
+    return t
+
+
+def simulation_table(res: SimResult) -> Table:
+    t = Table(
+        title=f"{res.schedule}: simulated {ms(res.duration_time_per_iter)} ms per iteration "
+        f"(analysis_cost {ms(res.closed_form_time_per_iter)} ms)"
+    )
+    for col in ("rank", "passes end ms", "iteration end ms", "busy ms", "bubble", "peak GiB"):
+        t.add_column(col, justify="right")
+    for r in res.ranks:
+        t.add_row(str(r.rank), ms(r.end_of_backward), ms(r.end), ms(r.busy), f"{r.bubble_fraction:.1%}", gib(r.peak_mem))
     return t

@@ -75,3 +75,22 @@ class MemResult(_ToDict):
     peak_stage: int
     capacity: float  # device memory, bytes
     fits: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SimRank(_ToDict):
+    rank: int
+    end_of_backward: float  # s, last pipeline pass done
+    end: float  # s, optimizer step (and blocking parameter gathers) done
+    busy: float  # s of passes on the compute stream
+    bubble_fraction: float  # idle share of [0, end_of_backward]
+    peak_mem: float  # bytes allocated at the worst moment of the schedule walk
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult(_ToDict):
+    schedule: str
+    duration_time_per_iter: float  # s, event simulation
+    closed_form_time_per_iter: float  # s, analysis_cost() (equal with overlap off, up to rounding)
+    ranks: list[SimRank]
+    files: dict[str, str]  # what was written: trace, memory timelines, snapshot, gantt

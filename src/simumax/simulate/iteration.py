@@ -38,9 +38,10 @@ class IterationRun:
     def total(self) -> float:
         return max(self.end)
 
-    def task_times(self, rank: int) -> dict[Task, tuple[float, float]]:
+    def task_times(self, rank: int) -> dict[tuple[str, int, int], tuple[float, float]]:
+        """(kind, vstage, micro-batch) -> (start, end) of each pass on the rank."""
         return {
-            Task(e.kind, e.vstage, e.mb): (e.start, e.end)
+            (e.kind, e.vstage, e.mb): (e.start, e.end)
             for e in self.events[rank] if e.stream == "compute" and e.kind in (FORWARD, BACKWARD, WEIGHT)
         }
 

@@ -1,0 +1,41 @@
+"""Atomic file writes: a temp file in the target folder, then a rename, so a crash
+never leaves half a file behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, IO
+
+
+def _write_atomic(path: Path, mode: str, fill: Callable[[IO[Any]], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **({"newline": ""} if "b" not in mode else {})) as f:
+            fill(f)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    _write_atomic(path, "w", lambda f: f.write(text))
+
+
+def write_bytes_atomic(path: Path, fill: Callable[[IO[bytes]], None]) -> None:
+    """``fill`` writes the content to the open binary file (pickle.dump, savefig...)."""
+    _write_atomic(path, "wb", fill)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_jsonl_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
+    """All rows, one JSON object per line."""
+    write_text_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))

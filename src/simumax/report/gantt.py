@@ -1,0 +1,59 @@
+"""Pipeline Gantt chart of a simulated iteration (matplotlib, PNG or SVG by suffix)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from simumax.atomic import write_bytes_atomic
+
+if TYPE_CHECKING:
+    from simumax.simulate.iteration import IterationRun
+
+COLORS = {
+    "F": "#4C78A8", "B": "#54A24B", "W": "#F58518", "p2p": "#9D9D9D", "optimizer": "#E45756",
+    "grad_sync": "#B279A2", "param_gather": "#72B7B2", "wgrad": "#EECA3B",
+}
+LABELS = {
+    "F": "forward", "B": "backward", "W": "weight grad", "p2p": "P2P send", "optimizer": "optimizer",
+    "grad_sync": "grad reduce (comm)", "param_gather": "param gather (comm)", "wgrad": "deferred wgrad",
+}
+
+
+def plot_gantt(run: "IterationRun", path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    ranks = len(run.events)
+    total = run.total
+    fig, ax = plt.subplots(figsize=(14, 1.0 + 0.55 * ranks), dpi=110)
+    n_passes = max(sum(e.kind in ("F", "B", "W") for e in evs) for evs in run.events)
+    label_mbs = n_passes <= 96
+    used = set()
+    for r, events in enumerate(run.events):
+        y = ranks - 1 - r
+        for e in events:
+            color = COLORS.get(e.kind, "#333333")
+            used.add(e.kind)
+            comm = e.stream == "comm"
+            height, base = (0.25, y - 0.42) if comm else (0.62, y - 0.12)
+            ax.broken_barh([(e.start * 1e3, (e.end - e.start) * 1e3)], (base, height), facecolors=color,
+                           edgecolor="white", linewidth=0.3)
+            if label_mbs and not comm and e.mb >= 0 and (e.end - e.start) > total * 0.012:
+                ax.text((e.start + e.end) / 2 * 1e3, base + height / 2, str(e.mb), ha="center", va="center",
+                        fontsize=6, color="white")
+    ax.set_yticks(range(ranks))
+    ax.set_yticklabels([f"rank {ranks - 1 - y}" for y in range(ranks)])
+    ax.set_xlabel("time (ms)")
+    ax.set_xlim(0, total * 1e3 * 1.01)
+    ax.set_title(title, fontsize=10)
+    handles = [Patch(color=COLORS[k], label=LABELS[k]) for k in COLORS if k in used]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18 if ranks > 2 else -0.35), ncol=len(handles),
+              fontsize=8, frameon=False)
+    fig.tight_layout()
+    fmt = path.suffix.lstrip(".") or "png"
+    write_bytes_atomic(path, lambda f: fig.savefig(f, format=fmt))
+    plt.close(fig)

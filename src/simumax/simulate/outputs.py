@@ -1,0 +1,80 @@
+"""Run the event simulation of one estimate and write what a person looks at:
+``tracing_logs.json`` (Chrome trace), ``memory_timeline_rank<r>.json``,
+``memory_snapshot_rank<r>.pickle`` (PyTorch memory_viz, the peak-memory rank) and
+``pipeline.png`` (Gantt chart)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from simumax.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
+from simumax.memory.model_states import model_states
+from simumax.report.gantt import plot_gantt
+from simumax.report.memory_trace import memory_snapshot, memory_timeline
+from simumax.report.results import SimRank, SimResult
+from simumax.report.trace import chrome_trace
+
+if TYPE_CHECKING:
+    from simumax.estimate import Estimate
+
+log = logging.getLogger(__name__)
+MAX_OP_EVENTS = 150_000  # above this the trace keeps pass-level events only (file size, speed)
+
+
+def simulate_to(est: "Estimate", out: Path | None, ops: bool | None = None, gantt: bool = True) -> SimResult:
+    """Simulate; with ``out`` write the trace, memory files and Gantt chart there.
+    ``ops``: nest per-op events in the trace (default: when they number at most
+    MAX_OP_EVENTS)."""
+    st = est.strategy
+    run = est.simulate()
+    acts = est.activation_walks(run)
+    states = [model_states(st, s) for s in est.stages]
+    state_parts = [
+        {"weights": s.weights, "grads": s.grads, "optimizer": s.optimizer, "te_buffers": s.te_buffers} for s in states
+    ]
+    base = [s.total for s in states]
+    ranks = [
+        SimRank(
+            rank=r, end_of_backward=run.end_of_backward[r], end=run.end[r], busy=run.busy[r],
+            bubble_fraction=max(0.0, 1.0 - run.busy[r] / run.end_of_backward[r]) if run.end_of_backward[r] else 0.0,
+            peak_mem=base[r] + acts[r].peak,
+        )
+        for r in range(len(run.end))
+    ]
+    files: dict[str, str] = {}
+    if out is not None:
+        if ops is None:
+            n_ops = sum(len(t.op_times) for t in est.chunk_times) * 2 * st.micro_batch_num
+            ops = n_ops <= MAX_OP_EVENTS
+            if not ops:
+                log.info("trace: %d op events; writing pass-level events only", n_ops)
+        trace = chrome_trace(est, run, acts, base, ops)
+        path = out / "tracing_logs.json"
+        write_text_atomic(path, json.dumps(trace, separators=(",", ":")))
+        files["trace"] = str(path)
+        for r in range(len(run.end)):
+            p = out / f"memory_timeline_rank{r}.json"
+            write_json_atomic(p, memory_timeline(r, state_parts[r], acts[r]))
+            files[f"memory_timeline_rank{r}"] = str(p)
+        top = max(range(len(ranks)), key=lambda r: ranks[r].peak_mem)
+        snap = memory_snapshot(est, run, top, state_parts[top])
+        p = out / f"memory_snapshot_rank{top}.pickle"
+        write_bytes_atomic(p, lambda f: pickle.dump(snap, f))
+        files["memory_snapshot"] = str(p)
+        if gantt:
+            p = out / "pipeline.png"
+            bubble = max(x.bubble_fraction for x in ranks)
+            title = (
+                f"{st.schedule}  pp={st.pp_size}  micro-batches={st.micro_batch_num}  "
+                f"iteration {run.total * 1e3:.1f} ms  max bubble {bubble:.1%}"
+            )
+            plot_gantt(run, p, title)
+            files["gantt"] = str(p)
+    return SimResult(
+        schedule=st.schedule, duration_time_per_iter=run.total,
+        closed_form_time_per_iter=est.cost().duration_time_per_iter, ranks=ranks, files=files,
+    )
