@@ -180,6 +180,15 @@ class StrategyConfig(ConfigBase):
             raise ConfigError("pp_schedule", "dualpipev needs pp_size > 1")
         if sched == "dualpipev" and self.micro_batch_num < 2 * self.pp_size:
             raise ConfigError("micro_batch_num", f"dualpipev needs at least 2*pp_size = {2 * self.pp_size} micro-batches")
+        if self.overlap_moe_expert_parallel_comm:
+            if self.ep_size == 1:
+                raise ConfigError("overlap_moe_expert_parallel_comm", "needs expert parallelism (ep_size > 1)")
+            if self.pp_size > 1 and sched not in ("interleaved", "dualpipev"):
+                raise ConfigError(
+                    "overlap_moe_expert_parallel_comm", "with pp_size > 1 needs the interleaved (or dualpipev) schedule, as Megatron"
+                )
+            if self.recompute_mode == "full_block":
+                raise ConfigError("overlap_moe_expert_parallel_comm", "cannot be combined with full recompute (Megatron)")
         if self.delay_wgrad_compute and not self.overlap_moe_expert_parallel_comm:
             raise ConfigError("delay_wgrad_compute", "needs overlap_moe_expert_parallel_comm")
         if self.megatron_recompute and not self.megatron_recompute_modules:

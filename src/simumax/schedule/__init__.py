@@ -13,10 +13,15 @@ from simumax.config.strategy import StrategyConfig
 from simumax.schedule import dualpipev, interleaved, one_f_one_b, zero_bubble
 from simumax.schedule.tasks import RankOrders
 
+def _ep_overlap_warmup(st: StrategyConfig) -> int:
+    return 1 if st.overlap_moe_expert_parallel_comm else 0
+
+
 SCHEDULES: dict[str, Callable[[StrategyConfig], RankOrders]] = {
-    "1f1b": lambda st: one_f_one_b.order(st.pp_size, st.micro_batch_num),
+    "1f1b": lambda st: one_f_one_b.order(st.pp_size, st.micro_batch_num, _ep_overlap_warmup(st)),
     "interleaved": lambda st: interleaved.order(
-        st.pp_size, st.micro_batch_num, st.interleaving_size, st.microbatch_group_size_per_vp_stage
+        st.pp_size, st.micro_batch_num, st.interleaving_size, st.microbatch_group_size_per_vp_stage,
+        _ep_overlap_warmup(st),
     ),
     "zb": lambda st: zero_bubble.order(st.pp_size, st.micro_batch_num),
     "dualpipev": lambda st: dualpipev.order(st.pp_size, st.micro_batch_num),

@@ -21,13 +21,15 @@ def schedule_table(mbc: int, v: int, group: int) -> list[tuple[int, int]]:
     return table
 
 
-def order(pp: int, mbc: int, v: int, group: int | None = None) -> RankOrders:
+def order(pp: int, mbc: int, v: int, group: int | None = None, extra_warmup: int = 0) -> RankOrders:
+    """``extra_warmup``: one more warm-up forward with EP all-to-all overlap (Megatron
+    does so to make each steady forward independent of the backward it pairs with)."""
     group = group or pp
     table = schedule_table(mbc, v, group)
     total = mbc * v
     out = []
     for r in range(pp):
-        warm = min((pp - r - 1) * 2 + (v - 1) * group, total)
+        warm = min((pp - r - 1) * 2 + (v - 1) * group + extra_warmup, total)
 
         def fwd(k: int, paired: bool = False) -> Task:
             mb, c = table[k]

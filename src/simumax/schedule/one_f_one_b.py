@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from simumax.schedule.tasks import BACKWARD, FORWARD, RankOrders, Task
 
 
-def order(pp: int, mbc: int) -> RankOrders:
+def order(pp: int, mbc: int, extra_warmup: int = 0) -> RankOrders:
+    """``extra_warmup``: forwards run ahead so each steady forward can pair with an
+    independent backward (Megatron's combined 1F1B for EP overlap without pipelining)."""
     out = []
     for r in range(pp):
-        warm = min(pp - r - 1, mbc)
+        warm = min(pp - r - 1 + extra_warmup, mbc)
         tasks = [Task(FORWARD, r, i) for i in range(warm)]
         for i in range(mbc - warm):
             # steady state: a forward and a backward of different micro-batches (pairable)

@@ -2,10 +2,12 @@
 
 The backward splits into B (input gradient, on the critical path between ranks) and W
 (weight gradient, free to move). The order is made by list scheduling with unit pass
-times, under 1F1B's memory bound: rank r holds at most p - r micro-batches between F
-and B and defers at most p - r - 1 W passes, so the last rank runs F B W and earlier
-ranks fill what 1F1B leaves idle with deferred W passes. Priority: a W that is over
-the deferral bound, then B, then F (within the bound), then any deferred W.
+times: rank r holds at most p - r micro-batches between F and B (1F1B's activation
+bound) and at most p micro-batches between F and W (the first rank's 1F1B count, as
+ZB-H1 keeps peak memory at 1F1B's); W passes fill what would otherwise be idle.
+Priority: B, then a W the bound forces, then F, then any deferred W. With F = B = W
+this gives 3m + (p - 1) for small m (the paper's ZB-H1) and stays below 1F1B's
+3(m + p - 1) beyond; an exact ZB-H1 (or ZB-H2) table can be added as its own module.
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ def order(pp: int, mbc: int) -> RankOrders:
             f_ready = (
                 i_f < mbc and i_f - i_b < pp - r and (r == 0 or done.get((FORWARD, r - 1, i_f), t + 1) <= t)
             )
-            if deferred[r] and len(deferred[r]) > pp - r - 1:
-                task = Task(WEIGHT, r, deferred[r].popleft())
-            elif b_ready:
+            if b_ready:
                 task = Task(BACKWARD, r, i_b)
                 next_b[r] += 1
                 deferred[r].append(i_b)
+            elif deferred[r] and len(deferred[r]) + (i_f - i_b) >= pp:
+                task = Task(WEIGHT, r, deferred[r].popleft())
             elif f_ready:
                 task = Task(FORWARD, r, i_f)
                 next_f[r] += 1

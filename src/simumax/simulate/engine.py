@@ -73,10 +73,11 @@ def _hidden(c: PassCosts, f: Task, b: Task, delay_wgrad: bool) -> float:
 
 
 def run_pipeline(
-    orders: RankOrders, costs: PassCosts, opts: PipelineOptions, start_after: dict[int, float] | None = None
+    orders: RankOrders, costs: PassCosts, opts: PipelineOptions, params_ready: dict[int, tuple[float, float]] | None = None
 ) -> PipelineRun:
-    """Execute every rank's task list; ``start_after[vstage]`` delays that stage's first
-    forward (parameters still being gathered)."""
+    """Execute every rank's task list. ``params_ready[vstage] = (first, all)``: the
+    stage's first forward starts once its first parameter bucket is gathered and
+    cannot end before the last one is (parameters still being gathered)."""
     n_stage = len(costs.rank)
     last = n_stage - 1
     ranks = len(orders)
@@ -85,16 +86,14 @@ def run_pipeline(
     pos = [0] * ranks
     events: list[list[Event]] = [[] for _ in range(ranks)]
     last_w: dict[int, Event] = {}
-    gate = start_after or {}
+    gate = params_ready or {}
     split = any(t.kind == WEIGHT for o in orders for t in o)
 
     def dep(t: Task) -> float | None:
         if t.kind == FORWARD:
-            if t.vstage == 0:
-                return gate.get(0, 0.0) if t.mb == 0 else 0.0
-            got = ready.get((FORWARD, t.vstage - 1, t.mb))
-            if got is not None and t.mb == 0:
-                got = max(got, gate.get(t.vstage, 0.0))
+            got = 0.0 if t.vstage == 0 else ready.get((FORWARD, t.vstage - 1, t.mb))
+            if got is not None and t.mb == 0 and t.vstage in gate:
+                got = max(got, gate[t.vstage][0])
             return got
         if t.kind == BACKWARD:
             src = (FORWARD, last, t.mb) if t.vstage == last else (BACKWARD, t.vstage + 1, t.mb)
@@ -134,6 +133,8 @@ def run_pipeline(
                 t0 = start
                 for x, d in zip(group, durs):
                     t1 = t0 + d * scale
+                    if x.kind == FORWARD and x.mb == 0 and x.vstage in gate:
+                        t1 = max(t1, gate[x.vstage][1])
                     ev = Event(r, "compute", f"{x.kind}{x.vstage} mb{x.mb}", t0, t1, x.kind, x.vstage, x.mb)
                     events[r].append(ev)
                     if x.kind == WEIGHT or (x.kind == BACKWARD and not split):

@@ -6,7 +6,8 @@ Overlap model (each option off by default, as in Megatron):
 - ``overlap_grad_reduce``: a chunk's buckets fill in order over its last
   weight-gradient pass (by parameter share) and reduce on the comm stream from then.
 - ``overlap_param_gather``: the all-gathers run at the start of the (next) iteration
-  on the comm stream; a chunk's first forward waits for its own gathers.
+  on the comm stream, bucket by bucket; a chunk's first forward starts after its
+  first bucket and cannot finish before its last.
 - ``defer_embedding_wgrad_compute``: the LM-head weight gradients of every micro-batch
   run after the rank's last pass.
 - Communication overlapping compute slows it by the tier's ``processor_usage`` times
@@ -94,16 +95,19 @@ def simulate_iteration(est: "Estimate") -> IterationRun:
     usage = {g: net.tier(g).processor_usage for g in ("dp", "edp")}
     comm: list[list[Event]] = [[] for _ in range(ranks)]
     comm_free = [0.0] * ranks
-    gate: dict[int, float] = {}
+    gate: dict[int, tuple[float, float]] = {}
     if st.overlap_param_gather:
         for r in range(ranks):
             for c in chunks_of[r]:
+                first = None
                 for b in buckets[c.vstage]:
                     if b.gather:
                         s = comm_free[r]
                         comm_free[r] = s + b.gather
+                        first = comm_free[r] if first is None else first
                         comm[r].append(Event(r, "comm", f"{b.group} all_gather params", s, comm_free[r], "param_gather", c.vstage))
-                gate[c.vstage] = comm_free[r]
+                if first is not None:
+                    gate[c.vstage] = (first, comm_free[r])
     opts = PipelineOptions(
         p2p_overlapped=st.p2p_overlapped,
         pair_overlap=st.overlap_moe_expert_parallel_comm,

@@ -1,0 +1,233 @@
+"""Schedules, the event engine, simulate() outputs and the overlap options."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from simumax import ConfigError, PerfLLM
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.estimate import Estimate
+from simumax.schedule import dualpipev, interleaved, one_f_one_b, zero_bubble
+from simumax.schedule.tasks import BACKWARD, FORWARD, check_complete
+from simumax.simulate.engine import PassCosts, PipelineOptions, run_pipeline
+
+from tests.test_errors import run_cli
+
+
+def uniform(ranks: list[int], f: float, b: float, w: float | None = None) -> PassCosts:
+    dur = {}
+    for k in range(len(ranks)):
+        dur[(FORWARD, k)], dur[(BACKWARD, k)] = f, b
+        if w is not None:
+            dur[("W", k)] = w
+    return PassCosts(rank=ranks, dur=dur, p2p=[0.0] * len(ranks))
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=hs.integers(1, 8), m=hs.integers(1, 24))
+def test_1f1b_bubble_fraction_is_the_textbook_one(p: int, m: int) -> None:
+    run = run_pipeline(one_f_one_b.order(p, m), uniform(list(range(p)), 1.0, 2.0), PipelineOptions())
+    busy0 = 3.0 * m
+    assert max(run.end) == pytest.approx(3.0 * (m + p - 1))
+    assert 1 - busy0 / run.end[0] == pytest.approx((p - 1) / (m + p - 1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=hs.integers(2, 6), groups=hs.integers(1, 4), v=hs.integers(2, 4))
+def test_interleaving_divides_the_bubble_by_v(p: int, groups: int, v: int) -> None:
+    m = p * groups  # Megatron's classic constraint: m a multiple of p
+    ranks = [k % p for k in range(p * v)]
+    run = run_pipeline(interleaved.order(p, m, v), uniform(ranks, 1.0 / v, 2.0 / v), PipelineOptions())
+    bubble_1f1b = 3.0 * (p - 1)
+    assert max(run.end) - 3.0 * m == pytest.approx(bubble_1f1b / v)
+
+
+def test_megatron_schedule_table_example() -> None:
+    # the example in Megatron's get_schedule_table docstring: PP2, N3 (group), M5, VP2
+    table = interleaved.schedule_table(5, 2, 3)
+    assert [mb for mb, _ in table] == [0, 1, 2, 0, 1, 2, 3, 4, 3, 4]
+    assert [c for _, c in table] == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 13), (8, 16)])
+def test_zero_bubble_beats_1f1b_and_respects_its_bound(p: int, m: int) -> None:
+    order = zero_bubble.order(p, m)
+    check_complete(order, p, m, split_backward=True)
+    zb = max(run_pipeline(order, uniform(list(range(p)), 1, 1, 1), PipelineOptions()).end)
+    f1b = max(run_pipeline(one_f_one_b.order(p, m), uniform(list(range(p)), 1, 2), PipelineOptions()).end)
+    assert 3 * m + (p - 1) <= zb < f1b  # ZB-H1's (p-1)(F+B-W) bubble is the floor
+    # 1F1B's activation bound: at most p - r micro-batches between F and B on rank r
+    for r, tasks in enumerate(order):
+        open_ = peak = 0
+        for t in tasks:
+            open_ += {FORWARD: 1, BACKWARD: -1}.get(t.kind, 0)
+            peak = max(peak, open_)
+        assert peak <= p - r
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 10), (3, 9)])
+def test_dualpipev_runs_every_pass_once_and_beats_1f1b(p: int, m: int) -> None:
+    order = dualpipev.order(p, m)
+    check_complete(order, 2 * p, m, split_backward=True)
+    ranks = list(range(p)) + list(range(p - 1, -1, -1))
+    dpv = max(run_pipeline(order, uniform(ranks, 0.5, 0.5, 0.5), PipelineOptions()).end)
+    f1b = max(run_pipeline(one_f_one_b.order(p, m), uniform(list(range(p)), 1, 2), PipelineOptions()).end)
+    assert 3 * m <= dpv < f1b
+
+
+def _est(model: str = "llama3-8b", layers: int | None = 8, **kw) -> Estimate:
+    m = load_model(model)
+    if layers:
+        m = m.with_updates({"layer_num": layers})
+    base = {"world_size": 8, "pp_size": 2, "micro_batch_num": 8, "enable_sequence_parallel": True}
+    return Estimate(m, load_strategy("tp1_pp2_dp4_mbs1").with_updates({**base, **kw}), load_system("a100_pcie"))
+
+
+AGREE = [
+    {},
+    {"pp_size": 1, "micro_batch_num": 4},
+    {"pp_size": 4, "micro_batch_num": 3},
+    {"pp_size": 4, "micro_batch_num": 16, "tp_size": 2},
+    {"pp_size": 4, "interleaving_size": 2, "micro_batch_num": 8},
+    {"pp_size": 2, "interleaving_size": 4, "micro_batch_num": 6},
+    {"pp_size": 4, "interleaving_size": 2, "micro_batch_num": 12, "microbatch_group_size_per_vp_stage": 6},
+    {"pp_size": 4, "num_layers_in_first_pipeline_stage": 1, "num_layers_in_last_pipeline_stage": 1},
+    {"enable_recompute": True, "recompute_granularity": "full_block", "recompute_layer_num": 2},
+    {"zero_state": 0, "tp_size": 2, "pp_size": 2, "micro_batch_num": 5},
+    {"model": "deepseek-v2-lite", "ep_size": 4, "pp_size": 2},
+    {"model": "deepseek-v2-lite", "ep_size": 2, "tp_size": 2, "pp_size": 2, "interleaving_size": 2},
+]
+
+
+@pytest.mark.parametrize("kw", AGREE)
+def test_closed_form_and_simulation_agree_with_overlap_off(kw: dict) -> None:
+    kw = dict(kw)
+    est = _est(kw.pop("model", "llama3-8b"), **kw)
+    assert est.closed_form_applies
+    closed = est.cost().duration_time_per_iter
+    sim = est.simulate().total
+    assert abs(sim - closed) / closed <= 0.005, f"simulated {sim:.6f} s vs closed form {closed:.6f} s"
+
+
+def test_memory_walk_gives_1f1b_in_flight_counts() -> None:
+    est = _est(pp_size=4, micro_batch_num=8)
+    assert [s.in_flight_micro_batches for s in est.memory().stages] == [4, 3, 2, 1]
+    few = _est(pp_size=4, micro_batch_num=2)
+    assert [s.in_flight_micro_batches for s in few.memory().stages] == [2, 2, 2, 1]
+
+
+def test_interleaving_raises_first_rank_memory_and_zb_keeps_it_bounded() -> None:
+    plain = _est(pp_size=4, micro_batch_num=8).memory().stages[0].activation_mem
+    vpp = _est(pp_size=4, micro_batch_num=8, interleaving_size=2).memory().stages[0].activation_mem
+    zb = _est(pp_size=4, micro_batch_num=8, pp_schedule="zb").memory().stages[0].activation_mem
+    assert vpp > plain  # (p - 1) * 2 + (v - 1) * p + 1 = 11 half-stage chunks vs 4 stages
+    assert zb <= plain * 1.25  # W passes keep only what the weight gradients read
+
+
+def test_dualpipev_puts_embedding_and_loss_on_rank_0() -> None:
+    est = _est(pp_size=4, micro_batch_num=8, pp_schedule="dualpipev")
+    names = [{o.name for o in s.ops} for s in est.stages]
+    assert "embedding" in " ".join(names[0]) and "lm_head" in names[0]
+    assert sum(len(s.layers) for s in est.stages) == 8 and all(len(s.layers) == 2 for s in est.stages)
+
+
+@pytest.mark.parametrize(
+    "option, extra",
+    [
+        ("overlap_grad_reduce", {}),
+        ("overlap_param_gather", {}),
+        ("tp_comm_overlap", {"tp_size": 2, "pp_size": 2}),
+        ("overlap_p2p_comm", {"pp_size": 4}),
+        ("defer_embedding_wgrad_compute", {}),
+    ],
+)
+def test_each_overlap_option_hides_time(option: str, extra: dict) -> None:
+    off = _est(**extra).cost().duration_time_per_iter
+    on_est = _est(**extra, **{option: True})
+    on = on_est.cost().duration_time_per_iter
+    assert on < off, f"{option}: {on} !< {off}"
+
+
+@pytest.mark.parametrize("kw", [{"pp_size": 1}, {"pp_size": 2, "interleaving_size": 2}, {"pp_size": 2, "pp_schedule": "dualpipev"}])
+def test_moe_expert_parallel_overlap_hides_all_to_all(kw: dict) -> None:
+    kw = {"ep_size": 4, **kw}
+    off = _est("deepseek-v2-lite", **kw).cost().duration_time_per_iter
+    on = _est("deepseek-v2-lite", **kw, overlap_moe_expert_parallel_comm=True).cost().duration_time_per_iter
+    delayed = _est(
+        "deepseek-v2-lite", **kw, overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True
+    ).cost().duration_time_per_iter
+    assert delayed <= on < off
+
+
+def test_processor_usage_makes_overlap_cost_compute() -> None:
+    sy = load_system("a100_pcie")
+    busy = sy.with_updates({"networks": {**sy.to_dict()["networks"], "intra_node_pcie_2x": {
+        **sy.to_dict()["networks"]["intra_node_pcie_2x"], "processor_usage": 0.5}}})
+    est = _est(tp_size=2, pp_size=1, micro_batch_num=4, tp_comm_overlap=True)
+    slowed = Estimate(est.model, est.strategy, busy)
+    assert slowed.cost().duration_time_per_iter > est.cost().duration_time_per_iter
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"pp_schedule": "interleaved"}, "pp_schedule"),
+        ({"pp_schedule": "zb", "interleaving_size": 2, "pp_size": 2}, "pp_schedule"),
+        ({"pp_schedule": "dualpipev", "pp_size": 1}, "pp_schedule"),
+        ({"pp_schedule": "dualpipev", "pp_size": 4, "micro_batch_num": 7}, "micro_batch_num"),
+        ({"interleaving_size": 2, "pp_size": 4, "micro_batch_num": 3}, "microbatch_group_size_per_vp_stage"),
+        ({"interleaving_size": 2, "pp_size": 4, "micro_batch_num": 9}, "micro_batch_num"),
+        ({"delay_wgrad_compute": True}, "delay_wgrad_compute"),
+        ({"overlap_moe_expert_parallel_comm": True, "ep_size": 2}, "overlap_moe_expert_parallel_comm"),  # pp 2, no VPP
+        ({"overlap_moe_expert_parallel_comm": True, "pp_size": 1}, "overlap_moe_expert_parallel_comm"),  # ep 1
+        ({"pp_schedule": "round-robin"}, "pp_schedule"),
+    ],
+)
+def test_schedule_config_errors(kw: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_strategy("tp1_pp2_dp4_mbs1").with_updates(kw)
+    assert field in str(e.value)
+
+
+def test_simulate_writes_trace_memory_snapshot_and_gantt(tmp_path) -> None:
+    perf = PerfLLM().configure(
+        strategy_config=load_strategy("tp1_pp2_dp4_mbs1").with_updates({"micro_batch_num": 4}),
+        model_config=load_model("llama3-8b").with_updates({"layer_num": 4}),
+        system_config="a100_pcie",
+    )
+    res = perf.simulate(tmp_path)
+    assert res.duration_time_per_iter == pytest.approx(perf.analysis_cost().duration_time_per_iter, rel=5e-3)
+    trace = json.loads((tmp_path / "tracing_logs.json").read_text())["traceEvents"]
+    spans = [e for e in trace if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1}
+    assert {e["args"]["name"] for e in trace if e["name"] == "thread_name"} == {"compute", "comm"}
+    ops = [e for e in spans if e["cat"] == "op"]
+    assert any(e["name"] == "L0.qkv fwd" and e["args"]["flops"] > 0 for e in ops)
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
+    passes = [e for e in spans if e["cat"] in ("F", "B")]
+    assert len(passes) == 2 * 2 * 4  # ranks x (F, B) x micro-batches
+    timeline = json.loads((tmp_path / "memory_timeline_rank0.json").read_text())
+    assert timeline["peak_allocated"] == pytest.approx(res.ranks[0].peak_mem)
+    assert max(b for _, b in timeline["points"]) == pytest.approx(res.ranks[0].peak_mem)
+    snap = pickle.loads(next(tmp_path.glob("memory_snapshot_rank*.pickle")).read_bytes())
+    actions = [e["action"] for e in snap["device_traces"][0]]
+    assert actions.count("alloc") == actions.count("free_completed") > 0  # every activation freed
+    assert all(b["state"] == "active_allocated" for s in snap["segments"] for b in s["blocks"])
+    assert (tmp_path / "pipeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_simulate_schedule_and_bad_schedule(tmp_path) -> None:
+    args = ["simulate", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie", "--set", "layer_num=8",
+            "--set", "pp_size=4", "--set", "micro_batch_num=8"]
+    ok = run_cli(*args, "--schedule", "dualpipev", "--out", str(tmp_path), "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["schedule"] == "dualpipev"
+    assert (tmp_path / "tracing_logs.json").is_file()
+    bad = run_cli(*args, "--schedule", "gpipe", "--out", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "pp_schedule" in bad.stderr
+    assert not (tmp_path / "bad").exists()
