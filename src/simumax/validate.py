@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from simumax.config.base import read_json
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from simumax.schedule import SPLIT_BACKWARD, rank_orders
-from simumax.schedule.tasks import BACKWARD, FORWARD, WEIGHT, RankOrders, Task
+from simumax.schedule.tasks import BACKWARD, FORWARD, WEIGHT, RankOrders
 from simumax.simulate.engine import Event, PassCosts, PipelineOptions, run_pipeline
 
 if TYPE_CHECKING:
