@@ -21,7 +21,7 @@ from simumax.graph.kernels import Collective, MemBound
 from simumax.graph.model_graph import build_virtual_stages, merge_chunks
 from simumax.graph.ops import Stage
 from simumax.graph.params import ParamCount, count_params
-from simumax.memory.activation_walk import walk
+from simumax.memory.activation_walk import WalkResult, walk
 from simumax.memory.model_states import model_states, optimizer_bytes_per_param, shard_params
 from simumax.report.results import CostResult, MemResult, StageCost, StageMemory
 from simumax.memory.schedule_walk import RankActivations, walk_schedule
@@ -249,15 +249,20 @@ class Estimate:
             efficiency_lookups=self.compute_model.log.to_dict(),
         )
 
+    @cached_property
+    def chunk_walks(self) -> dict[int, WalkResult]:
+        """One micro-batch's activation walk per virtual stage."""
+        return {c.vstage: walk(c.ops) for c in self.chunks}
+
     def w_keep(self, chunk: Stage) -> float:
         """Bytes a split backward keeps from B to W: saved inputs and output gradients
         of the ops with weight gradients (at most what the chunk stores)."""
         need = sum(o.saved_bytes + (o.output[1] if o.output else 0.0) for o in chunk.ops if o.bwd_weight)
-        return min(need, walk(chunk.ops).stored)
+        return min(need, self.chunk_walks[chunk.vstage].stored)
 
     def activation_walks(self, times: IterationRun | None = None) -> list[RankActivations]:
         orders = times.orders if times else rank_orders(self.strategy)
-        walks = {c.vstage: walk(c.ops) for c in self.chunks}
+        walks = self.chunk_walks
         keep = {c.vstage: self.w_keep(c) for c in self.chunks} if self.strategy.schedule in SPLIT_BACKWARD else {}
         return [
             walk_schedule(orders[r], walks, keep, times.task_times(r) if times else None) for r in range(len(orders))
@@ -270,12 +275,12 @@ class Estimate:
         out = []
         for s, act in zip(self.stages, acts):
             states = model_states(st, s)
-            stored = sum(walk(c.ops).stored for c in self.chunks if c.index == s.index) / v
+            stored = sum(self.chunk_walks[c.vstage].stored for c in self.chunks if c.index == s.index) / v
             t = act.peak_task
             n = act.in_flight_at_peak / v
             op = ""
             if t is not None:
-                w = walk(self.chunks[t.vstage].ops)
+                w = self.chunk_walks[t.vstage]
                 op = w.fwd_peak_op if t.kind == "F" else w.bwd_peak_op
             peak = states.total + act.peak
             out.append(

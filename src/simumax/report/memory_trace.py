@@ -35,7 +35,6 @@ def _frame(name: str) -> list[dict[str, Any]]:
 
 
 def memory_snapshot(est: "Estimate", run: "IterationRun", rank: int, states: dict[str, float]) -> dict[str, Any]:
-    from simumax.memory.activation_walk import walk
     from simumax.schedule import SPLIT_BACKWARD
 
     segments = []
@@ -51,7 +50,7 @@ def memory_snapshot(est: "Estimate", run: "IterationRun", rank: int, states: dic
             "frames": [], "blocks": [block],
         })
         addr += n
-    walks = {c.vstage: walk(c.ops) for c in est.chunks}
+    walks = est.chunk_walks
     split = est.strategy.schedule in SPLIT_BACKWARD
     keep = {c.vstage: est.w_keep(c) for c in est.chunks} if split else {}
     times = run.task_times(rank)
