@@ -60,14 +60,15 @@ def test_zero_bubble_beats_1f1b_and_respects_its_bound(p: int, m: int) -> None:
     check_complete(order, p, m, split_backward=True)
     zb = max(run_pipeline(order, uniform(list(range(p)), 1, 1, 1), PipelineOptions()).end)
     f1b = max(run_pipeline(one_f_one_b.order(p, m), uniform(list(range(p)), 1, 2), PipelineOptions()).end)
-    assert 3 * m + (p - 1) <= zb < f1b  # ZB-H1's (p-1)(F+B-W) bubble is the floor
-    # 1F1B's activation bound: at most p - r micro-batches between F and B on rank r
+    assert zb == 3 * m + (p - 1) < f1b  # ZB-H1's bubble: (p - 1)(F + B - W)
+    # 1F1B's bounds: at most p - r micro-batches between F and B on rank r, p between F and W
     for r, tasks in enumerate(order):
-        open_ = peak = 0
+        to_b = to_w = peak_b = peak_w = 0
         for t in tasks:
-            open_ += {FORWARD: 1, BACKWARD: -1}.get(t.kind, 0)
-            peak = max(peak, open_)
-        assert peak <= p - r
+            to_b += {FORWARD: 1, BACKWARD: -1}.get(t.kind, 0)
+            to_w += {FORWARD: 1, "W": -1}.get(t.kind, 0)
+            peak_b, peak_w = max(peak_b, to_b), max(peak_w, to_w)
+        assert peak_b <= min(p - r, m) and peak_w <= min(p, m)
 
 
 @pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 10), (3, 9)])
