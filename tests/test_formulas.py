@@ -98,7 +98,15 @@ def test_full_block_recompute_keeps_only_layer_input() -> None:
 
 
 def test_in_flight_micro_batches_1f1b() -> None:
-    from simumax.schedule.one_f_one_b import in_flight
+    from simumax.schedule.one_f_one_b import order
+
+    def in_flight(pp: int, rank: int, mbc: int) -> int:
+        """Most micro-batches between their forward and backward on the rank."""
+        held = peak = 0
+        for t in order(pp, mbc)[rank]:
+            held += 1 if t.kind == "F" else -1
+            peak = max(peak, held)
+        return peak
 
     assert [in_flight(4, r, 8) for r in range(4)] == [4, 3, 2, 1]
     assert [in_flight(4, r, 2) for r in range(4)] == [2, 2, 2, 1]

@@ -185,9 +185,14 @@ class Estimate:
         )
         return st.schedule in ("1f1b", "interleaved") and not overlap
 
-    def simulate(self) -> IterationRun:
-        """The iteration on the event engine (same per-op costs as the closed form)."""
+    @cached_property
+    def iteration(self) -> IterationRun:
+        """The iteration on the event engine (same per-op costs as the closed form),
+        run once and shared by cost() and simulate()."""
         return simulate_iteration(self)
+
+    def simulate(self) -> IterationRun:
+        return self.iteration
 
     def cost(self) -> CostResult:
         st = self.strategy
@@ -254,18 +259,24 @@ class Estimate:
         """One micro-batch's activation walk per virtual stage."""
         return {c.vstage: walk(c.ops) for c in self.chunks}
 
-    def w_keep(self, chunk: Stage) -> float:
-        """Bytes a split backward keeps from B to W: saved inputs and output gradients
-        of the ops with weight gradients (at most what the chunk stores)."""
-        need = sum(o.saved_bytes + (o.output[1] if o.output else 0.0) for o in chunk.ops if o.bwd_weight)
-        return min(need, self.chunk_walks[chunk.vstage].stored)
+    @cached_property
+    def w_keep(self) -> dict[int, float]:
+        """Per virtual stage, bytes a split backward keeps from B to W: saved inputs and
+        output gradients of the ops with weight gradients (at most what the chunk stores).
+        Empty when the schedule does not split the backward."""
+        if self.strategy.schedule not in SPLIT_BACKWARD:
+            return {}
+        out = {}
+        for c in self.chunks:
+            need = sum(o.saved_bytes + (o.output[1] if o.output else 0.0) for o in c.ops if o.bwd_weight)
+            out[c.vstage] = min(need, self.chunk_walks[c.vstage].stored)
+        return out
 
     def activation_walks(self, times: IterationRun | None = None) -> list[RankActivations]:
         orders = times.orders if times else rank_orders(self.strategy)
-        walks = self.chunk_walks
-        keep = {c.vstage: self.w_keep(c) for c in self.chunks} if self.strategy.schedule in SPLIT_BACKWARD else {}
         return [
-            walk_schedule(orders[r], walks, keep, times.task_times(r) if times else None) for r in range(len(orders))
+            walk_schedule(orders[r], self.chunk_walks, self.w_keep, times.task_times(r) if times else None)
+            for r in range(len(orders))
         ]
 
     def memory(self) -> MemResult:

@@ -79,7 +79,6 @@ def merge_chunks(chunks: list[Stage], pp: int) -> list[Stage]:
         s = stages[c.index]
         s.ops.extend(c.ops)
         s.layers.extend(c.layers)
-        s.p2p_bytes = max(s.p2p_bytes, c.p2p_bytes)
     return stages
 
 

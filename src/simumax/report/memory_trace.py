@@ -35,8 +35,6 @@ def _frame(name: str) -> list[dict[str, Any]]:
 
 
 def memory_snapshot(est: "Estimate", run: "IterationRun", rank: int, states: dict[str, float]) -> dict[str, Any]:
-    from simumax.schedule import SPLIT_BACKWARD
-
     segments = []
     addr = 0
     for name, size in states.items():
@@ -50,9 +48,7 @@ def memory_snapshot(est: "Estimate", run: "IterationRun", rank: int, states: dic
             "frames": [], "blocks": [block],
         })
         addr += n
-    walks = est.chunk_walks
-    split = est.strategy.schedule in SPLIT_BACKWARD
-    keep = {c.vstage: est.w_keep(c) for c in est.chunks} if split else {}
+    walks, keep = est.chunk_walks, est.w_keep
     times = run.task_times(rank)
     trace: list[dict[str, Any]] = []
     live: dict[tuple[str, int, int], tuple[int, int]] = {}  # (what, vstage, mb) -> (addr, size)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from simumax.cost.stage_time import PhaseTime, StageTime
+from simumax.schedule import SPLIT_BACKWARD
 from simumax.schedule.tasks import BACKWARD, FORWARD, WEIGHT
 
 if TYPE_CHECKING:
@@ -47,8 +48,6 @@ def _us(seconds: float) -> float:
 def chrome_trace(
     est: "Estimate", run: "IterationRun", acts: list["RankActivations"], model_states: list[float], ops: bool
 ) -> dict[str, Any]:
-    from simumax.schedule import SPLIT_BACKWARD
-
     split = est.strategy.schedule in SPLIT_BACKWARD
     slices = {
         (kind, k): op_slices(t, kind, split)

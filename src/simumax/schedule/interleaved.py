@@ -46,8 +46,3 @@ def order(pp: int, mbc: int, v: int, group: int | None = None, extra_warmup: int
         out.append(tasks)
     return out
 
-
-def in_flight(pp: int, rank: int, mbc: int, v: int, group: int | None = None) -> int:
-    """Chunk-micro-batches held at the peak: the warm-up forwards plus one."""
-    group = group or pp
-    return min((pp - rank - 1) * 2 + (v - 1) * group + 1, mbc * v)

@@ -40,11 +40,6 @@ class PipelineTiming:
         return self.total - self.busy_max
 
 
-def in_flight(pp: int, rank: int, mbc: int) -> int:
-    """Micro-batches whose activations rank ``rank`` holds at its peak under 1F1B."""
-    return min(pp - rank, mbc)
-
-
 def pipeline_time(per_stage: list[tuple[float, float]], mbc: int, interleaving: int = 1) -> PipelineTiming:
     """per_stage: (F_r, B_r) per micro-batch (all chunks of the rank), p2p included."""
     totals = [f + b for f, b in per_stage]

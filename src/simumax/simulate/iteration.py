@@ -95,19 +95,26 @@ def simulate_iteration(est: "Estimate") -> IterationRun:
     usage = {g: net.tier(g).processor_usage for g in ("dp", "edp")}
     comm: list[list[Event]] = [[] for _ in range(ranks)]
     comm_free = [0.0] * ranks
+
+    def gather_params(r: int, vstage: int, start: float) -> list[float]:
+        """ZeRO-1 parameter all-gathers of one chunk, back to back on the comm stream
+        from ``start``; returns when each bucket is gathered."""
+        done = []
+        for b in buckets[vstage]:
+            if b.gather:
+                comm[r].append(Event(r, "comm", f"{b.group} all_gather params", start, start + b.gather, "param_gather", vstage))
+                start += b.gather
+                done.append(start)
+        return done
+
     gate: dict[int, tuple[float, float]] = {}
     if st.overlap_param_gather:
         for r in range(ranks):
             for c in chunks_of[r]:
-                first = None
-                for b in buckets[c.vstage]:
-                    if b.gather:
-                        s = comm_free[r]
-                        comm_free[r] = s + b.gather
-                        first = comm_free[r] if first is None else first
-                        comm[r].append(Event(r, "comm", f"{b.group} all_gather params", s, comm_free[r], "param_gather", c.vstage))
-                if first is not None:
-                    gate[c.vstage] = (first, comm_free[r])
+                done = gather_params(r, c.vstage, comm_free[r])
+                if done:
+                    gate[c.vstage] = (done[0], done[-1])
+                    comm_free[r] = done[-1]
     opts = PipelineOptions(
         p2p_overlapped=st.p2p_overlapped,
         pair_overlap=st.overlap_moe_expert_parallel_comm,
@@ -144,10 +151,7 @@ def simulate_iteration(est: "Estimate") -> IterationRun:
         t = grads_done + opt
         if not st.overlap_param_gather:
             for c in chunks_of[r]:
-                for b in buckets[c.vstage]:
-                    if b.gather:
-                        comm[r].append(Event(r, "comm", f"{b.group} all_gather params", t, t + b.gather, "param_gather", c.vstage))
-                        t += b.gather
+                t = (gather_params(r, c.vstage, t) or [t])[-1]
         events.append(sorted(evs + comm[r], key=lambda e: (e.start, e.stream)))
         end_bwd.append(compute_end)
         end.append(t)
