@@ -14,7 +14,8 @@ from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 from simumax.report.results import CostResult, MemResult, SimResult
-from simumax.search.evaluate import SearchRow, evaluate
+from simumax.profiles import ProfileCache
+from simumax.search.evaluate import GIB, SearchRow
 from simumax.search.run import run_search
 from simumax.search.space import RECOMPUTE_TYPES, SearchSpace
 from simumax.simulate.outputs import simulate_to
@@ -115,16 +116,20 @@ class PerfLLM:
         self._require()
         return self.model_config, self.strategy_config, self.system_config  # type: ignore[return-value]
 
-    def _fits(self, st: StrategyConfig, gmi_error: float, use_reserved_memory: bool) -> bool:
+    def _fits(self, st: StrategyConfig, gmi_error: float, use_reserved_memory: bool, profiles: ProfileCache) -> bool:
+        """Peak memory (reserved or allocated) of the strategy within capacity - gmi_error GiB."""
         model, _, system = self._configured()
-        return evaluate(model, st, system, gmi_error=gmi_error, use_reserved_memory=use_reserved_memory).fits
+        mem = Estimate(model, st, system, profiles).memory()
+        peak = mem.peak_mem_with_reserved if use_reserved_memory else mem.peak_mem
+        return peak <= system.mem_bytes - gmi_error * GIB
 
     def search_max_micro_batch_size(
         self, gmi_error: float = 0.0, use_reserved_memory: bool = True, max_micro_batch_size: int = 1024
     ) -> int:
         """Largest micro_batch_size that fits with the configured strategy (0 if none)."""
-        _, st, _ = self._configured()
-        fits = lambda m: self._fits(st.with_updates({"micro_batch_size": m}), gmi_error, use_reserved_memory)  # noqa: E731
+        model, st, system = self._configured()
+        cache = ProfileCache(model, system)
+        fits = lambda m: self._fits(st.with_updates({"micro_batch_size": m}), gmi_error, use_reserved_memory, cache)  # noqa: E731
         return _largest(fits, 1, max_micro_batch_size)
 
     def search_max_micro_batch_size_fixed_gbs(
@@ -132,7 +137,8 @@ class PerfLLM:
     ) -> int:
         """Largest micro_batch_size dividing global_batch_size / dp that fits, at the
         configured tp and cp with pp_size and dp_size (0 if none)."""
-        _, st, _ = self._configured()
+        model, st, system = self._configured()
+        cache = ProfileCache(model, system)
         if global_batch_size % dp_size:
             raise ConfigError("global_batch_size", f"must be divisible by dp_size ({dp_size})")
         per_dp = global_batch_size // dp_size
@@ -140,7 +146,7 @@ class PerfLLM:
         best = 0
         for mbs in sorted(d for d in range(1, per_dp + 1) if per_dp % d == 0):
             trial = st.with_updates({"world_size": world, "pp_size": pp_size, "micro_batch_size": mbs, "micro_batch_num": per_dp // mbs})
-            if not self._fits(trial, gmi_error, use_reserved_memory):
+            if not self._fits(trial, gmi_error, use_reserved_memory, cache):
                 break  # memory grows with mbs
             best = mbs
         return best
@@ -159,9 +165,20 @@ class PerfLLM:
         use_reserved_memory: bool = True,
         jobs: int = 1,
         dump_path: str | Path | None = None,
+        *,
+        vp_search_list: list[int] | None = None,
+        etp_search_list: list[int] | None = None,
+        zero_search_list: list[int] | None = None,
+        schedule_search_list: list[str | None] | None = None,
+        executor: str = "local",
+        resume: bool = False,
     ) -> list[SearchRow]:
         """Every legal strategy of the space, ranked (fitting ones by iteration time).
-        Fills ``all_search_result`` with the rows as dicts; ``dump_path`` writes them as JSONL."""
+
+        Fills ``all_search_result`` with the rows as dicts. ``dump_path`` (JSONL) gets each
+        row as it finishes and all rows ranked at the end; with ``resume`` the rows already
+        there are kept and not redone. ``executor``: local, process (``jobs`` workers) or ray.
+        """
         model, st, system = self._configured()
         rc = [recompute_search_type] if isinstance(recompute_search_type, str) else (recompute_search_type or ["none"])
         mbs = [micro_batch_size] if isinstance(micro_batch_size, int) else micro_batch_size
@@ -170,15 +187,20 @@ class PerfLLM:
             global_batch_size=global_batch_size or st.global_batch_size,
             tp=tuple(tp_search_list or (1, 2, 4, 8)),
             pp=tuple(pp_search_list) if pp_search_list else None,
+            vp=tuple(vp_search_list or (1,)),
             ep=tuple(ep_search_list or (1,)),
+            etp=tuple(etp_search_list or (1,)),
             cp=tuple(cp_search_list or (1,)),
             mbs=tuple(mbs),
             recompute=tuple(rc),
+            zero=tuple(zero_search_list or (st.zero_state,)),
+            schedule=tuple(schedule_search_list or (None,)),
         )
-        rows = run_search(model, system, st, space, gmi_error=gmi_error, use_reserved_memory=use_reserved_memory, jobs=jobs)
+        rows = run_search(
+            model, system, st, space, gmi_error=gmi_error, use_reserved_memory=use_reserved_memory, jobs=jobs,
+            executor=executor, jsonl=Path(dump_path) if dump_path else None, resume=resume,
+        )
         self.all_search_result = [r.to_dict() for r in rows]
-        if dump_path:
-            write_jsonl_atomic(Path(dump_path), self.all_search_result)
         return rows
 
     def search_best_parallel_strategy_with_recompute(
@@ -195,12 +217,15 @@ class PerfLLM:
         dump_path: str | Path | None = None,
         pp_search_list: list[int] | None = None,
         jobs: int = 1,
+        **space: Any,
     ) -> list[SearchRow]:
-        """As search_best_parallel_strategy over all recompute types by default (full-block
-        with the fewest layers that fit); rows are also appended to ``all_search_result``."""
+        """As search_best_parallel_strategy over SimuMax's three recompute modes by default
+        (full-block with the fewest layers that fit); rows are also appended to
+        ``all_search_result``. Further keywords as search_best_parallel_strategy."""
         rows = self.search_best_parallel_strategy(
             world_size, gmi_error, micro_batch_size, global_batch_size, tp_search_list, ep_search_list, pp_search_list,
-            recompute_search_type or list(RECOMPUTE_TYPES), None, use_reserved_memory, jobs, dump_path,
+            recompute_search_type or list(RECOMPUTE_TYPES), space.pop("cp_search_list", None), use_reserved_memory, jobs,
+            dump_path, **space,
         )
         if all_search_result is not None:
             all_search_result.extend(self.all_search_result)

@@ -125,58 +125,96 @@ def search(
     world_size: int = typer.Option(..., "--world-size", help="Accelerators to lay the job out on."),
     global_batch_size: Optional[int] = typer.Option(None, "--gbs", help="Global batch (sequences); default the base strategy's."),
     tp: str = typer.Option("1,2,4,8", "--tp", help="TP sizes to try."),
-    pp: Optional[str] = typer.Option(None, "--pp", help="PP sizes to try (default: divisors of the layer count)."),
+    pp: Optional[str] = typer.Option(None, "--pp", help="PP sizes to try (default: every pp up to the layer count; uneven first/last stages where layers do not divide)."),
+    vp: str = typer.Option("1", "--vp", help="Virtual pipeline (interleaving) sizes to try."),
     ep: str = typer.Option("1", "--ep", help="EP sizes to try (MoE)."),
+    etp: str = typer.Option("1", "--etp", help="Expert TP sizes to try (MoE)."),
     cp: str = typer.Option("1", "--cp", help="CP sizes to try."),
-    mbs: str = typer.Option("1", "--mbs", help="Micro-batch sizes to try."),
-    recompute: str = typer.Option("none,selective,full_block", "--recompute", help="Recompute types to try."),
+    mbs: str = typer.Option("1", "--mbs", help="Micro-batch sizes to try (the count follows from --gbs)."),
+    recompute: str = typer.Option("none,selective,full_block", "--recompute", help="Recompute variants: none, selective, selective_norm, selective_mlp, full_block (fewest layers that fit)."),
+    zero: str = typer.Option("1", "--zero", help="ZeRO stages to try (0, 1)."),
+    schedule: str = typer.Option("auto", "--schedule", help="Pipeline schedules to try: auto (1F1B / interleaved), 1f1b, interleaved, zb, dualpipev."),
     gmi_error: float = typer.Option(0.0, "--gmi-error", help="GiB kept free per GPU."),
-    jobs: int = typer.Option(1, "--jobs", help="Worker processes."),
+    allocated: bool = typer.Option(False, "--allocated", help="Fit allocated bytes, not reserved (allocated / mem_factor)."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Worker processes (or Ray actors)."),
+    executor: str = typer.Option("local", "--executor", help="local, process or ray (pip install 'simumax[ray]'; RAY_ADDRESS for a cluster)."),
     top: int = typer.Option(10, "--top", help="Rows shown."),
     set_: list[str] = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Print all rows as JSON."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write search.jsonl and search.csv here."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Folder for search.jsonl (streamed), search.csv, frontier.png, best_strategy.json, best_megatron_flags.txt."),
+    resume: bool = typer.Option(False, "--resume", help="Keep the rows already in OUT/search.jsonl and skip their candidates."),
 ) -> None:
     """Search the fastest strategy that fits memory; print the top rows."""
-    from rich.progress import Progress
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from simumax.atomic import write_jsonl_atomic
-    from simumax.search.run import run_search
+    from simumax.search.run import SearchInterrupted, run_search
     from simumax.search.space import SearchSpace
 
+    if resume and out is None:
+        raise ConfigError("--resume", "needs --out (the folder holding search.jsonl)")
     m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
+    schedules = tuple(None if s == "auto" else s for s in (x.strip() for x in schedule.split(",")) if s)
     space = SearchSpace(
         world_size=world_size, global_batch_size=global_batch_size or st.global_batch_size, tp=tuple(_int_list(tp, "--tp")),
-        pp=tuple(_int_list(pp, "--pp")) if pp else None, ep=tuple(_int_list(ep, "--ep")), cp=tuple(_int_list(cp, "--cp")),
-        mbs=tuple(_int_list(mbs, "--mbs")), recompute=tuple(r.strip() for r in recompute.split(",") if r.strip()),
+        pp=tuple(_int_list(pp, "--pp")) if pp else None, vp=tuple(_int_list(vp, "--vp")), ep=tuple(_int_list(ep, "--ep")),
+        etp=tuple(_int_list(etp, "--etp")), cp=tuple(_int_list(cp, "--cp")), mbs=tuple(_int_list(mbs, "--mbs")),
+        recompute=tuple(r.strip() for r in recompute.split(",") if r.strip()), zero=tuple(_int_list(zero, "--zero")),
+        schedule=schedules,
     )
-    with Progress(console=err_console, transient=True, disable=as_json) as bar:
-        task = bar.add_task("evaluating", total=None)
-        rows = run_search(m, sy, st, space, gmi_error=gmi_error, jobs=jobs, progress=lambda i, n: bar.update(task, completed=i, total=n))
-    dicts = [r.to_dict() for r in rows]
+    jsonl = out / "search.jsonl" if out is not None else None
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=err_console, transient=True, disable=as_json) as bar:
+            task = bar.add_task("evaluating", total=None)
+            rows = run_search(
+                m, sy, st, space, gmi_error=gmi_error, use_reserved_memory=not allocated, jobs=jobs, executor=executor,
+                jsonl=jsonl, resume=resume, progress=lambda i, n: bar.update(task, completed=i, total=n),
+            )
+    except SearchInterrupted as exc:
+        err_console.print(f"interrupted: {len(exc.rows)} rows kept in {exc.path}; rerun with --resume to finish" if exc.path
+                          else f"interrupted after {len(exc.rows)} rows (use --out to keep them)")
+        raise SystemExit(130) from None
     if out is not None:
-        write_jsonl_atomic(out / "search.jsonl", dicts)
-        _write_csv(out / "search.csv", rows)
+        _write_search_outputs(out, rows, m, sy, float(sy.mem_bytes) - gmi_error * 2**30)
     if as_json:
-        out_console.print_json(json.dumps(dicts, sort_keys=True))
+        out_console.print_json(json.dumps([r.to_dict() for r in rows], sort_keys=True))
         return
     out_console.print(fmt.search_table(rows[:top], float(sy.mem_bytes), gmi_error))
+    if rows and rows[0].fits:
+        from simumax.export.megatron_flags import megatron_flags
+
+        out_console.print("best as Megatron-LM flags:", markup=False)
+        out_console.print(" ".join(megatron_flags(StrategyConfig.init_from_dict(rows[0].strategy or {}), m)), markup=False, soft_wrap=True)
 
 
-def _write_csv(path: Path, rows: list) -> None:
+SEARCH_CSV_COLUMNS = (
+    "label", "tp", "pp", "vp", "dp", "cp", "ep", "etp", "mbs", "mbc", "zero", "schedule", "first_stage_layers",
+    "last_stage_layers", "recompute", "recompute_layer_num", "fits", "pruned", "iter_time", "mfu", "tokens_per_s_per_gpu",
+    "peak_mem", "headroom",
+)
+
+
+def _write_search_outputs(out: Path, rows: list, model: ModelConfig, system: SystemConfig, budget: float) -> None:
+    """CSV, frontier plot, and the best strategy as JSON and as Megatron-LM flags."""
     import csv
     import io
 
     from simumax.atomic import write_text_atomic
+    from simumax.export.megatron_flags import megatron_flags
+    from simumax.report.frontier import plot_frontier
 
-    cols = ["tp", "pp", "dp", "ep", "cp", "mbs", "mbc", "zero", "recompute", "recompute_layer_num", "fits", "iter_time", "mfu", "tokens_per_s_per_gpu", "peak_mem", "headroom"]
     buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(cols)
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(SEARCH_CSV_COLUMNS)
     for r in rows:
-        d = r.to_dict()
-        w.writerow([d[c] for c in cols])
-    write_text_atomic(path, buf.getvalue())
+        d = {**r.to_dict(), "label": r.label}
+        w.writerow([d[c] for c in SEARCH_CSV_COLUMNS])
+    write_text_atomic(out / "search.csv", buf.getvalue())
+    plot_frontier(rows, out / "frontier.png", budget, f"{model.model_name} on {system.sys_name}")
+    if rows and rows[0].fits:
+        best = StrategyConfig.init_from_dict(rows[0].strategy or {})
+        write_json_atomic(out / "best_strategy.json", best.to_dict())
+        write_text_atomic(out / "best_megatron_flags.txt", " \\\n".join(megatron_flags(best, model)) + "\n")
 
 
 @app.command()

@@ -7,7 +7,7 @@ search all call it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from simumax.config.checks import check_compatible
@@ -16,16 +16,17 @@ from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.cost.efficiency import ComputeModel
 from simumax.cost.network import NetworkModel
-from simumax.cost.stage_time import Coster, PhaseTime, StageTime, stage_time
+from simumax.cost.stage_time import PhaseTime, StageTime
 from simumax.graph.kernels import Collective, MemBound
 from simumax.graph.model_graph import build_virtual_stages, merge_chunks
 from simumax.graph.ops import Stage
 from simumax.graph.params import ParamCount, count_params
-from simumax.memory.activation_walk import WalkResult, walk
+from simumax.memory.activation_walk import WalkResult
 from simumax.memory.model_states import model_states, optimizer_bytes_per_param, shard_params
 from simumax.report.results import CostResult, MemResult, StageCost, StageMemory
 from simumax.memory.schedule_walk import RankActivations, walk_schedule
-from simumax.schedule import SPLIT_BACKWARD, rank_orders
+from simumax.profiles import LayerProfiles, ProfileCache
+from simumax.schedule import SPLIT_BACKWARD
 from simumax.schedule.one_f_one_b import pipeline_time
 from simumax.simulate.iteration import IterationRun, simulate_iteration
 
@@ -45,14 +46,25 @@ class Estimate:
     model: ModelConfig
     strategy: StrategyConfig
     system: SystemConfig
+    # layer profiles shared with other estimates of this model and system (the search's);
+    # None: a private cache. Results are the same either way.
+    profiles: ProfileCache | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_compatible(self.model, self.strategy, self.system)
+        if self.profiles is None:
+            self.profiles = ProfileCache(self.model, self.system)
+        elif self.profiles.model is not self.model or self.profiles.system is not self.system:
+            raise ValueError("ProfileCache belongs to another model or system")
+
+    @cached_property
+    def layer_profiles(self) -> LayerProfiles:
+        return self.profiles.family(self.strategy, self.network)
 
     @cached_property
     def chunks(self) -> list[Stage]:
         """One Stage per virtual stage (model chunk), in forward order."""
-        return build_virtual_stages(self.model, self.strategy)
+        return build_virtual_stages(self.model, self.strategy, self.layer_profiles.source)
 
     @cached_property
     def stages(self) -> list[Stage]:
@@ -61,15 +73,11 @@ class Estimate:
 
     @cached_property
     def compute_model(self) -> ComputeModel:
-        return ComputeModel(self.system)
+        return self.profiles.compute
 
     @cached_property
     def network(self) -> NetworkModel:
         return NetworkModel(self.system, self.strategy)
-
-    @cached_property
-    def coster(self) -> Coster:
-        return Coster(self.compute_model, self.network, tp_comm_overlap=self.strategy.tp_comm_overlap)
 
     @cached_property
     def chunk_times(self) -> list[StageTime]:
@@ -79,7 +87,7 @@ class Estimate:
         for k, c in enumerate(self.chunks):
             crosses = k + 1 < len(self.chunks) and self.chunks[k + 1].index != c.index
             p2p = self.network.time(Collective("p2p", c.p2p_bytes, "pp")) if crosses and c.p2p_bytes else 0.0
-            out.append(stage_time(self.coster, c, p2p))
+            out.append(self.layer_profiles.chunk_time(self.strategy, c, p2p))
         return out
 
     @cached_property
@@ -257,7 +265,7 @@ class Estimate:
     @cached_property
     def chunk_walks(self) -> dict[int, WalkResult]:
         """One micro-batch's activation walk per virtual stage."""
-        return {c.vstage: walk(c.ops) for c in self.chunks}
+        return {c.vstage: self.layer_profiles.chunk_walk(self.strategy, c) for c in self.chunks}
 
     @cached_property
     def w_keep(self) -> dict[int, float]:
@@ -273,7 +281,7 @@ class Estimate:
         return out
 
     def activation_walks(self, times: IterationRun | None = None) -> list[RankActivations]:
-        orders = times.orders if times else rank_orders(self.strategy)
+        orders = times.orders if times else self.profiles.orders(self.strategy)
         return [
             walk_schedule(orders[r], self.chunk_walks, self.w_keep, times.task_times(r) if times else None)
             for r in range(len(orders))

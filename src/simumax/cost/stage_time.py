@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from simumax.cost.efficiency import ComputeModel
 from simumax.cost.network import NetworkModel
 from simumax.graph.kernels import Attention, Collective, Gemm, GroupGemm, Kernel, MemBound
-from simumax.graph.ops import PHASES, Op, Stage
+from simumax.graph.ops import PHASES, Op
 
 
 @dataclass(slots=True)
@@ -122,12 +122,3 @@ class StageTime:
         self.p2p = max(self.p2p, other.p2p)
         self.op_times.extend(other.op_times)
 
-
-def stage_time(coster: Coster, stage: Stage, p2p_time: float) -> StageTime:
-    out = StageTime(PhaseTime(), PhaseTime(), PhaseTime(), PhaseTime(), p2p_time)
-    for o in stage.ops:
-        ph = coster.op(o)
-        out.op_times.append((o, ph))
-        for name in PHASES:
-            getattr(out, name).add(ph[name])
-    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from simumax.config.checks import stage_layer_counts
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 
@@ -17,8 +18,12 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     ]
     if st.sp:
         f.append("--sequence-parallel")
+    uneven = st.num_layers_in_first_pipeline_stage or st.num_layers_in_last_pipeline_stage
     if st.interleaving_size > 1:
-        f.append(f"--num-layers-per-virtual-pipeline-stage {_layers_per_chunk(st, model)}")
+        if uneven or model is None:
+            f.append(f"--num-virtual-stages-per-pipeline-rank {st.interleaving_size}")
+        else:
+            f.append(f"--num-layers-per-virtual-pipeline-stage {_max_chunk_layers(st, model)}")
     if st.num_layers_in_first_pipeline_stage:
         f.append(f"--decoder-first-pipeline-num-layers {st.num_layers_in_first_pipeline_stage}")
     if st.num_layers_in_last_pipeline_stage:
@@ -54,7 +59,7 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     if mode == "full_block":
         f += ["--recompute-granularity full", "--recompute-method block"]
         n = st.recompute_layer_num
-        f.append(f"--recompute-num-layers {n if n is not None else _max_stage_layers(st, model)}")
+        f.append(f"--recompute-num-layers {n if n is not None else _max_chunk_layers(st, model)}")
     elif mode == "selective":
         f.append("--recompute-granularity selective")
         mods = [m for flag, m in (("attn_recompute", "core_attn"), ("mlp_recompute", "mlp"), ("mlp_rms_recompute", "layernorm")) if getattr(st, flag)]
@@ -62,12 +67,24 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
             f.append("--recompute-modules " + " ".join(mods))
     elif mode == "megatron":
         f += ["--recompute-granularity selective", "--recompute-modules " + " ".join(st.megatron_recompute_modules)]
+    for field, flag in OVERLAP_FLAGS:
+        if getattr(st, field):
+            f.append(flag)
     return f
 
 
-def _max_stage_layers(st: StrategyConfig, model: ModelConfig | None) -> int:
-    return (model.layer_num // st.pp_size) if model else 1
+OVERLAP_FLAGS = (
+    ("overlap_grad_reduce", "--overlap-grad-reduce"),
+    ("overlap_param_gather", "--overlap-param-gather"),
+    ("tp_comm_overlap", "--tp-comm-overlap"),
+    ("overlap_moe_expert_parallel_comm", "--overlap-moe-expert-parallel-comm"),
+    ("delay_wgrad_compute", "--delay-wgrad-compute"),
+    ("defer_embedding_wgrad_compute", "--defer-embedding-wgrad-compute"),
+)
 
 
-def _layers_per_chunk(st: StrategyConfig, model: ModelConfig | None) -> int:
-    return max(_max_stage_layers(st, model) // st.interleaving_size, 1)
+def _max_chunk_layers(st: StrategyConfig, model: ModelConfig | None) -> int:
+    """Layers of the largest model chunk (Megatron counts --recompute-num-layers per chunk)."""
+    if model is None:
+        return 1
+    return max(max(stage_layer_counts(model, st)) // st.chunks_per_rank, 1)

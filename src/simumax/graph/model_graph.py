@@ -12,7 +12,7 @@ from simumax.graph.ops import Op, Stage
 from simumax.graph.placement import virtual_stage_places
 from simumax.graph.mla import mla_attention_ops
 from simumax.graph.moe_layer import moe_mlp_ops
-from simumax.graph.recompute import apply_recompute
+from simumax.graph.recompute import is_recomputed, tag_recompute
 
 
 def _head_ops(model: ModelConfig, st: StrategyConfig, d: Dims, same_rank_as_embedding: bool) -> list[Op]:
@@ -43,30 +43,67 @@ def layer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int) -> li
     return a + m
 
 
-def build_virtual_stages(model: ModelConfig, st: StrategyConfig) -> list[Stage]:
+class OpSource:
+    """Each layer's ops built once (plain and checkpointed), the embedding and the head.
+
+    Ops depend on the strategy's per-layer fields only (tp, cp, ep, etp, sp, mbs, seq,
+    kernels, recompute type), not on the pipeline layout, so estimates that differ only in
+    pp / vp / dp / ZeRO / micro-batch count can share one source (see profiles.py).
+    """
+
+    def __init__(self, model: ModelConfig, st: StrategyConfig) -> None:
+        self.model, self.st = model, st
+        self.dims = Dims.of(model, st)
+        self._layers: dict[tuple[int, bool], list[Op]] = {}
+        self._embedding: Op | None = None
+        self._head: dict[bool, list[Op]] = {}
+
+    def layer(self, layer: int, recomputed: bool) -> list[Op]:
+        key = (layer, recomputed)
+        ops = self._layers.get(key)
+        if ops is None:
+            plain = self._layers.get((layer, False)) or layer_ops(self.model, self.st, self.dims, layer)
+            self._layers[(layer, False)] = plain
+            ops = self._layers[key] = tag_recompute(self.st, plain) if recomputed else plain
+        return ops
+
+    def embedding(self) -> Op:
+        if self._embedding is None:
+            pos_rows = 0
+            if self.model.position_embedding_type == "learned_absolute":  # replicated over TP
+                pos_rows = self.model.max_position_embeddings or self.st.seq_len
+            self._embedding = blocks.embedding(self.dims, self.dims.vocab, pos_rows)
+        return self._embedding
+
+    def head(self, same_rank_as_embedding: bool) -> list[Op]:
+        ops = self._head.get(same_rank_as_embedding)
+        if ops is None:
+            ops = self._head[same_rank_as_embedding] = _head_ops(self.model, self.st, self.dims, same_rank_as_embedding)
+        return ops
+
+
+def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSource | None = None) -> list[Stage]:
     """One Stage per virtual stage (model chunk) in forward order: embedding on the first,
     head + loss on the last. Rank r's layers split evenly over its chunks. As in
     Megatron, each chunk is its own TransformerBlock, so ``recompute_layer_num`` counts
     from the first layer of each chunk."""
-    d = Dims.of(model, st)
+    src = source or OpSource(model, st)
     counts = stage_layer_counts(model, st)
     v = st.chunks_per_rank
     places = virtual_stage_places(st)
+    p2p = src.dims.act(src.dims.h, local=True)
     out: list[Stage] = []
     first_layer = 0
     for k, (r, chunk) in enumerate(places):
         n = counts[r] // v
         stage = Stage(index=r, layers=list(range(first_layer, first_layer + n)), vstage=k, chunk=chunk)
         if k == 0:
-            pos_rows = 0
-            if model.position_embedding_type == "learned_absolute":  # replicated over TP
-                pos_rows = model.max_position_embeddings or st.seq_len
-            stage.ops.append(blocks.embedding(d, d.vocab, pos_rows))
+            stage.ops.append(src.embedding())
         for pos, layer in enumerate(stage.layers):
-            stage.ops.extend(apply_recompute(st, layer_ops(model, st, d, layer), pos))
+            stage.ops.extend(src.layer(layer, is_recomputed(st, pos)))
         if k == len(places) - 1:
-            stage.ops.extend(_head_ops(model, st, d, same_rank_as_embedding=r == places[0][0]))
-        stage.p2p_bytes = d.act(d.h, local=True) if k < len(places) - 1 else 0.0
+            stage.ops.extend(src.head(same_rank_as_embedding=r == places[0][0]))
+        stage.p2p_bytes = p2p if k < len(places) - 1 else 0.0
         out.append(stage)
         first_layer += n
     return out

@@ -45,13 +45,20 @@ def _groups(st: StrategyConfig) -> list[tuple[str, set[str]]]:
     return out
 
 
-def apply_recompute(st: StrategyConfig, layer_ops: list[Op], position_in_stage: int) -> list[Op]:
-    """Tag the layer's ops with their recompute group (position counts from the stage start)."""
+def is_recomputed(st: StrategyConfig, position_in_chunk: int) -> bool:
+    """Whether the layer at this position of its model chunk has checkpointed ops
+    (full_block / selective honour ``recompute_layer_num``; Megatron modules apply to all)."""
     mode = st.recompute_mode
     if mode == "none":
-        return layer_ops
+        return False
     limit = st.recompute_layer_num
-    if mode != "megatron" and limit is not None and position_in_stage >= limit:
+    return mode == "megatron" or limit is None or position_in_chunk < limit
+
+
+def tag_recompute(st: StrategyConfig, layer_ops: list[Op]) -> list[Op]:
+    """The layer's ops with their recompute groups (for a layer that is recomputed)."""
+    mode = st.recompute_mode
+    if mode == "none":
         return layer_ops
     layer = layer_ops[0].layer
     if mode == "full_block":
@@ -62,3 +69,4 @@ def apply_recompute(st: StrategyConfig, layer_ops: list[Op], position_in_stage: 
         gid = next((f"L{layer}.{g}" for g, mods in groups if o.module in mods), None)
         tagged.append(o.with_(recompute_group=gid) if gid else o)
     return tagged
+

@@ -13,6 +13,7 @@ from simumax.config.strategy import StrategyConfig
 from simumax.schedule import dualpipev, interleaved, one_f_one_b, zero_bubble
 from simumax.schedule.tasks import RankOrders
 
+
 def _ep_overlap_warmup(st: StrategyConfig) -> int:
     return 1 if st.overlap_moe_expert_parallel_comm else 0
 
@@ -31,3 +32,11 @@ SPLIT_BACKWARD = frozenset({"zb", "dualpipev"})
 
 def rank_orders(st: StrategyConfig) -> RankOrders:
     return SCHEDULES[st.schedule](st)
+
+
+def order_key(st: StrategyConfig) -> tuple[object, ...]:
+    """Everything the task order depends on (strategies with equal keys share one)."""
+    return (
+        st.schedule, st.pp_size, st.micro_batch_num, st.interleaving_size, st.microbatch_group_size_per_vp_stage,
+        _ep_overlap_warmup(st),
+    )

@@ -1,5 +1,8 @@
-"""Evaluate candidates: memory first (cheap), time only for those that fit; for full-block
-recompute, the fewest recomputed layers per stage that fit, found by bisection."""
+"""Evaluate one candidate: a memory lower bound first (model states only, no activation
+walk), then the memory walk, and the time only for those that fit. For full_block
+recompute, the fewest recomputed layers per chunk that fit, found by bisection (memory
+falls as the count rises). Estimates share one ProfileCache, so each layer kind is built
+and costed once per family of candidates."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.estimate import Estimate
+from simumax.memory.model_states import model_states
+from simumax.profiles import ProfileCache
 
 GIB = 2**30
 
@@ -21,15 +26,21 @@ class SearchRow:
 
     tp: int
     pp: int
+    vp: int
     dp: int
-    ep: int
     cp: int
+    ep: int
+    etp: int
     mbs: int
     mbc: int
     zero: int
-    recompute: str
+    schedule: str
+    first_stage_layers: int | None
+    last_stage_layers: int | None
+    recompute: str  # variant name (search.space.RECOMPUTE_VARIANTS)
     recompute_layer_num: int | None
     fits: bool
+    pruned: bool  # rejected by the model-state lower bound: peak_mem is that bound
     peak_mem: float  # max over stages (allocated, or reserved when searching on reserved)
     peak_mem_per_stage: tuple[float, ...]
     headroom: float  # capacity - gmi reserve - peak
@@ -43,54 +54,90 @@ class SearchRow:
         d["peak_mem_per_stage"] = list(self.peak_mem_per_stage)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SearchRow":
+        return cls(**{**d, "peak_mem_per_stage": tuple(d["peak_mem_per_stage"])})
+
+    @property
+    def key(self) -> str:
+        """The candidate, unique within a search (the resume key): all but the
+        recompute layer count the evaluation found."""
+        pp = f"pp{self.pp}" + (f"[{self.first_stage_layers},{self.last_stage_layers}]" if self.first_stage_layers else "")
+        vp = f" vp{self.vp}" if self.vp > 1 else ""
+        etp = f" etp{self.etp}" if self.etp > 1 else ""
+        sched = f" {self.schedule}" if self.schedule not in ("1f1b", "interleaved") else ""
+        return (
+            f"tp{self.tp} {pp}{vp} dp{self.dp} ep{self.ep}{etp} cp{self.cp} mbs{self.mbs} mbc{self.mbc} "
+            f"zero{self.zero}{sched} {self.recompute}"
+        )
+
     @property
     def label(self) -> str:
-        rc = self.recompute + (f"({self.recompute_layer_num})" if self.recompute_layer_num else "")
-        return f"tp{self.tp} pp{self.pp} dp{self.dp} ep{self.ep} cp{self.cp} mbs{self.mbs} mbc{self.mbc} {rc}"
+        return self.key + (f"({self.recompute_layer_num})" if self.recompute_layer_num else "")
 
 
-def _recompute_kind(st: StrategyConfig) -> str:
-    mode = st.recompute_mode
-    return "none" if mode == "none" else ("full_block" if mode == "full_block" else "selective")
+def candidate_key(rc: str, st: StrategyConfig) -> str:
+    """The key of the row a candidate will give."""
+    return _row(rc, st, fits=False, pruned=False, per_stage=[0.0], budget=0.0).key
 
 
-def _memory(model: ModelConfig, st: StrategyConfig, system: SystemConfig, use_reserved: bool) -> tuple[Estimate, list[float]]:
-    est = Estimate(model, st, system)
+def _row(rc: str, st: StrategyConfig, *, fits: bool, pruned: bool, per_stage: list[float], budget: float, **extra: Any) -> SearchRow:
+    peak = max(per_stage)
+    return SearchRow(
+        tp=st.tp_size, pp=st.pp_size, vp=st.interleaving_size, dp=st.dp_size, cp=st.cp_size, ep=st.ep_size,
+        etp=st.etp_size, mbs=st.micro_batch_size, mbc=st.micro_batch_num, zero=st.zero_state, schedule=st.schedule,
+        first_stage_layers=st.num_layers_in_first_pipeline_stage, last_stage_layers=st.num_layers_in_last_pipeline_stage,
+        recompute=rc, recompute_layer_num=st.recompute_layer_num if st.recompute_mode == "full_block" else None,
+        fits=fits, pruned=pruned, peak_mem=peak, peak_mem_per_stage=tuple(per_stage), headroom=budget - peak,
+        strategy=st.to_dict(), **extra,
+    )
+
+
+def _scale(st: StrategyConfig, use_reserved: bool) -> float:
+    return 1.0 / st.mem_factor if use_reserved else 1.0
+
+
+def _walked(est: Estimate, use_reserved: bool) -> list[float]:
     mem = est.memory()
-    per_stage = [s.peak_mem_with_reserved if use_reserved else s.peak_mem for s in mem.stages]
-    return est, per_stage
+    return [s.peak_mem_with_reserved if use_reserved else s.peak_mem for s in mem.stages]
 
 
 def evaluate(
-    model: ModelConfig, st: StrategyConfig, system: SystemConfig, *, gmi_error: float = 0.0, use_reserved_memory: bool = True
+    model: ModelConfig,
+    rc: str,
+    st: StrategyConfig,
+    system: SystemConfig,
+    profiles: ProfileCache,
+    *,
+    gmi_error: float = 0.0,
+    use_reserved_memory: bool = True,
 ) -> SearchRow:
-    """Memory of the candidate; for full_block the fewest layers that fit; time if it fits."""
     budget = float(system.mem_bytes) - gmi_error * GIB
-    est, per_stage = _memory(model, st, system, use_reserved_memory)
+    est = Estimate(model, st, system, profiles)
+    scale = _scale(st, use_reserved_memory)
+    bound = [model_states(st, s).total * scale for s in est.stages]
+    if max(bound) > budget:
+        return _row(rc, st, fits=False, pruned=True, per_stage=bound, budget=budget)
+    per_stage = _walked(est, use_reserved_memory)
     if st.recompute_mode == "full_block" and max(per_stage) <= budget:
-        # fewest recomputed layers per stage that still fit (memory falls as layers rise)
-        lo, hi = 1, max(len(s.layers) for s in est.stages)
-        best = (est, per_stage, hi)
-        while lo < hi:
+        lo, hi = 1, max(len(c.layers) for c in est.chunks)
+        best = (est, per_stage)
+        while lo < hi:  # fewest recomputed layers per chunk that still fit
             mid = (lo + hi) // 2
-            trial = st.with_updates({"recompute_layer_num": mid})
-            e, ps = _memory(model, trial, system, use_reserved_memory)
+            trial = Estimate(model, st.with_updates({"recompute_layer_num": mid}), system, profiles)
+            ps = _walked(trial, use_reserved_memory)
             if max(ps) <= budget:
-                best, hi = (e, ps, mid), mid
+                best, hi = (trial, ps), mid
             else:
                 lo = mid + 1
-        est, per_stage, n = best
-        st = est.strategy
-    peak = max(per_stage)
-    fits = peak <= budget and math.isfinite(peak)
-    row = dict(
-        tp=st.tp_size, pp=st.pp_size, dp=st.dp_size, ep=st.ep_size, cp=st.cp_size, mbs=st.micro_batch_size,
-        mbc=st.micro_batch_num, zero=st.zero_state, recompute=_recompute_kind(st),
-        recompute_layer_num=st.recompute_layer_num if st.recompute_mode == "full_block" else None,
-        fits=fits, peak_mem=peak, peak_mem_per_stage=tuple(per_stage), headroom=budget - peak,
-        strategy=st.to_dict(),
+        est, per_stage = best
+        if est.strategy.recompute_layer_num is None:  # all layers: say how many
+            est = Estimate(model, st.with_updates({"recompute_layer_num": hi}), system, profiles)
+    fits = max(per_stage) <= budget and all(math.isfinite(x) for x in per_stage)
+    if not fits:
+        return _row(rc, est.strategy, fits=False, pruned=False, per_stage=per_stage, budget=budget)
+    cost = est.cost()
+    return _row(
+        rc, est.strategy, fits=True, pruned=False, per_stage=per_stage, budget=budget,
+        iter_time=cost.duration_time_per_iter, mfu=cost.mfu, tokens_per_s_per_gpu=cost.throughput_per_accelerator,
     )
-    if fits:
-        cost = est.cost()
-        row.update(iter_time=cost.duration_time_per_iter, mfu=cost.mfu, tokens_per_s_per_gpu=cost.throughput_per_accelerator)
-    return SearchRow(**row)

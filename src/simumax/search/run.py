@@ -1,28 +1,173 @@
-"""Run a search over a space: evaluate every legal candidate (optionally over processes)
-and rank those that fit by iteration time."""
+"""Run a search: evaluate every legal candidate (in this process, over worker processes,
+or on Ray), stream each finished row to a JSONL file, and rank those that fit.
+
+Resumable: with ``resume`` the rows already in the JSONL are kept and their candidates
+skipped. SIGINT / SIGTERM stop the run between rows: every finished row is on disk (each
+is one complete line, flushed as it lands), pending work is cancelled and
+``SearchInterrupted`` is raised. A line cut short by a hard kill is dropped on resume.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
 
+from simumax.atomic import write_jsonl_atomic
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
-from simumax.search.evaluate import SearchRow, evaluate
+from simumax.errors import ConfigError
+from simumax.profiles import ProfileCache
+from simumax.search.evaluate import SearchRow, candidate_key, evaluate
 from simumax.search.space import SearchSpace, candidates
 
+log = logging.getLogger(__name__)
 
-def _eval_one(args: tuple) -> SearchRow:
-    model, st, system, gmi_error, use_reserved = args
-    return evaluate(model, st, system, gmi_error=gmi_error, use_reserved_memory=use_reserved)
+EXECUTORS = ("local", "process", "ray")
+BATCH = 8  # candidates of one layer family per task: workers reuse its profile
+
+
+class SearchInterrupted(Exception):
+    def __init__(self, rows: list[SearchRow], path: Path | None) -> None:
+        super().__init__(f"search interrupted after {len(rows)} rows" + (f" (kept in {path})" if path else ""))
+        self.rows = rows
+        self.path = path
 
 
 def rank(rows: list[SearchRow]) -> list[SearchRow]:
-    """Fitting rows by iteration time (ties: less memory), then the rest by memory."""
+    """Fitting rows by iteration time (ties: less memory, then label), then the rest by memory."""
     fit = sorted((r for r in rows if r.fits), key=lambda r: (r.iter_time, r.peak_mem, r.label))
     rest = sorted((r for r in rows if not r.fits), key=lambda r: (r.peak_mem, r.label))
     return fit + rest
+
+
+def read_rows(path: Path) -> list[SearchRow]:
+    """Rows of a search JSONL; a line that does not parse (cut by a kill) is dropped."""
+    rows = []
+    if not path.exists():
+        return rows
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            rows.append(SearchRow.from_dict(json.loads(line)))
+        except (ValueError, TypeError, KeyError):
+            log.warning("%s:%d: incomplete row dropped", path, n)
+    return rows
+
+
+# ---- evaluation on workers ---------------------------------------------------------------
+Task = list[tuple[str, StrategyConfig]]
+_worker: dict[str, Any] = {}  # per worker process, set by _init_worker (never at import)
+
+
+def _init_worker(model: ModelConfig, system: SystemConfig, gmi_error: float, use_reserved: bool) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    _worker.update(profiles=ProfileCache(model, system), gmi=gmi_error, reserved=use_reserved)
+
+
+def _eval_batch(task: Task) -> list[SearchRow]:
+    w = _worker
+    p = w["profiles"]
+    return [evaluate(p.model, rc, st, p.system, p, gmi_error=w["gmi"], use_reserved_memory=w["reserved"]) for rc, st in task]
+
+
+class _RayEvaluator:  # one per Ray worker; decorated with ray.remote at use
+    def __init__(self, model: ModelConfig, system: SystemConfig, gmi_error: float, use_reserved: bool) -> None:
+        self.profiles = ProfileCache(model, system)
+        self.gmi, self.reserved = gmi_error, use_reserved
+
+    def run(self, task: Task) -> list[SearchRow]:
+        p = self.profiles
+        return [evaluate(p.model, rc, st, p.system, p, gmi_error=self.gmi, use_reserved_memory=self.reserved) for rc, st in task]
+
+
+def _family(rc: str, st: StrategyConfig) -> tuple[Any, ...]:
+    return (rc, st.tp_size, st.cp_size, st.micro_batch_size, st.ep_size, st.etp_size)
+
+
+def _batches(todo: Task) -> list[Task]:
+    """Consecutive candidates of one layer family, BATCH at a time."""
+    out: list[Task] = []
+    for rc, st in todo:
+        if out and len(out[-1]) < BATCH and _family(*out[-1][0]) == _family(rc, st):
+            out[-1].append((rc, st))
+        else:
+            out.append([(rc, st)])
+    return out
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGINT / SIGTERM while the search runs (main thread only)."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in old:
+        signal.signal(s, lambda *_: stop.set())
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _run_local(batches: list[Task], model: ModelConfig, system: SystemConfig, gmi: float, reserved: bool, stop: threading.Event) -> Iterator[list[SearchRow]]:
+    profiles = ProfileCache(model, system)
+    for task in batches:
+        for rc, st in task:
+            if stop.is_set():
+                return
+            yield [evaluate(model, rc, st, system, profiles, gmi_error=gmi, use_reserved_memory=reserved)]
+
+
+def _run_processes(batches: list[Task], jobs: int, init: tuple, stop: threading.Event) -> Iterator[list[SearchRow]]:
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=init)
+    try:
+        pending: set[Future] = set()
+        it = iter(batches)
+        for task in it:  # keep 2 tasks per worker in flight, so a stop wastes little
+            pending.add(pool.submit(_eval_batch, task))
+            if len(pending) >= 2 * jobs:
+                break
+        while pending and not stop.is_set():
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for f in done:
+                yield f.result()
+                task = next(it, None)
+                if task is not None and not stop.is_set():
+                    pending.add(pool.submit(_eval_batch, task))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_ray(batches: list[Task], jobs: int, init: tuple, stop: threading.Event) -> Iterator[list[SearchRow]]:
+    try:
+        import ray
+        from ray.util import ActorPool
+    except ImportError:
+        raise ConfigError("executor", "ray is not installed (pip install 'simumax[ray]')") from None
+    started = not ray.is_initialized()
+    if started:  # a local instance unless RAY_ADDRESS points at a cluster
+        ray.init(num_cpus=jobs if not os.environ.get("RAY_ADDRESS") else None, log_to_driver=False, include_dashboard=False)
+    try:
+        actor = ray.remote(_RayEvaluator)
+        pool = ActorPool([actor.remote(*init) for _ in range(jobs)])
+        for task in batches:
+            pool.submit(lambda a, t: a.run.remote(t), task)
+        while pool.has_next() and not stop.is_set():
+            yield pool.get_next_unordered()
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def run_search(
@@ -34,19 +179,56 @@ def run_search(
     gmi_error: float = 0.0,
     use_reserved_memory: bool = True,
     jobs: int = 1,
+    executor: str = "local",
+    jsonl: Path | None = None,
+    resume: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[SearchRow]:
-    todo = [(model, st, system, gmi_error, use_reserved_memory) for st in candidates(model, system, base, space)]
-    rows: list[SearchRow] = []
-    if jobs > 1 and len(todo) > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for row in pool.map(_eval_one, todo, chunksize=max(1, len(todo) // (4 * jobs))):
-                rows.append(row)
+    """Ranked rows of every legal candidate. ``jsonl`` receives each row as it finishes
+    and, at the end, all rows in rank order (atomically)."""
+    if executor not in EXECUTORS:
+        raise ConfigError("executor", f"unknown executor {executor!r}; allowed {EXECUTORS}")
+    if jobs < 1:
+        raise ConfigError("jobs", "must be >= 1")
+    todo = list(candidates(model, system, base, space))
+    keys = {candidate_key(rc, st): i for i, (rc, st) in enumerate(todo)}
+    rows = [r for r in read_rows(jsonl) if r.key in keys] if (resume and jsonl) else []
+    done = {r.key for r in rows}
+    todo = [c for c in todo if candidate_key(*c) not in done]
+    total = len(rows) + len(todo)
+    if progress:
+        progress(len(rows), total)
+    batches = _batches(todo)
+    init = (model, system, gmi_error, use_reserved_memory)
+    sink: IO[str] | None = None
+    if jsonl is not None:
+        jsonl.parent.mkdir(parents=True, exist_ok=True)
+        if rows:  # rewrite what survived (drops a cut line) before appending
+            write_jsonl_atomic(jsonl, [r.to_dict() for r in rows])
+        sink = jsonl.open("a" if rows else "w", encoding="utf-8")
+    try:
+        with _stop_on_signals() as stop:
+            if executor == "ray":
+                results = _run_ray(batches, jobs, init, stop)
+            elif executor == "process" or jobs > 1:
+                results = _run_processes(batches, jobs, init, stop)
+            else:
+                results = _run_local(batches, model, system, gmi_error, use_reserved_memory, stop)
+            for got in results:
+                for row in got:
+                    rows.append(row)
+                    if sink is not None:
+                        sink.write(json.dumps(row.to_dict(), sort_keys=True) + "\n")
+                        sink.flush()
                 if progress:
-                    progress(len(rows), len(todo))
-    else:
-        for args in todo:
-            rows.append(_eval_one(args))
-            if progress:
-                progress(len(rows), len(todo))
-    return rank(rows)
+                    progress(len(rows), total)
+            interrupted = stop.is_set() and len(rows) < total
+    finally:
+        if sink is not None:
+            sink.close()
+    if interrupted:
+        raise SearchInterrupted(rows, jsonl)
+    ranked = rank(rows)
+    if jsonl is not None:
+        write_jsonl_atomic(jsonl, [r.to_dict() for r in ranked])
+    return ranked

@@ -1,10 +1,18 @@
-"""The legal strategies of a search space (Megatron's divisibility rules via the config checks)."""
+"""The legal strategies of a search space (Megatron's divisibility rules via the config checks).
+
+Dimensions: tp, pp (uneven first/last stages where the layers do not divide), vp, cp,
+ep, etp, micro-batch size (the micro-batch count follows from the global batch), the
+recompute variant, the ZeRO stage and the pipeline schedule. Each candidate is a full
+``StrategyConfig``; full_block candidates leave ``recompute_layer_num`` to the evaluator,
+which finds the fewest layers that fit.
+"""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from simumax.config.checks import check_compatible
 from simumax.config.model import ModelConfig
@@ -12,7 +20,27 @@ from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 
-RECOMPUTE_TYPES = ("none", "selective", "full_block")
+_NO_RECOMPUTE = {
+    "megatron_recompute": False, "megatron_recompute_modules": [], "attn_recompute": False, "mlp_recompute": False,
+    "mlp_rms_recompute": False, "mla_rms_recompute": False, "recompute_layer_num": None,
+}
+# name -> strategy fields (SimuMax's selective flags); "selective" is Megatron's default
+# (core attention only); full_block's layer count is searched by the evaluator
+RECOMPUTE_VARIANTS: dict[str, dict[str, Any]] = {
+    "none": {"enable_recompute": False, "recompute_granularity": None},
+    "selective": {"enable_recompute": True, "recompute_granularity": "selective_recompute", "attn_recompute": True},
+    "selective_norm": {
+        "enable_recompute": True, "recompute_granularity": "selective_recompute", "attn_recompute": True,
+        "mlp_rms_recompute": True, "mla_rms_recompute": True,
+    },
+    "selective_mlp": {
+        "enable_recompute": True, "recompute_granularity": "selective_recompute", "attn_recompute": True,
+        "mlp_recompute": True, "mlp_rms_recompute": True, "mla_rms_recompute": True,
+    },
+    "full_block": {"enable_recompute": True, "recompute_granularity": "full_block"},
+}
+RECOMPUTE_TYPES = ("none", "selective", "full_block")  # the default: SimuMax's three modes
+ALL_RECOMPUTE = tuple(RECOMPUTE_VARIANTS)
 
 
 def divisors(n: int) -> list[int]:
@@ -24,47 +52,73 @@ class SearchSpace:
     world_size: int
     global_batch_size: int
     tp: tuple[int, ...] = (1, 2, 4, 8)
-    pp: tuple[int, ...] | None = None  # None: every divisor of the layer count that fits
+    pp: tuple[int, ...] | None = None  # None: every pp in 1..layers that divides the world
+    vp: tuple[int, ...] = (1,)  # interleaving sizes (chunks per rank), used with pp > 1
     ep: tuple[int, ...] = (1,)
+    etp: tuple[int, ...] = (1,)
     cp: tuple[int, ...] = (1,)
     mbs: tuple[int, ...] = (1,)
     recompute: tuple[str, ...] = RECOMPUTE_TYPES
     zero: tuple[int, ...] = (1,)
+    schedule: tuple[str | None, ...] = (None,)  # None: 1F1B, or interleaved when vp > 1
     extra: dict = field(default_factory=dict)  # fixed strategy fields (seq_len, dtype, ...)
 
+    def __post_init__(self) -> None:
+        for name in ("tp", "vp", "ep", "etp", "cp", "mbs", "zero"):
+            values = getattr(self, name)
+            if not values or any(v < (0 if name == "zero" else 1) for v in values):
+                raise ConfigError(f"search.{name}", f"needs at least one value, all >= {0 if name == 'zero' else 1}; got {values}")
+        if self.world_size < 1 or self.global_batch_size < 1:
+            raise ConfigError("search.world_size", "world_size and global_batch_size must be >= 1")
+        for r in self.recompute:
+            if r not in RECOMPUTE_VARIANTS:
+                raise ConfigError("recompute_search_type", f"unknown recompute type {r!r}; allowed {ALL_RECOMPUTE}")
 
-def _recompute_fields(kind: str) -> dict:
-    if kind == "none":
-        return {"enable_recompute": False, "recompute_granularity": None}
-    if kind == "selective":  # Megatron's default selective recompute: core attention
-        return {"enable_recompute": True, "recompute_granularity": "selective_recompute", "attn_recompute": True}
-    if kind == "full_block":
-        return {"enable_recompute": True, "recompute_granularity": "full_block", "recompute_layer_num": None}
-    raise ConfigError("recompute_search_type", f"unknown recompute type {kind!r}; allowed {RECOMPUTE_TYPES}")
+
+def pp_layouts(layers: int, pp: int) -> list[tuple[int | None, int | None]]:
+    """(first, last) stage layer counts to try: even when the layers divide; otherwise
+    middle stages of floor or ceil(layers / pp) layers and the rest split over the first
+    and last stage (each at least 1 and at most twice a middle stage)."""
+    if pp == 1 or layers % pp == 0:
+        return [(None, None)]
+    if pp == 2:
+        return [(layers // 2, layers - layers // 2)]
+    out = []
+    for mid in sorted({layers // pp, -(-layers // pp)}):
+        rest = layers - (pp - 2) * mid
+        first, last = rest // 2, rest - rest // 2
+        if mid >= 1 and first >= 1 and last <= 2 * mid:
+            out.append((first, last))
+    return out
 
 
-def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, space: SearchSpace) -> Iterator[StrategyConfig]:
-    """Every legal strategy of the space, in a deterministic order."""
-    pp_list = space.pp or tuple(p for p in divisors(model.layer_num) if p <= space.world_size)
-    ep_list = space.ep if model.is_moe else (1,)
-    for tp, pp, ep, cp, mbs, rc, zero in itertools.product(space.tp, pp_list, ep_list, space.cp, space.mbs, space.recompute, space.zero):
+def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, space: SearchSpace) -> Iterator[tuple[str, StrategyConfig]]:
+    """(recompute variant, strategy) for every legal strategy of the space, in a
+    deterministic order (candidates of one layer family come together)."""
+    L = model.layer_num
+    pp_list = space.pp or tuple(p for p in range(1, L + 1) if space.world_size % p == 0)
+    ep_list, etp_list = (space.ep, space.etp) if model.is_moe else ((1,), (1,))
+    base_fields = {**base.to_dict(), **space.extra}
+    for tp, cp, mbs, rc, pp in itertools.product(space.tp, space.cp, space.mbs, space.recompute, pp_list):
         denom = tp * pp * cp
         if space.world_size % denom:
             continue
         dp = space.world_size // denom
-        if space.global_batch_size % (mbs * dp):
-            continue
-        fields = {
-            **base.to_dict(), **space.extra, "world_size": space.world_size, "tp_size": tp, "pp_size": pp, "ep_size": ep,
-            "cp_size": cp, "micro_batch_size": mbs, "micro_batch_num": space.global_batch_size // (mbs * dp), "zero_state": zero,
-            "enable_sequence_parallel": tp > 1, "interleaving_size": 1, "num_layers_in_first_pipeline_stage": None,
-            "num_layers_in_last_pipeline_stage": None, "megatron_recompute": False, "megatron_recompute_modules": [],
-            "attn_recompute": False, "mlp_recompute": False, "mlp_rms_recompute": False, "mla_rms_recompute": False,
-            **_recompute_fields(rc),
-        }
-        try:
-            st = StrategyConfig.init_from_dict(fields, source="search")
-            check_compatible(model, st, system)
-        except ConfigError:
-            continue
-        yield st
+        for (first, last), vp, ep, etp, sched, zero in itertools.product(
+            pp_layouts(L, pp), space.vp, ep_list, etp_list, space.schedule, space.zero
+        ):
+            if (vp > 1 and pp == 1) or space.global_batch_size % (mbs * dp):
+                continue
+            fields = {
+                **base_fields, "world_size": space.world_size, "tp_size": tp, "pp_size": pp, "cp_size": cp,
+                "ep_size": ep, "etp_size": etp, "micro_batch_size": mbs, "micro_batch_num": space.global_batch_size // (mbs * dp),
+                "zero_state": zero, "enable_sequence_parallel": tp > 1, "interleaving_size": vp, "pp_schedule": sched,
+                "microbatch_group_size_per_vp_stage": None, "num_layers_in_first_pipeline_stage": first,
+                "num_layers_in_last_pipeline_stage": last, **_NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc],
+            }
+            try:
+                st = StrategyConfig.init_from_dict(fields, source="search")
+                check_compatible(model, st, system)
+            except ConfigError:
+                continue
+            yield rc, st

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from simumax.schedule import SPLIT_BACKWARD, rank_orders
+from simumax.schedule import SPLIT_BACKWARD
 from simumax.schedule.tasks import BACKWARD, FORWARD, WEIGHT, RankOrders
 from simumax.simulate.engine import Event, PassCosts, PipelineOptions, run_pipeline
 
@@ -88,7 +88,7 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> floa
 def simulate_iteration(est: "Estimate") -> IterationRun:
     st = est.strategy
     net = est.network
-    orders = rank_orders(st)
+    orders = est.profiles.orders(st)
     ranks = st.pp_size
     chunks_of = [[c for c in est.chunks if c.index == r] for r in range(ranks)]
     buckets = {c.vstage: est.grad_buckets(c) for c in est.chunks}

@@ -1,0 +1,147 @@
+"""Per-layer profiles: ops, per-op times and activation walks, shared across estimates.
+
+Strategies that differ only in their pipeline layout (pp, vp, uneven stages, schedule),
+data parallelism, ZeRO stage or micro-batch count run the same layers: the same ops and
+the same per-op times (TP / CP / EP / ETP groups are the innermost rank dimensions, so the
+layout does not move them to another network tier), and chunks of the same shape have the
+same activation walk. A ``ProfileCache`` keeps these per *family* of strategies (and the
+schedules' task orders by layout), so a search costs each layer kind once instead of once
+per layer per candidate.
+
+Every estimate goes through a cache (a private one when none is given), so there is one
+code path: a shared cache changes speed, never results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.config.system import SystemConfig
+from simumax.cost.efficiency import ComputeModel
+from simumax.cost.network import NetworkModel
+from simumax.cost.stage_time import Coster, PhaseTime, StageTime
+from simumax.graph.model_graph import OpSource
+from simumax.graph.ops import PHASES, Op, Stage
+from simumax.graph.recompute import is_recomputed
+from simumax.memory.activation_walk import WalkResult, walk
+from simumax.schedule import order_key, rank_orders
+from simumax.schedule.tasks import RankOrders
+
+# Strategy fields that change the layout, not the layers (the ops or their costs).
+LAYOUT_FIELDS = frozenset(
+    {
+        "world_size", "pp_size", "interleaving_size", "microbatch_group_size_per_vp_stage",
+        "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "micro_batch_num",
+        "zero_state", "recompute_layer_num", "pp_schedule", "dp_net", "pp_net", "overlap_grad_reduce",
+        "overlap_param_gather", "overlap_p2p_comm", "pp_comm_async", "ddp_bucket_size",
+        "defer_embedding_wgrad_compute", "mem_factor",
+    }
+)
+LAYER_GROUPS = ("tp", "cp", "ep", "etp")  # the only groups layer ops communicate on
+
+
+def family_key(st: StrategyConfig, network: NetworkModel) -> tuple[Any, ...]:
+    fields = tuple(sorted((k, repr(v)) for k, v in st.to_dict().items() if k not in LAYOUT_FIELDS))
+    return fields + tuple((g, network.groups[g]) for g in LAYER_GROUPS)
+
+
+@dataclass
+class LayerProfiles:
+    """One family: its op source, per-layer-kind times and walks by chunk shape."""
+
+    model: ModelConfig
+    strategy: StrategyConfig  # the first strategy of the family seen (its layer fields)
+    source: OpSource
+    coster: Coster
+    _layer_times: dict[tuple[bool, bool], StageTime] = field(default_factory=dict)
+    _op_times: dict[int, dict[str, PhaseTime]] = field(default_factory=dict)
+    _walks: dict[tuple[Any, ...], tuple[WalkResult, int, int]] = field(default_factory=dict)
+
+    def op_time(self, o: Op) -> dict[str, PhaseTime]:
+        # ops are the source's own objects, alive as long as the family: id() is stable
+        t = self._op_times.get(id(o))
+        if t is None:
+            t = self._op_times[id(o)] = self.coster.op(o)
+        return t
+
+    def _ops_time(self, ops: list[Op]) -> StageTime:
+        out = StageTime(PhaseTime(), PhaseTime(), PhaseTime(), PhaseTime(), 0.0)
+        for o in ops:
+            ph = self.op_time(o)
+            out.op_times.append((o, ph))
+            for name in PHASES:
+                getattr(out, name).add(ph[name])
+        return out
+
+    def layer_time(self, layer: int, recomputed: bool) -> StageTime:
+        """One layer, one micro-batch; layers of one kind (dense / MoE) cost the same."""
+        key = (self.model.is_moe_layer(layer), recomputed)
+        t = self._layer_times.get(key)
+        if t is None:
+            t = self._layer_times[key] = self._ops_time(self.source.layer(layer, recomputed))
+        return t
+
+    def _shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[tuple[bool, bool], ...], list[Op], list[Op]]:
+        """(layer kinds, ops before the layers, ops after them) of a chunk."""
+        kinds = tuple((self.model.is_moe_layer(l), is_recomputed(st, pos)) for pos, l in enumerate(chunk.layers))
+        n_layer_ops = sum(len(self.source.layer(l, rc)) for l, (_, rc) in zip(chunk.layers, kinds))
+        pre = chunk.ops[:1] if chunk.vstage == 0 else []
+        post = chunk.ops[len(pre) + n_layer_ops :]
+        return kinds, pre, post
+
+    def chunk_time(self, st: StrategyConfig, chunk: Stage, p2p: float) -> StageTime:
+        kinds, pre, post = self._shape(st, chunk)
+        out = self._ops_time(pre)
+        for l, (_, rc) in zip(chunk.layers, kinds):
+            out.add(self.layer_time(l, rc))
+        out.add(self._ops_time(post))
+        out.p2p = p2p
+        return out
+
+    def chunk_walk(self, st: StrategyConfig, chunk: Stage) -> WalkResult:
+        """The walk depends on the chunk's shape only (tensor names differ by layer);
+        the peak ops are kept by position and named from this chunk."""
+        kinds, pre, post = self._shape(st, chunk)
+        key = (kinds, tuple(id(o) for o in pre), tuple(id(o) for o in post))
+        hit = self._walks.get(key)
+        if hit is None:
+            w = walk(chunk.ops)
+            names = [o.name for o in chunk.ops]
+            at = lambda name: names.index(name) if name else -1  # noqa: E731
+            self._walks[key] = (w, at(w.fwd_peak_op), at(w.bwd_peak_op))
+            return w
+        w, fi, bi = hit
+        name = lambda i: chunk.ops[i].name if i >= 0 else ""  # noqa: E731
+        return replace(w, fwd_peak_op=name(fi), bwd_peak_op=name(bi))
+
+
+class ProfileCache:
+    """Layer profiles of one model on one system, by strategy family."""
+
+    def __init__(self, model: ModelConfig, system: SystemConfig) -> None:
+        self.model, self.system = model, system
+        self.compute = ComputeModel(system)
+        self._families: dict[tuple[Any, ...], LayerProfiles] = {}
+        self._orders: dict[tuple[Any, ...], RankOrders] = {}
+
+    def orders(self, st: StrategyConfig) -> RankOrders:
+        """The schedule's per-rank task order (shared: callers must not modify it)."""
+        key = order_key(st)
+        o = self._orders.get(key)
+        if o is None:
+            o = self._orders[key] = rank_orders(st)
+        return o
+
+    def family(self, st: StrategyConfig, network: NetworkModel) -> LayerProfiles:
+        key = family_key(st, network)
+        fam = self._families.get(key)
+        if fam is None:
+            coster = Coster(self.compute, network, tp_comm_overlap=st.tp_comm_overlap)
+            fam = self._families[key] = LayerProfiles(self.model, st, OpSource(self.model, st), coster)
+        return fam
+
+    def __len__(self) -> int:
+        return len(self._families)

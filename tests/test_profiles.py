@@ -1,0 +1,67 @@
+"""The per-layer profile cache changes speed, never results: estimates that share one
+give exactly what fresh estimates give, over layouts, recompute, MoE with dense layers,
+interleaving and split-backward schedules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.estimate import Estimate
+from simumax.profiles import ProfileCache
+
+A100 = load_system("a100_pcie")
+
+
+def _results(est: Estimate) -> str:
+    cost = est.cost().to_dict()
+    cost.pop("efficiency_lookups")  # a shared compute model logs every candidate's lookups
+    return json.dumps({"cost": cost, "mem": est.memory().to_dict()}, sort_keys=True)
+
+
+DENSE = load_model("llama3-8b").with_updates({"layer_num": 12})
+MOE = load_model("deepseek-v2-lite").with_updates({"layer_num": 8})  # 1 dense layer, then MoE
+BASE = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"seq_len": 2048})
+VARIANTS = [
+    {"pp_size": 1, "world_size": 8},
+    {"pp_size": 2},
+    {"pp_size": 4, "world_size": 8, "tp_size": 2, "enable_sequence_parallel": True},
+    {"pp_size": 4, "world_size": 8, "num_layers_in_first_pipeline_stage": 2, "num_layers_in_last_pipeline_stage": 4, "micro_batch_num": 8},
+    {"pp_size": 2, "interleaving_size": 2, "micro_batch_num": 4},
+    {"pp_size": 2, "pp_schedule": "zb", "micro_batch_num": 6},
+    {"pp_size": 2, "pp_schedule": "dualpipev", "micro_batch_num": 6},
+    {"pp_size": 2, "zero_state": 0, "overlap_grad_reduce": True},
+    {"pp_size": 2, "enable_recompute": True, "recompute_granularity": "full_block", "recompute_layer_num": 2},
+    {"pp_size": 2, "enable_recompute": True, "recompute_granularity": "full_block", "recompute_layer_num": 5},
+    {"pp_size": 2, "enable_recompute": True, "recompute_granularity": "selective_recompute", "attn_recompute": True, "mlp_recompute": True},
+]
+
+
+@pytest.mark.parametrize("model", [DENSE, MOE], ids=["dense", "moe"])
+def test_shared_cache_gives_fresh_results(model) -> None:
+    shared = ProfileCache(model, A100)
+    strategies = []
+    for v in VARIANTS:
+        st = BASE.with_updates(v)
+        if model.is_moe:
+            st = st.with_updates({"ep_size": 2})
+        strategies.append(st)
+    # every strategy twice through the shared cache, in an order where families repeat
+    for st in strategies + strategies[::-1]:
+        assert _results(Estimate(model, st, A100, shared)) == _results(Estimate(model, st, A100))
+    assert len(shared) < len(strategies)  # families were shared
+
+
+def test_layout_changes_do_not_split_families() -> None:
+    shared = ProfileCache(DENSE, A100)
+    for pp, world in ((1, 8), (2, 8), (4, 8), (2, 16)):
+        for zero in (0, 1):
+            Estimate(DENSE, BASE.with_updates({"pp_size": pp, "world_size": world, "zero_state": zero}), A100, shared).cost()
+    assert len(shared) == 1
+
+
+def test_cache_of_another_model_is_refused() -> None:
+    with pytest.raises(ValueError, match="another model"):
+        Estimate(DENSE, BASE, A100, ProfileCache(MOE, A100))
