@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from simumax import PerfLLM, StrategyConfig
 from simumax.config.checks import check_compatible
 from simumax.config.loader import load_model, load_strategy, load_system
@@ -102,3 +104,155 @@ def test_search_cli_writes_jsonl_and_csv(tmp_path) -> None:
     assert len(rows) == 4 and (tmp_path / "search.csv").read_text().count("\n") == 5
     bad = run_cli(*base, "--tp", "1,x")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--tp" in bad.stderr
+
+
+# ---- the space: uneven stages, vp, ZeRO; exhaustive agreement -------------------------------
+def test_pp_layouts_cover_indivisible_layer_counts() -> None:
+    from simumax.search.space import pp_layouts
+
+    assert pp_layouts(61, 1) == [(None, None)] and pp_layouts(64, 8) == [(None, None)]
+    assert pp_layouts(61, 2) == [(30, 31)]
+    for layers, pp in ((61, 16), (61, 4), (61, 8), (7, 3), (10, 4)):
+        layouts = pp_layouts(layers, pp)
+        assert layouts, (layers, pp)
+        for first, last in layouts:
+            mid = (layers - first - last) // (pp - 2)
+            assert first + last + mid * (pp - 2) == layers and min(first, last, mid) >= 1  # Megatron's rule
+    assert (2, 3) in pp_layouts(61, 16)  # DeepSeek-V3's own layout (middle stages of 4)
+
+
+def test_search_over_uneven_vp_zero_equals_exhaustive() -> None:
+    """Every candidate is evaluated exactly as a fresh Estimate would (shared profiles change
+    nothing), and the ranking's head is the fastest fitting one of an independent sweep."""
+    from simumax.search.run import run_search
+    from simumax.search.space import SearchSpace
+
+    m = load_model("llama3-8b").with_updates({"layer_num": 20})  # pp 8: [4, 2 x 6, 4]
+    sy = load_system("a100_pcie")
+    base = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"seq_len": 2048})
+    space = SearchSpace(world_size=8, global_batch_size=16, tp=(1, 2), pp=(1, 2, 8), vp=(1, 2), zero=(0, 1), recompute=("none", "selective"))
+    rows = run_search(m, sy, base, space, gmi_error=40)
+    assert any(r.first_stage_layers for r in rows) and any(r.vp == 2 for r in rows) and {r.zero for r in rows} == {0, 1}
+    budget = sy.mem_bytes - 40 * GIB
+    fresh = []
+    for r in rows:
+        est = Estimate(m, StrategyConfig.init_from_dict(r.strategy), sy)
+        peak = est.memory().peak_mem_with_reserved
+        assert r.fits == (peak <= budget)
+        if r.fits:
+            assert r.iter_time == est.cost().duration_time_per_iter and r.peak_mem == peak
+            fresh.append(r.iter_time)
+    assert rows[0].iter_time == min(fresh)
+    assert any(not r.fits for r in rows)  # the budget binds somewhere
+
+
+# ---- resume, interruption, executors --------------------------------------------------------
+def _small_search(tmp_path, **kw):
+    from simumax.search.run import run_search
+    from simumax.search.space import SearchSpace
+
+    m = load_model("llama3-8b").with_updates({"layer_num": 8})
+    space = SearchSpace(world_size=16, global_batch_size=32, tp=(1, 2), pp=(1, 2, 4), recompute=("none", "full_block"))
+    return run_search(m, load_system("a100_pcie"), load_strategy("tp1_pp2_dp4_mbs1"), space, gmi_error=30, **kw)
+
+
+def test_resume_keeps_rows_and_redoes_none(tmp_path, monkeypatch) -> None:
+    import simumax.search.run as run_mod
+
+    full = _small_search(tmp_path, jsonl=tmp_path / "full.jsonl")
+    part = tmp_path / "part.jsonl"
+    lines = (tmp_path / "full.jsonl").read_text().splitlines()
+    part.write_text("\n".join(lines[:5]) + "\n" + lines[5][: len(lines[5]) // 2])  # a kill mid-line
+    calls = []
+    real = run_mod.evaluate
+    monkeypatch.setattr(run_mod, "evaluate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    resumed = _small_search(tmp_path, jsonl=part, resume=True)
+    assert len(calls) == len(full) - 5
+    assert [r.to_dict() for r in resumed] == [r.to_dict() for r in full]
+    assert part.read_text() == (tmp_path / "full.jsonl").read_text()  # ranked, byte-identical
+
+
+def test_process_pool_gives_the_local_result(tmp_path) -> None:
+    local = _small_search(tmp_path)
+    pooled = _small_search(tmp_path, jobs=2, executor="process")
+    assert [r.to_dict() for r in pooled] == [r.to_dict() for r in local]
+
+
+def test_ray_executor_on_a_local_instance(tmp_path) -> None:
+    pytest.importorskip("ray")
+    local = _small_search(tmp_path)
+    remote = _small_search(tmp_path, jobs=2, executor="ray")
+    assert [r.to_dict() for r in remote] == [r.to_dict() for r in local]
+
+
+def test_sigint_leaves_valid_rows_and_resume_finishes(tmp_path) -> None:
+    """A real SIGINT to a running `simumax search`: exit 130, every line a full row; the
+    resumed run finishes with exactly the rows of an uninterrupted one."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = [sys.executable, "-m", "simumax.cli", "search", "-m", "llama3-70b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie",
+            "--world-size", "64", "--gbs", "128", "--tp", "1,2,4,8", "--vp", "1,2", "--mbs", "1,2",
+            "--recompute", "none,selective,full_block", "--zero", "0,1", "--gmi-error", "4"]
+    out = tmp_path / "run"
+    proc = subprocess.Popen([*args, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    jsonl = out / "search.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and (not jsonl.exists() or jsonl.read_text().count("\n") < 5):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "--resume" in err and "Traceback" not in err
+    kept = jsonl.read_text().splitlines()
+    assert len(kept) >= 5 and all(json.loads(line)["tp"] for line in kept)
+    assert not (out / "search.csv").exists()  # nothing else written by an interrupted run
+    done = subprocess.run([*args, "--out", str(out), "--resume", "--json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    fresh = subprocess.run([*args, "--out", str(tmp_path / "fresh"), "--json"], capture_output=True, text=True)
+    assert json.loads(done.stdout) == json.loads(fresh.stdout)
+    assert jsonl.read_bytes() == (tmp_path / "fresh" / "search.jsonl").read_bytes()
+    assert len(json.loads(done.stdout)) > len(kept)
+
+
+def test_frontier_is_pareto_and_plots(tmp_path) -> None:
+    from simumax.report.frontier import pareto_frontier, plot_frontier
+
+    rows = _small_search(tmp_path)
+    front = pareto_frontier(rows)
+    fit = [r for r in rows if r.fits]
+    assert front and all(r.fits for r in front)
+    for r in fit:  # every fitting row is matched or beaten by a frontier row using no more memory
+        assert any(f.peak_mem <= r.peak_mem and f.tokens_per_s_per_gpu >= r.tokens_per_s_per_gpu for f in front)
+    for a in front:  # and no frontier row is strictly dominated
+        assert not any(r.peak_mem < a.peak_mem and r.tokens_per_s_per_gpu > a.tokens_per_s_per_gpu for r in fit)
+    plot_frontier(rows, tmp_path / "f.png", 80 * GIB, "t")
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_megatron_flags_for_uneven_interleaved_and_recompute() -> None:
+    m = load_model("deepseek-v3")
+    st = load_strategy("ep8_pp1_dp8_mbs1").with_updates({
+        "world_size": 256, "pp_size": 16, "ep_size": 8, "num_layers_in_first_pipeline_stage": 2,
+        "num_layers_in_last_pipeline_stage": 3, "enable_recompute": True, "recompute_granularity": "full_block",
+        "overlap_grad_reduce": True,
+    })
+    flags = " ".join(megatron_flags(st, m))
+    for f in ("--decoder-first-pipeline-num-layers 2", "--decoder-last-pipeline-num-layers 3",
+              "--recompute-num-layers 4", "--overlap-grad-reduce", "--pipeline-model-parallel-size 16"):
+        assert f in flags, f
+    vp = megatron_flags(load_strategy("tp1_pp4_vp2_sync_mbs1_mbc8_no_ckpt"), load_model("llama3-8b"))
+    assert "--num-layers-per-virtual-pipeline-stage 4" in vp
+
+
+def test_bad_search_inputs_are_config_errors() -> None:
+    from simumax.search.space import SearchSpace
+
+    with pytest.raises(ConfigError, match="recompute_search_type"):
+        SearchSpace(world_size=8, global_batch_size=8, recompute=("sometimes",))
+    with pytest.raises(ConfigError, match="search.tp"):
+        SearchSpace(world_size=8, global_batch_size=8, tp=(0,))
+    with pytest.raises(ConfigError, match="executor"):
+        _small_search(None, executor="slurm")

@@ -172,7 +172,7 @@ def search(
             )
     except SearchInterrupted as exc:
         err_console.print(f"interrupted: {len(exc.rows)} rows kept in {exc.path}; rerun with --resume to finish" if exc.path
-                          else f"interrupted after {len(exc.rows)} rows (use --out to keep them)")
+                          else f"interrupted after {len(exc.rows)} rows (use --out to keep them)", soft_wrap=True)
         raise SystemExit(130) from None
     if out is not None:
         _write_search_outputs(out, rows, m, sy, float(sy.mem_bytes) - gmi_error * 2**30)

@@ -1,0 +1,55 @@
+"""Strategy-search speed on the two reference workloads (targets on 2 cores):
+
+* DeepSeek-V3 (61 layers) on 2048 GPUs, gbs 16384, mbs 1, tp 1/2/4/8, ep 8/16/32/64,
+  every legal pp in 1..61 (uneven first/last stages), three recompute modes, a100_pcie:
+  <= 4 s (SimuMax: 42 s).
+* Llama3-70B on 1024 GPUs, gbs 1024, the full space: tp 1/2/4/8, every pp, vp 1/2/4,
+  cp 1/2, mbs 1/2/4, five recompute variants, ZeRO 0/1: <= 60 s.
+
+    python benchmarks/bench_search.py [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.search.run import run_search
+from simumax.search.space import ALL_RECOMPUTE, SearchSpace
+
+WORKLOADS = {
+    "deepseek-v3 2048 GPUs": (
+        "deepseek-v3", "ep8_pp1_dp8_mbs1", 4.0,
+        SearchSpace(world_size=2048, global_batch_size=16384, tp=(1, 2, 4, 8), ep=(8, 16, 32, 64), mbs=(1,),
+                    recompute=("none", "selective", "full_block")),
+    ),
+    "llama3-70b 1024 GPUs": (
+        "llama3-70b", "tp1_pp2_dp4_mbs1", 60.0,
+        SearchSpace(world_size=1024, global_batch_size=1024, tp=(1, 2, 4, 8), vp=(1, 2, 4), cp=(1, 2), mbs=(1, 2, 4),
+                    recompute=ALL_RECOMPUTE, zero=(0, 1)),
+    ),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--only", default=None, help="substring of a workload name")
+    args = ap.parse_args()
+    system = load_system("a100_pcie")
+    print(f"{'workload':24s} {'candidates':>10s} {'fit':>6s} {'seconds':>8s} {'target':>7s}  best")
+    for name, (model, strategy, target, space) in WORKLOADS.items():
+        if args.only and args.only not in name:
+            continue
+        m, st = load_model(model), load_strategy(strategy)
+        t0 = time.perf_counter()
+        rows = run_search(m, system, st, space, gmi_error=4, jobs=args.jobs)
+        dt = time.perf_counter() - t0
+        best = rows[0].label if rows and rows[0].fits else "-"
+        n_fit = sum(r.fits for r in rows)
+        print(f"{name:24s} {len(rows):10d} {n_fit:6d} {dt:8.2f} {target:7.0f}  {best}")
+
+
+if __name__ == "__main__":
+    main()
