@@ -102,6 +102,8 @@ AGREE = [
     {"zero_state": 0, "tp_size": 2, "pp_size": 2, "micro_batch_num": 5},
     {"model": "deepseek-v2-lite", "ep_size": 4, "pp_size": 2},
     {"model": "deepseek-v2-lite", "ep_size": 2, "tp_size": 2, "pp_size": 2, "interleaving_size": 2},
+    {"pp_size": 4, "pp_schedule": "zb", "micro_batch_num": 8},
+    {"pp_size": 2, "overlap_p2p_comm": True},
 ]
 
 
@@ -109,9 +111,12 @@ AGREE = [
 def test_closed_form_and_simulation_agree_with_overlap_off(kw: dict) -> None:
     kw = dict(kw)
     est = _est(kw.pop("model", "llama3-8b"), **kw)
-    assert est.closed_form_applies
-    closed = est.cost().duration_time_per_iter
     sim = est.simulate().total
+    if not est.needs_simulation:
+        assert est.cost().duration_time_per_iter == pytest.approx(sim, rel=1e-12)  # same engine, no events
+    if est.strategy.schedule == "zb" or est.strategy.p2p_overlapped or est.needs_simulation:
+        return  # the 1F1B / interleaved closed form (blocking sends) does not describe these
+    closed = max(est.closed_form_ends()[1])
     assert abs(sim - closed) / closed <= 0.005, f"simulated {sim:.6f} s vs closed form {closed:.6f} s"
 
 

@@ -44,7 +44,7 @@ def norm(
         input=(x,),
         bwd_transient=2 * x_bytes,
         params=(width or d.h) * (1 if rms else 2),
-        tp_replicated=True,
+        tp_replicated_params=(width or d.h) * (1 if rms else 2),
     )
 
 
@@ -107,20 +107,23 @@ def row_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n
         reduce, gather = [Collective("reduce_scatter", full_out, "tp")], [Collective("all_gather", full_out, "tp")]
     else:
         reduce, gather = ([Collective("all_reduce", full_out, "tp")] if d.tp > 1 else []), []
-    return _linear(
+    op = _linear(
         name, module, layer, d, x, k, n, fwd_before=[], fwd_after=reduce, bwd_before=gather, bwd_after=[],
         fwd_transient=full_out, bwd_transient=full_out + d.act(k), bias=bias, te=True,
     )
+    # the bias is added after the reduction, so every TP rank holds all of it
+    return op.with_(tp_replicated_params=n) if bias else op
 
 
 def replicated_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int) -> Op:
     """A linear whose weight every TP rank holds whole (Megatron's "duplicated" mode, e.g.
     MLA down-projections): it runs on the rank's own (sequence-sharded) tokens, no TP comm."""
-    return _linear(
+    op = _linear(
         name, module, layer, d, x, k, n, fwd_before=[], fwd_after=[], bwd_before=[], bwd_after=[],
         fwd_transient=0.0, bwd_transient=d.act(n, local=True) + d.act(k, local=True), bias=False, te=True,
         rows=d.local_tokens,
-    ).with_(tp_replicated=True)
+    )
+    return op.with_(tp_replicated_params=op.params)
 
 
 def rope(name: str, layer: int, d: Dims, qk_width: int) -> Op:

@@ -27,7 +27,9 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     bias = model.add_bias_linear
     ops = [
         blocks.norm(f"{P}.attn_norm", "attn_norm", layer, d, x_in, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
-        blocks.column_linear(f"{P}.qkv", "qkv", layer, d, ln_out, d.h, q_w + 2 * kv_w, bias=bias).with_(output=mixed),
+        blocks.column_linear(f"{P}.qkv", "qkv", layer, d, ln_out, d.h, q_w + 2 * kv_w, bias=bias).with_(
+            output=mixed, **_replicated_kv(model, st, d.h, kv_w, bias)
+        ),
     ]
     if rotary:
         ops.append(blocks.rope(f"{P}.rope", layer, d, q_w + kv_w).with_(input=(mixed,), output=q, also_outputs=(k,)))
@@ -39,6 +41,13 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     ops.append(blocks.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, out, q_w, d.h, bias=bias))
     ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))
     return ops
+
+
+def _replicated_kv(model: ModelConfig, st: StrategyConfig, h: int, kv_w: int, bias: bool) -> dict[str, int]:
+    """With tp > kv_head_num each rank holds one whole KV head, shared by tp / kv ranks."""
+    if model.kv_head_num >= st.tp_size:
+        return {}
+    return {"tp_replicated_params": 2 * kv_w * (h + (1 if bias else 0)), "tp_copies": st.tp_size // model.kv_head_num}
 
 
 def mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_mid: tuple[str, float]) -> list[Op]:

@@ -107,7 +107,7 @@ def _router(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, h: int, capacit
         bwd_weight=(Gemm(E, t, h, "NT", accumulate=True, out_dtype="fp32"),),
         saved=(x, (f"{P}.router.scores", scores), (f"{P}.router.map", te)),
         input=(x,), fwd_transient=4 * te * ab, bwd_transient=4 * te * ab,
-        params=E * h, tp_replicated=True,
+        params=E * h, tp_replicated_params=E * h,
     )
 
 

@@ -35,7 +35,11 @@ class Op:
     bwd_transient: float = 0.0  # bytes alive only while its backward runs
     params: int = 0  # parameters this rank holds for the op
     expert_params: int = 0  # of which expert (sharded over EP/ETP, reduced over EDP)
-    tp_replicated: bool = False  # params identical on every TP rank (norms, router, MLA down-projections)
+    # of ``params``, those several TP ranks hold identical copies of: norms, router, MLA
+    # down-projections (all TP ranks), KV heads when tp > kv_head_num (tp / kv ranks each);
+    # the model's count takes each copy once
+    tp_replicated_params: int = 0
+    tp_copies: int = 0  # ranks holding each replicated parameter (0: every TP rank)
     weight_shapes: tuple[tuple[int, int], ...] = ()  # TE linear weights on this rank
     recompute_group: str | None = None
 

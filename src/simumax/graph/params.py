@@ -1,8 +1,9 @@
 """Parameter counts of the whole model, summed from the per-rank op IR.
 
 Each op knows the parameters one rank holds; the model's count multiplies them back by
-the shards: TP for TP-split weights (not for replicated ones: norms, router, MLA
-down-projections), EP x ETP for experts. Embedding rows are the padded vocab.
+the shards: TP for TP-split weights (replicated ones once: norms, router, MLA
+down-projections, KV heads copied when tp > kv_head_num), EP x ETP for experts; a tied
+output layer's copy of the embedding on the last stage is not counted again. Embedding rows are the padded vocab.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ def count_params(model: ModelConfig, st: StrategyConfig, stages: list[Stage]) ->
     for s in stages:
         for o in s.ops:
             non_expert = o.params - o.expert_params
-            dense += non_expert if o.tp_replicated else non_expert * st.tp_size
+            if o.name == "lm_head" and not model.untie_embeddings_and_output_weights:
+                continue  # tied: the last stage's copy of the embedding weight (counted there)
+            rep = o.tp_replicated_params
+            dense += (non_expert - rep) * st.tp_size + rep * st.tp_size // (o.tp_copies or st.tp_size)
             expert += o.expert_params * st.ep_size * st.etp_size
     active = dense + (expert * model.topk // model.expert_num if model.is_moe else 0)
     return ParamCount(total=dense + expert, expert=expert, active=active)

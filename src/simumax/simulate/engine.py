@@ -73,11 +73,18 @@ def _hidden(c: PassCosts, f: Task, b: Task, delay_wgrad: bool) -> float:
 
 
 def run_pipeline(
-    orders: RankOrders, costs: PassCosts, opts: PipelineOptions, params_ready: dict[int, tuple[float, float]] | None = None
+    orders: RankOrders,
+    costs: PassCosts,
+    opts: PipelineOptions,
+    params_ready: dict[int, tuple[float, float]] | None = None,
+    record: bool = True,
 ) -> PipelineRun:
     """Execute every rank's task list. ``params_ready[vstage] = (first, all)``: the
     stage's first forward starts once its first parameter bucket is gathered and
-    cannot end before the last one is (parameters still being gathered)."""
+    cannot end before the last one is (parameters still being gathered). With
+    ``record`` False only the end times are kept (the estimate's fast path)."""
+    if not record and not opts.pair_overlap and not params_ready:
+        return PipelineRun([[] for _ in orders], _pass_ends(orders, costs, opts.p2p_overlapped), {})
     n_stage = len(costs.rank)
     last = n_stage - 1
     ranks = len(orders)
@@ -135,10 +142,11 @@ def run_pipeline(
                     t1 = t0 + d * scale
                     if x.kind == FORWARD and x.mb == 0 and x.vstage in gate:
                         t1 = max(t1, gate[x.vstage][1])
-                    ev = Event(r, "compute", f"{x.kind}{x.vstage} mb{x.mb}", t0, t1, x.kind, x.vstage, x.mb)
-                    events[r].append(ev)
-                    if x.kind == WEIGHT or (x.kind == BACKWARD and not split):
-                        last_w[x.vstage] = ev
+                    if record:
+                        ev = Event(r, "compute", f"{x.kind}{x.vstage} mb{x.mb}", t0, t1, x.kind, x.vstage, x.mb)
+                        events[r].append(ev)
+                        if x.kind == WEIGHT or (x.kind == BACKWARD and not split):
+                            last_w[x.vstage] = ev
                     t0 = t1
                 end = t0
                 for x in group:  # sends after the pair's compute
@@ -147,11 +155,12 @@ def run_pipeline(
                         ready[(x.kind, x.vstage, x.mb)] = end
                         continue
                     if secs and not opts.p2p_overlapped:
-                        events[r].append(Event(r, "compute", f"send {x.kind}{x.vstage} mb{x.mb}", end, end + secs, "p2p", x.vstage, x.mb))
+                        if record:
+                            events[r].append(Event(r, "compute", f"send {x.kind}{x.vstage} mb{x.mb}", end, end + secs, "p2p", x.vstage, x.mb))
                         end += secs
                         ready[(x.kind, x.vstage, x.mb)] = end
                     else:
-                        if secs:
+                        if secs and record:
                             events[r].append(Event(r, "comm", f"send {x.kind}{x.vstage} mb{x.mb}", end, end + secs, "p2p", x.vstage, x.mb))
                         ready[(x.kind, x.vstage, x.mb)] = end + secs
                 free[r] = end
@@ -162,3 +171,52 @@ def run_pipeline(
             stuck = {r: order[pos[r]] for r, order in enumerate(orders) if pos[r] < len(order)}
             raise DeadlockError(f"schedule deadlocks: waiting tasks {stuck}")
     return PipelineRun(events, free, last_w)
+
+
+def _pass_ends(orders: RankOrders, costs: PassCosts, p2p_overlapped: bool) -> list[float]:
+    """run_pipeline's timing without events, pairing or parameter gates (the estimate's
+    hot path in a search): each rank's end of its last pass. Same rules; the tests hold
+    the two equal."""
+    last = len(costs.rank) - 1
+    n_mb = 1 + max((t.mb for o in orders for t in o), default=0)
+    # per (kind, vstage): compute-stream time (with a blocking send) and extra arrival delay
+    busy: dict[tuple[str, int], float] = {}
+    delay: dict[tuple[str, int], float] = {}
+    for (kind, k), d in costs.dur.items():
+        secs = 0.0
+        if kind == FORWARD and k < last and costs.rank[k + 1] != costs.rank[k]:
+            secs = costs.p2p[k]
+        elif kind == BACKWARD and k > 0 and costs.rank[k - 1] != costs.rank[k]:
+            secs = costs.p2p[k - 1]
+        busy[(kind, k)] = d if p2p_overlapped else d + secs
+        delay[(kind, k)] = secs if p2p_overlapped else 0.0
+    ready = {kind: [[-1.0] * n_mb for _ in costs.rank] for kind in (FORWARD, BACKWARD, WEIGHT)}
+    free = [0.0] * len(orders)
+    pos = [0] * len(orders)
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r, order in enumerate(orders):
+            p, now = pos[r], free[r]
+            while p < len(order):
+                t = order[p]
+                k, mb = t.vstage, t.mb
+                if t.kind == FORWARD:
+                    got = ready[FORWARD][k - 1][mb] if k else 0.0
+                elif t.kind == BACKWARD:
+                    got = ready[FORWARD][last][mb] if k == last else ready[BACKWARD][k + 1][mb]
+                else:
+                    got = ready[BACKWARD][k][mb]
+                if got < 0.0:
+                    break
+                now = max(now, got) + busy[(t.kind, k)]
+                ready[t.kind][k][mb] = now + delay[(t.kind, k)]
+                p += 1
+            if p != pos[r]:
+                remaining -= p - pos[r]
+                pos[r], free[r] = p, now
+                progressed = True
+        if not progressed:
+            stuck = {r: order[pos[r]] for r, order in enumerate(orders) if pos[r] < len(order)}
+            raise DeadlockError(f"schedule deadlocks: waiting tasks {stuck}")
+    return free
