@@ -53,8 +53,7 @@ class LayerProfiles:
     """One family: its op source, per-layer-kind times and walks by chunk shape."""
 
     model: ModelConfig
-    strategy: StrategyConfig  # the first strategy of the family seen (its layer fields)
-    source: OpSource
+    source: OpSource  # built from the first strategy of the family seen
     coster: Coster
     _layer_times: dict[tuple[bool, bool], StageTime] = field(default_factory=dict)
     _op_times: dict[int, dict[str, PhaseTime]] = field(default_factory=dict)
@@ -140,7 +139,7 @@ class ProfileCache:
         fam = self._families.get(key)
         if fam is None:
             coster = Coster(self.compute, network, tp_comm_overlap=st.tp_comm_overlap)
-            fam = self._families[key] = LayerProfiles(self.model, st, OpSource(self.model, st), coster)
+            fam = self._families[key] = LayerProfiles(self.model, OpSource(self.model, st), coster)
         return fam
 
     def __len__(self) -> int:
