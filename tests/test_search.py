@@ -256,3 +256,25 @@ def test_bad_search_inputs_are_config_errors() -> None:
         SearchSpace(world_size=8, global_batch_size=8, tp=(0,))
     with pytest.raises(ConfigError, match="executor"):
         _small_search(None, executor="slurm")
+
+
+def test_sigterm_stops_like_sigint(tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simumax.cli", "search", "-m", "llama3-70b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie",
+         "--world-size", "64", "--gbs", "128", "--vp", "1,2", "--mbs", "1,2", "--zero", "0,1", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    jsonl = out / "search.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and (not jsonl.exists() or jsonl.read_text().count("\n") < 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert all(json.loads(line)["pp"] for line in jsonl.read_text().splitlines())
