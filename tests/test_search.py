@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -185,26 +186,39 @@ def test_ray_executor_on_a_local_instance(tmp_path) -> None:
     assert [r.to_dict() for r in remote] == [r.to_dict() for r in local]
 
 
+SIGNAL_SEARCH = [
+    sys.executable, "-m", "simumax.cli", "search", "-m", "llama3-70b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie",
+    "--world-size", "64", "--gbs", "128", "--tp", "1,2,4,8", "--vp", "1,2", "--mbs", "1,2",
+    "--recompute", "none,selective,full_block", "--zero", "0,1", "--gmi-error", "4",
+]
+
+
+def _interrupt(args: list[str], out, sig: int, min_rows: int) -> tuple[int, str]:
+    """Start a search writing to ``out``, send ``sig`` once ``min_rows`` rows are on disk."""
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([*args, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    jsonl = out / "search.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and (not jsonl.exists() or jsonl.read_text().count("\n") < min_rows):
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
 def test_sigint_leaves_valid_rows_and_resume_finishes(tmp_path) -> None:
     """A real SIGINT to a running `simumax search`: exit 130, every line a full row; the
     resumed run finishes with exactly the rows of an uninterrupted one."""
     import signal
     import subprocess
-    import sys
-    import time
 
-    args = [sys.executable, "-m", "simumax.cli", "search", "-m", "llama3-70b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie",
-            "--world-size", "64", "--gbs", "128", "--tp", "1,2,4,8", "--vp", "1,2", "--mbs", "1,2",
-            "--recompute", "none,selective,full_block", "--zero", "0,1", "--gmi-error", "4"]
+    args = SIGNAL_SEARCH
     out = tmp_path / "run"
-    proc = subprocess.Popen([*args, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    code, err = _interrupt(args, out, signal.SIGINT, 5)
     jsonl = out / "search.jsonl"
-    deadline = time.time() + 60
-    while time.time() < deadline and (not jsonl.exists() or jsonl.read_text().count("\n") < 5):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert code == 130, err
     assert "--resume" in err and "Traceback" not in err
     kept = jsonl.read_text().splitlines()
     assert len(kept) >= 5 and all(json.loads(line)["tp"] for line in kept)
@@ -260,21 +274,7 @@ def test_bad_search_inputs_are_config_errors() -> None:
 
 def test_sigterm_stops_like_sigint(tmp_path) -> None:
     import signal
-    import subprocess
-    import sys
-    import time
 
-    out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "simumax.cli", "search", "-m", "llama3-70b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie",
-         "--world-size", "64", "--gbs", "128", "--vp", "1,2", "--mbs", "1,2", "--zero", "0,1", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    jsonl = out / "search.jsonl"
-    deadline = time.time() + 60
-    while time.time() < deadline and (not jsonl.exists() or jsonl.read_text().count("\n") < 3):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert all(json.loads(line)["pp"] for line in jsonl.read_text().splitlines())
+    code, err = _interrupt(SIGNAL_SEARCH, tmp_path / "run", signal.SIGTERM, 3)
+    assert code == 130, err
+    assert all(json.loads(line)["pp"] for line in (tmp_path / "run" / "search.jsonl").read_text().splitlines())
