@@ -110,3 +110,21 @@ def test_in_flight_micro_batches_1f1b() -> None:
 
     assert [in_flight(4, r, 8) for r in range(4)] == [4, 3, 2, 1]
     assert [in_flight(4, r, 2) for r in range(4)] == [2, 2, 2, 1]
+
+
+def test_full_recompute_keeps_only_layer_inputs_on_moe_layers() -> None:
+    """A fully recomputed MoE chunk keeps one layer input per layer between forward and
+    backward; tensors produced and consumed inside a checkpoint (router, dispatch,
+    permute buffers nobody saves) are not held."""
+    from simumax.config.loader import load_model, load_strategy, load_system
+    from simumax.estimate import Estimate
+    from simumax.graph.dims import Dims
+
+    m = load_model("deepseek-v2-lite").with_updates({"layer_num": 8})
+    st = load_strategy("ep4_pp2_dp4_mbs1").with_updates(
+        {"pp_size": 4, "world_size": 16, "enable_recompute": True, "recompute_granularity": "full_block"}
+    )
+    est = Estimate(m, st, load_system("a100_pcie"))
+    d = Dims.of(m, st)
+    middle = est.chunks[1]  # no embedding, no head
+    assert est.chunk_walks[middle.vstage].stored == len(middle.layers) * d.act(d.h, local=True)

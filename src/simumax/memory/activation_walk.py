@@ -37,7 +37,7 @@ def _groups(ops: list[Op]) -> dict[str, list[int]]:
 def walk(ops: list[Op]) -> WalkResult:
     groups = _groups(ops)
     # an output no op saves is freed as soon as the re-run forward consumes it, so only
-    # saved tensors come back for backward
+    # saved tensors come back for backward (all of them are still dropped in forward)
     saved_names = {name for o in ops for name, _ in o.saved}
     dropped: dict[str, dict[str, float]] = {}
     kept_names: set[str] = set()
@@ -54,7 +54,7 @@ def walk(ops: list[Op]) -> WalkResult:
         for m in members:
             for name, nbytes in m.saved:
                 tensors[name] = nbytes
-            if m.output is not None and m.output[0] in saved_names:
+            if m.output is not None:
                 tensors[m.output[0]] = m.output[1]
         dropped[gid] = {n: b for n, b in tensors.items() if n not in keep}
     all_dropped = {n for t in dropped.values() for n in t}
@@ -104,7 +104,7 @@ def walk(ops: list[Op]) -> WalkResult:
         o = ops[i]
         for gid in last_of_group.get(i, ()):
             for name, nbytes in dropped[gid].items():
-                if name not in live:
+                if name in saved_names and name not in live:
                     live[name] = nbytes
                     live_total += nbytes
         here = live_total + o.bwd_transient
