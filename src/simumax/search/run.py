@@ -64,21 +64,12 @@ def read_rows(path: Path) -> list[SearchRow]:
 
 # ---- evaluation on workers ---------------------------------------------------------------
 Task = list[tuple[str, StrategyConfig]]
-_worker: dict[str, Any] = {}  # per worker process, set by _init_worker (never at import)
 
 
-def _init_worker(model: ModelConfig, system: SystemConfig, gmi_error: float, use_reserved: bool) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
-    _worker.update(profiles=ProfileCache(model, system), gmi=gmi_error, reserved=use_reserved)
+class _Evaluator:
+    """Candidates of one search with one ProfileCache: in this process, in each worker
+    process (built by _init_worker), or as a Ray actor (decorated with ray.remote at use)."""
 
-
-def _eval_batch(task: Task) -> list[SearchRow]:
-    w = _worker
-    p = w["profiles"]
-    return [evaluate(p.model, rc, st, p.system, p, gmi_error=w["gmi"], use_reserved_memory=w["reserved"]) for rc, st in task]
-
-
-class _RayEvaluator:  # one per Ray worker; decorated with ray.remote at use
     def __init__(self, model: ModelConfig, system: SystemConfig, gmi_error: float, use_reserved: bool) -> None:
         self.profiles = ProfileCache(model, system)
         self.gmi, self.reserved = gmi_error, use_reserved
@@ -86,6 +77,18 @@ class _RayEvaluator:  # one per Ray worker; decorated with ray.remote at use
     def run(self, task: Task) -> list[SearchRow]:
         p = self.profiles
         return [evaluate(p.model, rc, st, p.system, p, gmi_error=self.gmi, use_reserved_memory=self.reserved) for rc, st in task]
+
+
+_worker: dict[str, _Evaluator] = {}  # per worker process, set by _init_worker (never at import)
+
+
+def _init_worker(*init: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    _worker["evaluator"] = _Evaluator(*init)
+
+
+def _eval_batch(task: Task) -> list[SearchRow]:
+    return _worker["evaluator"].run(task)
 
 
 def _family(rc: str, st: StrategyConfig) -> tuple[Any, ...]:
@@ -120,13 +123,13 @@ def _stop_on_signals() -> Iterator[threading.Event]:
             signal.signal(s, h)
 
 
-def _run_local(batches: list[Task], model: ModelConfig, system: SystemConfig, gmi: float, reserved: bool, stop: threading.Event) -> Iterator[list[SearchRow]]:
-    profiles = ProfileCache(model, system)
+def _run_local(batches: list[Task], init: tuple, stop: threading.Event) -> Iterator[list[SearchRow]]:
+    evaluator = _Evaluator(*init)
     for task in batches:
-        for rc, st in task:
+        for candidate in task:  # one at a time: a stop loses at most the row in progress
             if stop.is_set():
                 return
-            yield [evaluate(model, rc, st, system, profiles, gmi_error=gmi, use_reserved_memory=reserved)]
+            yield evaluator.run([candidate])
 
 
 def _run_processes(batches: list[Task], jobs: int, init: tuple, stop: threading.Event) -> Iterator[list[SearchRow]]:
@@ -159,7 +162,7 @@ def _run_ray(batches: list[Task], jobs: int, init: tuple, stop: threading.Event)
     if started:  # a local instance unless RAY_ADDRESS points at a cluster
         ray.init(num_cpus=jobs if not os.environ.get("RAY_ADDRESS") else None, log_to_driver=False, include_dashboard=False)
     try:
-        actor = ray.remote(_RayEvaluator)
+        actor = ray.remote(_Evaluator)
         pool = ActorPool([actor.remote(*init) for _ in range(jobs)])
         for task in batches:
             pool.submit(lambda a, t: a.run.remote(t), task)
@@ -191,10 +194,11 @@ def run_search(
     if jobs < 1:
         raise ConfigError("jobs", "must be >= 1")
     todo = list(candidates(model, system, base, space))
-    keys = {candidate_key(rc, st): i for i, (rc, st) in enumerate(todo)}
-    rows = [r for r in read_rows(jsonl) if r.key in keys] if (resume and jsonl) else []
+    keys = [candidate_key(rc, st) for rc, st in todo]
+    known = set(keys)
+    rows = [r for r in read_rows(jsonl) if r.key in known] if (resume and jsonl) else []
     done = {r.key for r in rows}
-    todo = [c for c in todo if candidate_key(*c) not in done]
+    todo = [c for c, key in zip(todo, keys) if key not in done]
     total = len(rows) + len(todo)
     if progress:
         progress(len(rows), total)
@@ -213,7 +217,7 @@ def run_search(
             elif executor == "process" or jobs > 1:
                 results = _run_processes(batches, jobs, init, stop)
             else:
-                results = _run_local(batches, model, system, gmi_error, use_reserved_memory, stop)
+                results = _run_local(batches, init, stop)
             for got in results:
                 for row in got:
                     rows.append(row)
