@@ -77,3 +77,44 @@ def simulation_table(res: SimResult) -> Table:
     for r in res.ranks:
         t.add_row(str(r.rank), ms(r.end_of_backward), ms(r.end), ms(r.busy), f"{r.bubble_fraction:.1%}", gib(r.peak_mem))
     return t
+
+
+def calibration_table(report: dict) -> Table:
+    """Per family: kernels measured and their efficiency range; memory-bound fits."""
+    t = Table(title=f"calibration on {report['device']} (peak {report['peak_tflops']:.1f} TFLOP/s, {report['peak_source']})")
+    for col in ("family", "kernels", "eff min", "eff median", "eff max"):
+        t.add_column(col, justify="left" if col == "family" else "right")
+    by: dict[str, list[float]] = {}
+    for k in report["kernels"]:
+        by.setdefault(k["family"], []).append(k["flops"] / (k["seconds"] * report["peak_tflops"] * 1e12))
+    for fam, effs in by.items():
+        effs.sort()
+        t.add_row(fam, str(len(effs)), f"{effs[0]:.3f}", f"{effs[len(effs) // 2]:.3f}", f"{effs[-1]:.3f}")
+    for fam, fit in report["bandwidth"].items():
+        gbps = 1 / fit["seconds_per_byte"] / 1e9
+        t.add_row(f"{fam} (memory)", str(len(fit["points"])), "", f"{gbps:.0f} GB/s, {fit['latency'] * 1e6:.1f} us", "")
+    return t
+
+
+def comm_table(report: dict, system: dict) -> Table:
+    tier = system["networks"][report["tier"]]
+    t = Table(title=f"{report['backend']} collectives, {report['world_size']} ranks -> tier {report['tier']} ({tier['bandwidth']['gbps']} GB/s)")
+    for col in ("op", "efficiency", "latency us"):
+        t.add_column(col, justify="left" if col == "op" else "right")
+    for op, spec in tier["op"].items():
+        if "latency_us" in spec and spec.get("efficient_factor") is not None:
+            t.add_row(op, f"{spec['efficient_factor']:.3f}", f"{spec['latency_us']:.1f}")
+    return t
+
+
+def check_step_table(row: dict) -> Table:
+    t = Table(title=f"{row['model']} ({row['layers']} layers, h {row['hidden']}) seq {row['seq_len']} mbs {row['mbs']} mbc {row['mbc']} on {row['device']}")
+    for col in ("", "measured", "predicted", "error"):
+        t.add_column(col, justify="left" if not col else "right")
+    t.add_row("step time (ms)", ms(row["step_time_real"]), ms(row["step_time_predicted"]), f"{row['time_error']:+.1%}")
+    if row["peak_mem_real"]:
+        t.add_row("peak allocated (GiB)", gib(row["peak_mem_real"]), gib(row["peak_mem_predicted"]), f"{row['mem_error']:+.1%}")
+    else:
+        t.add_row("peak allocated (GiB)", "- (CPU)", gib(row["peak_mem_predicted"]), "")
+    t.add_row("parameters", f"{row['params_real']:,}", f"{row['params_predicted']:,}", "")
+    return t

@@ -1,0 +1,141 @@
+"""Time collectives with torch.distributed under torchrun and fit α-β per op.
+
+Run on every rank (``torchrun --nproc-per-node N --no-python simumax calibrate-comm ...``):
+NCCL on GPUs, gloo on CPU. For each group size n (consecutive ranks, all groups of that
+size running at once, as TP groups do in training) and message size, every rank times its
+group's collective (median of repeats); the slowest rank's time counts. The fit is the
+cost model's own formula (cost/network.py): bytes * scale * (n + offset) / n over the
+tier bandwidth times efficiency, plus latency.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta, ring_bytes
+from simumax.calibrate.timing import synchronize
+from simumax.cost.network import DEFAULT_SPECS
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all2all", "p2p")
+
+
+@dataclass(frozen=True, slots=True)
+class CommPoint:
+    op: str
+    group_size: int
+    nbytes: int  # the cost model's logical buffer (kernels.Collective.bytes)
+    seconds: float
+
+
+@dataclass
+class CommCalibration:
+    backend: str
+    world_size: int
+    intra_node: bool  # every rank on one node
+    points: list[CommPoint]
+
+    def fits(self) -> dict[str, AlphaBeta]:
+        """One α-β line per op over all group sizes (the config has one entry per op and tier)."""
+        out = {}
+        for op in OPS:
+            pts = [p for p in self.points if p.op == op]
+            if pts:
+                spec = DEFAULT_SPECS[op]
+                out[op] = fit_alpha_beta([ring_bytes(p.nbytes, p.group_size, spec.scale, spec.offset) for p in pts],
+                                         [p.seconds for p in pts])
+        return out
+
+    def fits_by_size(self) -> dict[str, dict[int, AlphaBeta]]:
+        out: dict[str, dict[int, AlphaBeta]] = {}
+        for p in self.points:
+            out.setdefault(p.op, {})
+        for op in out:
+            spec = DEFAULT_SPECS[op]
+            for n in sorted({p.group_size for p in self.points if p.op == op}):
+                pts = [p for p in self.points if p.op == op and p.group_size == n]
+                out[op][n] = fit_alpha_beta([ring_bytes(p.nbytes, n, spec.scale, spec.offset) for p in pts],
+                                            [p.seconds for p in pts])
+        return out
+
+
+def _op_fn(op: str, nbytes: int, n: int, group, group_ranks: list[int], device: torch.device):
+    """A callable running one collective of ``nbytes`` logical bytes on ``group``."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    esize = torch.empty((), dtype=dtype).element_size()
+    count = max(n, nbytes // esize // n * n)  # divisible by the group size
+    if op == "all_reduce":
+        x = torch.randn(count, dtype=dtype, device=device)
+        return lambda: dist.all_reduce(x, group=group)
+    if op == "all_gather":
+        x = torch.randn(count // n, dtype=dtype, device=device)
+        y = torch.empty(count, dtype=dtype, device=device)
+        return lambda: dist.all_gather_into_tensor(y, x, group=group)
+    if op == "reduce_scatter":
+        x = torch.randn(count, dtype=dtype, device=device)
+        y = torch.empty(count // n, dtype=dtype, device=device)
+        return lambda: dist.reduce_scatter_tensor(y, x, group=group)
+    if op == "all2all":
+        x = torch.randn(count, dtype=dtype, device=device)
+        y = torch.empty_like(x)
+        return lambda: dist.all_to_all_single(y, x, group=group)
+    # p2p: first rank of each pair sends to the second
+    x = torch.randn(count, dtype=dtype, device=device)
+    rank = dist.get_rank()
+    first, second = group_ranks[0], group_ranks[1]
+
+    def p2p():
+        if rank == first:
+            dist.send(x, second)
+        elif rank == second:
+            dist.recv(x, first)
+
+    return p2p
+
+
+def _time(fn, device: torch.device, warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    samples = []
+    for _ in range(repeats):
+        dist.barrier()
+        synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def run_collectives(
+    sizes: list[int], group_sizes: list[int] | None = None, ops: tuple[str, ...] = OPS,
+    warmup: int = 3, repeats: int = 10,
+) -> CommCalibration:
+    """Call on every rank after ``init_process_group``; every rank returns the same result."""
+    world = dist.get_world_size()
+    rank = dist.get_rank()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    groups = [n for n in (group_sizes or [world]) if 2 <= n <= world and world % n == 0]
+    points: list[CommPoint] = []
+    for n in groups:
+        blocks = [list(range(s, s + n)) for s in range(0, world, n)]
+        handles = [dist.new_group(b) for b in blocks]  # every rank creates every group
+        mine = rank // n
+        for op in ops:
+            if op == "p2p" and n != 2:
+                continue
+            for nbytes in sizes:
+                fn = _op_fn(op, nbytes, n, handles[mine], blocks[mine], device)
+                t = torch.tensor([_time(fn, device, warmup, repeats)], dtype=torch.float64)
+                t = t.to(device) if device.type == "cuda" else t
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                points.append(CommPoint(op, n, nbytes, float(t.item())))
+    import os
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return CommCalibration(dist.get_backend(), world, local == world, points)

@@ -1,0 +1,247 @@
+"""Time the job's compute and memory-bound kernels on the local accelerator.
+
+Each kernel of the op IR gets a torch stand-in of the same shape and dtype (bf16 inputs
+drawn from a normal distribution, so the tensor cores see realistic bit patterns):
+
+- Gemm: ``a @ b`` with the operand storage of its layout (TN: weight stored [n, k]; NT:
+  the gradient stored [k, m]); fp32-accumulating weight-gradient GEMMs write fp32.
+- GroupGemm: ``torch.bmm`` over ``ng`` experts of equal rows (balanced routing: a grouped
+  GEMM of equal groups is a batched GEMM).
+- Attention: ``scaled_dot_product_attention`` (torch picks flash / memory-efficient), the
+  backward timed alone from a saved forward graph.
+- MemBound families: a kernel with the IR's own byte accounting: ``default`` an add
+  (reads 2, writes 1 element), ``permute_*`` a row ``index_select``, ``ce`` cross-entropy
+  on fp32-cast logits, ``ce_fusion`` on bf16 logits.
+
+Efficiency = table FLOPs / (seconds * peak), the convention of the SimuMax tables (causal
+attention counted without halving, so its entries may exceed 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
+from simumax.calibrate.shapes import JobKernels
+from simumax.calibrate.timing import median_seconds
+from simumax.graph.kernels import Attention, Gemm, GroupGemm
+
+log = logging.getLogger(__name__)
+
+# Dense datasheet peaks (bf16 TFLOP/s, HBM GB/s), matched on torch's device name.
+DATASHEET = (
+    ("H200", 989.4, 4800.0),
+    ("H100 PCIe", 756.0, 2000.0),
+    ("H100", 989.4, 3350.0),
+    ("H800", 989.4, 3350.0),
+    ("B200", 2250.0, 8000.0),
+    ("A100-PCIE", 312.0, 1935.0),
+    ("A100", 312.0, 2039.0),
+    ("A800", 312.0, 2039.0),
+    ("L40S", 362.0, 864.0),
+    ("MI300X", 1307.0, 5300.0),
+)
+
+
+def datasheet_peaks(name: str) -> tuple[float, float] | None:
+    """(bf16 TFLOP/s, HBM GB/s) for a known accelerator name, else None."""
+    for key, tflops, gbps in DATASHEET:
+        if key.lower() in name.lower():
+            return tflops, gbps
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class KernelTiming:
+    family: str
+    key: str
+    flops: float
+    seconds: float
+    efficiency: float
+
+
+def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.randn(shape, dtype=dtype, device=device)
+
+
+def gemm_fn(k: Gemm, device: torch.device, dtype: torch.dtype = torch.bfloat16):
+    if k.layout == "TN":
+        a, b = _randn((k.b, k.m, k.k), dtype, device), _randn((k.b, k.n, k.k), dtype, device).transpose(1, 2)
+    elif k.layout == "NT":
+        a, b = _randn((k.b, k.k, k.m), dtype, device).transpose(1, 2), _randn((k.b, k.k, k.n), dtype, device)
+    else:
+        a, b = _randn((k.b, k.m, k.k), dtype, device), _randn((k.b, k.k, k.n), dtype, device)
+    if k.b == 1:
+        a, b = a[0], b[0]
+    if k.accumulate and k.out_dtype == "fp32" and k.b == 1:
+        # TE's weight-gradient GEMM accumulates into the fp32 main grad in cuBLAS (beta=1);
+        # torch has that as addmm with out_dtype on CUDA; elsewhere a bf16 product + add.
+        c = torch.zeros((k.m, k.n), dtype=torch.float32, device=device)
+        try:
+            torch.addmm(c, a, b, out_dtype=torch.float32)
+            return lambda: torch.addmm(c, a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):
+            return lambda: c.add_(torch.matmul(a, b))
+    return lambda: torch.matmul(a, b)
+
+
+def group_gemm_fn(k: GroupGemm, device: torch.device, dtype: torch.dtype = torch.bfloat16):
+    if k.stage == "fwd":
+        a, b = _randn((k.ng, k.M, k.K), dtype, device), _randn((k.ng, k.K, k.N), dtype, device)
+    elif k.stage == "bwd_grad_act":
+        a, b = _randn((k.ng, k.M, k.N), dtype, device), _randn((k.ng, k.N, k.K), dtype, device)
+    else:
+        a, b = _randn((k.ng, k.M, k.K), dtype, device).transpose(1, 2), _randn((k.ng, k.M, k.N), dtype, device)
+    return lambda: torch.bmm(a, b)
+
+
+def attention_fn(k: Attention, device: torch.device, dtype: torch.dtype = torch.bfloat16):
+    kv = k.kv_seq_len or k.seq_len
+    q = _randn((k.batch, k.head_num, k.seq_len, k.qk_head_dim), dtype, device)
+    key = _randn((k.batch, k.kv_head_num, kv, k.qk_head_dim), dtype, device)
+    v = _randn((k.batch, k.kv_head_num, kv, k.v_head_dim), dtype, device)
+    gqa = k.kv_head_num != k.head_num
+    causal = k.causal and kv == k.seq_len
+
+    def fwd():
+        return F.scaled_dot_product_attention(q, key, v, is_causal=causal, enable_gqa=gqa)
+
+    if k.phase == "fwd":
+        return fwd
+    for t in (q, key, v):
+        t.requires_grad_(True)
+    out = fwd()
+    grad = torch.randn_like(out)
+    return lambda: torch.autograd.grad(out, (q, key, v), grad, retain_graph=True)
+
+
+def membound_fn(family: str, nbytes: float, device: torch.device):
+    """A kernel moving ``nbytes`` by the IR's accounting for ``family``."""
+    if family.startswith("permute"):
+        rows_bytes = 4096 * 2  # rows of hidden 4096 in bf16; read + write each
+        rows = max(1, int(nbytes // (2 * rows_bytes)))
+        x = _randn((rows, 4096), torch.bfloat16, device)
+        idx = torch.randperm(rows, device=device)
+        return lambda: x.index_select(0, idx)
+    if family in ("ce", "ce_fusion"):
+        vocab = 32768
+        per_elem = 14.0 if family == "ce" else 4.0  # blocks.py loss.fwd: bf16 + 3 fp32 / 2 bf16
+        rows = max(1, int(nbytes / per_elem // vocab))
+        logits = _randn((rows, vocab), torch.bfloat16, device)
+        target = torch.randint(0, vocab, (rows,), device=device)
+        if family == "ce":
+            return lambda: F.cross_entropy(logits.float(), target)
+        return lambda: F.cross_entropy(logits, target)
+    n = max(1, int(nbytes // 6))  # bf16 add: read 2 elements, write 1
+    a, b = _randn((n,), torch.bfloat16, device), _randn((n,), torch.bfloat16, device)
+    c = torch.empty_like(a)
+    return lambda: torch.add(a, b, out=c)
+
+
+def actual_membound_bytes(family: str, nbytes: float) -> float:
+    """The bytes the stand-in really moves (sizes are rounded to whole rows/elements)."""
+    if family.startswith("permute"):
+        return max(1, int(nbytes // (2 * 8192))) * 2 * 8192.0
+    if family in ("ce", "ce_fusion"):
+        per_elem = 14.0 if family == "ce" else 4.0
+        return max(1, int(nbytes / per_elem // 32768)) * 32768 * per_elem
+    return max(1, int(nbytes // 6)) * 6.0
+
+
+@dataclass
+class ComputeCalibration:
+    device_name: str
+    peak_tflops: float
+    hbm_gbps: float
+    peak_source: str  # datasheet | option | base | measured
+    timings: list[KernelTiming]
+    bandwidth: dict[str, AlphaBeta]  # memory-bound family -> fit
+    bandwidth_points: dict[str, list[tuple[float, float]]]  # family -> (bytes, seconds)
+
+
+def measure_peak_tflops(device: torch.device, size: int) -> float:
+    """Best achieved bf16 GEMM rate on a square product (peak of last resort)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a, b = _randn((size, size), dtype, device), _randn((size, size), dtype, device)
+    t = median_seconds(lambda: a @ b, device, warmup=2, repeats=5)
+    return 2.0 * size**3 / t / 1e12
+
+
+def measure_hbm_gbps(device: torch.device, nbytes: int) -> float:
+    x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    y = torch.empty_like(x)
+    t = median_seconds(lambda: y.copy_(x), device, warmup=2, repeats=5)
+    return 2.0 * x.numel() * 2 / t / 1e9
+
+
+def calibrate_compute(
+    kernels: JobKernels,
+    device: torch.device,
+    device_name: str,
+    peak_tflops: float | None = None,
+    hbm_gbps: float | None = None,
+    peak_source: str = "option",
+    warmup: int = 3,
+    repeats: int = 10,
+    progress=None,
+) -> ComputeCalibration:
+    """Time every kernel of ``kernels``; efficiencies against ``peak_tflops`` (datasheet
+    by device name when None; measured when unknown: then efficiencies are relative to
+    the best GEMM rate seen, which the result records)."""
+    if peak_tflops is None or hbm_gbps is None:
+        sheet = datasheet_peaks(device_name) if device.type == "cuda" else None
+        if sheet:
+            peak_tflops = peak_tflops or sheet[0]
+            hbm_gbps = hbm_gbps or sheet[1]
+            peak_source = "datasheet"
+        else:
+            big = 8192 if device.type == "cuda" else 256
+            peak_tflops = peak_tflops or measure_peak_tflops(device, big)
+            hbm_gbps = hbm_gbps or measure_hbm_gbps(device, 2**30 if device.type == "cuda" else 2**24)
+            peak_source = "measured"
+    peak = peak_tflops * 1e12
+    timings: list[KernelTiming] = []
+    todo: list[tuple[str, object]] = [(f, k) for f, ks in kernels.gemms.items() for k in ks]
+    todo += [(f, k) for f, ks in kernels.group_gemms.items() for k in ks]
+    todo += [(k.family, k) for k in kernels.attentions]
+    total = len(todo) + sum(map(len, kernels.membound.values()))
+    done = 0
+    for family, k in todo:
+        if family.startswith("fp8_"):
+            log.info("skipping %s (fp8 kernels need TransformerEngine): %s", family, k.key)
+            done += 1
+            continue
+        if isinstance(k, Gemm):
+            fn = gemm_fn(k, device)
+        elif isinstance(k, GroupGemm):
+            fn = group_gemm_fn(k, device)
+        else:
+            fn = attention_fn(k, device)
+        seconds = median_seconds(fn, device, warmup, repeats)
+        flops = k.table_flops if isinstance(k, Attention) else k.flops
+        timings.append(KernelTiming(family, k.key, flops, seconds, flops / (seconds * peak)))
+        del fn
+        done += 1
+        if progress:
+            progress(done, total)
+    bandwidth: dict[str, AlphaBeta] = {}
+    points: dict[str, list[tuple[float, float]]] = {}
+    for family, sizes in kernels.membound.items():
+        pts = []
+        for nbytes in sorted(sizes):
+            fn = membound_fn(family, nbytes, device)
+            pts.append((actual_membound_bytes(family, nbytes), median_seconds(fn, device, warmup, repeats)))
+            del fn
+            done += 1
+            if progress:
+                progress(done, total)
+        points[family] = pts
+        bandwidth[family] = fit_alpha_beta([b for b, _ in pts], [t for _, t in pts])
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return ComputeCalibration(device_name, peak_tflops, hbm_gbps, peak_source, timings, bandwidth, points)

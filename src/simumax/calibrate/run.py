@@ -1,0 +1,153 @@
+"""What the ``calibrate``, ``calibrate-comm`` and ``check-step`` commands do, as functions."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.config.system import SystemConfig
+from simumax.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:  # optional extra
+        raise ConfigError("torch", "calibration needs PyTorch: pip install 'simumax[calibrate]'") from None
+    return torch
+
+
+def calibrate_jobs(
+    jobs: list[tuple[ModelConfig, StrategyConfig]],
+    base: SystemConfig | None,
+    name: str | None = None,
+    device: str | None = None,
+    warmup: int = 3,
+    repeats: int = 10,
+    peak_tflops: float | None = None,
+    hbm_gbps: float | None = None,
+    num_per_node: int = 8,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Time every kernel the jobs run; return (system dict, report dict)."""
+    _torch()
+    from simumax.calibrate import compute, system_writer
+    from simumax.calibrate.shapes import JobKernels, job_kernels
+    from simumax.calibrate.timing import device_name, pick_device
+    from simumax.config.loader import load_system
+
+    import torch
+
+    dev = pick_device(device)
+    dname = device_name(dev)
+    shape_system = base or load_system("a100_pcie")  # kernels do not depend on the system
+    merged = JobKernels()
+    for model, strategy in jobs:
+        k = job_kernels(model, strategy, shape_system)
+        for fam, ks in k.gemms.items():
+            merged.gemms[fam] += [x for x in ks if x not in merged.gemms[fam]]
+        for fam, ks in k.group_gemms.items():
+            merged.group_gemms[fam] += [x for x in ks if x not in merged.group_gemms[fam]]
+        merged.attentions += [x for x in k.attentions if x not in merged.attentions]
+        for fam, sizes in k.membound.items():
+            merged.membound[fam] += [s for s in sizes if s not in merged.membound[fam]]
+    source = "option" if peak_tflops else None
+    if base is not None:
+        peak_tflops = peak_tflops or base.accelerator.op["matmul"].tflops if "matmul" in base.accelerator.op else peak_tflops
+        hbm_gbps = hbm_gbps or base.accelerator.bandwidth["default"].gbps
+        source = source or "base"
+    cal = compute.calibrate_compute(merged, dev, dname, peak_tflops, hbm_gbps, source or "option", warmup, repeats, progress)
+    mem_gib = torch.cuda.get_device_properties(dev).total_memory / 2**30 if dev.type == "cuda" else None
+    sys_name = name or (base.sys_name if base else dname.replace(" ", "_").lower())
+    start = base.to_dict() if base else system_writer.fresh_system(
+        sys_name, dname, mem_gib or 16.0, cal.peak_tflops, cal.hbm_gbps, num_per_node)
+    start["sys_name"] = sys_name
+    system = system_writer.merge_compute(start, cal, mem_gib)
+    SystemConfig.init_from_dict(system)  # what we write must load
+    report = {
+        "device": dname,
+        "torch": torch.__version__,
+        "peak_tflops": cal.peak_tflops,
+        "hbm_gbps": cal.hbm_gbps,
+        "peak_source": cal.peak_source,
+        "kernels": [{"family": t.family, "key": t.key, "flops": t.flops, "seconds": t.seconds} for t in cal.timings],
+        "bandwidth": {f: {"points": cal.bandwidth_points[f], "seconds_per_byte": a.seconds_per_byte,
+                          "latency": a.latency, "max_rel_residual": a.max_rel_residual}
+                      for f, a in cal.bandwidth.items()},
+    }
+    return system, report
+
+
+def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier: str | None,
+                          base: SystemConfig | None, warmup: int, repeats: int) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """Under torchrun: (system dict, report, is rank 0). Initialises and tears down the
+    process group (NCCL when CUDA is available, else gloo)."""
+    torch = _torch()
+    import os
+
+    import torch.distributed as dist
+
+    from simumax.calibrate import system_writer
+    from simumax.calibrate.collectives import run_collectives
+
+    if "RANK" not in os.environ:
+        raise ConfigError("calibrate-comm", "run it under torchrun: torchrun --nproc-per-node N --no-python simumax calibrate-comm ...")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend)
+    try:
+        cal = run_collectives(sizes, group_sizes, warmup=warmup, repeats=repeats)
+        rank0 = dist.get_rank() == 0
+    finally:
+        dist.destroy_process_group()
+    tier = tier or ("high_intra_node" if cal.intra_node else "inter_node")
+    start = base.to_dict() if base else None
+    if start is None:
+        from simumax.calibrate.compute import datasheet_peaks
+
+        dname = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        peaks = datasheet_peaks(dname) or (100.0, 1000.0)
+        mem = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 16.0
+        start = system_writer.fresh_system(dname.replace(" ", "_").lower(), dname, mem, peaks[0], peaks[1], cal.world_size)
+    system = system_writer.merge_collectives(start, tier, cal.fits())
+    SystemConfig.init_from_dict(system)
+    report = {
+        "backend": cal.backend, "world_size": cal.world_size, "tier": tier,
+        "points": [{"op": p.op, "group_size": p.group_size, "bytes": p.nbytes, "seconds": p.seconds} for p in cal.points],
+        "fits_by_group_size": {op: {str(n): {"seconds_per_byte": f.seconds_per_byte, "latency": f.latency,
+                                             "max_rel_residual": f.max_rel_residual} for n, f in by.items()}
+                               for op, by in cal.fits_by_size().items()},
+    }
+    return system, report, rank0
+
+
+def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int, mbc: int, steps: int, warmup: int,
+               device: str | None = None) -> dict[str, Any]:
+    """Train for real, predict the same job, return both and the errors."""
+    _torch()
+    from simumax.calibrate.check_step import relative_error, single_device_strategy, train_steps
+    from simumax.calibrate.timing import device_name, pick_device
+    from simumax.estimate import Estimate
+
+    strategy = single_device_strategy(seq_len, mbs, mbc)
+    est = Estimate(model, strategy, system)
+    cost, mem = est.cost(), est.memory()
+    dev = pick_device(device)
+    real = train_steps(model, seq_len, mbs, mbc, steps, warmup, dev)
+    pred_mem = mem.peak_mem
+    return {
+        "model": model.model_name, "layers": model.layer_num, "hidden": model.hidden_size, "seq_len": seq_len,
+        "mbs": mbs, "mbc": mbc, "system": system.sys_name, "device": device_name(dev),
+        "params_real": real.params, "params_predicted": est.params.total,
+        "step_time_real": real.step_seconds, "step_time_predicted": cost.duration_time_per_iter,
+        "time_error": relative_error(cost.duration_time_per_iter, real.step_seconds),
+        "peak_mem_real": real.max_allocated, "peak_mem_predicted": pred_mem,
+        "mem_error": relative_error(pred_mem, real.max_allocated) if real.max_allocated else None,
+        "misses": sum(cost.efficiency_lookups.get("misses", {}).values()),
+        "measurement": real.to_dict(),
+    }

@@ -1,0 +1,61 @@
+"""The kernels one job runs on one rank, read from the op IR (no torch here).
+
+Calibration times exactly these shapes, so the keys it writes are the keys the estimate
+of the same job looks up.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.config.system import SystemConfig
+from simumax.graph.kernels import Attention, Gemm, GroupGemm, MemBound
+from simumax.graph.ops import PHASES
+
+
+@dataclass
+class JobKernels:
+    """Unique compute kernels by family, and memory-bound byte sizes by bandwidth family."""
+
+    gemms: dict[str, list[Gemm]] = field(default_factory=lambda: defaultdict(list))  # family -> kernels
+    group_gemms: dict[str, list[GroupGemm]] = field(default_factory=lambda: defaultdict(list))
+    attentions: list[Attention] = field(default_factory=list)
+    membound: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # family -> bytes
+
+    @property
+    def count(self) -> int:
+        return (sum(map(len, self.gemms.values())) + sum(map(len, self.group_gemms.values()))
+                + len(self.attentions) + sum(map(len, self.membound.values())))
+
+
+def job_kernels(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig) -> JobKernels:
+    """Every distinct GEMM / grouped GEMM / attention kernel of every pipeline stage of the
+    job, in first-seen order, and the distinct byte sizes of its memory-bound kernels."""
+    from simumax.estimate import Estimate  # heavy import kept out of module import
+
+    est = Estimate(model, strategy, system)
+    out = JobKernels()
+    seen: set[object] = set()
+    sizes: dict[str, set[float]] = defaultdict(set)
+    for chunk in est.chunks:
+        for op in chunk.ops:
+            for phase in PHASES:
+                for k in op.kernels(phase):
+                    if isinstance(k, MemBound):
+                        if k.bytes > 0 and k.bytes not in sizes[k.family]:
+                            sizes[k.family].add(k.bytes)
+                            out.membound[k.family].append(float(k.bytes))
+                        continue
+                    if not isinstance(k, (Gemm, GroupGemm, Attention)) or k in seen:
+                        continue
+                    seen.add(k)
+                    if isinstance(k, Gemm):
+                        out.gemms[k.family].append(k)
+                    elif isinstance(k, GroupGemm):
+                        out.group_gemms[k.family].append(k)
+                    else:
+                        out.attentions.append(k)
+    return out

@@ -1,0 +1,103 @@
+"""Write measurements as a SimuMax-format system config (merged into a base when given).
+
+Efficiencies are computed here against the peak of the family they are written into (the
+base's ``tflops`` when it has the family), so a measured entry means the same thing as
+the reference tables' entries: table FLOPs / (seconds * family peak).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from typing import Any
+
+from simumax.calibrate.fit import AlphaBeta
+
+# Datasheet links when no base config gives them: per-GPU unidirectional NVLink GB/s.
+NVLINK_GBPS = (("H200", 450.0), ("H100 PCIe", 64.0), ("H100", 450.0), ("H800", 200.0), ("B200", 900.0),
+               ("A100-PCIE", 32.0), ("A100", 300.0), ("A800", 200.0))
+IB_GBPS_PER_GPU = 50.0  # one 400 Gb/s NIC per GPU
+
+
+def _default_tier(gbps: float, latency_us: float) -> dict[str, Any]:
+    ops = {
+        "all_reduce": {"scale": 2, "offset": -1}, "all_gather": {"scale": 1, "offset": -1},
+        "reduce_scatter": {"scale": 1, "offset": -1}, "p2p": {"scale": 1, "offset": 0},
+        "all2all": {"scale": 1, "offset": -1},
+    }
+    return {"processor_usage": 0.0, "bandwidth": {"efficient_factor": 1.0, "gbps": gbps, "latency_us": latency_us}, "op": ops}
+
+
+def fresh_system(name: str, device_name: str, mem_gib: float, peak_tflops: float, hbm_gbps: float, num_per_node: int) -> dict[str, Any]:
+    """A system skeleton from datasheet numbers; calibration fills the efficiencies."""
+    nvlink = next((g for key, g in NVLINK_GBPS if key.lower() in device_name.lower()), 100.0)
+    family = lambda tf: {"tflops": tf, "efficient_factor": 0.7, "accurate_efficient_factor": {}}  # noqa: E731
+    return {
+        "sys_name": name,
+        "num_per_node": num_per_node,
+        "accelerator": {
+            "backend": "cuda",
+            "mem_gbs": mem_gib,
+            "mode": "roofline",
+            "op": {
+                "default": family(peak_tflops), "matmul": family(peak_tflops), "group_matmul": family(peak_tflops),
+                "sdp_fwd": family(peak_tflops), "sdp_bwd": family(peak_tflops),
+                "fp8_matmul": {"tflops": 2 * peak_tflops, "efficient_factor": 0, "accurate_efficient_factor": {}},
+                "fp8_group_matmul": {"tflops": 2 * peak_tflops, "efficient_factor": 0, "accurate_efficient_factor": {}},
+            },
+            "bandwidth": {"default": {"efficient_factor": 0.8, "gbps": hbm_gbps, "latency_us": 5.0}},
+        },
+        "networks": {"intra_with_pcie": False, "high_intra_node": _default_tier(nvlink, 10.0),
+                     "inter_node": _default_tier(IB_GBPS_PER_GPU, 20.0)},
+    }
+
+
+def merge_compute(system: dict[str, Any], cal: Any, mem_gib: float | None = None) -> dict[str, Any]:
+    """Measured kernel entries and memory-bound fits into a system dict (a new copy).
+
+    ``cal`` is a calibrate.compute.ComputeCalibration."""
+    out = copy.deepcopy(system)
+    acc = out["accelerator"]
+    if mem_gib:
+        acc["mem_gbs"] = round(mem_gib, 2)
+    new_families: dict[str, list[float]] = {}
+    for t in cal.timings:
+        fam = acc["op"].get(t.family)
+        if fam is None:
+            fam = acc["op"][t.family] = {"tflops": cal.peak_tflops, "efficient_factor": 0.7, "accurate_efficient_factor": {}}
+            new_families[t.family] = []
+        eff = t.flops / (t.seconds * fam["tflops"] * 1e12)
+        fam.setdefault("accurate_efficient_factor", {})[t.key] = round(eff, 6)
+        if t.family in new_families:
+            new_families[t.family].append(eff)
+    for name, effs in new_families.items():  # a new family's fallback: the median measured shape
+        acc["op"][name]["efficient_factor"] = round(statistics.median(effs), 4)
+    for family, fit in cal.bandwidth.items():
+        base = acc["bandwidth"].get(family) or acc["bandwidth"].get("default") or {"gbps": cal.hbm_gbps}
+        gbps = float(base["gbps"])
+        acc["bandwidth"][family] = {
+            "efficient_factor": round(fit.efficiency(gbps), 4), "gbps": gbps, "latency_us": round(fit.latency * 1e6, 3),
+        }
+    return out
+
+
+def merge_collectives(system: dict[str, Any], tier: str, fits: dict[str, AlphaBeta]) -> dict[str, Any]:
+    """Per-op efficiency and latency of one network tier (created at the measured
+    bandwidth when the system lacks it)."""
+    out = copy.deepcopy(system)
+    nets = out["networks"]
+    if tier not in nets:
+        best = max(1.0 / f.seconds_per_byte for f in fits.values()) / 1e9
+        nets[tier] = _default_tier(round(best, 3), 0.0)
+    t = nets[tier]
+    gbps = float(t["bandwidth"]["gbps"])
+    for op, fit in fits.items():
+        spec = t["op"].setdefault(op, dict(_default_tier(1, 0)["op"][op]))
+        spec["efficient_factor"] = round(fit.efficiency(gbps), 4)
+        spec["latency_us"] = round(fit.latency * 1e6, 3)
+        # the fitted intercept is the whole constant: drop the base's extra constants
+        # and fixed DP bandwidths, which the measurement supersedes
+        spec["fixed_latency_us"] = 0.0
+        spec.pop("fixed_latency_us_by_comm_num", None)
+        spec.pop("dp_fixed_bw", None)
+    return out
