@@ -24,4 +24,4 @@ $SM check-step -m llama2-7b --set layer_num=4 -y "$SYS" --seq-len 4096 --mbs 1 -
 for f in "$OUT"/check_*.json; do python3 -c "
 import json,sys; r=json.load(open(sys.argv[1]))
 print(r['model'], r['layers'], 'time', round(r['step_time_real']*1e3,1), round(r['step_time_predicted']*1e3,1), '%+.1f%%'%(100*r['time_error']),
-      'mem', round(r['peak_mem_real']/2**30,2), round(r['peak_mem_predicted']/2**30,2), '%+.1f%%'%(100*r['mem_error']), 'misses', r['misses'])" "$f"; done
+      'mem', round(r['peak_mem_real']/2**30,2), round(r['peak_mem_predicted']/2**30,2), '%+.1f%%'%(100*r['mem_error']), 'misses', r['misses'], 'states', round(r['model_state_bytes_real']/2**30,2), round(r['model_state_bytes_predicted']/2**30,2), 'act', round(r['activation_bytes_real']/2**30,2), round(r['activation_bytes_predicted']/2**30,2), 'fused', r['wgrad_accumulation_fused'], {k: (round(v*1e3,1), round(r['phase_time_predicted'][k]*1e3,1)) for k, v in r['phase_time_real'].items()})" "$f"; done

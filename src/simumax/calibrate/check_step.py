@@ -3,8 +3,9 @@
 The model is built from a simumax ModelConfig (dense, MHA/GQA, RoPE, RMSNorm or
 LayerNorm, SwiGLU or GeLU, Megatron's padded vocabulary, tied or untied output layer)
 in plain PyTorch, and trained the way Megatron-LM trains with one GPU and no distributed
-optimizer: bf16 parameters, fp32 main gradients accumulated by a hook after each
-backward (Megatron's DDP buffer), fp32 master weights and Adam states, the master copy
+optimizer: bf16 parameters, fp32 main gradients (Megatron's DDP buffer) into which the
+linear layers' weight-gradient GEMMs accumulate directly (gradient-accumulation fusion;
+other parameters through a hook), fp32 master weights and Adam states, the master copy
 written back to bf16 after the step. Attention is ``scaled_dot_product_attention``
 (flash on GPUs), the loss an fp32 cross-entropy over the logits, the SwiGLU unfused.
 
@@ -38,6 +39,50 @@ def single_device_strategy(seq_len: int, mbs: int, mbc: int) -> StrategyConfig:
     })
 
 
+_FUSED_ACCUM: list[bool] = []  # probed once: can cuBLAS accumulate bf16 x bf16 into fp32 in place?
+
+
+def _accumulate_wgrad(main_grad: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> None:
+    """main_grad[n, k] += dy^T @ x in one fp32-accumulating GEMM where torch offers it
+    (Megatron's gradient-accumulation fusion), else a bf16 product added."""
+    if not _FUSED_ACCUM:
+        try:
+            torch.addmm(main_grad, dy.t(), x, out_dtype=torch.float32, out=main_grad)
+            _FUSED_ACCUM.append(True)
+            return
+        except (TypeError, RuntimeError, NotImplementedError):
+            _FUSED_ACCUM.append(False)
+    if _FUSED_ACCUM[0]:
+        torch.addmm(main_grad, dy.t(), x, out_dtype=torch.float32, out=main_grad)
+    else:
+        main_grad.add_(dy.t() @ x)
+
+
+class _LinearFn(torch.autograd.Function):
+    """y = x W^T whose weight gradient goes straight into ``W.main_grad`` (fp32), as
+    Megatron's linears do with gradient_accumulation_fusion; ``W.grad`` stays None."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return F.linear(x, weight)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        dx = dy @ weight
+        _accumulate_wgrad(weight.main_grad, dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1]))
+        return dx, None
+
+
+class _Linear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self.weight, "main_grad"):
+            return super().forward(x)
+        y = _LinearFn.apply(x, self.weight)
+        return y + self.bias if self.bias is not None else y
+
+
 class _Norm(nn.Module):
     def __init__(self, h: int, kind: str) -> None:
         super().__init__()
@@ -63,11 +108,11 @@ class _Layer(nn.Module):
         self.heads, self.kv, self.d = m.head_num, m.kv_head_num or m.head_num, d
         bias = m.add_bias_linear
         self.norm1, self.norm2 = _Norm(h, m.norm_type), _Norm(h, m.norm_type)
-        self.qkv = nn.Linear(h, (self.heads + 2 * self.kv) * d, bias=bias)
-        self.proj = nn.Linear(self.heads * d, h, bias=bias)
+        self.qkv = _Linear(h, (self.heads + 2 * self.kv) * d, bias=bias)
+        self.proj = _Linear(self.heads * d, h, bias=bias)
         self.swiglu = m.use_swiglu
-        self.fc1 = nn.Linear(h, m.intermediate_size * (2 if m.use_swiglu else 1), bias=bias)
-        self.fc2 = nn.Linear(m.intermediate_size, h, bias=bias)
+        self.fc1 = _Linear(h, m.intermediate_size * (2 if m.use_swiglu else 1), bias=bias)
+        self.fc2 = _Linear(m.intermediate_size, h, bias=bias)
         self.rope = m.position_embedding_type == "rope"
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -100,7 +145,7 @@ class LlamaStyle(nn.Module):
         self.pos = nn.Embedding(m.max_position_embeddings or 4096, m.hidden_size) if m.position_embedding_type == "learned_absolute" else None
         self.layers = nn.ModuleList(_Layer(m) for _ in range(m.layer_num))
         self.norm = _Norm(m.hidden_size, m.norm_type)
-        self.head = None if not m.untie_embeddings_and_output_weights else nn.Linear(m.hidden_size, self.vocab, bias=False)
+        self.head = None if not m.untie_embeddings_and_output_weights else _Linear(m.hidden_size, self.vocab, bias=False)
         self.d = m.head_size or m.hidden_size // m.head_num
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -114,8 +159,8 @@ class LlamaStyle(nn.Module):
         cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        w = self.embed.weight if self.head is None else self.head.weight
-        logits = F.linear(self.norm(x), w)
+        x = self.norm(x)
+        logits = F.linear(x, self.embed.weight) if self.head is None else self.head(x)
         return F.cross_entropy(logits.float().view(-1, self.vocab), labels.reshape(-1))
 
 
@@ -128,9 +173,34 @@ class StepMeasurement:
     params: int
     loss_first: float
     loss_last: float
+    phase_seconds: dict[str, float]  # median fwd / bwd (all micro-batches) / optimizer time per step
+    model_state_bytes: int | None  # allocated at the start of the last step: weights, grads, optimizer
+    saved_activation_bytes: int  # one micro-batch's tensors saved for backward (unique storages, no parameters)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def saved_bytes(net: nn.Module, tokens: torch.Tensor, labels: torch.Tensor) -> int:
+    """Bytes autograd keeps from one forward for backward: unique storages, parameters
+    excluded (what simumax calls the activation cache of a micro-batch)."""
+    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    kept: dict[int, torch.UntypedStorage] = {}
+
+    def pack(t: torch.Tensor) -> None:
+        # hold the storage, not the tensor: a freed storage's address could be reused
+        # (and counted once for two tensors), while holding the tensor would tie saved
+        # outputs to their own graph in a reference cycle that outlives this forward
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            kept[st.data_ptr()] = st
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None):
+        loss = net(tokens, labels)
+    del loss
+    total = sum(st.nbytes() for st in kept.values())
+    kept.clear()
+    return total
 
 
 def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps: int, warmup: int,
@@ -147,8 +217,9 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
         p.main_grad = torch.zeros_like(p, dtype=torch.float32)
 
         def hook(t: torch.Tensor) -> None:
-            t.main_grad.add_(t.grad)
-            t.grad = None
+            if t.grad is not None:  # None for the linears, which accumulate themselves
+                t.main_grad.add_(t.grad)
+                t.grad = None
 
         p.register_post_accumulate_grad_hook(hook)
     master = [p.detach().float().requires_grad_(True) for p in params]
@@ -158,17 +229,29 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
     vocab = net.vocab
     gen = torch.Generator(device=device).manual_seed(seed)
     data = torch.randint(0, vocab, (mbc, mbs, seq_len + 1), device=device, generator=gen)
+    saved = saved_bytes(net, data[0, :, :-1], data[0, :, 1:])
     losses, times = [], []
+    parts: dict[str, list[float]] = {"fwd": [], "bwd": [], "optimizer": []}
+    states = 0
     for it in range(warmup + steps):
         synchronize(device)
+        if device.type == "cuda":
+            states = torch.cuda.memory_allocated(device)  # weights, grads, master + Adam (after step 1)
         t0 = time.perf_counter()
         for p in params:
             p.main_grad.zero_()
         total = 0.0
+        fwd = bwd = 0.0
         for mb in range(mbc):
+            ta = time.perf_counter()
             loss = net(data[mb, :, :-1], data[mb, :, 1:]) / mbc
+            synchronize(device)  # phase split for the report; costs a few microseconds
+            tb = time.perf_counter()
             loss.backward()
             total += loss.detach()
+            synchronize(device)
+            fwd, bwd = fwd + tb - ta, bwd + time.perf_counter() - tb
+        to = time.perf_counter()
         opt.step()
         with torch.no_grad():
             for mp, p in zip(master, params):
@@ -176,13 +259,16 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
         synchronize(device)
         if it >= warmup:
             times.append(time.perf_counter() - t0)
+            for k, v in (("fwd", fwd), ("bwd", bwd), ("optimizer", time.perf_counter() - to)):
+                parts[k].append(v)
         losses.append(float(total))
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     n = sum(p.numel() for p in params)
     del net, opt, master, params, data
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return StepMeasurement(str(device), statistics.median(times), times, peak, n, losses[0], losses[-1])
+    return StepMeasurement(str(device), statistics.median(times), times, peak, n, losses[0], losses[-1],
+                           {k: statistics.median(v) for k, v in parts.items()}, states or None, saved)
 
 
 def relative_error(pred: float, real: float) -> float:

@@ -6,10 +6,10 @@ Memory-bound families and collectives use the same α-β form as the cost model
     t = x / (gbps * 1e9 * efficient_factor) + latency
 
 with x the bytes the model charges (collectives: bytes * scale * (n + offset) / n). A
-least-squares line through (x, t) gives slope 1 / (gbps * eff) and intercept latency.
+line through (x, t), fitted on relative error, gives slope 1 / (gbps * eff) and intercept
+latency.
 gbps stays the datasheet (or base config) peak, so efficient_factor says what fraction of
-it the kernels reach; a negative intercept (noise on tiny sizes) is clamped to 0 and the
-slope refitted through the origin.
+it the kernels reach.
 """
 
 from __future__ import annotations
@@ -33,21 +33,26 @@ class AlphaBeta:
 
 
 def fit_alpha_beta(xs: list[float], ts: list[float]) -> AlphaBeta:
-    """Least-squares t = latency + x * seconds_per_byte, latency >= 0, slope > 0."""
-    if len(xs) != len(ts) or not xs:
-        raise ValueError("need matching, non-empty sizes and times")
-    if len(xs) == 1 or len(set(xs)) == 1:
+    """Least squares of the relative error (weights 1/t², so a 30 KB kernel counts as
+    much as a 3 GB one: both the latency and the bandwidth are fitted), for
+    t = latency + x * seconds_per_byte with latency >= 0 and slope > 0."""
+    if len(xs) != len(ts) or not xs or min(ts) <= 0:
+        raise ValueError("need matching, non-empty sizes and positive times")
+    w = [1.0 / (t * t) for t in ts]
+    if len(set(xs)) == 1:
         slope, lat = statistics.fmean(ts) / statistics.fmean(xs), 0.0
     else:
-        mx, mt = statistics.fmean(xs), statistics.fmean(ts)
-        sxx = sum((x - mx) ** 2 for x in xs)
-        slope = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / sxx
+        sw = sum(w)
+        mx = sum(wi * x for wi, x in zip(w, xs)) / sw
+        mt = sum(wi * t for wi, t in zip(w, ts)) / sw
+        sxx = sum(wi * (x - mx) ** 2 for wi, x in zip(w, xs))
+        slope = sum(wi * (x - mx) * (t - mt) for wi, x, t in zip(w, xs, ts)) / sxx
         lat = mt - slope * mx
-        if lat < 0 or slope <= 0:
+        if lat < 0 or slope <= 0:  # noise on tiny sizes: a line through the origin
             lat = 0.0
-            slope = sum(x * t for x, t in zip(xs, ts)) / sum(x * x for x in xs)
+            slope = sum(wi * x * t for wi, x, t in zip(w, xs, ts)) / sum(wi * x * x for wi, x in zip(w, xs))
     slope = max(slope, 1e-30)
-    res = max(abs(lat + slope * x - t) / t for x, t in zip(xs, ts) if t > 0) if any(t > 0 for t in ts) else 0.0
+    res = max(abs(lat + slope * x - t) / t for x, t in zip(xs, ts))
     return AlphaBeta(slope, lat, len(xs), res)
 
 

@@ -66,7 +66,7 @@ def calibrate_jobs(
     start = base.to_dict() if base else system_writer.fresh_system(
         sys_name, dname, mem_gib or 16.0, cal.peak_tflops, cal.hbm_gbps, num_per_node)
     start["sys_name"] = sys_name
-    system = system_writer.merge_compute(start, cal, mem_gib)
+    system = system_writer.merge_compute(start, cal, mem_gib, set_fallbacks=base is None)
     SystemConfig.init_from_dict(system)  # what we write must load
     report = {
         "device": dname,
@@ -130,7 +130,7 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
                device: str | None = None) -> dict[str, Any]:
     """Train for real, predict the same job, return both and the errors."""
     _torch()
-    from simumax.calibrate.check_step import relative_error, single_device_strategy, train_steps
+    from simumax.calibrate.check_step import _FUSED_ACCUM, relative_error, single_device_strategy, train_steps
     from simumax.calibrate.timing import device_name, pick_device
     from simumax.estimate import Estimate
 
@@ -148,6 +148,14 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
         "time_error": relative_error(cost.duration_time_per_iter, real.step_seconds),
         "peak_mem_real": real.max_allocated, "peak_mem_predicted": pred_mem,
         "mem_error": relative_error(pred_mem, real.max_allocated) if real.max_allocated else None,
+        "phase_time_real": real.phase_seconds,
+        "phase_time_predicted": {"fwd": cost.breakdown["fwd"], "bwd": cost.breakdown["bwd"] + cost.breakdown["recompute"],
+                                 "optimizer": cost.breakdown["optimizer"] + cost.breakdown["dp_comm"]},
+        "model_state_bytes_real": real.model_state_bytes,
+        "activation_bytes_real": real.saved_activation_bytes,
+        "activation_bytes_predicted": max(s.fwd_activation_cache_per_micro_batch for s in mem.stages),
+        "model_state_bytes_predicted": max(s.model_mem for s in mem.stages),
         "misses": sum(cost.efficiency_lookups.get("misses", {}).values()),
+        "wgrad_accumulation_fused": bool(_FUSED_ACCUM and _FUSED_ACCUM[0]),
         "measurement": real.to_dict(),
     }

@@ -52,10 +52,12 @@ def fresh_system(name: str, device_name: str, mem_gib: float, peak_tflops: float
     }
 
 
-def merge_compute(system: dict[str, Any], cal: Any, mem_gib: float | None = None) -> dict[str, Any]:
+def merge_compute(system: dict[str, Any], cal: Any, mem_gib: float | None = None, set_fallbacks: bool = False) -> dict[str, Any]:
     """Measured kernel entries and memory-bound fits into a system dict (a new copy).
 
-    ``cal`` is a calibrate.compute.ComputeCalibration."""
+    ``cal`` is a calibrate.compute.ComputeCalibration. A family the system lacks (or every
+    measured family, with ``set_fallbacks``: a fresh skeleton) gets the median measured
+    efficiency as its fallback for shapes not measured; ``default`` follows matmul."""
     out = copy.deepcopy(system)
     acc = out["accelerator"]
     if mem_gib:
@@ -66,12 +68,16 @@ def merge_compute(system: dict[str, Any], cal: Any, mem_gib: float | None = None
         if fam is None:
             fam = acc["op"][t.family] = {"tflops": cal.peak_tflops, "efficient_factor": 0.7, "accurate_efficient_factor": {}}
             new_families[t.family] = []
+        if set_fallbacks:
+            new_families.setdefault(t.family, [])
         eff = t.flops / (t.seconds * fam["tflops"] * 1e12)
         fam.setdefault("accurate_efficient_factor", {})[t.key] = round(eff, 6)
         if t.family in new_families:
             new_families[t.family].append(eff)
     for name, effs in new_families.items():  # a new family's fallback: the median measured shape
         acc["op"][name]["efficient_factor"] = round(statistics.median(effs), 4)
+    if set_fallbacks and "matmul" in new_families and "default" in acc["op"]:
+        acc["op"]["default"]["efficient_factor"] = acc["op"]["matmul"]["efficient_factor"]
     for family, fit in cal.bandwidth.items():
         base = acc["bandwidth"].get(family) or acc["bandwidth"].get("default") or {"gbps": cal.hbm_gbps}
         gbps = float(base["gbps"])

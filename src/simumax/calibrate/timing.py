@@ -14,27 +14,37 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_seconds(fn: Callable[[], object], device: torch.device, warmup: int = 3, repeats: int = 10) -> float:
-    """Median wall time of one call: CUDA events around each call on a GPU (device-side
-    time, launch queued behind the previous call as in a training step), a synchronised
-    perf_counter on CPU."""
-    for _ in range(warmup):
+def median_seconds(fn: Callable[[], object], device: torch.device, warmup: int = 3, repeats: int = 10,
+                   min_sample: float = 1e-3) -> float:
+    """Median time of one call, calls issued back to back as a training step issues them.
+
+    Each sample times ``inner`` consecutive calls (enough to last ``min_sample`` seconds)
+    and divides: for a large kernel that is its device time; for a tiny one it is the
+    rate the host can launch it, which is what bounds it in eager training too. CUDA
+    events on a GPU, a synchronised perf_counter on CPU."""
+    for _ in range(max(warmup, 1)):
         fn()
     synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    inner = max(1, min(1000, int(min_sample / max(time.perf_counter() - t0, 1e-7))))
     samples: list[float] = []
     if device.type == "cuda":
         pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
         for start, end in pairs:
             start.record()
-            fn()
+            for _ in range(inner):
+                fn()
             end.record()
         torch.cuda.synchronize(device)
-        samples = [s.elapsed_time(e) * 1e-3 for s, e in pairs]
+        samples = [s.elapsed_time(e) * 1e-3 / inner for s, e in pairs]
     else:
         for _ in range(repeats):
             t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
+            for _ in range(inner):
+                fn()
+            samples.append((time.perf_counter() - t0) / inner)
     return statistics.median(samples)
 
 
