@@ -18,7 +18,7 @@ $SM calibrate --name "$NAME" --out "$OUT/$NAME.json" \
   -m llama3-8b -s $J/single_seq4096_mbs1.json -m $J/llama3-1b.json -s $J/single_seq2048_mbs2.json \
   -m llama2-7b -s $J/single_seq4096_mbs1.json || exit 1
 SYS="$OUT/$NAME.json"
-$SM check-step -m llama3-8b --set layer_num=4 -y "$SYS" --seq-len 4096 --mbs 1 --mbc 2 --json > "$OUT/check_llama3_8b_l4.json"
+$SM check-step -m llama3-8b --set layer_num=4 -y "$SYS" --seq-len 4096 --mbs 1 --mbc 2 --profile --json > "$OUT/check_llama3_8b_l4.json"
 $SM check-step -m $J/llama3-1b.json -y "$SYS" --seq-len 2048 --mbs 2 --mbc 2 --json > "$OUT/check_llama3_1b.json"
 $SM check-step -m llama2-7b --set layer_num=4 -y "$SYS" --seq-len 4096 --mbs 1 --mbc 2 --json > "$OUT/check_llama2_7b_l4.json"
 for f in "$OUT"/check_*.json; do python3 -c "

@@ -176,6 +176,7 @@ class StepMeasurement:
     phase_seconds: dict[str, float]  # median fwd / bwd (all micro-batches) / optimizer time per step
     model_state_bytes: int | None  # allocated at the start of the last step: weights, grads, optimizer
     saved_activation_bytes: int  # one micro-batch's tensors saved for backward (unique storages, no parameters)
+    kernels: list[dict[str, object]]  # with profile: {name, count, seconds} per kernel name, slowest first
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -204,8 +205,9 @@ def saved_bytes(net: nn.Module, tokens: torch.Tensor, labels: torch.Tensor) -> i
 
 
 def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps: int, warmup: int,
-                device: torch.device, seed: int = 0) -> StepMeasurement:
-    """Build, then time ``steps`` optimizer steps after ``warmup`` untimed ones."""
+                device: torch.device, seed: int = 0, profile: bool = False) -> StepMeasurement:
+    """Build, then time ``steps`` optimizer steps after ``warmup`` untimed ones; with
+    ``profile``, one more step under the torch profiler (device time per kernel name)."""
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -230,14 +232,8 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
     gen = torch.Generator(device=device).manual_seed(seed)
     data = torch.randint(0, vocab, (mbc, mbs, seq_len + 1), device=device, generator=gen)
     saved = saved_bytes(net, data[0, :, :-1], data[0, :, 1:])
-    losses, times = [], []
-    parts: dict[str, list[float]] = {"fwd": [], "bwd": [], "optimizer": []}
-    states = 0
-    for it in range(warmup + steps):
-        synchronize(device)
-        if device.type == "cuda":
-            states = torch.cuda.memory_allocated(device)  # weights, grads, master + Adam (after step 1)
-        t0 = time.perf_counter()
+    def one_step() -> tuple[float, float, float, float]:
+        """(fwd, bwd, optimizer seconds, loss) of one optimizer step."""
         for p in params:
             p.main_grad.zero_()
         total = 0.0
@@ -257,18 +253,53 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
             for mp, p in zip(master, params):
                 p.copy_(mp)
         synchronize(device)
+        return fwd, bwd, time.perf_counter() - to, float(total)
+
+    losses, times = [], []
+    parts: dict[str, list[float]] = {"fwd": [], "bwd": [], "optimizer": []}
+    states = 0
+    for it in range(warmup + steps):
+        synchronize(device)
+        if device.type == "cuda":
+            states = torch.cuda.memory_allocated(device)  # weights, grads, master + Adam (after step 1)
+        t0 = time.perf_counter()
+        fwd, bwd, optim, loss = one_step()
         if it >= warmup:
             times.append(time.perf_counter() - t0)
-            for k, v in (("fwd", fwd), ("bwd", bwd), ("optimizer", time.perf_counter() - to)):
+            for k, v in (("fwd", fwd), ("bwd", bwd), ("optimizer", optim)):
                 parts[k].append(v)
-        losses.append(float(total))
+        losses.append(loss)
+    kernels = profile_step(one_step, device) if profile else []
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     n = sum(p.numel() for p in params)
     del net, opt, master, params, data
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return StepMeasurement(str(device), statistics.median(times), times, peak, n, losses[0], losses[-1],
-                           {k: statistics.median(v) for k, v in parts.items()}, states or None, saved)
+                           {k: statistics.median(v) for k, v in parts.items()}, states or None, saved, kernels)
+
+
+def profile_step(step, device: torch.device, top: int = 400) -> list[dict[str, object]]:
+    """Device time per kernel name over one step (host time on CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=acts) as prof:
+        step()
+    from torch.autograd import DeviceType
+
+    rows = []
+    for e in prof.key_averages():
+        if device.type == "cuda":  # kernels only: an operator's device time repeats its kernels'
+            if e.device_type != DeviceType.CUDA:
+                continue
+            t = e.device_time_total
+        else:
+            t = e.self_cpu_time_total
+        if t > 0:
+            rows.append({"name": e.key[:120], "count": e.count, "seconds": t * 1e-6})
+    rows.sort(key=lambda r: -r["seconds"])
+    return rows[:top]
 
 
 def relative_error(pred: float, real: float) -> float:

@@ -126,8 +126,44 @@ def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier:
     return system, report, rank0
 
 
+KERNEL_KINDS = (  # kernel-name fragments -> kind, first match wins (CUDA kernel names vary by library)
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "sm80_", "aten::mm", "aten::bmm", "aten::addmm")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, frags in KERNEL_KINDS if any(f in low for f in frags)), "memory_bound")
+
+
+def predicted_seconds_by_kind(est: Any) -> dict[str, float]:
+    """The estimate's compute-stream time of one iteration split like a profile."""
+    from simumax.graph.kernels import Attention, Collective, Gemm, GroupGemm, MemBound
+    from simumax.graph.ops import PHASES
+
+    out = {"gemm": 0.0, "attention": 0.0, "memory_bound": 0.0}
+    cm = est.compute_model
+    for chunk in est.chunks:
+        for op in chunk.ops:
+            for phase in PHASES:
+                for k in op.kernels(phase):
+                    if isinstance(k, (Gemm, GroupGemm)):
+                        out["gemm"] += cm.compute(k)[0]
+                    elif isinstance(k, Attention):
+                        out["attention"] += cm.compute(k)[0]
+                    elif isinstance(k, MemBound):
+                        out["memory_bound"] += cm.membound(k)
+                    elif not isinstance(k, Collective):
+                        raise TypeError(k)
+    out = {k: v * est.strategy.micro_batch_num for k, v in out.items()}
+    out["optimizer"] = est.cost().breakdown["optimizer"]
+    return out
+
+
 def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int, mbc: int, steps: int, warmup: int,
-               device: str | None = None) -> dict[str, Any]:
+               device: str | None = None, profile: bool = False) -> dict[str, Any]:
     """Train for real, predict the same job, return both and the errors."""
     _torch()
     from simumax.calibrate.check_step import _FUSED_ACCUM, relative_error, single_device_strategy, train_steps
@@ -138,7 +174,7 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
     est = Estimate(model, strategy, system)
     cost, mem = est.cost(), est.memory()
     dev = pick_device(device)
-    real = train_steps(model, seq_len, mbs, mbc, steps, warmup, dev)
+    real = train_steps(model, seq_len, mbs, mbc, steps, warmup, dev, profile=profile)
     pred_mem = mem.peak_mem
     return {
         "model": model.model_name, "layers": model.layer_num, "hidden": model.hidden_size, "seq_len": seq_len,
@@ -156,6 +192,15 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
         "activation_bytes_predicted": max(s.fwd_activation_cache_per_micro_batch for s in mem.stages),
         "model_state_bytes_predicted": max(s.model_mem for s in mem.stages),
         "misses": sum(cost.efficiency_lookups.get("misses", {}).values()),
+        "kernel_seconds_predicted": predicted_seconds_by_kind(est),
+        "kernel_seconds_real": _by_kind(real.kernels) if real.kernels else None,
         "wgrad_accumulation_fused": bool(_FUSED_ACCUM and _FUSED_ACCUM[0]),
         "measurement": real.to_dict(),
     }
+
+
+def _by_kind(kernels: list[dict[str, Any]]) -> dict[str, float]:
+    out = {"gemm": 0.0, "attention": 0.0, "memory_bound": 0.0, "optimizer": 0.0}
+    for k in kernels:
+        out[kernel_kind(str(k["name"]))] += float(k["seconds"])
+    return out
