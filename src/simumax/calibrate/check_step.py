@@ -283,8 +283,8 @@ def profile_step(step, device: torch.device, top: int = 400) -> list[dict[str, o
     """Device time per kernel name over one step (host time on CPU)."""
     from torch.profiler import ProfilerActivity, profile
 
-    acts = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
-    with profile(activities=acts) as prof:
+    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=acts, record_shapes=True) as prof:
         step()
     from torch.autograd import DeviceType
 
@@ -299,7 +299,13 @@ def profile_step(step, device: torch.device, top: int = 400) -> list[dict[str, o
         if t > 0:
             rows.append({"name": e.key[:120], "count": e.count, "seconds": t * 1e-6})
     rows.sort(key=lambda r: -r["seconds"])
-    return rows[:top]
+    # GEMM operators by input shape, so in-training GEMM times can be set beside the
+    # isolated calibration of the same shapes (device time of the operator's kernels)
+    gemms = [{"name": e.key, "shapes": [list(x) for x in e.input_shapes if x], "count": e.count,
+              "seconds": (e.device_time_total if device.type == "cuda" else e.cpu_time_total) * 1e-6}
+             for e in prof.key_averages(group_by_input_shape=True) if e.key in ("aten::mm", "aten::addmm", "aten::bmm")]
+    gemms.sort(key=lambda r: -r["seconds"])
+    return rows[:top] + [{**g, "name": f"shape:{g['name']}"} for g in gemms]
 
 
 def relative_error(pred: float, real: float) -> float:

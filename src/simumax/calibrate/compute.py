@@ -82,9 +82,11 @@ def gemm_fn(k: Gemm, device: torch.device, dtype: torch.dtype = torch.bfloat16):
         # TE's weight-gradient GEMM accumulates into the fp32 main grad in cuBLAS (beta=1);
         # torch has that as addmm with out_dtype on CUDA; elsewhere a bf16 product + add.
         c = torch.zeros((k.m, k.n), dtype=torch.float32, device=device)
+        # in place (out=c): an out-of-place addmm first copies c into a new result, a
+        # full extra pass over the fp32 gradient that training does not make
         try:
-            torch.addmm(c, a, b, out_dtype=torch.float32)
-            return lambda: torch.addmm(c, a, b, out_dtype=torch.float32)
+            torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
+            return lambda: torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
         except (TypeError, RuntimeError, NotImplementedError):
             return lambda: c.add_(torch.matmul(a, b))
     return lambda: torch.matmul(a, b)
