@@ -290,8 +290,9 @@ def profile_step(step, device: torch.device, top: int = 400) -> list[dict[str, o
 
     rows = []
     for e in prof.key_averages():
-        if device.type == "cuda":  # kernels only: an operator's device time repeats its kernels'
-            if e.device_type != DeviceType.CUDA:
+        if device.type == "cuda":  # kernels only: an operator's (or a GPU-side annotation
+            # such as Optimizer.step's) device time repeats its kernels'
+            if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False) or e.key.startswith("Optimizer."):
                 continue
             t = e.device_time_total
         else:
