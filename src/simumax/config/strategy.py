@@ -82,6 +82,14 @@ class StrategyConfig(ConfigBase):
     use_flash_sdp: bool = Field(True, description="Flash attention.")
     use_fused_swiglu: bool = Field(True, description="Fused bias-SwiGLU kernel (--bias-swiglu-fusion).")
     cross_entropy_loss_fusion: bool = Field(False, description="Fused vocab-parallel cross-entropy (TE).")
+    transformer_impl: Literal["transformer_engine", "local"] = Field(
+        "transformer_engine",
+        description="Megatron --transformer-impl: TransformerEngine modules, or Megatron-Core's local spec "
+        "(unfused attention with softmax probabilities, unfused RoPE; use_flash_sdp is then ignored).",
+    )
+    masked_softmax_fusion: bool = Field(
+        True, description="Unfused attention: fused scale-mask-softmax kernel (bf16 probs) instead of torch softmax in fp32."
+    )
     te_version: str | None = Field(None, description="TransformerEngine version, e.g. '2.11.0' (memory buffers).")
     # recompute
     enable_recompute: bool = Field(False, description="Master switch for the recompute fields below.")

@@ -126,16 +126,24 @@ def replicated_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k:
     return op.with_(tp_replicated_params=op.params)
 
 
-def rope(name: str, layer: int, d: Dims, qk_width: int) -> Op:
-    """Fused rotary embedding on q and k (reads and writes them once; saves nothing)."""
+def rope(name: str, layer: int, d: Dims, qk_width: int, *, fused: bool = True, rot_dim: int = 0) -> Op:
+    """Rotary embedding on q and k. Fused (TE): reads and writes them once, saves nothing.
+    Unfused (Megatron-Core local: t * cos + rotate_half(t) * sin, once for q and once for
+    k): each call makes cos and sin [s, 1, 1, rot_dim] in the activation dtype, which the
+    two products keep for backward; about four passes over q and k each way."""
     nbytes = d.act(qk_width)
+    if fused:
+        return Op(
+            name=name, module="rope", layer=layer,
+            fwd=(MemBound(f"{name}.fwd", 2 * nbytes),), bwd_input=(MemBound(f"{name}.bwd", 2 * nbytes),),
+            bwd_transient=nbytes,
+        )
+    table = float(d.s * rot_dim * d.act_bytes)
+    saved = tuple((f"{name}.{t}_{f}", table) for t in ("q", "k") for f in ("cos", "sin"))
     return Op(
-        name=name,
-        module="rope",
-        layer=layer,
-        fwd=(MemBound(f"{name}.fwd", 2 * nbytes),),
-        bwd_input=(MemBound(f"{name}.bwd", 2 * nbytes),),
-        bwd_transient=nbytes,
+        name=name, module="rope", layer=layer,
+        fwd=(MemBound(f"{name}.fwd", 8 * nbytes),), bwd_input=(MemBound(f"{name}.bwd", 8 * nbytes),),
+        saved=saved, fwd_transient=2 * nbytes, bwd_transient=2 * nbytes,
     )
 
 
@@ -195,22 +203,30 @@ def flash_attention(
     )
 
 
-def math_attention(name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tensor, *, qk_dim: int, v_dim: int, dropout: bool) -> Op:
-    """Unfused attention: QK^T, softmax (probabilities saved), dropout, PV."""
+def math_attention(
+    name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tensor, *, qk_dim: int, v_dim: int, dropout: bool,
+    fused_softmax: bool = True,
+) -> Op:
+    """Unfused attention (Megatron-Core's DotProductAttention): QK^T, scale-mask-softmax,
+    dropout, PV. The fused masked-softmax kernel keeps its bf16 output; the torch path
+    (``--no-masked-softmax-fusion``, or shapes the kernel refuses) upcasts the scores,
+    keeps the fp32 softmax for its backward and the bf16 probabilities for PV
+    (attention_softmax_in_fp32, Megatron-Core's default)."""
     b, a, s = d.b, d.heads, d.s
-    scores = float(b * a * s * s * d.act_bytes)
+    elems = float(b * a * s * s)
+    scores = elems * d.act_bytes
     t = d.tokens
     # per head-batch GEMMs written as batched Gemm kernels (b = batch * heads)
     bh = b * a
     fwd = (
         Gemm(s, qk_dim, s, "TN", b=bh),
-        MemBound(f"{name}.softmax", 2 * scores),
+        MemBound(f"{name}.softmax", 2 * scores if fused_softmax else 2 * scores + 3 * elems * FP32),
         Gemm(s, s, v_dim, "TN", b=bh),
     )
     bwd = (
         Gemm(s, v_dim, s, "NN", b=bh),
         Gemm(s, s, v_dim, "NT", b=bh),
-        MemBound(f"{name}.softmax_bwd", 3 * scores),
+        MemBound(f"{name}.softmax_bwd", 3 * scores if fused_softmax else 3 * elems * FP32 + 2 * scores),
         Gemm(s, s, qk_dim, "NN", b=bh),
         Gemm(s, s, qk_dim, "NT", b=bh),
     )
@@ -219,8 +235,14 @@ def math_attention(name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tens
     if d.kv_heads != d.heads:
         k_full = (f"{name}.k_expanded", float(t * a * qk_dim * d.act_bytes))
         v_full = (f"{name}.v_expanded", float(t * a * v_dim * d.act_bytes))
-    saved: list[Tensor] = [q, k_full, v_full, (f"{name}.probs", scores)]
-    if dropout:  # softmax output (for its backward), the mask, and the dropped probs (for PV)
+    saved: list[Tensor] = [q, k_full, v_full]
+    if fused_softmax:  # the kernel's bf16 output, kept for its own backward (and PV's)
+        saved.append((f"{name}.probs", scores))
+    else:  # the fp32 softmax for its backward; its bf16 cast is kept by PV unless dropped out
+        saved.append((f"{name}.softmax_fp32", elems * FP32))
+        if not dropout:
+            saved.append((f"{name}.probs", scores))
+    if dropout:  # the mask (1 B) and the dropped probs, kept by PV
         saved += [(f"{name}.dropout_mask", scores / d.act_bytes), (f"{name}.probs_dropped", scores)]
     return Op(
         name=name,
@@ -230,16 +252,20 @@ def math_attention(name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tens
         bwd_input=bwd,
         saved=tuple(saved),
         input=(q, k, v),
-        fwd_transient=scores,
-        bwd_transient=2 * scores,
+        fwd_transient=scores if fused_softmax else elems * FP32,
+        bwd_transient=2 * scores if fused_softmax else 2 * elems * FP32,
     )
 
 
 def swiglu(name: str, layer: int, d: Dims, x: Tensor, ffn: int, *, fused: bool) -> Op:
-    """SwiGLU on the [tokens, 2*ffn] FC1 output; saves the input (and the gate when unfused)."""
+    """SwiGLU on the [tokens, 2*ffn] FC1 output; saves the input (and, unfused, the two
+    factors of the product)."""
     out = d.act(ffn)
     saved: list[Tensor] = [x]
-    if not fused:  # silu(gate) * up keeps silu's input and the product's operands
+    if not fused:
+        # Megatron-Core's glu: gate, up = chunk(x); silu(gate) * (up + glu_linear_offset).
+        # silu keeps gate (a view of x, kept above); the product keeps silu's output and
+        # up + offset, a new tensor even with the default offset 0
         saved += [(f"{name}.silu_out", out), (f"{name}.up", out)]
     return Op(
         name=name,

@@ -25,6 +25,7 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     k = (f"{P}.k", d.act(kv_w)) if rotary else mixed
     out = (f"{P}.attn.out", d.act(q_w))
     bias = model.add_bias_linear
+    local = st.transformer_impl == "local"
     ops = [
         blocks.norm(f"{P}.attn_norm", "attn_norm", layer, d, x_in, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
         blocks.column_linear(f"{P}.qkv", "qkv", layer, d, ln_out, d.h, q_w + 2 * kv_w, bias=bias).with_(
@@ -32,9 +33,13 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
         ),
     ]
     if rotary:
-        ops.append(blocks.rope(f"{P}.rope", layer, d, q_w + kv_w).with_(input=(mixed,), output=q, also_outputs=(k,)))
-    if st.use_math_sdp:
-        core = blocks.math_attention(f"{P}.attn", layer, d, q, k, v, qk_dim=hd, v_dim=hd, dropout=st.enable_dropout)
+        ops.append(
+            blocks.rope(f"{P}.rope", layer, d, q_w + kv_w, fused=local is False, rot_dim=hd).with_(input=(mixed,), output=q, also_outputs=(k,))
+        )
+    if st.use_math_sdp or local:
+        core = blocks.math_attention(
+            f"{P}.attn", layer, d, q, k, v, qk_dim=hd, v_dim=hd, dropout=st.enable_dropout, fused_softmax=st.masked_softmax_fusion
+        )
     else:
         core = blocks.flash_attention(f"{P}.attn", layer, d, q, k, v, out, qk_dim=hd, v_dim=hd)
     ops.append(core.with_(output=out))

@@ -76,7 +76,7 @@ class MoeDims:
         return self.rows_per_expert * self.local_experts
 
 
-def _router(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, h: int, capacity: bool) -> Op:
+def _router(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, h: int, capacity: bool, local: bool = False) -> Op:
     """Gating GEMM (weight replicated over TP), then Megatron's top-k routing as the chain
     of small [tokens, experts] kernels it launches (top-k, softmax of the top-k, scatter into
     dense gate/map tensors, per-expert counts, the capacity top-k over tokens and its mask,
@@ -101,11 +101,18 @@ def _router(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, h: int, capacit
         Gemm(t, E, h, "NN"),
     ]
     scores = te * FP32
+    saved: tuple[Tensor, ...] = (x, (f"{P}.router.scores", scores), (f"{P}.router.map", te))
+    if local:
+        # measured on Megatron-Core's local spec: int64 top-k indices and the fp32 softmax,
+        # over the top-k scores, or over all experts when it runs first (pre-softmax, which
+        # Megatron requires for top-1)
+        probs = float(t * (E if k == 1 else k) * FP32)
+        saved = (x, (f"{P}.router.topk_idx", float(t * k * 8)), (f"{P}.router.softmax", probs))
     return Op(
         name=f"{P}.router", module="router", layer=layer,
         fwd=tuple(fwd), bwd_input=tuple(bwd),
         bwd_weight=(Gemm(E, t, h, "NT", accumulate=True, out_dtype="fp32"),),
-        saved=(x, (f"{P}.router.scores", scores), (f"{P}.router.map", te)),
+        saved=saved,
         input=(x,), fwd_transient=4 * te * ab, bwd_transient=4 * te * ab,
         params=E * h, tp_replicated_params=E * h,
     )
@@ -152,9 +159,12 @@ def _dispatch(
     sort_f, sort_b = _chunk_sort(P, "sort_chunks", md, gathered, pad)
     fwd += sort_f
     bwd = [*sort_b, *bwd, a2a, *perm_b]
+    row_map: tuple[Tensor, ...] = ((f"{P}.dispatch.row_map", float(md.tokens * md.topk * INDEX)),)
+    if not fused:  # int64 indices: the gather's sorted token ids and the [tokens x experts] map
+        row_map = ((f"{P}.dispatch.sorted_ids", float(md.rows_sent * 8)), (f"{P}.dispatch.map", float(md.tokens * md.experts * 8)))
     return Op(
         name=f"{P}.dispatch", module="dispatch", layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd),
-        saved=((f"{P}.dispatch.row_map", float(md.tokens * md.topk * INDEX)),),
+        saved=row_map,
         input=(x,), output=out, fwd_transient=float(sent + recv), bwd_transient=float(sent + recv + gathered),
     )
 
@@ -269,11 +279,21 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
     act_out = (f"{P}.moe_act.out", float(rows * md.ffn * ab))
     fc2_out = (f"{P}.expert_fc2.out", float(rows * h * ab))
     routed = (f"{P}.moe.routed", d.act(h, local=True))
-    probs_in_experts = st.dispatch_probs
+    local = st.transformer_impl == "local"
+    probs_in_experts = st.dispatch_probs or local  # the local spec's experts always weight by the probs
     pad = model.moe_pad_expert_input_to_capacity and model.capacity is not None
 
     act_saved: list[Tensor] = [fc1_out]
-    if probs_in_experts:  # weighted activation: prob * act(x); keeps the probs for their grad
+    if local:
+        # Megatron-Core's SequentialMLP: the dense MLP's unfused activation (SwiGLU keeps
+        # silu(gate) and up + offset), then the activation times the routing prob (bf16),
+        # which keeps the activation and the probs; FC2 keeps the product
+        unit = float(rows * md.ffn * ab)
+        if swiglu:
+            act_saved += [(f"{P}.moe_act.silu_out", unit), (f"{P}.moe_act.up", unit)]
+        if probs_in_experts:
+            act_saved += [(f"{P}.moe_act.unweighted", unit), (f"{P}.moe_act.probs", float(rows * ab))]
+    elif probs_in_experts:  # weighted activation: prob * act(x); keeps the probs for their grad
         act_saved.append((f"{P}.moe_act.probs", float(rows * FP32)))
     act = Op(
         name=f"{P}.moe_act", module="moe_act", layer=layer,
@@ -285,11 +305,12 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         dispatch, combine = _allgather_dispatch(P, layer, d, md, ln_out, tokens, h)
         combine = combine.with_(input=(fc2_out,), output=routed)
     else:
-        dispatch = _dispatch(P, layer, d, md, ln_out, tokens, h, probs_in_experts, pad, st.moe_permute_fusion)
-        combine = _combine(P, layer, d, md, fc2_out, routed, h, probs_in_experts, pad, st.moe_permute_fusion)
+        fused = st.moe_permute_fusion and not local  # TE's fused permute kernels
+        dispatch = _dispatch(P, layer, d, md, ln_out, tokens, h, probs_in_experts, pad, fused)
+        combine = _combine(P, layer, d, md, fc2_out, routed, h, probs_in_experts, pad, fused)
     ops = [
         blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
-        _router(P, layer, d, md, ln_out, h, model.capacity is not None),
+        _router(P, layer, d, md, ln_out, h, model.capacity is not None, local),
         dispatch,
         _experts(P, "expert_fc1", "expert_fc1", layer, st, md, tokens, h, fc1_n).with_(output=fc1_out),
         act,

@@ -54,8 +54,9 @@ def walk(ops: list[Op]) -> WalkResult:
         for m in members:
             for name, nbytes in m.saved:
                 tensors[name] = nbytes
-            if m.output is not None:
-                tensors[m.output[0]] = m.output[1]
+            for out in (m.output, *m.also_outputs):  # RoPE writes k beside q
+                if out is not None:
+                    tensors[out[0]] = out[1]
         dropped[gid] = {n: b for n, b in tensors.items() if n not in keep}
     all_dropped = {n for t in dropped.values() for n in t}
 

@@ -1,0 +1,89 @@
+"""simumax's prediction for a harness spec (tests/reference/mcore_harness.py): the same
+model and strategy, read per transformer layer from the op IR."""
+
+from __future__ import annotations
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.config.loader import load_system
+from simumax.estimate import Estimate
+from simumax.graph.kernels import Attention, Gemm, GroupGemm
+from simumax.memory.activation_walk import walk
+
+
+def configs(spec: dict) -> tuple[ModelConfig, StrategyConfig]:
+    model = {
+        "model_name": spec["id"], "hidden_size": spec["hidden"], "head_num": spec["heads"],
+        "kv_head_num": spec.get("kv_heads") or spec["heads"], "intermediate_size": spec["ffn"],
+        "layer_num": spec["layers"], "vocab_size": spec["vocab"], "use_swiglu": spec.get("swiglu", True),
+        "norm_type": spec.get("norm", "rmsnorm"), "add_bias_linear": spec.get("bias", False),
+        "untie_embeddings_and_output_weights": spec.get("untie", True), "make_vocab_size_divisible_by": 128,
+        "position_embedding_type": "rope" if spec.get("rope", True) else "learned_absolute",
+        "max_position_embeddings": spec["seq"],
+    }
+    if spec.get("experts"):
+        model.update(model_type="moe", expert_num=spec["experts"], topk=spec["topk"], moe_ffn_hidden_size=spec.get("moe_ffn") or spec["ffn"])
+    rec = spec.get("recompute", "none")
+    strategy = {
+        "seq_len": spec["seq"], "micro_batch_size": spec["batch"], "micro_batch_num": 1, "world_size": spec["world"],
+        "tp_size": spec["tp"], "ep_size": spec.get("ep", 1), "etp_size": spec["tp"] if spec.get("experts") else 1, "enable_sequence_parallel": bool(spec.get("sp")),
+        "zero_state": 0, "enable_dropout": bool(spec.get("dropout")), "use_flash_sdp": False, "use_math_sdp": True,
+        "use_fused_norm": False, "use_fused_swiglu": bool(spec.get("act_fusion")), "cross_entropy_loss_fusion": False,
+        "transformer_impl": "local", "masked_softmax_fusion": False,
+    }
+    if rec == "selective":
+        strategy.update(enable_recompute=True, recompute_granularity="selective_recompute", attn_recompute=True)
+    elif rec == "full":
+        strategy.update(enable_recompute=True, recompute_granularity="full_block", recompute_layer_num=spec["layers"])
+    return ModelConfig.init_from_dict(model), StrategyConfig.init_from_dict(strategy)
+
+
+def cpu_adjustment(spec: dict) -> int:
+    """Bytes one layer's forward saves on CPU beyond the GPU kernels the op IR describes,
+    stated explicitly (each found with the harness's saved-tensor log):
+
+    * RMSNorm: torch's CPU rms_norm is a composite that upcasts; it keeps x in fp32 and the
+      normalised x in fp32 (8 B per element) besides the fp32 rstd, where the fused GPU
+      kernel (torch's and TransformerEngine's) keeps the bf16 input (2 B per element).
+    * LayerNorm: the CPU kernel keeps mean and rstd in the input dtype (bf16), the GPU
+      kernels in fp32: 2 x 2 B per token less.
+    * Dropout masks: the input dtype (2 B) on CPU, bool (1 B) on GPU: the two hidden
+      (residual) dropouts, and attention's unless selective recompute re-creates it.
+
+    Nothing is saved inside a fully recomputed layer, so it has no adjustment.
+    """
+    if spec.get("recompute") == "full":
+        return 0
+    tokens = spec["seq"] * spec["batch"] // (spec["tp"] if spec.get("sp") else 1)
+    if spec.get("norm", "rmsnorm") == "rmsnorm":
+        per_norm = tokens * spec["hidden"] * (4 + 4 - 2)
+    else:
+        per_norm = -tokens * 2 * (4 - 2)
+    extra = 2 * per_norm
+    if spec.get("dropout"):
+        extra += 2 * tokens * spec["hidden"]
+        if spec.get("recompute") != "selective":
+            extra += spec["batch"] * (spec["heads"] // spec["tp"]) * spec["seq"] ** 2
+    return extra
+
+
+def predict(spec: dict) -> dict:
+    model, strategy = configs(spec)
+    est = Estimate(model, strategy, load_system("a100_pcie"))
+    ops = [o for chunk in est.chunks for o in chunk.ops]
+    out = {"layer_saved": [], "layer_fwd_flops": [], "layer_params": []}
+    for i in range(model.layer_num):
+        mine = [o for o in ops if o.layer == i]
+        out["layer_saved"].append(walk(mine).stored)
+        fl = 0.0
+        for o in mine:
+            for k in o.fwd:
+                if isinstance(k, Attention):
+                    fl += k.table_flops  # the math path multiplies the whole score matrix
+                elif isinstance(k, (Gemm, GroupGemm)):
+                    fl += k.flops
+        out["layer_fwd_flops"].append(fl)
+        out["layer_params"].append(sum(o.params for o in mine))
+    out["params"] = sum(o.params for o in ops)
+    out["total_saved"] = sum(walk(chunk.ops).stored for chunk in est.chunks)
+    return out

@@ -1,0 +1,51 @@
+"""The configurations compared with Megatron-Core (small sizes: a run is milliseconds)."""
+
+from __future__ import annotations
+
+GPT = dict(hidden=128, heads=4, kv_heads=4, ffn=512, vocab=512, swiglu=False, norm="layernorm", bias=True)
+LLAMA = dict(hidden=128, heads=8, kv_heads=2, ffn=320, vocab=512, swiglu=True, norm="rmsnorm", bias=False)
+LLAMA_MHA = dict(LLAMA, kv_heads=8)
+MOE = dict(LLAMA, experts=4, topk=2, moe_ffn=96)
+# Korthikanti et al. 2022's assumptions: GPT layer, 4h MLP, dropout on, learned positions
+PAPER = dict(GPT, dropout=0.1, rope=False)
+
+
+def _spec(id: str, base: dict, world: int = 1, tp: int = 1, **kw) -> dict:
+    return dict(base, id=id, world=world, tp=tp, seq=kw.pop("seq", 64), batch=kw.pop("batch", 2), layers=kw.pop("layers", 2), **kw)
+
+
+def world1() -> list[dict]:
+    out = []
+    for name, base in (("gpt", GPT), ("llama", LLAMA), ("llama_mha", LLAMA_MHA)):
+        for rec in ("none", "selective", "full"):
+            out.append(_spec(f"{name}_{rec}", base, recompute=rec))
+    out += [
+        _spec("llama_swiglu_fused", LLAMA, act_fusion=True),
+        _spec("llama_swiglu_fused_selective", LLAMA, act_fusion=True, recompute="selective"),
+        _spec("gpt_nobias_rms", dict(GPT, bias=False, norm="rmsnorm")),
+        _spec("llama_tied", LLAMA, untie=False),
+        _spec("llama_seq128_b1", LLAMA, seq=128, batch=1),
+        _spec("llama_3layers", LLAMA, layers=3),
+        _spec("moe_top2", MOE),
+        _spec("moe_top1", dict(MOE, topk=1)),
+        _spec("moe_selective", MOE, recompute="selective"),
+        _spec("gpt_paper", PAPER),
+    ]
+    return out
+
+
+def world2() -> list[dict]:
+    out = []
+    for name, base in (("gpt", GPT), ("llama", LLAMA)):
+        for sp in (False, True):
+            for rec in ("none", "selective", "full"):
+                out.append(_spec(f"{name}_tp2{'_sp' if sp else ''}_{rec}", base, world=2, tp=2, sp=sp, recompute=rec))
+    out += [
+        _spec("llama_mha_tp2_sp", LLAMA_MHA, world=2, tp=2, sp=True),
+        _spec("llama_tp2_sp_fused", LLAMA, world=2, tp=2, sp=True, act_fusion=True),
+        _spec("moe_ep2", MOE, world=2, ep=2),
+        _spec("moe_ep2_top1", dict(MOE, topk=1), world=2, ep=2),
+        _spec("moe_tp2_sp", MOE, world=2, tp=2, sp=True),
+        _spec("gpt_paper_tp2_sp_selective", PAPER, world=2, tp=2, sp=True, recompute="selective"),
+    ]
+    return out
