@@ -134,6 +134,11 @@ def test_fresh_system_and_collective_merge_load() -> None:
     assert spec["efficient_factor"] == pytest.approx(300 / 900, rel=1e-3)
     assert spec["latency_us"] == pytest.approx(20.0, rel=1e-3) and spec["fixed_latency_us"] == 0.0
     SystemConfig.init_from_dict(out)
+    # per group size: the latency beyond the joint fit goes to fixed_latency_us_by_comm_num
+    sizes = {"all_reduce": {2: fit_alpha_beta([1e6, 1e8], [1e6 / 300e9 + 20e-6, 1e8 / 300e9 + 20e-6]),
+                            8: fit_alpha_beta([1e6, 1e8], [1e6 / 300e9 + 35e-6, 1e8 / 300e9 + 35e-6])}}
+    by_n = merge_collectives(base, "high_intra_node", fits, sizes)["networks"]["high_intra_node"]["op"]["all_reduce"]
+    assert by_n["fixed_latency_us_by_comm_num"] == {"2": pytest.approx(0.0, abs=1e-3), "8": pytest.approx(15.0, rel=1e-3)}
     new = merge_collectives(sys_dict, "my_tier", fits)  # a tier the system lacks: created at the measured rate
     assert new["networks"]["my_tier"]["bandwidth"]["gbps"] == pytest.approx(300.0, rel=1e-3)
     assert new["networks"]["my_tier"]["op"]["all_reduce"]["efficient_factor"] == pytest.approx(1.0, rel=1e-3)
@@ -196,6 +201,7 @@ def test_calibrate_comm_under_torchrun_gloo(tmp_path) -> None:
         assert tier.op[op].latency_us is not None and tier.op[op].fixed_latency_us == 0.0
     report = json.loads((tmp_path / "comm.comm_report.json").read_text())
     assert report["backend"] == "gloo" and report["world_size"] == 2
+    assert set(report["fits_by_group_size"]["all_reduce"]) == {"2"}
     assert len(report["points"]) == 5 * 3 and all(p["seconds"] > 0 for p in report["points"])
 
 

@@ -114,7 +114,7 @@ def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier:
         peaks = datasheet_peaks(dname) or (100.0, 1000.0)
         mem = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 16.0
         start = system_writer.fresh_system(dname.replace(" ", "_").lower(), dname, mem, peaks[0], peaks[1], cal.world_size)
-    system = system_writer.merge_collectives(start, tier, cal.fits())
+    system = system_writer.merge_collectives(start, tier, cal.fits(), cal.fits_by_size())
     SystemConfig.init_from_dict(system)
     report = {
         "backend": cal.backend, "world_size": cal.world_size, "tier": tier,

@@ -87,9 +87,12 @@ def merge_compute(system: dict[str, Any], cal: Any, mem_gib: float | None = None
     return out
 
 
-def merge_collectives(system: dict[str, Any], tier: str, fits: dict[str, AlphaBeta]) -> dict[str, Any]:
+def merge_collectives(system: dict[str, Any], tier: str, fits: dict[str, AlphaBeta],
+                      by_size: dict[str, dict[int, AlphaBeta]] | None = None) -> dict[str, Any]:
     """Per-op efficiency and latency of one network tier (created at the measured
-    bandwidth when the system lacks it)."""
+    bandwidth when the system lacks it). With ``by_size`` (fits per group size), each
+    size's latency beyond the joint fit's goes to ``fixed_latency_us_by_comm_num``, the
+    SimuMax field for size-dependent constants."""
     out = copy.deepcopy(system)
     nets = out["networks"]
     if tier not in nets:
@@ -106,4 +109,9 @@ def merge_collectives(system: dict[str, Any], tier: str, fits: dict[str, AlphaBe
         spec["fixed_latency_us"] = 0.0
         spec.pop("fixed_latency_us_by_comm_num", None)
         spec.pop("dp_fixed_bw", None)
+        sizes = (by_size or {}).get(op, {})
+        if len(sizes) > 1:
+            spec["fixed_latency_us_by_comm_num"] = {
+                str(n): round(max(0.0, f.latency - fit.latency) * 1e6, 3) for n, f in sorted(sizes.items())
+            }
     return out
