@@ -33,6 +33,9 @@ class AcceleratorConfig(ConfigBase):
     backend: str = Field("cuda", description="Runtime backend name (informational).")
     mem_gbs: PositiveFloat = Field(description="Device memory in GiB.")
     mode: str = Field("roofline", description="Cost mode; only roofline is defined.")
+    sm_count: PositiveInt | None = Field(
+        None, description="Streaming multiprocessors (CUs): wave quantisation in the fitted and default efficiency curves."
+    )
     op: dict[str, ComputeOpSpec] = Field(description="Compute families: matmul, group_matmul, sdp_fwd, sdp_bwd, fp8_*, default.")
     bandwidth: dict[str, BandwidthSpec] = Field(
         description="Memory-bound families: default, permute_fwd, permute_bwd, ce, ce_fusion."

@@ -1,8 +1,11 @@
-"""Compute-kernel time: peak x efficiency, efficiency from the measured shape table.
+"""Compute-kernel time: peak x efficiency.
 
-Lookups are counted: a hit uses the measured entry; a miss uses the family's configured
-``efficient_factor`` and is recorded (with its key) so reports show which shapes were
-not measured.
+Efficiency of a shape, in order (cost/efficiency_fit.py): (a) the measured table entry;
+(b) a fit over the family's measured entries (nearest shapes in log space around a
+wave-quantisation / saturation baseline); (c) the default curve: the family's configured
+``efficient_factor`` as the asymptote of that baseline. Every lookup is counted by source,
+and every shape not measured is listed with its key, so a report says which kernels were
+measured, fitted or defaulted.
 """
 
 from __future__ import annotations
@@ -11,20 +14,30 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from simumax.config.system import SystemConfig
+from simumax.cost.efficiency_fit import TableFit, default_curve, parse_key
 from simumax.graph.kernels import Attention, Gemm, GroupGemm, MemBound
 
 ComputeKernel = Gemm | GroupGemm | Attention
 
 
+SOURCES = ("measured", "fitted", "default")
+
+
 @dataclass(slots=True)
 class LookupLog:
-    hits: Counter[str] = field(default_factory=Counter)  # family -> count
-    misses: Counter[str] = field(default_factory=Counter)  # "family: key" -> count
+    hits: Counter[str] = field(default_factory=Counter)  # family -> count of measured entries
+    misses: Counter[str] = field(default_factory=Counter)  # "family: key" -> count (not measured)
+    sources: Counter[str] = field(default_factory=Counter)  # "family/source" -> count
 
     def to_dict(self) -> dict[str, object]:
+        by_family: dict[str, dict[str, int]] = {}
+        for k, n in sorted(self.sources.items()):
+            fam, src = k.rsplit("/", 1)
+            by_family.setdefault(fam, dict.fromkeys(SOURCES, 0))[src] += n
         return {
             "hits": dict(sorted(self.hits.items())),
             "misses": dict(sorted(self.misses.items())),
+            "sources": by_family,
         }
 
 
@@ -34,8 +47,9 @@ class ComputeModel:
     def __init__(self, system: SystemConfig) -> None:
         self.acc = system.accelerator
         self.log = LookupLog()
-        # kernel -> (seconds, achieved efficiency, family used, table hit)
-        self._cache: dict[object, tuple[float, float, str, bool]] = {}
+        # kernel -> (seconds, achieved efficiency, family used, source, key not measured)
+        self._cache: dict[object, tuple[float, float, str, str]] = {}
+        self._fits: dict[str, TableFit] = {}
 
     def _family(self, name: str) -> str:
         """The configured family a kernel uses: its own, else (fp8) its bf16 twin, else default."""
@@ -45,40 +59,51 @@ class ComputeModel:
                 return candidate
         return "default"
 
-    def _efficiency(self, name: str, key: str) -> tuple[float, bool]:
-        """(efficiency, measured) for a configured family and shape key. An fp8 family with
+    def _fit(self, name: str) -> TableFit:
+        fit = self._fits.get(name)
+        if fit is None:
+            fit = self._fits[name] = TableFit(self.acc.op[name].accurate_efficient_factor, self.acc.sm_count)
+        return fit
+
+    def _efficiency(self, name: str, key: str) -> tuple[float, str]:
+        """(efficiency, source) for a configured family and shape key. An fp8 family with
         neither a measured entry nor its own default (SimuMax files give 0) uses the bf16
         family's efficiency for the same shape, against the fp8 peak."""
         ops = self.acc.op
         spec = ops[name]
         eff = spec.accurate_efficient_factor.get(key)
         if eff is not None:
-            return eff, True
-        if name.startswith("fp8_") and spec.efficient_factor <= 0:
-            base = ops[self._family(name[4:])]
-            return base.accurate_efficient_factor.get(key, base.efficient_factor), False
-        return spec.efficient_factor, False
+            return eff, "measured"
+        if name.startswith("fp8_") and spec.efficient_factor <= 0 and not spec.accurate_efficient_factor:
+            base = self._family(name[4:])
+            eff, src = self._efficiency(base, key)
+            return eff, "fitted" if src == "measured" else src  # a bf16 measurement stands in
+        fitted = self._fit(name).predict(key) if len(self._fit(name)) >= 3 else None
+        if fitted is not None:
+            return fitted, "fitted"
+        return default_curve(parse_key(key)[1], spec.efficient_factor, self.acc.sm_count), "default"
 
     def compute(self, k: ComputeKernel) -> tuple[float, float]:
         """(seconds, achieved efficiency on model FLOPs) of one GEMM or attention kernel."""
         cached = self._cache.get(k)
         if cached is None:
             cached = self._cache[k] = self._cost(k)
-        t, eff, name, hit = cached
-        if hit:
+        t, eff, name, source = cached
+        self.log.sources[f"{name}/{source}"] += 1
+        if source == "measured":
             self.log.hits[name] += 1
         else:
             self.log.misses[f"{name}: {k.key}"] += 1
         return t, eff
 
-    def _cost(self, k: ComputeKernel) -> tuple[float, float, str, bool]:
+    def _cost(self, k: ComputeKernel) -> tuple[float, float, str, str]:
         name = self._family(k.family)
         spec = self.acc.op[name]
-        eff, hit = self._efficiency(name, k.key)
+        eff, source = self._efficiency(name, k.key)
         table_flops = k.table_flops if isinstance(k, Attention) else k.flops
         peak = spec.tflops * 1e12
         t = table_flops / (peak * eff) if eff > 0 else float("inf")
-        return t, (k.flops / (t * peak) if t > 0 else 0.0), name, hit
+        return t, (k.flops / (t * peak) if t > 0 else 0.0), name, source
 
     def membound(self, k: MemBound) -> float:
         bw = self.acc.bandwidth.get(k.family) or self.acc.bandwidth["default"]
