@@ -71,6 +71,9 @@ class CollectiveSpec(ConfigBase):
 
 class NetworkTier(ConfigBase):
     processor_usage: float = Field(0.0, ge=0, le=1, description="Compute slowdown while this tier communicates.")
+    hop_latency_us: float = Field(
+        0.0, ge=0, description="Latency per ring step / tree level when a collective spans nodes (cost/network.py)."
+    )
     bandwidth: BandwidthSpec = Field(description="Link bandwidth per GPU.")
     op: dict[str, CollectiveSpec] = Field(
         default_factory=dict, description="all_reduce, all_gather, reduce_scatter, all2all, p2p."

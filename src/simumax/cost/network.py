@@ -11,6 +11,7 @@ time = bytes * scale * (n + offset) / n / (bw * eff) + latency_us + fixed latenc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from simumax.config.strategy import StrategyConfig
@@ -94,17 +95,75 @@ class NetworkModel:
         place = self.groups[c.group]
         n = place.size
         if n <= 1 or c.bytes <= 0:
-            self._cache[c] = 0.0
-            return 0.0
-        tier = self.nets.tiers[place.tier]
-        spec = tier.op.get(c.op) or DEFAULT_SPECS[c.op]
+            t = 0.0
+        elif place.intra_node or place.tier != "inter_node":
+            t = self._flat(place.tier, c.op, c.bytes, n, c.group)
+        else:
+            t = self._across_nodes(c, place)
+        self._cache[c] = t
+        return t
+
+    def _flat(self, tier_name: str, op: str, nbytes: float, n: int, group: str = "") -> float:
+        """One collective on one tier: SimuMax's α-β formula with its per-op fields."""
+        tier = self.nets.tiers[tier_name]
+        spec = tier.op.get(op) or DEFAULT_SPECS[op]
         bw = tier.bandwidth.gbps * 1e9
         eff = spec.efficient_factor if spec.efficient_factor is not None else tier.bandwidth.efficient_factor
-        fixed_bw = spec.dp_fixed_bw.get(str(n)) if c.group in ("dp", "edp") else None
+        fixed_bw = spec.dp_fixed_bw.get(str(n)) if group in ("dp", "edp") else None
         if fixed_bw:
             bw, eff = fixed_bw * 1e9, 1.0
         latency = spec.latency_us if spec.latency_us is not None else tier.bandwidth.latency_us
         fixed = spec.fixed_latency_us_by_comm_num.get(str(n), spec.fixed_latency_us)
-        t = c.bytes * spec.scale * (n + spec.offset) / n / (bw * eff) + (latency + fixed) * 1e-6
-        self._cache[c] = t
-        return t
+        return nbytes * spec.scale * (n + spec.offset) / n / (bw * eff) + (latency + fixed) * 1e-6
+
+    def _intra_tier(self, k: int, stride: int) -> str | None:
+        """The tier a group of k ranks at this stride inside one node would use."""
+        try:
+            place = self._place("local", k, stride, None)
+        except ConfigError:
+            return None
+        return place.tier if place.intra_node else None
+
+    def _across_nodes(self, c: Collective, place: GroupPlacement) -> float:
+        """A group spanning nodes (k members per node on N nodes).
+
+        Hierarchical as NCCL and MPICH run it (Thakur, Rabenseifner & Gropp, "Optimization
+        of Collective Communication Operations in MPICH", IJHPCA 2005; NCCL's rings/trees
+        over NVLink inside a node and the NICs across): all-reduce = reduce-scatter over the
+        k local ranks + all-reduce over the N nodes on 1/k of the data + all-gather over the k
+        local ranks; reduce-scatter / all-gather the first / last two parts; all-to-all
+        sends (n - k)/n of its buffer through the NIC and (k - 1)/n over the node fabric at
+        the same time. The inter-node part is the ring bandwidth term
+        2(N - 1)/N · bytes / (NIC gbps · eff) (all-reduce; (N - 1)/N for the others) plus the
+        per-call latency plus ``hop_latency_us`` per step: 2·ceil(log2 N) for all-reduce
+        (NCCL's tree wins on latency at scale), N - 1 for the ring collectives and
+        all-to-all, 1 for p2p. The tier's gbps is per GPU: every GPU of a node runs its own
+        group's collective at the same time (groups of one kind are symmetric), so each
+        uses its share of the node's NICs."""
+        n, stride = place.size, place.stride
+        per_node = self.system.num_per_node
+        k = max(1, min(n, per_node // stride)) if stride < per_node else 1
+        nodes = max(1, n // k)
+        inter = self.nets.tiers["inter_node"]
+        hop = inter.hop_latency_us * 1e-6
+        local = self._intra_tier(k, stride) if k > 1 else None
+        op, b = c.op, c.bytes
+
+        def across(op_: str, nbytes: float) -> float:
+            if nodes <= 1:
+                return 0.0
+            steps = {"all_reduce": 2 * math.ceil(math.log2(nodes)), "p2p": 1}.get(op_, nodes - 1)
+            return self._flat("inter_node", op_, nbytes, nodes, c.group) + steps * hop
+
+        if local is None or op == "p2p":
+            steps = {"all_reduce": 2 * math.ceil(math.log2(n)), "p2p": 1}.get(op, n - 1)
+            return self._flat("inter_node", op, b, n, c.group) + steps * hop
+        if op == "all_reduce":
+            return self._flat(local, "reduce_scatter", b, k) + across("all_reduce", b / k) + self._flat(local, "all_gather", b, k)
+        if op == "reduce_scatter":
+            return self._flat(local, "reduce_scatter", b, k) + across("reduce_scatter", b / k)
+        if op == "all_gather":
+            return across("all_gather", b / k) + self._flat(local, "all_gather", b, k)
+        # all2all: remote share through the NICs, local share over the node fabric, in parallel
+        remote = self._flat("inter_node", "p2p", b * (n - k) / n, 2) + (nodes - 1) * hop
+        return max(remote, self._flat(local, "p2p", b * (k - 1) / n, 2))

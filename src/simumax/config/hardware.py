@@ -1,0 +1,116 @@
+"""Hardware presets from datasheet numbers (``python docs/make_hardware_presets.py`` writes
+them to config/presets/system/; a test keeps the files equal to this table).
+
+Peaks are dense (no sparsity) per GPU from the vendors' datasheets; memory is what the
+driver reports (MiB / 1024). Efficiency: where a measured table exists it is used (B200:
+the SimuMax reference tables; H100: our own calibration, docs/calibration.md), and every
+other shape goes through the fitted / default curves of cost/efficiency_fit.py, whose
+asymptotes below are typical achieved fractions of peak for large problems (cuBLAS/hipBLASLt
+GEMMs, FlashAttention in the table-FLOP convention, STREAM-like copies), not values tuned to
+any run. Networks: NVLink/NVSwitch (or Infinity Fabric) per GPU and direction inside the
+node (NVL72: the whole rack), one scale-out NIC per GPU; collective efficiencies are
+typical NCCL bus-bandwidth fractions (nccl-tests) and latencies.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    bf16_tflops: float
+    fp8_tflops: float
+    hbm_gbps: float
+    mem_gib: float
+    sm_count: int
+    num_per_node: int  # GPUs sharing the scale-up fabric (a node; NVL72: the rack)
+    scaleup_gbps: float  # per GPU, one direction
+    nic_gbps: float  # scale-out per GPU, one direction (GB/s)
+    gemm_eff: float  # asymptotes of the default curves
+    group_gemm_eff: float
+    attn_fwd_eff: float
+    attn_bwd_eff: float
+    hbm_eff: float
+    scaleup_eff: dict[str, float]  # collective -> bus-bandwidth fraction on the scale-up fabric
+    measured_base: str | None = None  # a preset whose measured tables this one reuses
+    note: str = ""
+
+
+NVLINK_EFF = {"all_reduce": 0.80, "all_gather": 0.80, "reduce_scatter": 0.80, "all2all": 0.60, "p2p": 0.80}
+XGMI_EFF = {"all_reduce": 0.70, "all_gather": 0.70, "reduce_scatter": 0.70, "all2all": 0.55, "p2p": 0.70}
+NIC_EFF = {"all_reduce": 0.85, "all_gather": 0.85, "reduce_scatter": 0.85, "all2all": 0.70, "p2p": 0.90}
+SCALEUP_LATENCY_US = 10.0
+NIC_LATENCY_US = 20.0
+HOP_LATENCY_US = 5.0  # per ring step / tree level across nodes
+
+GPUS = (
+    Gpu("a100-sxm-80gb", 312.0, 312.0, 2039.0, 80.0, 108, 8, 300.0, 25.0, 0.80, 0.65, 0.95, 0.75, 0.85, NVLINK_EFF,
+        note="A100 SXM4 80GB; no FP8 (fp8 families run at the bf16 peak); HDR 200 Gb/s per GPU"),
+    Gpu("h100-sxm-80gb", 989.4, 1978.9, 3350.0, 79.65, 132, 8, 450.0, 50.0, 0.72, 0.70, 0.93, 0.60, 0.90, NVLINK_EFF,
+        measured_base="nvidia_h100_80gb_hbm3", note="H100 SXM5; NDR 400 Gb/s per GPU; tables measured (docs/calibration.md)"),
+    Gpu("h200-sxm-141gb", 989.4, 1978.9, 4800.0, 140.4, 132, 8, 450.0, 50.0, 0.74, 0.70, 0.93, 0.62, 0.90, NVLINK_EFF,
+        measured_base="nvidia_h100_80gb_hbm3",
+        note="H200 SXM: the H100's SMs, clocks and 700 W with HBM3e, so the H100 compute tables; NDR 400 Gb/s per GPU"),
+    Gpu("b200-sxm-180gb", 2250.0, 4500.0, 8000.0, 179.06, 148, 8, 900.0, 50.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
+        measured_base="b200_bf16_ceperm", note="B200 (HGX/DGX B200); reference measured tables, true memory; 400 Gb/s per GPU"),
+    Gpu("gb200-nvl72", 2500.0, 5000.0, 8000.0, 184.0, 148, 72, 900.0, 100.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
+        note="GB200 NVL72: 72 GPUs on one NVLink domain (placed as one node); ConnectX-8 800 Gb/s per GPU to other racks"),
+    Gpu("mi300x", 1307.4, 2614.9, 5300.0, 192.0, 304, 8, 448.0, 50.0, 0.50, 0.40, 0.60, 0.45, 0.80, XGMI_EFF,
+        note="MI300X OAM; 7 Infinity Fabric links x 64 GB/s per GPU; 400 Gb/s per GPU"),
+)
+
+
+def _family(tflops: float, eff: float, table: dict[str, float] | None = None) -> dict[str, Any]:
+    return {"tflops": tflops, "efficient_factor": eff, "accurate_efficient_factor": dict(table or {})}
+
+
+def _tier(gbps: float, latency_us: float, effs: dict[str, float], hop_us: float = 0.0) -> dict[str, Any]:
+    shape = {"all_reduce": (2, -1), "all_gather": (1, -1), "reduce_scatter": (1, -1), "all2all": (1, -1), "p2p": (1, 0)}
+    ops = {op: {"scale": sc, "offset": off, "efficient_factor": effs[op], "latency_us": latency_us} for op, (sc, off) in shape.items()}
+    tier: dict[str, Any] = {"processor_usage": 0.0, "bandwidth": {"efficient_factor": 1.0, "gbps": gbps, "latency_us": latency_us}, "op": ops}
+    if hop_us:
+        tier["hop_latency_us"] = hop_us
+    return tier
+
+
+def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The system config of one preset; ``measured`` is the measured_base preset's dict."""
+    tables = {}
+    if measured is not None:
+        tables = {name: spec.get("accurate_efficient_factor", {}) for name, spec in measured["accelerator"]["op"].items()}
+    ops = {
+        "default": _family(gpu.bf16_tflops, gpu.gemm_eff),
+        "matmul": _family(gpu.bf16_tflops, gpu.gemm_eff, tables.get("matmul")),
+        "group_matmul": _family(gpu.bf16_tflops, gpu.group_gemm_eff, tables.get("group_matmul")),
+        "sdp_fwd": _family(gpu.bf16_tflops, gpu.attn_fwd_eff, tables.get("sdp_fwd")),
+        "sdp_bwd": _family(gpu.bf16_tflops, gpu.attn_bwd_eff, tables.get("sdp_bwd")),
+        # fp8 tables are rarely measured: 0 means "the bf16 efficiency of the same shape"
+        "fp8_matmul": _family(gpu.fp8_tflops, 0.0, tables.get("fp8_matmul")),
+        "fp8_group_matmul": _family(gpu.fp8_tflops, 0.0, tables.get("fp8_group_matmul")),
+    }
+    bandwidth = {"default": {"efficient_factor": gpu.hbm_eff, "gbps": gpu.hbm_gbps, "latency_us": 5.0}}
+    if measured is not None:  # measured memory-bound families (permute, cross-entropy) keep their fits
+        for fam, spec in measured["accelerator"]["bandwidth"].items():
+            if fam != "default":
+                bandwidth[fam] = copy.deepcopy(spec)
+    return {
+        "sys_name": gpu.name,
+        "num_per_node": gpu.num_per_node,
+        "accelerator": {
+            "backend": "rocm" if gpu.name.startswith("mi") else "cuda",
+            "mem_gbs": gpu.mem_gib,
+            "mode": "roofline",
+            "sm_count": gpu.sm_count,
+            "op": ops,
+            "bandwidth": bandwidth,
+        },
+        "networks": {
+            "intra_with_pcie": False,
+            "high_intra_node": _tier(gpu.scaleup_gbps, SCALEUP_LATENCY_US, gpu.scaleup_eff),
+            "inter_node": _tier(gpu.nic_gbps, NIC_LATENCY_US, NIC_EFF, HOP_LATENCY_US),
+        },
+    }
