@@ -50,6 +50,7 @@ class ComputeModel:
         # kernel -> (seconds, achieved efficiency, family used, source, key not measured)
         self._cache: dict[object, tuple[float, float, str, str]] = {}
         self._fits: dict[str, TableFit] = {}
+        self._mem_lines: dict[str, tuple[str, float, float]] = {}  # family -> (log key, s/byte, latency)
 
     def _family(self, name: str) -> str:
         """The configured family a kernel uses: its own, else (fp8) its bf16 twin, else default."""
@@ -106,6 +107,15 @@ class ComputeModel:
         return t, (k.flops / (t * peak) if t > 0 else 0.0), name, source
 
     def membound(self, k: MemBound) -> float:
-        bw = self.acc.bandwidth.get(k.family) or self.acc.bandwidth["default"]
-        return k.bytes / (bw.gbps * 1e9 * bw.efficient_factor) + bw.latency_us * 1e-6
+        """Bandwidth-bound kernel: the family's line (bytes / (gbps · eff) + latency, as
+        calibrate fits it) when the system has the family, else the default HBM line;
+        counted as memory/<family> measured or default."""
+        line = self._mem_lines.get(k.family)
+        if line is None:
+            bw = self.acc.bandwidth.get(k.family)
+            src = "measured" if bw is not None else "default"
+            bw = bw or self.acc.bandwidth["default"]
+            line = self._mem_lines[k.family] = (f"memory/{k.family}/{src}", 1.0 / (bw.gbps * 1e9 * bw.efficient_factor), bw.latency_us * 1e-6)
+        self.log.sources[line[0]] += 1
+        return k.bytes * line[1] + line[2]
 

@@ -42,10 +42,16 @@ class SearchInterrupted(Exception):
         self.path = path
 
 
+def _identity(r: SearchRow) -> str:
+    """Last tie-break: the whole strategy (two candidates can share a label, e.g. schedules
+    that coincide), so the order never depends on evaluation order (a resumed run = a fresh one)."""
+    return json.dumps(r.strategy, sort_keys=True)
+
+
 def rank(rows: list[SearchRow]) -> list[SearchRow]:
     """Fitting rows by iteration time (ties: less memory, then label), then the rest by memory."""
-    fit = sorted((r for r in rows if r.fits), key=lambda r: (r.iter_time, r.peak_mem, r.label))
-    rest = sorted((r for r in rows if not r.fits), key=lambda r: (r.peak_mem, r.label))
+    fit = sorted((r for r in rows if r.fits), key=lambda r: (r.iter_time, r.peak_mem, r.label, _identity(r)))
+    rest = sorted((r for r in rows if not r.fits), key=lambda r: (r.peak_mem, r.label, _identity(r)))
     return fit + rest
 
 
