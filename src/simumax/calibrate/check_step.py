@@ -232,6 +232,7 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
     gen = torch.Generator(device=device).manual_seed(seed)
     data = torch.randint(0, vocab, (mbc, mbs, seq_len + 1), device=device, generator=gen)
     saved = saved_bytes(net, data[0, :, :-1], data[0, :, 1:])
+
     def one_step() -> tuple[float, float, float, float]:
         """(fwd, bwd, optimizer seconds, loss) of one optimizer step."""
         for p in params:
@@ -272,9 +273,7 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
     kernels = profile_step(one_step, device) if profile else []
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     n = sum(p.numel() for p in params)
-    del net, opt, master, params, data
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    # the model and optimizer die with this frame; the next run empties the cache first
     return StepMeasurement(str(device), statistics.median(times), times, peak, n, losses[0], losses[-1],
                            {k: statistics.median(v) for k, v in parts.items()}, states or None, saved, kernels)
 

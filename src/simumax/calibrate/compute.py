@@ -20,7 +20,6 @@ attention counted without halving, so its entries may exceed 1).
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 import torch
