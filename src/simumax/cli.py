@@ -82,7 +82,11 @@ def perf(
     out_console.print(fmt.memory_table(mem))
     misses = cost.efficiency_lookups.get("misses", {})
     if misses:
-        out_console.print(f"[yellow]{len(misses)} kernel shapes not in the efficiency table (family default used); see --json[/]")
+        src = cost.efficiency_lookups.get("sources", {})
+        fitted = sum(v["fitted"] for k, v in src.items() if not k.startswith("memory/"))
+        default = sum(v["default"] for k, v in src.items() if not k.startswith("memory/"))
+        out_console.print(f"[yellow]{len(misses)} kernel shapes not measured: {fitted} lookups fitted from the table, "
+                          f"{default} on the default curve (docs/hardware.md); keys in --json efficiency_lookups[/]")
 
 
 @app.command()
