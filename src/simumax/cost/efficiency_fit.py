@@ -110,7 +110,7 @@ class TableFit:
         logs = {n: math.log2(v) for n, v in sizes.items() if v > 0}
         scored = []
         for e in pool:
-            names = set(logs) | set(e.logs)
+            names = sorted(set(logs) | set(e.logs))  # fixed order: float sums must not follow string hashing
             d2 = sum(self.w.get(n, 1.0) * (logs.get(n, 0.0) - e.logs.get(n, 0.0)) ** 2 for n in names)
             scored.append((d2, e.ratio))
         scored.sort(key=lambda x: x[0])
