@@ -375,6 +375,81 @@ def check_step_cmd(
     out_console.print(fmt.check_step_table(row))
 
 
+import_app = typer.Typer(no_args_is_help=True, help="Configs from a Hugging Face config.json or a Megatron-LM command line.")
+app.add_typer(import_app, name="import")
+
+
+def _print_notes(notes: list[str]) -> None:
+    for n in notes:
+        err_console.print(f"note: {n}", markup=False, highlight=False, soft_wrap=True)
+
+
+@import_app.command("hf")
+def import_hf(
+    path: Path = typer.Argument(..., help="A local Hugging Face config.json (no network)."),
+    name: Optional[str] = typer.Option(None, "--name", help="model_name (default: the folder or file name)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the model config JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the model config as JSON."),
+) -> None:
+    """Hugging Face config.json (Llama, Mistral, Qwen2/3, Mixtral, Qwen-MoE, DeepSeek-V2/V3) -> model config."""
+    from simumax.estimate import Estimate
+    from simumax.importers.hf import load_hf_config
+
+    model, notes = load_hf_config(path, name)
+    if out is not None:
+        write_json_atomic(out, model.to_dict())
+    _print_notes(notes)
+    if as_json or out is None:
+        out_console.print_json(json.dumps(model.to_dict(), sort_keys=True))
+    params = Estimate(model, load_strategy("tp1_pp1_dp8_mbs1").with_updates({"world_size": 1}, source="import"), load_system("a100_pcie")).params
+    err_console.print(f"{model.model_name}: {params.total / 1e9:.2f} B parameters ({params.active / 1e9:.2f} B active)", markup=False)
+
+
+@import_app.command("megatron")
+def import_megatron(
+    args: Optional[str] = typer.Argument(None, help="The arguments, quoted (or use --file)."),
+    file: Optional[Path] = typer.Option(None, "--file", help="A launch script or a file holding the arguments."),
+    world_size: Optional[int] = typer.Option(None, "--world-size", help="GPUs of the job (default: DP 1)."),
+    name: str = typer.Option("megatron", "--name", help="model_name."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write model.json and strategy.json into this folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print both configs as JSON."),
+) -> None:
+    """Megatron-LM pretrain_gpt.py arguments -> model + strategy configs."""
+    from simumax.importers.megatron_args import parse_megatron_args
+
+    if (args is None) == (file is None):
+        raise ConfigError("args", "give the arguments or --file, one of them")
+    if file is not None:
+        if not file.is_file():
+            raise ConfigError("--file", f"file not found: {file}")
+        text = " ".join(line.split("#", 1)[0].rstrip("\\ ") for line in file.read_text().splitlines())
+        args = text[text.index("--"):] if "--" in text else text
+    model, strategy, notes = parse_megatron_args(args or "", world_size, name)
+    if out is not None:
+        write_json_atomic(out / "model.json", model.to_dict())
+        write_json_atomic(out / "strategy.json", strategy.to_dict())
+    _print_notes(notes)
+    out_console.print_json(json.dumps({"model": model.to_dict(), "strategy": strategy.to_dict()}, sort_keys=True))
+
+
+@app.command()
+def export(
+    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
+    strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
+    set_: list[str] = SetOpt,
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write megatron_flags.txt here."),
+) -> None:
+    """Model + strategy as Megatron-LM flags (the inverse of `import megatron`)."""
+    from simumax.atomic import write_text_atomic
+    from simumax.export.megatron_flags import megatron_flags, model_flags
+
+    m, st, _ = apply_overrides(load_model(model), load_strategy(strategy), load_system("a100_pcie"), set_)
+    flags = model_flags(m) + megatron_flags(st, m)
+    if out is not None:
+        write_text_atomic(out / "megatron_flags.txt", " \\\n".join(flags) + "\n")
+    sys.stdout.write(" \\\n".join(flags) + "\n")
+
+
 @app.command()
 def presets(kind: Optional[str] = typer.Argument(None, help="model, strategy or system (default all).")) -> None:
     """List the shipped presets."""

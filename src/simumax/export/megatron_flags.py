@@ -88,3 +88,37 @@ def _max_chunk_layers(st: StrategyConfig, model: ModelConfig | None) -> int:
     if model is None:
         return 1
     return max(max(stage_layer_counts(model, st)) // st.chunks_per_rank, 1)
+
+
+def model_flags(model: ModelConfig) -> list[str]:
+    """The model as Megatron-LM architecture flags (simumax import megatron reads them back)."""
+    f = [
+        f"--num-layers {model.layer_num}", f"--hidden-size {model.hidden_size}", f"--ffn-hidden-size {model.intermediate_size}",
+        f"--num-attention-heads {model.head_num}", f"--kv-channels {model.head_size}", f"--vocab-size {model.vocab_size}",
+        f"--make-vocab-size-divisible-by {model.make_vocab_size_divisible_by}",
+        f"--normalization {'RMSNorm' if model.norm_type == 'rmsnorm' else 'LayerNorm'}",
+        f"--position-embedding-type {model.position_embedding_type}",
+    ]
+    if model.kv_head_num != model.head_num:
+        f += ["--group-query-attention", f"--num-query-groups {model.kv_head_num}"]
+    if model.max_position_embeddings:
+        f.append(f"--max-position-embeddings {model.max_position_embeddings}")
+    if model.use_swiglu:
+        f.append("--swiglu")
+    if model.untie_embeddings_and_output_weights:
+        f.append("--untie-embeddings-and-output-weights")
+    f.append("--add-bias-linear" if model.add_bias_linear else "--disable-bias-linear")
+    if model.is_moe:
+        f += [f"--num-experts {model.expert_num}", f"--moe-router-topk {model.topk}", f"--moe-ffn-hidden-size {model.moe_ffn}"]
+        if model.moe_shared_expert_intermediate_size:
+            f.append(f"--moe-shared-expert-intermediate-size {model.moe_shared_expert_intermediate_size}")
+        if model.dense_layers:
+            pattern = "[" + ",".join(["0"] * model.dense_layers + ["1"] * (model.layer_num - model.dense_layers)) + "]"
+            f.append(f"--moe-layer-freq {pattern}")
+    if model.attention_type == "mla":
+        f.append("--multi-latent-attention")
+        if model.q_lora_rank:
+            f.append(f"--q-lora-rank {model.q_lora_rank}")
+        f += [f"--kv-lora-rank {model.kv_lora_rank}", f"--qk-head-dim {model.qk_head_dim}",
+              f"--qk-pos-emb-head-dim {model.qk_pos_emb_head_dim}", f"--v-head-dim {model.v_head_dim}"]
+    return f

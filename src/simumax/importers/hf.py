@@ -1,0 +1,100 @@
+"""A Hugging Face ``config.json`` (a local file) as a simumax ModelConfig.
+
+Architectures: Llama, Mistral, Qwen2, Qwen3 (dense), Mixtral, Qwen2-MoE, Qwen3-MoE, and
+DeepSeek-V2 / V3 (MLA + MoE). What the ModelConfig cannot say is returned as notes (e.g.
+Qwen2's q/k/v-only biases), never silently dropped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from simumax.config.base import read_json
+from simumax.config.model import ModelConfig
+from simumax.errors import ConfigError
+
+DENSE = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"}
+MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
+
+
+def _req(cfg: dict[str, Any], key: str, src: str) -> Any:
+    if key not in cfg or cfg[key] is None:
+        raise ConfigError(key, "required in a Hugging Face config.json for this architecture", src)
+    return cfg[key]
+
+
+def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "config.json") -> tuple[ModelConfig, list[str]]:
+    """(ModelConfig, notes) from a parsed config.json."""
+    archs = cfg.get("architectures") or []
+    arch = next((a for a in archs if a in DENSE | MOE | MLA), None)
+    if arch is None:
+        raise ConfigError("architectures", f"unsupported {archs or 'missing'}; known: {', '.join(sorted(DENSE | MOE | MLA))}", source)
+    notes: list[str] = []
+    heads = _req(cfg, "num_attention_heads", source)
+    hidden = _req(cfg, "hidden_size", source)
+    act = cfg.get("hidden_act", "silu")
+    out: dict[str, Any] = {
+        "model_name": name or str(cfg.get("_name_or_path") or arch).rstrip("/").split("/")[-1],
+        "hidden_size": hidden,
+        "head_num": heads,
+        "kv_head_num": cfg.get("num_key_value_heads") or heads,
+        "head_size": cfg.get("head_dim") or hidden // heads,
+        "intermediate_size": _req(cfg, "intermediate_size", source),
+        "layer_num": _req(cfg, "num_hidden_layers", source),
+        "vocab_size": _req(cfg, "vocab_size", source),
+        "use_swiglu": act in ("silu", "swish"),  # every supported architecture gates its MLP
+        "norm_type": "rmsnorm",
+        "position_embedding_type": "rope",
+        "untie_embeddings_and_output_weights": not cfg.get("tie_word_embeddings", False),
+    }
+    if cfg.get("max_position_embeddings"):
+        out["max_position_embeddings"] = cfg["max_position_embeddings"]
+    if act not in ("silu", "swish"):
+        notes.append(f"hidden_act {act!r}: modelled as an ungated GeLU MLP")
+    if cfg.get("attention_bias") or arch == "Qwen2ForCausalLM" or arch == "Qwen2MoeForCausalLM":
+        notes.append("q/k/v biases not modelled (a few hidden-size vectors per layer)")
+    if cfg.get("qk_norm") or arch.startswith("Qwen3"):
+        notes.append("q/k RMSNorm (Qwen3) not modelled: head-dim weights, a small memory-bound kernel")
+    if arch in MOE:
+        out["model_type"] = "moe"
+        if arch == "MixtralForCausalLM":
+            out["expert_num"] = _req(cfg, "num_local_experts", source)
+            out["moe_ffn_hidden_size"] = cfg["intermediate_size"]
+        else:
+            out["expert_num"] = _req(cfg, "num_experts", source)
+            out["moe_ffn_hidden_size"] = _req(cfg, "moe_intermediate_size", source)
+            if cfg.get("shared_expert_intermediate_size"):
+                out["moe_shared_expert_intermediate_size"] = cfg["shared_expert_intermediate_size"]
+                notes.append("Qwen2-MoE shared-expert gate not modelled")
+            if cfg.get("mlp_only_layers"):
+                notes.append(f"mlp_only_layers {cfg['mlp_only_layers']} modelled as MoE")
+            if (cfg.get("decoder_sparse_step") or 1) != 1:
+                notes.append("decoder_sparse_step != 1 modelled as every layer MoE")
+        out["topk"] = _req(cfg, "num_experts_per_tok", source)
+    if arch in MLA:
+        out.update(
+            model_type="moe", attention_type="mla",
+            q_lora_rank=cfg.get("q_lora_rank"), kv_lora_rank=_req(cfg, "kv_lora_rank", source),
+            qk_head_dim=_req(cfg, "qk_nope_head_dim", source), qk_pos_emb_head_dim=_req(cfg, "qk_rope_head_dim", source),
+            v_head_dim=_req(cfg, "v_head_dim", source), head_size=cfg["v_head_dim"], kv_head_num=heads,
+            expert_num=_req(cfg, "n_routed_experts", source), topk=_req(cfg, "num_experts_per_tok", source),
+            moe_ffn_hidden_size=_req(cfg, "moe_intermediate_size", source),
+            dense_layers=cfg.get("first_k_dense_replace") or 0,
+        )
+        if cfg.get("n_shared_experts"):
+            out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * cfg["moe_intermediate_size"]
+        if cfg.get("num_nextn_predict_layers"):
+            notes.append(f"{cfg['num_nextn_predict_layers']} multi-token-prediction layer(s) not modelled")
+    return ModelConfig.init_from_dict(out, source=source), notes
+
+
+def load_hf_config(path: str | Path, name: str | None = None) -> tuple[ModelConfig, list[str]]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("path", f"file not found: {p}")
+    data = read_json(p)
+    if not isinstance(data, dict):
+        raise ConfigError("config.json", "expected a JSON object", str(p))
+    return model_from_hf(data, name or (p.parent.name if p.name == "config.json" else p.stem), str(p))

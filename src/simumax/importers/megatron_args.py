@@ -1,0 +1,168 @@
+"""A Megatron-LM command line (``pretrain_gpt.py`` arguments) as a simumax model and
+strategy. Unknown flags are listed back as notes, not errors (launch scripts carry many
+that do not affect time or memory: data paths, logging, learning rate ...)."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Any
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.errors import ConfigError
+
+# flag -> (target, field, type); target m = model, s = strategy
+VALUED: dict[str, tuple[str, str, type]] = {
+    "--num-layers": ("m", "layer_num", int),
+    "--hidden-size": ("m", "hidden_size", int),
+    "--ffn-hidden-size": ("m", "intermediate_size", int),
+    "--num-attention-heads": ("m", "head_num", int),
+    "--num-query-groups": ("m", "kv_head_num", int),
+    "--kv-channels": ("m", "head_size", int),
+    "--vocab-size": ("m", "vocab_size", int),
+    "--make-vocab-size-divisible-by": ("m", "make_vocab_size_divisible_by", int),
+    "--max-position-embeddings": ("m", "max_position_embeddings", int),
+    "--num-experts": ("m", "expert_num", int),
+    "--moe-router-topk": ("m", "topk", int),
+    "--moe-ffn-hidden-size": ("m", "moe_ffn_hidden_size", int),
+    "--moe-shared-expert-intermediate-size": ("m", "moe_shared_expert_intermediate_size", int),
+    "--moe-expert-capacity-factor": ("m", "capacity", float),
+    "--q-lora-rank": ("m", "q_lora_rank", int),
+    "--kv-lora-rank": ("m", "kv_lora_rank", int),
+    "--qk-head-dim": ("m", "qk_head_dim", int),
+    "--qk-pos-emb-head-dim": ("m", "qk_pos_emb_head_dim", int),
+    "--v-head-dim": ("m", "v_head_dim", int),
+    "--seq-length": ("s", "seq_len", int),
+    "--micro-batch-size": ("s", "micro_batch_size", int),
+    "--tensor-model-parallel-size": ("s", "tp_size", int),
+    "--pipeline-model-parallel-size": ("s", "pp_size", int),
+    "--context-parallel-size": ("s", "cp_size", int),
+    "--expert-model-parallel-size": ("s", "ep_size", int),
+    "--expert-tensor-parallel-size": ("s", "etp_size", int),
+    "--num-virtual-stages-per-pipeline-rank": ("s", "interleaving_size", int),
+    "--decoder-first-pipeline-num-layers": ("s", "num_layers_in_first_pipeline_stage", int),
+    "--decoder-last-pipeline-num-layers": ("s", "num_layers_in_last_pipeline_stage", int),
+    "--recompute-num-layers": ("s", "recompute_layer_num", int),
+    "--cp-comm-type": ("s", "cp_comm_type", str),
+    "--transformer-impl": ("s", "transformer_impl", str),
+}
+SWITCHES: dict[str, tuple[str, str, Any]] = {
+    "--swiglu": ("m", "use_swiglu", True),
+    "--untie-embeddings-and-output-weights": ("m", "untie_embeddings_and_output_weights", True),
+    "--disable-bias-linear": ("m", "add_bias_linear", False),
+    "--add-bias-linear": ("m", "add_bias_linear", True),
+    "--multi-latent-attention": ("m", "attention_type", "mla"),
+    "--moe-pad-expert-input-to-capacity": ("m", "moe_pad_expert_input_to_capacity", True),
+    "--sequence-parallel": ("s", "enable_sequence_parallel", True),
+    "--use-distributed-optimizer": ("s", "zero_state", 1),
+    "--bf16": ("s", "dtype", "bf16"),
+    "--fp16": ("s", "dtype", "fp16"),
+    "--use-flash-attn": ("s", "use_flash_sdp", True),
+    "--cross-entropy-loss-fusion": ("s", "cross_entropy_loss_fusion", True),
+    "--moe-grouped-gemm": ("s", "group_linear_mode", "grouped"),
+    "--moe-permute-fusion": ("s", "moe_permute_fusion", True),
+    "--no-masked-softmax-fusion": ("s", "masked_softmax_fusion", False),
+    "--overlap-grad-reduce": ("s", "overlap_grad_reduce", True),
+    "--overlap-param-gather": ("s", "overlap_param_gather", True),
+    "--tp-comm-overlap": ("s", "tp_comm_overlap", True),
+    "--overlap-moe-expert-parallel-comm": ("s", "overlap_moe_expert_parallel_comm", True),
+    "--delay-wgrad-compute": ("s", "delay_wgrad_compute", True),
+    "--defer-embedding-wgrad-compute": ("s", "defer_embedding_wgrad_compute", True),
+    "--accumulate-allreduce-grads-in-fp32": ("s", "use_fp32_accum_grad", True),
+}
+IGNORED_VALUED = {"--group-query-attention"}  # switches with no value that need no field
+
+
+def parse_megatron_args(text: str | list[str], world_size: int | None = None, name: str = "megatron") -> tuple[ModelConfig, StrategyConfig, list[str]]:
+    """(model, strategy, notes). ``world_size`` defaults to the smallest that holds the
+    parallel sizes with DP 1 (the launcher, not the arguments, decides it)."""
+    tokens = shlex.split(text if isinstance(text, str) else " ".join(text))
+    m: dict[str, Any] = {"model_name": name, "norm_type": "rmsnorm", "position_embedding_type": "rope"}
+    s: dict[str, Any] = {"use_flash_sdp": False, "zero_state": 0, "moe_permute_fusion": False, "group_linear_mode": "serial"}
+    notes: list[str] = []
+    gbs = None
+    i = 0
+    extra: dict[str, str] = {}
+    while i < len(tokens):
+        tok = tokens[i]
+        flag, _, inline = tok.partition("=")
+        value = inline or (tokens[i + 1] if i + 1 < len(tokens) and not tokens[i + 1].startswith("--") else None)
+        step = 1 if inline or value is None else 2
+        if flag in VALUED:
+            if value is None:
+                raise ConfigError(flag, "needs a value")
+            target, field, typ = VALUED[flag]
+            try:
+                (m if target == "m" else s)[field] = typ(value)
+            except ValueError:
+                raise ConfigError(flag, f"expected {typ.__name__}, got {value!r}") from None
+        elif flag in SWITCHES:
+            target, field, val = SWITCHES[flag]
+            (m if target == "m" else s)[field] = val
+            step = 1
+        elif flag == "--global-batch-size" and value is not None:
+            gbs = int(value)
+        elif flag == "--normalization" and value is not None:
+            m["norm_type"] = "rmsnorm" if value.lower() == "rmsnorm" else "layernorm"
+        elif flag == "--position-embedding-type" and value is not None:
+            m["position_embedding_type"] = {"learned_absolute": "learned_absolute", "none": "none"}.get(value, "rope")
+        elif flag == "--num-layers-per-virtual-pipeline-stage" and value is not None:
+            extra["vp_layers"] = value
+        elif flag == "--moe-token-dispatcher-type" and value is not None:
+            s["moe_dispatcher_policy"] = "all_gather" if value == "allgather" else "all2all"
+        elif flag == "--recompute-granularity" and value is not None:
+            extra["granularity"] = value
+        elif flag == "--recompute-modules":
+            mods = []
+            j = i + 1
+            while j < len(tokens) and not tokens[j].startswith("--"):
+                mods.append(tokens[j])
+                j += 1
+            extra["modules"] = " ".join(mods)
+            step = j - i
+        elif flag == "--fp8-format":
+            s["fp8"] = True
+        elif flag == "--moe-layer-freq" and value is not None:
+            pattern = value.strip("[]").replace(" ", "").split(",") if value.startswith("[") else None
+            lead = len(pattern) - len("".join(pattern).lstrip("0")) if pattern else 0
+            if pattern and set("".join(pattern[lead:])) <= {"1"}:
+                m["dense_layers"] = lead  # dense layers first, as simumax models them
+            elif value != "1":
+                notes.append(f"--moe-layer-freq {value}: simumax takes dense layers first (dense_layers); set it by hand")
+        elif flag == "--recompute-method" and value is not None:
+            if value != "block":
+                notes.append(f"--recompute-method {value}: modelled as block (the first --recompute-num-layers of each chunk)")
+        elif flag.startswith("--") and flag not in IGNORED_VALUED:
+            notes.append(f"ignored {flag}")
+        i += step
+    if m.get("expert_num"):
+        m["model_type"] = "moe"
+    if "kv_head_num" not in m:
+        m["kv_head_num"] = m.get("head_num")
+    if "vocab_size" not in m:
+        raise ConfigError("--vocab-size", "required (Megatron reads it from the tokenizer; pass it explicitly)")
+    gran = extra.get("granularity")
+    if gran == "full":
+        s.update(enable_recompute=True, recompute_granularity="full_block")
+    elif gran == "selective":
+        mods = extra.get("modules", "core_attn").split()
+        if mods == ["core_attn"]:
+            s.update(enable_recompute=True, recompute_granularity="selective_recompute", attn_recompute=True)
+        else:
+            s.update(enable_recompute=True, megatron_recompute=True, megatron_recompute_modules=mods)
+    tp, pp, cp = s.get("tp_size", 1), s.get("pp_size", 1), s.get("cp_size", 1)
+    if "vp_layers" in extra:
+        per_rank = m["layer_num"] // pp
+        s["interleaving_size"] = max(1, per_rank // int(extra["vp_layers"]))
+    # default: DP 1 for the dense groups, enough ranks for the expert groups too
+    s["world_size"] = world_size or pp * math.lcm(tp * cp, s.get("ep_size", 1) * s.get("etp_size", 1))
+    dp = s["world_size"] // (tp * pp * cp)
+    if gbs is not None:
+        mbs = s.get("micro_batch_size", 1)
+        if gbs % (mbs * dp):
+            raise ConfigError("--global-batch-size", f"{gbs} is not a multiple of micro-batch {mbs} x DP {dp}")
+        s["micro_batch_num"] = gbs // (mbs * dp)
+    model = ModelConfig.init_from_dict(m, source="Megatron arguments")
+    strategy = StrategyConfig.init_from_dict(s, source="Megatron arguments")
+    return model, strategy, notes
