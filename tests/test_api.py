@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from simumax import ModelConfig, PerfLLM, StrategyConfig, SystemConfig
 from tests.conftest import REFERENCE, needs_shared
 
@@ -71,3 +73,25 @@ def test_results_are_deterministic() -> None:
         return json.dumps({"c": p.analysis_cost().to_dict(), "m": p.analysis_mem().to_dict()}, sort_keys=True)
 
     assert run() == run()
+
+
+def test_perf_out_writes_memory_and_time_plots(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    for fmt, magic in (("png", b"\x89PNG"), ("svg", b"<?xml")):
+        out = tmp_path / fmt
+        r = subprocess.run([sys.executable, "-m", "simumax.cli", "perf", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie",
+                            "--out", str(out), "--plot-format", fmt], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        for name in ("memory", "time"):
+            assert (out / f"{name}.{fmt}").read_bytes().startswith(magic)
+
+
+def test_memory_parts_add_up_to_the_peak() -> None:
+    from simumax.report.breakdown_plots import memory_parts
+
+    perf = PerfLLM().configure(strategy_config="tp1_pp2_dp4_mbs1", model_config="llama3-8b", system_config="a100_pcie")
+    mem = perf.analysis_mem()
+    for stage, parts in zip(mem.stages, memory_parts(mem)):
+        assert sum(parts.values()) == pytest.approx(stage.peak_mem)

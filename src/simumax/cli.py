@@ -65,14 +65,21 @@ def perf(
     system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
     set_: list[str] = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write compute/mem results and resolved configs here."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write compute/mem results, resolved configs and memory/time plots here."),
+    plot_format: str = typer.Option("png", "--plot-format", help="png or svg."),
 ) -> None:
     """Estimate one training iteration: time, MFU, throughput and memory per stage."""
+    if plot_format not in ("png", "svg"):
+        raise ConfigError("--plot-format", "must be png or svg")
     m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
     p = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy)
     cost, mem = p.analysis_cost(), p.analysis_mem()
     if out is not None:
+        from simumax.report.breakdown_plots import plot_memory, plot_time
+
         p.analysis(out)
+        plot_memory(mem, out / f"memory.{plot_format}", f"{m.model_name} on {sy.sys_name}")
+        plot_time(cost, out / f"time.{plot_format}")
     if as_json:
         out_console.print_json(json.dumps({"cost": cost.to_dict(), "mem": mem.to_dict()}, sort_keys=True))
         return

@@ -1,0 +1,77 @@
+"""Memory per pipeline stage and time per part as pictures (matplotlib; PNG or SVG by
+the path's suffix). Reads the typed results only: what is drawn is what is reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from simumax.atomic import write_bytes_atomic
+from simumax.report.results import CostResult, MemResult
+
+GIB = 2**30
+MEMORY_PARTS = ("weights", "grads", "optimizer", "te_buffers", "activations", "transient")
+COLOURS = {"weights": "#4c72b0", "grads": "#55a868", "optimizer": "#c44e52", "te_buffers": "#8172b2",
+           "activations": "#ccb974", "transient": "#64b5cd"}
+
+
+def memory_parts(mem: MemResult) -> list[dict[str, float]]:
+    """Per stage, bytes by part; activations = the in-flight micro-batches' caches,
+    transient = the rest of the peak (the walk's working set at the peak op)."""
+    out = []
+    for s in mem.stages:
+        transient = max(0.0, s.peak_mem - s.model_mem - s.activation_mem)
+        out.append({"weights": s.weights, "grads": s.grads, "optimizer": s.optimizer, "te_buffers": s.te_buffers,
+                    "activations": s.activation_mem, "transient": transient})
+    return out
+
+
+def _save(fig, path: Path) -> None:
+    fmt = "svg" if path.suffix.lower() == ".svg" else "png"
+    fig.tight_layout()
+    write_bytes_atomic(path, lambda f: fig.savefig(f, format=fmt))
+
+
+def plot_memory(mem: MemResult, path: Path, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = memory_parts(mem)
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(parts) + 3), 4.5), dpi=110)
+    bottom = [0.0] * len(parts)
+    xs = list(range(len(parts)))
+    for name in MEMORY_PARTS:
+        vals = [p[name] / GIB for p in parts]
+        if any(vals):
+            ax.bar(xs, vals, bottom=bottom, label=name.replace("_", " "), color=COLOURS[name], width=0.7)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.axhline(mem.capacity / GIB, color="black", linestyle="--", linewidth=1, label="device memory")
+    ax.set_xticks(xs, [str(s.stage) for s in mem.stages])
+    ax.set_xlabel("pipeline stage")
+    ax.set_ylabel("GiB (peak allocated)")
+    ax.set_title(title or "memory per pipeline stage")
+    ax.legend(fontsize=8, loc="upper right")
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_time(cost: CostResult, path: Path, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    items = [(k, v * 1e3) for k, v in cost.breakdown.items() if v > 0]
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(items) + 1.5), dpi=110)
+    names = [k.replace("_", " ") for k, _ in items][::-1]
+    vals = [v for _, v in items][::-1]
+    ax.barh(names, vals, color="#4c72b0")
+    total = cost.duration_time_per_iter * 1e3
+    for y, v in enumerate(vals):
+        ax.text(v, y, f" {v:.1f} ms ({v / total:.0%})", va="center", fontsize=8)
+    ax.set_xlabel("ms per iteration (critical rank)")
+    ax.set_xlim(0, max(vals) * 1.35 if vals else 1)
+    ax.set_title(title or f"time breakdown: {total:.1f} ms per iteration, MFU {cost.mfu:.1%}")
+    _save(fig, path)
+    plt.close(fig)
