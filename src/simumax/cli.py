@@ -457,6 +457,24 @@ def export(
     sys.stdout.write(" \\\n".join(flags) + "\n")
 
 
+@app.command("app")
+def app_cmd(
+    port: int = typer.Option(8501, "--port", help="Port to serve on."),
+    browser: bool = typer.Option(False, "--browser/--no-browser", help="Open a browser tab."),
+) -> None:
+    """Start the web app (pip install 'simumax[app]')."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path as _P
+
+    if importlib.util.find_spec("streamlit") is None:
+        raise ConfigError("app", "needs Streamlit: pip install 'simumax[app]'")
+    script = _P(__file__).resolve().parent / "app" / "streamlit_app.py"
+    cmd = [sys.executable, "-m", "streamlit", "run", str(script), "--server.port", str(port),
+           "--server.headless", "false" if browser else "true", "--browser.gatherUsageStats", "false"]
+    raise SystemExit(subprocess.call(cmd))
+
+
 @app.command()
 def presets(kind: Optional[str] = typer.Argument(None, help="model, strategy or system (default all).")) -> None:
     """List the shipped presets."""

@@ -1,0 +1,1 @@
+"""The Streamlit web app (optional extra ``simumax[app]``; ``simumax app`` starts it)."""

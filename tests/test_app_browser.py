@@ -1,0 +1,126 @@
+"""The web app end to end in a real browser: `simumax app` serves it, headless Debian
+Chromium (driven by Playwright, no browser download) reads the numbers it shows and checks
+them against the Python API for the same configs; then edits the strategy and runs a search.
+
+Needs streamlit, playwright (`pip install "simumax[app,apptest]"`) and /usr/bin/chromium
+(Debian package `chromium`; .ci/run installs it). Skipped, with the reason, without them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+sync_api = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+if not Path(CHROMIUM).exists():
+    pytest.skip("Debian chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+from simumax import PerfLLM  # noqa: E402
+from simumax.config.loader import load_strategy  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOT = Path(os.environ.get("SIMUMAX_APP_SCREENSHOT", "/tmp/simumax_app.png"))
+FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    port = _free_port()
+    home = tmp_path_factory.mktemp("home")  # streamlit writes ~/.streamlit
+    proc = subprocess.Popen([sys.executable, "-m", "simumax.cli", "app", "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "HOME": str(home)})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                if urllib.request.urlopen(url + "/_stcore/health", timeout=1).read() == b"ok":
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError("streamlit did not start: " + (proc.stdout.read1(4000).decode() if proc.stdout else ""))
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def _metric(page, label: str) -> str:
+    box = page.locator('[data-testid="stMetric"]', has_text=label)
+    box.wait_for(timeout=60_000)
+    return box.locator('[data-testid="stMetricValue"]').inner_text().strip()
+
+
+def _expected(updates: dict | None = None):
+    st = load_strategy("tp1_pp2_dp4_mbs1")
+    if updates:
+        st = st.with_updates(updates, source="test")
+    perf = PerfLLM().configure(strategy_config=st, model_config="llama3-8b", system_config="a100_pcie")
+    return perf.analysis_cost(), perf.analysis_mem()
+
+
+def test_app_shows_the_estimate_edits_and_searches(app_url) -> None:
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        page = browser.new_page(user_agent="simumax-test")
+        page.goto(app_url, wait_until="domcontentloaded")
+        cost, mem = _expected()
+        assert _metric(page, "iteration time (ms)") == f"{cost.duration_time_per_iter * 1e3:.1f}"
+        assert _metric(page, "MFU") == f"{cost.mfu:.1%}"
+        assert _metric(page, "peak allocated (GiB)") == f"{mem.peak_mem / 2**30:.2f}"
+        page.wait_for_function("document.querySelectorAll('[data-testid=\"stImage\"] img').length >= 2", timeout=60_000)  # the plots
+
+        # edit the strategy: TP 2 (world = tp x pp x dp = 2 x 2 x 4)
+        tp = page.get_by_label("TP", exact=True)
+        tp.fill("2")
+        tp.press("Enter")
+        cost2, _ = _expected({"tp_size": 2, "world_size": 16})
+        want = f"{cost2.duration_time_per_iter * 1e3:.1f}"
+        page.wait_for_function(
+            "w => [...document.querySelectorAll('[data-testid=\"stMetric\"]')].some(m => m.innerText.includes(w))", arg=want,
+            timeout=60_000)
+        assert _metric(page, "iteration time (ms)") == want
+
+        # a small search
+        page.get_by_label("GPUs", exact=True).fill("8")
+        page.get_by_label("GPUs", exact=True).press("Enter")
+        page.get_by_role("button", name="run search").click()
+        page.get_by_text("strategies fit").wait_for(timeout=120_000)
+        page.get_by_role("button", name="download search (CSV)").wait_for(timeout=60_000)
+        page.locator('[data-testid="stDataFrame"]').wait_for(timeout=60_000)  # the grid loads its own script
+        page.screenshot(path=str(SHOT), full_page=True)
+        rows = _expected_search({"tp_size": 2, "world_size": 16})
+        assert page.get_by_text(f"{sum(r.fits for r in rows)} of {len(rows)} strategies fit").count() == 1
+
+        # upload a model file: the estimate follows it
+        page.locator('input[type="file"]').first.set_input_files(str(ROOT / "src/simumax/config/presets/models/llama2-7b.json"))
+        page.get_by_text("llama2_7b |").wait_for(timeout=60_000)
+        browser.close()
+
+
+def _expected_search(updates: dict):
+    from simumax.config.loader import load_model, load_system
+    from simumax.search.run import run_search
+    from simumax.search.space import SearchSpace
+
+    st = load_strategy("tp1_pp2_dp4_mbs1").with_updates(updates, source="test")
+    space = SearchSpace(world_size=8, global_batch_size=st.global_batch_size, tp=(1, 2, 4, 8), pp=None, vp=(1,), ep=(1,), etp=(1,),
+                        cp=(1,), mbs=(1,), recompute=("none", "selective", "full_block"), zero=(1,), schedule=(None,))
+    return run_search(load_model("llama3-8b"), load_system("a100_pcie"), st, space)
