@@ -132,3 +132,17 @@ def test_import_cli_one_line_errors(tmp_path) -> None:
                            env={**os.environ})
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("error:")
+
+
+def test_cli_export_json_then_import_and_presets_json(tmp_path) -> None:
+    run = lambda *a: subprocess.run([sys.executable, "-m", "simumax.cli", *a], capture_output=True, text=True, cwd=ROOT)  # noqa: E731
+    r = run("export", "-m", "llama3-8b", "-s", "tp2_pp1_dp4_mbs1", "--json")
+    assert r.returncode == 0, r.stderr
+    flags = json.loads(r.stdout)
+    r = run("import", "megatron", "--world-size", "8", "--out", str(tmp_path), "--", *" ".join(flags).split())
+    assert r.returncode == 0, r.stderr
+    r = run("perf", "-m", str(tmp_path / "model.json"), "-s", str(tmp_path / "strategy.json"), "-y", "a100_pcie", "--json")
+    ref = run("perf", "-m", "llama3-8b", "-s", "tp2_pp1_dp4_mbs1", "-y", "a100_pcie", "--json")
+    assert json.loads(r.stdout)["cost"]["duration_time_per_iter"] == json.loads(ref.stdout)["cost"]["duration_time_per_iter"]
+    names = json.loads(run("presets", "system", "--json").stdout)["system"]
+    assert {"h100-sxm-80gb", "b200-sxm-180gb", "a100_pcie"} <= set(names)

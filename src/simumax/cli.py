@@ -414,7 +414,7 @@ def import_hf(
 
 @import_app.command("megatron")
 def import_megatron(
-    args: Optional[str] = typer.Argument(None, help="The arguments, quoted (or use --file)."),
+    args: Optional[list[str]] = typer.Argument(None, help="The arguments after `--` (simumax import megatron -- --num-layers 32 ...), or use --file."),
     file: Optional[Path] = typer.Option(None, "--file", help="A launch script or a file holding the arguments."),
     world_size: Optional[int] = typer.Option(None, "--world-size", help="GPUs of the job (default: DP 1)."),
     name: str = typer.Option("megatron", "--name", help="model_name."),
@@ -424,14 +424,14 @@ def import_megatron(
     """Megatron-LM pretrain_gpt.py arguments -> model + strategy configs."""
     from simumax.importers.megatron_args import parse_megatron_args
 
-    if (args is None) == (file is None):
-        raise ConfigError("args", "give the arguments or --file, one of them")
+    if (not args) == (file is None):
+        raise ConfigError("args", "give the arguments (after --) or --file, one of them")
     if file is not None:
         if not file.is_file():
             raise ConfigError("--file", f"file not found: {file}")
         text = " ".join(line.split("#", 1)[0].rstrip("\\ ") for line in file.read_text().splitlines())
         args = text[text.index("--"):] if "--" in text else text
-    model, strategy, notes = parse_megatron_args(args or "", world_size, name)
+    model, strategy, notes = parse_megatron_args(args if isinstance(args, str) else " ".join(args or []), world_size, name)
     if out is not None:
         write_json_atomic(out / "model.json", model.to_dict())
         write_json_atomic(out / "strategy.json", strategy.to_dict())
@@ -445,6 +445,7 @@ def export(
     strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
     set_: list[str] = SetOpt,
     out: Optional[Path] = typer.Option(None, "--out", help="Also write megatron_flags.txt here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the flags as a JSON list."),
 ) -> None:
     """Model + strategy as Megatron-LM flags (the inverse of `import megatron`)."""
     from simumax.atomic import write_text_atomic
@@ -454,6 +455,9 @@ def export(
     flags = model_flags(m) + megatron_flags(st, m)
     if out is not None:
         write_text_atomic(out / "megatron_flags.txt", " \\\n".join(flags) + "\n")
+    if as_json:
+        out_console.print_json(json.dumps(flags))
+        return
     sys.stdout.write(" \\\n".join(flags) + "\n")
 
 
@@ -476,12 +480,19 @@ def app_cmd(
 
 
 @app.command()
-def presets(kind: Optional[str] = typer.Argument(None, help="model, strategy or system (default all).")) -> None:
+def presets(
+    kind: Optional[str] = typer.Argument(None, help="model, strategy or system (default all)."),
+    as_json: bool = typer.Option(False, "--json", help="Print {kind: [names]} as JSON."),
+) -> None:
     """List the shipped presets."""
     kinds = [kind] if kind else ["model", "strategy", "system"]
     for k in kinds:
         if k not in ("model", "strategy", "system"):
             raise ConfigError("kind", "must be model, strategy or system")
+    if as_json:
+        out_console.print_json(json.dumps({k: list_presets(k) for k in kinds}))
+        return
+    for k in kinds:
         out_console.print(f"[bold]{k}[/]: " + ", ".join(list_presets(k)))
 
 
