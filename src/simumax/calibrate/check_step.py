@@ -42,6 +42,7 @@ def single_device_strategy(seq_len: int, mbs: int, mbc: int) -> StrategyConfig:
 _FUSED_ACCUM: list[bool] = []  # probed once: can cuBLAS accumulate bf16 x bf16 into fp32 in place?
 
 
+@torch.compiler.disable  # eager always (an in-place fp32 out= GEMM does not trace), also under --compile
 def _accumulate_wgrad(main_grad: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> None:
     """main_grad[n, k] += dy^T @ x in one fp32-accumulating GEMM where torch offers it
     (Megatron's gradient-accumulation fusion), else a bf16 product added."""
@@ -205,9 +206,12 @@ def saved_bytes(net: nn.Module, tokens: torch.Tensor, labels: torch.Tensor) -> i
 
 
 def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps: int, warmup: int,
-                device: torch.device, seed: int = 0, profile: bool = False) -> StepMeasurement:
+                device: torch.device, seed: int = 0, profile: bool = False, compile: bool = False) -> StepMeasurement:
     """Build, then time ``steps`` optimizer steps after ``warmup`` untimed ones; with
-    ``profile``, one more step under the torch profiler (device time per kernel name)."""
+    ``profile``, one more step under the torch profiler (device time per kernel name).
+    ``compile``: each transformer layer through torch.compile, which fuses the element-wise
+    chains (RoPE, SwiGLU, residual adds, casts) much as TransformerEngine's kernels do;
+    the saved-activation count is then not taken (hooks do not see compiled graphs)."""
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -231,7 +235,10 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
     vocab = net.vocab
     gen = torch.Generator(device=device).manual_seed(seed)
     data = torch.randint(0, vocab, (mbc, mbs, seq_len + 1), device=device, generator=gen)
-    saved = saved_bytes(net, data[0, :, :-1], data[0, :, 1:])
+    saved = saved_bytes(net, data[0, :, :-1], data[0, :, 1:]) if not compile else 0
+    if compile:
+        for layer in net.layers:
+            layer.compile()
 
     def one_step() -> tuple[float, float, float, float]:
         """(fwd, bwd, optimizer seconds, loss) of one optimizer step."""

@@ -163,7 +163,7 @@ def predicted_seconds_by_kind(est: Any) -> dict[str, float]:
 
 
 def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int, mbc: int, steps: int, warmup: int,
-               device: str | None = None, profile: bool = False) -> dict[str, Any]:
+               device: str | None = None, profile: bool = False, compile: bool = False) -> dict[str, Any]:
     """Train for real, predict the same job, return both and the errors."""
     _torch()
     from simumax.calibrate.check_step import _FUSED_ACCUM, relative_error, single_device_strategy, train_steps
@@ -174,11 +174,11 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
     est = Estimate(model, strategy, system)
     cost, mem = est.cost(), est.memory()
     dev = pick_device(device)
-    real = train_steps(model, seq_len, mbs, mbc, steps, warmup, dev, profile=profile)
+    real = train_steps(model, seq_len, mbs, mbc, steps, warmup, dev, profile=profile, compile=compile)
     pred_mem = mem.peak_mem
     return {
         "model": model.model_name, "layers": model.layer_num, "hidden": model.hidden_size, "seq_len": seq_len,
-        "mbs": mbs, "mbc": mbc, "system": system.sys_name, "device": device_name(dev),
+        "mbs": mbs, "mbc": mbc, "system": system.sys_name, "device": device_name(dev), "compiled": compile,
         "params_real": real.params, "params_predicted": est.params.total,
         "step_time_real": real.step_seconds, "step_time_predicted": cost.duration_time_per_iter,
         "time_error": relative_error(cost.duration_time_per_iter, real.step_seconds),
@@ -188,7 +188,7 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
         "phase_time_predicted": {"fwd": cost.breakdown["fwd"], "bwd": cost.breakdown["bwd"] + cost.breakdown["recompute"],
                                  "optimizer": cost.breakdown["optimizer"] + cost.breakdown["dp_comm"]},
         "model_state_bytes_real": real.model_state_bytes,
-        "activation_bytes_real": real.saved_activation_bytes,
+        "activation_bytes_real": real.saved_activation_bytes or None,
         "activation_bytes_predicted": max(s.fwd_activation_cache_per_micro_batch for s in mem.stages),
         "model_state_bytes_predicted": max(s.model_mem for s in mem.stages),
         "misses": sum(cost.efficiency_lookups.get("misses", {}).values()),
