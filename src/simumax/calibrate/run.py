@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
-
-log = logging.getLogger(__name__)
 
 
 def _torch():
@@ -34,30 +31,22 @@ def calibrate_jobs(
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Time every kernel the jobs run; return (system dict, report dict)."""
-    _torch()
+    torch = _torch()
     from simumax.calibrate import compute, system_writer
     from simumax.calibrate.shapes import JobKernels, job_kernels
     from simumax.calibrate.timing import device_name, pick_device
     from simumax.config.loader import load_system
-
-    import torch
 
     dev = pick_device(device)
     dname = device_name(dev)
     shape_system = base or load_system("a100_pcie")  # kernels do not depend on the system
     merged = JobKernels()
     for model, strategy in jobs:
-        k = job_kernels(model, strategy, shape_system)
-        for fam, ks in k.gemms.items():
-            merged.gemms[fam] += [x for x in ks if x not in merged.gemms[fam]]
-        for fam, ks in k.group_gemms.items():
-            merged.group_gemms[fam] += [x for x in ks if x not in merged.group_gemms[fam]]
-        merged.attentions += [x for x in k.attentions if x not in merged.attentions]
-        for fam, sizes in k.membound.items():
-            merged.membound[fam] += [s for s in sizes if s not in merged.membound[fam]]
+        merged.add(job_kernels(model, strategy, shape_system))
     source = "option" if peak_tflops else None
-    if base is not None:
-        peak_tflops = peak_tflops or base.accelerator.op["matmul"].tflops if "matmul" in base.accelerator.op else peak_tflops
+    if base is not None:  # efficiencies against the base's peaks, unless given
+        if peak_tflops is None and "matmul" in base.accelerator.op:
+            peak_tflops = base.accelerator.op["matmul"].tflops
         hbm_gbps = hbm_gbps or base.accelerator.bandwidth["default"].gbps
         source = source or "base"
     cal = compute.calibrate_compute(merged, dev, dname, peak_tflops, hbm_gbps, source or "option", warmup, repeats, progress)

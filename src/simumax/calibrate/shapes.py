@@ -25,6 +25,13 @@ class JobKernels:
     attentions: list[Attention] = field(default_factory=list)
     membound: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # family -> bytes
 
+    def add(self, other: "JobKernels") -> None:
+        """Union with another job's kernels (first-seen order kept)."""
+        for mine, theirs in ((self.gemms, other.gemms), (self.group_gemms, other.group_gemms), (self.membound, other.membound)):
+            for fam, items in theirs.items():
+                mine[fam] += [x for x in items if x not in mine[fam]]
+        self.attentions += [x for x in other.attentions if x not in self.attentions]
+
     @property
     def count(self) -> int:
         return (sum(map(len, self.gemms.values())) + sum(map(len, self.group_gemms.values()))
