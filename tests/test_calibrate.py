@@ -19,6 +19,7 @@ from simumax.calibrate.shapes import job_kernels
 from simumax.calibrate.system_writer import fresh_system, merge_collectives, merge_compute
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.config.system import SystemConfig
+from simumax.cost.network import NetworkModel
 from simumax.estimate import Estimate
 from simumax.graph.kernels import Attention
 
@@ -132,13 +133,21 @@ def test_fresh_system_and_collective_merge_load() -> None:
     out = merge_collectives(base, "high_intra_node", fits)
     spec = out["networks"]["high_intra_node"]["op"]["all_reduce"]
     assert spec["efficient_factor"] == pytest.approx(300 / 900, rel=1e-3)
-    assert spec["latency_us"] == pytest.approx(20.0, rel=1e-3) and spec["fixed_latency_us"] == 0.0
+    # no group sizes: the intercept is one fixed latency per call
+    assert spec["latency_us"] == 0.0 and spec["fixed_latency_us"] == pytest.approx(20.0, rel=1e-3)
     SystemConfig.init_from_dict(out)
-    # per group size: the latency beyond the joint fit goes to fixed_latency_us_by_comm_num
+    # per group size: the per-step latency no size exceeds (min of 20/2, 35/14 us), the
+    # rest of each size's latency in fixed_latency_us_by_comm_num
     sizes = {"all_reduce": {2: fit_alpha_beta([1e6, 1e8], [1e6 / 300e9 + 20e-6, 1e8 / 300e9 + 20e-6]),
                             8: fit_alpha_beta([1e6, 1e8], [1e6 / 300e9 + 35e-6, 1e8 / 300e9 + 35e-6])}}
-    by_n = merge_collectives(base, "high_intra_node", fits, sizes)["networks"]["high_intra_node"]["op"]["all_reduce"]
-    assert by_n["fixed_latency_us_by_comm_num"] == {"2": pytest.approx(0.0, abs=1e-3), "8": pytest.approx(15.0, rel=1e-3)}
+    merged = merge_collectives(base, "high_intra_node", fits, sizes)
+    by_n = merged["networks"]["high_intra_node"]["op"]["all_reduce"]
+    assert by_n["latency_us"] == pytest.approx(2.5, rel=1e-3)
+    assert by_n["fixed_latency_us_by_comm_num"] == {"2": pytest.approx(15.0, rel=1e-3), "8": pytest.approx(0.0, abs=1e-3)}
+    # the cost model gives back each measured size's latency
+    net = NetworkModel(SystemConfig.init_from_dict(merged), load_strategy("tp1_pp1_dp8_mbs1"))
+    for n, lat in ((2, 20e-6), (8, 35e-6)):
+        assert net._flat("high_intra_node", "all_reduce", 1e6, n) == pytest.approx(2 * (n - 1) / n * 1e6 / 300e9 + lat, rel=1e-3)
     new = merge_collectives(sys_dict, "my_tier", fits)  # a tier the system lacks: created at the measured rate
     assert new["networks"]["my_tier"]["bandwidth"]["gbps"] == pytest.approx(300.0, rel=1e-3)
     assert new["networks"]["my_tier"]["op"]["all_reduce"]["efficient_factor"] == pytest.approx(1.0, rel=1e-3)

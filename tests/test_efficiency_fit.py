@@ -159,7 +159,7 @@ def _net(tp: int, dp: int, system: str = "h100-sxm-80gb") -> NetworkModel:
 
 def test_dp_all_reduce_across_1024_nodes_by_hand() -> None:
     """TP8 x DP1024: one DP rank per node, a flat all-reduce over 1024 NICs:
-    2(N-1)/N · B / (50 GB/s · 0.85) + 20 µs + 2·log2(1024) · 5 µs (tree steps)."""
+    2(N-1)/N · B / (50 GB/s · 0.85) + 20 µs fixed + 2·log2(1024) tree steps · 5 µs."""
     net = _net(8, 1024)
     b = 1e9
     t = net.time(Collective("all_reduce", b, "dp"))
@@ -172,7 +172,7 @@ def test_dp_all_reduce_hierarchical_by_hand() -> None:
     1/8 across nodes, all-gather over NVLink."""
     net = _net(1, 8192)
     b = 1e9
-    nv = lambda frac: b * frac / (450e9 * 0.8) + 10e-6  # noqa: E731
+    nv = lambda frac: b * frac / (450e9 * 0.8) + 8e-6 + 7 * 2e-6  # noqa: E731  (8 µs + 7 ring steps)
     hand = nv(7 / 8) + (2 * 1023 / 1024 * (b / 8) / (50e9 * 0.85) + 20e-6 + 2 * 10 * 5e-6) + nv(7 / 8)
     assert net.time(Collective("all_reduce", b, "dp")) == pytest.approx(hand, rel=1e-12)
     # far cheaper than pushing the whole buffer through each NIC
@@ -182,7 +182,8 @@ def test_dp_all_reduce_hierarchical_by_hand() -> None:
 def test_intra_node_groups_unchanged_and_scaling_monotone() -> None:
     net = _net(8, 1)
     b = 64e6
-    assert net.time(Collective("all_reduce", b, "tp")) == pytest.approx(2 * 7 / 8 * b / (450e9 * 0.8) + 10e-6)
+    # inside the node: the ring's 2(n-1) steps of 2 µs after the 8 µs fixed latency
+    assert net.time(Collective("all_reduce", b, "tp")) == pytest.approx(2 * 7 / 8 * b / (450e9 * 0.8) + 8e-6 + 14 * 2e-6)
     times = [_net(8, dp).time(Collective("all_reduce", b, "dp")) for dp in (2, 4, 16, 128, 1024)]
     assert times == sorted(times)
     # the per-step latency grows with log2(nodes) for all-reduce, linearly for all-gather

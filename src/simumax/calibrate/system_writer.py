@@ -12,20 +12,13 @@ import statistics
 from typing import Any
 
 from simumax.calibrate.fit import AlphaBeta
+from simumax.config.hardware import NIC_FIXED_US, NIC_STEP_US, SCALEUP_FIXED_US, SCALEUP_STEP_US, collective_tier
+from simumax.cost.network import DEFAULT_SPECS, ring_steps
 
 # Datasheet links when no base config gives them: per-GPU unidirectional NVLink GB/s.
 NVLINK_GBPS = (("H200", 450.0), ("H100 PCIe", 64.0), ("H100", 450.0), ("H800", 200.0), ("B200", 900.0),
                ("A100-PCIE", 32.0), ("A100", 300.0), ("A800", 200.0))
 IB_GBPS_PER_GPU = 50.0  # one 400 Gb/s NIC per GPU
-
-
-def _default_tier(gbps: float, latency_us: float) -> dict[str, Any]:
-    ops = {
-        "all_reduce": {"scale": 2, "offset": -1}, "all_gather": {"scale": 1, "offset": -1},
-        "reduce_scatter": {"scale": 1, "offset": -1}, "p2p": {"scale": 1, "offset": 0},
-        "all2all": {"scale": 1, "offset": -1},
-    }
-    return {"processor_usage": 0.0, "bandwidth": {"efficient_factor": 1.0, "gbps": gbps, "latency_us": latency_us}, "op": ops}
 
 
 def fresh_system(name: str, device_name: str, mem_gib: float, peak_tflops: float, hbm_gbps: float, num_per_node: int) -> dict[str, Any]:
@@ -47,8 +40,9 @@ def fresh_system(name: str, device_name: str, mem_gib: float, peak_tflops: float
             },
             "bandwidth": {"default": {"efficient_factor": 0.8, "gbps": hbm_gbps, "latency_us": 5.0}},
         },
-        "networks": {"intra_with_pcie": False, "high_intra_node": _default_tier(nvlink, 10.0),
-                     "inter_node": _default_tier(IB_GBPS_PER_GPU, 20.0)},
+        "networks": {"intra_with_pcie": False,
+                     "high_intra_node": collective_tier(nvlink, SCALEUP_FIXED_US, SCALEUP_STEP_US),
+                     "inter_node": collective_tier(IB_GBPS_PER_GPU, NIC_FIXED_US, NIC_STEP_US)},
     }
 
 
@@ -90,28 +84,36 @@ def merge_compute(system: dict[str, Any], cal: Any, mem_gib: float | None = None
 def merge_collectives(system: dict[str, Any], tier: str, fits: dict[str, AlphaBeta],
                       by_size: dict[str, dict[int, AlphaBeta]] | None = None) -> dict[str, Any]:
     """Per-op efficiency and latency of one network tier (created at the measured
-    bandwidth when the system lacks it). With ``by_size`` (fits per group size), each
-    size's latency beyond the joint fit's goes to ``fixed_latency_us_by_comm_num``, the
-    SimuMax field for size-dependent constants."""
+    bandwidth when the system lacks it).
+
+    The cost model's latency is ``steps * latency_us + fixed`` (cost/network.py). With
+    ``by_size`` (fits per group size), ``latency_us`` is the largest per-step latency no
+    size exceeds (min over sizes of latency / steps) and each size's rest goes to
+    ``fixed_latency_us_by_comm_num``, so every measured size keeps its own latency.
+    Without it the joint fit's intercept is one fixed latency per call."""
     out = copy.deepcopy(system)
     nets = out["networks"]
     if tier not in nets:
         best = max(1.0 / f.seconds_per_byte for f in fits.values()) / 1e9
-        nets[tier] = _default_tier(round(best, 3), 0.0)
+        nets[tier] = collective_tier(round(best, 3), 0.0, 0.0)
     t = nets[tier]
     gbps = float(t["bandwidth"]["gbps"])
     for op, fit in fits.items():
-        spec = t["op"].setdefault(op, dict(_default_tier(1, 0)["op"][op]))
+        spec = t["op"].setdefault(op, dict(collective_tier(1, 0, 0)["op"][op]))
         spec["efficient_factor"] = round(fit.efficiency(gbps), 4)
-        spec["latency_us"] = round(fit.latency * 1e6, 3)
-        # the fitted intercept is the whole constant: drop the base's extra constants
-        # and fixed DP bandwidths, which the measurement supersedes
-        spec["fixed_latency_us"] = 0.0
+        # the measurement supersedes the base's latencies and fixed DP bandwidths
         spec.pop("fixed_latency_us_by_comm_num", None)
         spec.pop("dp_fixed_bw", None)
         sizes = (by_size or {}).get(op, {})
+        if not sizes:
+            spec["latency_us"], spec["fixed_latency_us"] = 0.0, round(fit.latency * 1e6, 3)
+            continue
+        shape = DEFAULT_SPECS[op]
+        steps = {n: ring_steps(op, n, shape.scale, shape.offset) for n in sizes}
+        per_step = min(f.latency / steps[n] for n, f in sizes.items())
+        spec["latency_us"], spec["fixed_latency_us"] = round(per_step * 1e6, 3), 0.0
         if len(sizes) > 1:
             spec["fixed_latency_us_by_comm_num"] = {
-                str(n): round(max(0.0, f.latency - fit.latency) * 1e6, 3) for n, f in sorted(sizes.items())
+                str(n): round(max(0.0, f.latency - per_step * steps[n]) * 1e6, 3) for n, f in sorted(sizes.items())
             }
     return out

@@ -43,9 +43,10 @@ class Gpu:
 NVLINK_EFF = {"all_reduce": 0.80, "all_gather": 0.80, "reduce_scatter": 0.80, "all2all": 0.60, "p2p": 0.80}
 XGMI_EFF = {"all_reduce": 0.70, "all_gather": 0.70, "reduce_scatter": 0.70, "all2all": 0.55, "p2p": 0.70}
 NIC_EFF = {"all_reduce": 0.85, "all_gather": 0.85, "reduce_scatter": 0.85, "all2all": 0.70, "p2p": 0.90}
-SCALEUP_LATENCY_US = 10.0
-NIC_LATENCY_US = 20.0
-HOP_LATENCY_US = 5.0  # per ring step / tree level across nodes
+# Collective latency = fixed per call + per ring step / tree level (cost/network.py; the
+# form of NCCL's tuning model: base latency + steps x hardware latency).
+SCALEUP_FIXED_US, SCALEUP_STEP_US = 8.0, 2.0
+NIC_FIXED_US, NIC_STEP_US = 20.0, 5.0
 
 GPUS = (
     Gpu("a100-sxm-80gb", 312.0, 312.0, 2039.0, 80.0, 108, 8, 300.0, 25.0, 0.80, 0.65, 0.95, 0.75, 0.85, NVLINK_EFF,
@@ -68,13 +69,16 @@ def _family(tflops: float, eff: float, table: dict[str, float] | None = None) ->
     return {"tflops": tflops, "efficient_factor": eff, "accurate_efficient_factor": dict(table or {})}
 
 
-def _tier(gbps: float, latency_us: float, effs: dict[str, float], hop_us: float = 0.0) -> dict[str, Any]:
+def collective_tier(gbps: float, fixed_us: float, step_us: float, effs: dict[str, float] | None = None) -> dict[str, Any]:
+    """A network tier dict: per op its ring shape, efficiency (the tier's 1.0 when None)
+    and latency (fixed per call + per step)."""
     shape = {"all_reduce": (2, -1), "all_gather": (1, -1), "reduce_scatter": (1, -1), "all2all": (1, -1), "p2p": (1, 0)}
-    ops = {op: {"scale": sc, "offset": off, "efficient_factor": effs[op], "latency_us": latency_us} for op, (sc, off) in shape.items()}
-    tier: dict[str, Any] = {"processor_usage": 0.0, "bandwidth": {"efficient_factor": 1.0, "gbps": gbps, "latency_us": latency_us}, "op": ops}
-    if hop_us:
-        tier["hop_latency_us"] = hop_us
-    return tier
+    ops: dict[str, Any] = {}
+    for op, (sc, off) in shape.items():
+        ops[op] = {"scale": sc, "offset": off, "latency_us": step_us, "fixed_latency_us": fixed_us}
+        if effs is not None:
+            ops[op]["efficient_factor"] = effs[op]
+    return {"processor_usage": 0.0, "bandwidth": {"efficient_factor": 1.0, "gbps": gbps, "latency_us": step_us}, "op": ops}
 
 
 def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -110,7 +114,7 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
         },
         "networks": {
             "intra_with_pcie": False,
-            "high_intra_node": _tier(gpu.scaleup_gbps, SCALEUP_LATENCY_US, gpu.scaleup_eff),
-            "inter_node": _tier(gpu.nic_gbps, NIC_LATENCY_US, NIC_EFF, HOP_LATENCY_US),
+            "high_intra_node": collective_tier(gpu.scaleup_gbps, SCALEUP_FIXED_US, SCALEUP_STEP_US, gpu.scaleup_eff),
+            "inter_node": collective_tier(gpu.nic_gbps, NIC_FIXED_US, NIC_STEP_US, NIC_EFF),
         },
     }

@@ -26,7 +26,9 @@ class BandwidthSpec(ConfigBase):
 
     gbps: PositiveFloat = Field(description="Bandwidth in GB/s (1e9 bytes/s).")
     efficient_factor: float = Field(1.0, ge=0, description="Achieved fraction of gbps.")
-    latency_us: float = Field(0.0, ge=0, description="Fixed cost per kernel / message in microseconds.")
+    latency_us: float = Field(
+        0.0, ge=0, description="Microseconds per kernel (memory families); per ring step on a network tier whose op gives none."
+    )
 
 
 class AcceleratorConfig(ConfigBase):
@@ -53,13 +55,16 @@ class AcceleratorConfig(ConfigBase):
 class CollectiveSpec(ConfigBase):
     """α-β parameters of one collective on one tier.
 
-    time = bytes * scale * (n + offset) / n / (gbps * efficient_factor) + latency + fixed latency.
+    time = bytes * scale * (n + offset) / n / (gbps * efficient_factor)
+           + steps * latency + fixed latency,
+    steps = scale * (n + offset): the ring's hops (2(n-1) all-reduce, n-1 all-gather /
+    reduce-scatter / all-to-all, 1 p2p; across nodes all-reduce takes 2*ceil(log2 nodes)).
     """
 
     scale: float = Field(1.0, description="Bytes multiplier (2 for ring all-reduce).")
     offset: float = Field(-1.0, description="Ring factor (n + offset) / n; -1 gives (n-1)/n.")
     efficient_factor: float | None = Field(None, gt=0, description="Link efficiency; default the tier's.")
-    latency_us: float | None = Field(None, ge=0, description="Per-call latency; default the tier's.")
+    latency_us: float | None = Field(None, ge=0, description="Latency per ring step (see steps above); default the tier's.")
     fixed_latency_us: float = Field(0.0, ge=0, description="Extra constant per call.")
     fixed_latency_us_by_comm_num: dict[str, float] = Field(
         default_factory=dict, description="Extra constant per call by group size (overrides fixed_latency_us)."
@@ -71,9 +76,6 @@ class CollectiveSpec(ConfigBase):
 
 class NetworkTier(ConfigBase):
     processor_usage: float = Field(0.0, ge=0, le=1, description="Compute slowdown while this tier communicates.")
-    hop_latency_us: float = Field(
-        0.0, ge=0, description="Latency per ring step / tree level when a collective spans nodes (cost/network.py)."
-    )
     bandwidth: BandwidthSpec = Field(description="Link bandwidth per GPU.")
     op: dict[str, CollectiveSpec] = Field(
         default_factory=dict, description="all_reduce, all_gather, reduce_scatter, all2all, p2p."

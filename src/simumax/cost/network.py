@@ -5,8 +5,16 @@ expert parameters, as Megatron-Core builds its groups. A group whose ranks lie i
 node uses an intra-node tier (on PCIe systems the ``intra_node_pcie_<n>x`` tier for the
 span of the switch tree it crosses); otherwise ``inter_node``.
 
-time = bytes * scale * (n + offset) / n / (bw * eff) + latency_us + fixed latency
-(the ring model: (n-1)/n of the buffer crosses each link, twice for all-reduce).
+time = bytes * scale * (n + offset) / n / (bw * eff) + steps * latency_us + fixed latency
+
+The ring model (Thakur, Rabenseifner & Gropp 2005): (n-1)/n of the buffer crosses each
+link, twice for all-reduce, in steps = scale * (n + offset) hops (2(n-1) for all-reduce,
+n-1 for all-gather / reduce-scatter / all-to-all, 1 for p2p), each paying the per-step
+``latency_us``; ``fixed_latency_us`` (by group size if given) is paid once per call. NCCL's
+own tuning model has this form (a base latency plus a per-step hardware latency), and the
+SimuMax configs' fitted fields read this way: on the B200 config the all-to-all constants
+by group size (51, 19, 0 µs for 2, 4, 8 ranks) make the per-call latency 58 / 41 / 51 µs
+with per-step latency, 58 / 27 / 7 µs without it.
 """
 
 from __future__ import annotations
@@ -34,6 +42,20 @@ class GroupPlacement:
     stride: int
     tier: str
     intra_node: bool
+
+
+def ring_steps(op: str, n: int, scale: float, offset: float) -> int:
+    """Latency steps of a ring collective of n ranks: scale * (n + offset) (p2p: one)."""
+    if op == "p2p":
+        return 1
+    return max(1, round(scale * (n + offset)))
+
+
+def _node_steps(op: str, nodes: int) -> int:
+    """Latency steps across nodes: a tree for all-reduce, the ring otherwise."""
+    if op == "all_reduce":
+        return 2 * math.ceil(math.log2(nodes))
+    return 1 if op == "p2p" else nodes - 1
 
 
 def _next_pow2(x: int) -> int:
@@ -103,8 +125,9 @@ class NetworkModel:
         self._cache[c] = t
         return t
 
-    def _flat(self, tier_name: str, op: str, nbytes: float, n: int, group: str = "") -> float:
-        """One collective on one tier: SimuMax's α-β formula with its per-op fields."""
+    def _flat(self, tier_name: str, op: str, nbytes: float, n: int, group: str = "", steps: int | None = None) -> float:
+        """One collective on one tier: SimuMax's α-β formula with its per-op fields;
+        ``steps`` latency steps (default the ring's, see the module docstring)."""
         tier = self.nets.tiers[tier_name]
         spec = tier.op.get(op) or DEFAULT_SPECS[op]
         bw = tier.bandwidth.gbps * 1e9
@@ -114,7 +137,9 @@ class NetworkModel:
             bw, eff = fixed_bw * 1e9, 1.0
         latency = spec.latency_us if spec.latency_us is not None else tier.bandwidth.latency_us
         fixed = spec.fixed_latency_us_by_comm_num.get(str(n), spec.fixed_latency_us)
-        return nbytes * spec.scale * (n + spec.offset) / n / (bw * eff) + (latency + fixed) * 1e-6
+        if steps is None:
+            steps = ring_steps(op, n, spec.scale, spec.offset)
+        return nbytes * spec.scale * (n + spec.offset) / n / (bw * eff) + (steps * latency + fixed) * 1e-6
 
     def _intra_tier(self, k: int, stride: int) -> str | None:
         """The tier a group of k ranks at this stride inside one node would use."""
@@ -135,7 +160,7 @@ class NetworkModel:
         sends (n - k)/n of its buffer through the NIC and (k - 1)/n over the node fabric at
         the same time. The inter-node part is the ring bandwidth term
         2(N - 1)/N · bytes / (NIC gbps · eff) (all-reduce; (N - 1)/N for the others) plus the
-        per-call latency plus ``hop_latency_us`` per step: 2·ceil(log2 N) for all-reduce
+        fixed latency plus the per-step latency times 2·ceil(log2 N) for all-reduce
         (NCCL's tree wins on latency at scale), N - 1 for the ring collectives and
         all-to-all, 1 for p2p. The tier's gbps is per GPU: every GPU of a node runs its own
         group's collective at the same time (groups of one kind are symmetric), so each
@@ -144,20 +169,16 @@ class NetworkModel:
         per_node = self.system.num_per_node
         k = max(1, min(n, per_node // stride)) if stride < per_node else 1
         nodes = max(1, n // k)
-        inter = self.nets.tiers["inter_node"]
-        hop = inter.hop_latency_us * 1e-6
         local = self._intra_tier(k, stride) if k > 1 else None
         op, b = c.op, c.bytes
 
         def across(op_: str, nbytes: float) -> float:
             if nodes <= 1:
                 return 0.0
-            steps = {"all_reduce": 2 * math.ceil(math.log2(nodes)), "p2p": 1}.get(op_, nodes - 1)
-            return self._flat("inter_node", op_, nbytes, nodes, c.group) + steps * hop
+            return self._flat("inter_node", op_, nbytes, nodes, c.group, _node_steps(op_, nodes))
 
         if local is None or op == "p2p":
-            steps = {"all_reduce": 2 * math.ceil(math.log2(n)), "p2p": 1}.get(op, n - 1)
-            return self._flat("inter_node", op, b, n, c.group) + steps * hop
+            return self._flat("inter_node", op, b, n, c.group, _node_steps(op, n))
         if op == "all_reduce":
             return self._flat(local, "reduce_scatter", b, k) + across("all_reduce", b / k) + self._flat(local, "all_gather", b, k)
         if op == "reduce_scatter":
@@ -165,5 +186,5 @@ class NetworkModel:
         if op == "all_gather":
             return across("all_gather", b / k) + self._flat(local, "all_gather", b, k)
         # all2all: remote share through the NICs, local share over the node fabric, in parallel
-        remote = self._flat("inter_node", "p2p", b * (n - k) / n, 2) + (nodes - 1) * hop
+        remote = self._flat("inter_node", "p2p", b * (n - k) / n, 2, steps=nodes - 1)
         return max(remote, self._flat(local, "p2p", b * (k - 1) / n, 2))
