@@ -237,3 +237,24 @@ def test_cli_simulate_schedule_and_bad_schedule(tmp_path) -> None:
     bad = run_cli(*args, "--schedule", "gpipe", "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "pp_schedule" in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_optimizer_step_waits_at_the_gradient_norm_barrier() -> None:
+    """Megatron all-reduces the gradient norm over every rank before clipping: the last
+    stage (its backward ends first) cannot start Adam before the first stage's grads are
+    reduced. By hand: max_r(end_r + reduce_r + before_r) + max_r(after_r + gather_r),
+    never less than the per-rank sum without the barrier."""
+    est = _est("deepseek-v2-lite", ep_size=4, pp_size=2, micro_batch_num=4)
+    ends = est.pipeline_ends()
+    assert ends[1] < ends[0]  # the last stage finishes its passes first
+    passes = [est.optimizer_passes(s) for s in est.stages]
+    barrier = max(e + est.dp_reduce_time(s) + p[0] for e, s, p in zip(ends, est.stages, passes))
+    hand = max(barrier + p[1] + est.dp_gather_time(s) for s, p in zip(est.stages, passes))
+    cost = est.cost()
+    assert cost.duration_time_per_iter == pytest.approx(hand, rel=1e-12)
+    per_rank = max(e + est.dp_comm_time(s) + est.optimizer_time(s) for e, s in zip(ends, est.stages))
+    assert cost.duration_time_per_iter >= per_rank
+    assert est.simulate().total == pytest.approx(hand, rel=1e-12)
+    crit = max(range(2), key=lambda r: barrier + passes[r][1] + est.dp_gather_time(est.stages[r]))
+    ready = [e + est.dp_reduce_time(s) + p[0] for e, s, p in zip(ends, est.stages, passes)]
+    assert cost.breakdown["optimizer_sync"] == pytest.approx(barrier - ready[crit], rel=1e-12, abs=1e-15)

@@ -138,29 +138,65 @@ class Estimate:
 
     def dp_comm_time(self, stage: Stage) -> float:
         """All gradient buckets (and ZeRO-1 parameter gathers) of one rank's chunks."""
-        return sum(b.reduce + b.gather for c in self.chunks if c.index == stage.index for b in self.grad_buckets(c))
+        return self.dp_reduce_time(stage) + self.dp_gather_time(stage)
 
-    def optimizer_time(self, stage: Stage) -> float:
-        """Megatron's optimizer step over this rank's shard, pass by pass (bytes/param):
-        main grad -> fp32 optimizer grad (g + 4), nan/inf check (g), grad norm (4),
-        clip scale (8), Adam (read grad, master, m, v; write master, m, v: 4 + 2*12),
-        master -> bf16 param (4 + 2); and zeroing the full main-grad buffer (g)."""
+    def _rank_buckets(self, stage: Stage) -> list[GradBucket]:
+        return [b for c in self.chunks if c.index == stage.index for b in self.grad_buckets(c)]
+
+    def dp_reduce_time(self, stage: Stage) -> float:
+        """Gradient reduce-scatters (ZeRO-1) or all-reduces of one rank, before its step."""
+        return sum(b.reduce for b in self._rank_buckets(stage))
+
+    def dp_gather_time(self, stage: Stage) -> float:
+        """ZeRO-1 parameter all-gathers of one rank, after its step."""
+        return sum(b.gather for b in self._rank_buckets(stage))
+
+    def optimizer_passes(self, stage: Stage) -> tuple[float, float]:
+        """Megatron's optimizer step over this rank's shard, pass by pass (bytes/param),
+        split at the gradient-norm all-reduce: (before, after).
+
+        Before: main grad -> fp32 optimizer grad (g + 4), nan/inf check (g), grad norm (4).
+        After: clip scale (8), Adam (read grad, master, m, v; write master, m, v:
+        4 + 2*12), master -> bf16 param (4 + 2), and zeroing the full main-grad buffer (g)."""
         st = self.strategy
         shard = shard_params(st, stage)
         g = st.main_grad_bytes
         states = optimizer_bytes_per_param(st)
-        kernels = [
+        before = [
             MemBound("optimizer.copy_grads", shard * (g + 4)),
             MemBound("optimizer.check_finite", shard * g),
             MemBound("optimizer.grad_norm", shard * 4),
+        ]
+        after = [
             MemBound("optimizer.clip", shard * 8),
             MemBound("optimizer.adam", shard * (4 + 2 * states)),
             MemBound("optimizer.copy_params", shard * (4 + st.dtype_bytes)),
             MemBound("optimizer.zero_grad", stage.params * g),
         ]
-        return sum(self.compute_model.membound(k) for k in kernels)
+        cost = self.compute_model.membound
+        return sum(map(cost, before)), sum(map(cost, after))
 
-    # ---- results ---------------------------------------------------------------------
+    def _barrier_wait(self, rank: int, end_bwd: list[float]) -> float:
+        """Seconds the rank waits at the gradient-norm barrier (no-overlap estimate:
+        its reduces start when its passes end)."""
+        ready = [e + self.dp_reduce_time(s) + self.optimizer_passes(s)[0] for e, s in zip(end_bwd, self.stages)]
+        return max(ready) - ready[rank]
+
+    def optimizer_time(self, stage: Stage) -> float:
+        return sum(self.optimizer_passes(stage))
+
+    def step_ends(self, grads_done: list[float]) -> list[float]:
+        """End of the iteration per rank, from when each rank's gradients are reduced.
+
+        The gradient norm (for clipping) is all-reduced over every rank, data- and
+        model-parallel alike, so no rank clips and steps before the slowest one has its
+        norm: a barrier. Ranks that end their backward early (a pipeline's last stage)
+        wait there, then each runs the rest of its step and its parameter all-gathers."""
+        passes = [self.optimizer_passes(s) for s in self.stages]
+        barrier = max(g + before for g, (before, _) in zip(grads_done, passes))
+        return [barrier + after + self.dp_gather_time(s) for s, (_, after) in zip(self.stages, passes)]
+
+        # ---- results ---------------------------------------------------------------------
     def model_flops_per_iter(self) -> float:
         st = self.strategy
         per_mb = sum(t.fwd.flops + t.bwd.flops for t in self.stage_times)  # one rank of each stage
@@ -222,8 +258,7 @@ class Estimate:
         st = self.strategy
         pipe = pipeline_time(self.rank_pass_times(), st.micro_batch_num, st.interleaving_size)
         end_bwd = list(pipe.end_per_rank)
-        ends = [e + self.dp_comm_time(s) + self.optimizer_time(s) for e, s in zip(end_bwd, self.stages)]
-        return end_bwd, ends
+        return end_bwd, self.step_ends([e + self.dp_reduce_time(s) for e, s in zip(end_bwd, self.stages)])
 
     def cost(self) -> CostResult:
         st = self.strategy
@@ -233,7 +268,7 @@ class Estimate:
         opt_t = [self.optimizer_time(s) for s in self.stages]
         if not self.needs_simulation:
             end_bwd = self.pipeline_ends()
-            ends = [e + d + o for e, d, o in zip(end_bwd, dp_t, opt_t)]
+            ends = self.step_ends([e + self.dp_reduce_time(s) for e, s in zip(end_bwd, self.stages)])
         else:
             run = self.simulate()
             end_bwd, ends = run.end_of_backward, run.end
@@ -252,6 +287,7 @@ class Estimate:
             )
         total = max(ends)
         crit = max(range(len(ends)), key=lambda r: ends[r])
+        wait = self._barrier_wait(crit, end_bwd)
         ct = times[crit]
         busy_max = m * max(f + b for f, b in per_stage)
         p2p_crit = max(0.0, per_stage[crit][0] + per_stage[crit][1] - ct.total)
@@ -264,8 +300,9 @@ class Estimate:
             # fill/drain of the pipeline, and per-micro-batch waiting on a slower stage
             "bubble": max(0.0, end_bwd[crit] - busy_max),
             "stage_imbalance": max(0.0, busy_max - m * (per_stage[crit][0] + per_stage[crit][1])),
-            "dp_comm": max(0.0, ends[crit] - end_bwd[crit] - opt_t[crit]),  # exposed
+            "dp_comm": max(0.0, ends[crit] - end_bwd[crit] - opt_t[crit] - wait),  # exposed
             "optimizer": opt_t[crit],
+            "optimizer_sync": wait,  # waiting at the step's all-rank gradient-norm barrier
         }
         flops = self.model_flops_per_iter()
         world = st.world_size

@@ -1,6 +1,7 @@
 """One training iteration on the event engine: the pipeline schedule, then (or, with
 the overlap options, during) gradient sync, the optimizer step and the ZeRO-1
-parameter all-gather, per pipeline rank.
+parameter all-gather, per pipeline rank. The step's gradient-norm all-reduce spans every
+rank: no rank clips and updates before all have their norm (``Estimate.step_ends``).
 
 Overlap model (each option off by default, as in Megatron):
 - ``overlap_grad_reduce``: a chunk's buckets fill in order over its last
@@ -124,6 +125,8 @@ def simulate_iteration(est: "Estimate") -> IterationRun:
     run = run_pipeline(orders, pass_costs(est), opts, gate)
     deferred = lm_head_wgrad(est) * st.micro_batch_num if st.defer_embedding_wgrad_compute else 0.0
     events, end_bwd, end, busy = [], [], [], []
+    grads_done: list[float] = []
+    all_events: list[list[Event]] = []
     for r in range(ranks):
         evs = run.events[r]
         compute_end = run.end[r]
@@ -145,14 +148,21 @@ def simulate_iteration(est: "Estimate") -> IterationRun:
                 red = "reduce_scatter" if st.zero_state >= 1 else "all_reduce"
                 comm[r].append(Event(r, "comm", f"{b.group} {red} grads", s, comm_free[r], "grad_sync", c.vstage))
                 slow += usage[b.group] * _overlap([(s, comm_free[r])], compute_iv)
-        grads_done = max(compute_end + slow, comm_free[r])
-        opt = est.optimizer_time(est.stages[r])
-        evs.append(Event(r, "compute", "optimizer step", grads_done, grads_done + opt, "optimizer"))
-        t = grads_done + opt
+        grads_done.append(max(compute_end + slow, comm_free[r]))
+        all_events.append(evs)
+        end_bwd.append(compute_end)
+    # the gradient-norm all-reduce over every rank is a barrier inside the step
+    passes = [est.optimizer_passes(s) for s in est.stages]
+    barrier = max(g + before for g, (before, _) in zip(grads_done, passes))
+    for r in range(ranks):
+        before, after = passes[r]
+        evs = all_events[r]
+        evs.append(Event(r, "compute", "optimizer step (to grad norm)", grads_done[r], grads_done[r] + before, "optimizer"))
+        evs.append(Event(r, "compute", "optimizer step", barrier, barrier + after, "optimizer"))
+        t = barrier + after
         if not st.overlap_param_gather:
             for c in chunks_of[r]:
                 t = (gather_params(r, c.vstage, t) or [t])[-1]
         events.append(sorted(evs + comm[r], key=lambda e: (e.start, e.stream)))
-        end_bwd.append(compute_end)
         end.append(t)
     return IterationRun(orders, events, end_bwd, end, busy)
