@@ -155,7 +155,9 @@ class Estimate:
         """Megatron's optimizer step over this rank's shard, pass by pass (bytes/param),
         split at the gradient-norm all-reduce: (before, after).
 
-        Before: main grad -> fp32 optimizer grad (g + 4), nan/inf check (g), grad norm (4).
+        Before: main grad -> fp32 optimizer grad (g + 4), the nan/inf check (a norm over the
+        rank's whole main-grad buffer, g per local parameter: Megatron's default
+        check_for_nan_in_grad runs it per bucket before the reduce), grad norm (4).
         After: clip scale (8), Adam (read grad, master, m, v; write master, m, v:
         4 + 2*12), master -> bf16 param (4 + 2), and zeroing the full main-grad buffer (g)."""
         st = self.strategy
@@ -164,7 +166,7 @@ class Estimate:
         states = optimizer_bytes_per_param(st)
         before = [
             MemBound("optimizer.copy_grads", shard * (g + 4)),
-            MemBound("optimizer.check_finite", shard * g),
+            MemBound("optimizer.check_finite", stage.params * g),
             MemBound("optimizer.grad_norm", shard * 4),
         ]
         after = [
