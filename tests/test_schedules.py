@@ -247,7 +247,7 @@ def test_optimizer_step_waits_at_the_gradient_norm_barrier() -> None:
     est = _est("deepseek-v2-lite", ep_size=4, pp_size=2, micro_batch_num=4)
     ends = est.pipeline_ends()
     assert ends[1] < ends[0]  # the last stage finishes its passes first
-    passes = [est.optimizer_passes(s) for s in est.stages]
+    passes = est.optimizer_passes
     barrier = max(e + est.dp_reduce_time(s) + p[0] for e, s, p in zip(ends, est.stages, passes))
     hand = max(barrier + p[1] + est.dp_gather_time(s) for s, p in zip(est.stages, passes))
     cost = est.cost()

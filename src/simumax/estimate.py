@@ -140,20 +140,28 @@ class Estimate:
         """All gradient buckets (and ZeRO-1 parameter gathers) of one rank's chunks."""
         return self.dp_reduce_time(stage) + self.dp_gather_time(stage)
 
-    def _rank_buckets(self, stage: Stage) -> list[GradBucket]:
-        return [b for c in self.chunks if c.index == stage.index for b in self.grad_buckets(c)]
+    @cached_property
+    def _dp_times(self) -> list[tuple[float, float]]:
+        """Per rank: (gradient reduces, ZeRO-1 parameter gathers) of all its chunks."""
+        out = [[0.0, 0.0] for _ in self.stages]
+        for c in self.chunks:
+            for b in self.grad_buckets(c):
+                out[c.index][0] += b.reduce
+                out[c.index][1] += b.gather
+        return [(r, g) for r, g in out]
 
     def dp_reduce_time(self, stage: Stage) -> float:
         """Gradient reduce-scatters (ZeRO-1) or all-reduces of one rank, before its step."""
-        return sum(b.reduce for b in self._rank_buckets(stage))
+        return self._dp_times[stage.index][0]
 
     def dp_gather_time(self, stage: Stage) -> float:
         """ZeRO-1 parameter all-gathers of one rank, after its step."""
-        return sum(b.gather for b in self._rank_buckets(stage))
+        return self._dp_times[stage.index][1]
 
-    def optimizer_passes(self, stage: Stage) -> tuple[float, float]:
-        """Megatron's optimizer step over this rank's shard, pass by pass (bytes/param),
-        split at the gradient-norm all-reduce: (before, after).
+    @cached_property
+    def optimizer_passes(self) -> list[tuple[float, float]]:
+        """Per rank: Megatron's optimizer step over its shard, pass by pass (bytes/param),
+        split at the gradient-norm all-reduce: (before, after) in seconds.
 
         Before: main grad -> fp32 optimizer grad (g + 4), the nan/inf check (a norm over the
         rank's whole main-grad buffer, g per local parameter: Megatron's default
@@ -161,44 +169,43 @@ class Estimate:
         After: clip scale (8), Adam (read grad, master, m, v; write master, m, v:
         4 + 2*12), master -> bf16 param (4 + 2), and zeroing the full main-grad buffer (g)."""
         st = self.strategy
-        shard = shard_params(st, stage)
         g = st.main_grad_bytes
         states = optimizer_bytes_per_param(st)
-        before = [
-            MemBound("optimizer.copy_grads", shard * (g + 4)),
-            MemBound("optimizer.check_finite", stage.params * g),
-            MemBound("optimizer.grad_norm", shard * 4),
-        ]
-        after = [
-            MemBound("optimizer.clip", shard * 8),
-            MemBound("optimizer.adam", shard * (4 + 2 * states)),
-            MemBound("optimizer.copy_params", shard * (4 + st.dtype_bytes)),
-            MemBound("optimizer.zero_grad", stage.params * g),
-        ]
         cost = self.compute_model.membound
-        return sum(map(cost, before)), sum(map(cost, after))
-
-    def _barrier_wait(self, rank: int, end_bwd: list[float]) -> float:
-        """Seconds the rank waits at the gradient-norm barrier (no-overlap estimate:
-        its reduces start when its passes end)."""
-        ready = [e + self.dp_reduce_time(s) + self.optimizer_passes(s)[0] for e, s in zip(end_bwd, self.stages)]
-        return max(ready) - ready[rank]
+        out = []
+        for stage in self.stages:
+            shard = shard_params(st, stage)
+            before = [
+                MemBound("optimizer.copy_grads", shard * (g + 4)),
+                MemBound("optimizer.check_finite", stage.params * g),
+                MemBound("optimizer.grad_norm", shard * 4),
+            ]
+            after = [
+                MemBound("optimizer.clip", shard * 8),
+                MemBound("optimizer.adam", shard * (4 + 2 * states)),
+                MemBound("optimizer.copy_params", shard * (4 + st.dtype_bytes)),
+                MemBound("optimizer.zero_grad", stage.params * g),
+            ]
+            out.append((sum(map(cost, before)), sum(map(cost, after))))
+        return out
 
     def optimizer_time(self, stage: Stage) -> float:
-        return sum(self.optimizer_passes(stage))
+        return sum(self.optimizer_passes[stage.index])
 
-    def step_ends(self, grads_done: list[float]) -> list[float]:
-        """End of the iteration per rank, from when each rank's gradients are reduced.
+    def step_ends(self, grads_done: list[float]) -> tuple[list[float], list[float]]:
+        """(ready for the gradient-norm all-reduce, end of the iteration) per rank, from
+        when each rank's gradients are reduced.
 
         The gradient norm (for clipping) is all-reduced over every rank, data- and
         model-parallel alike, so no rank clips and steps before the slowest one has its
         norm: a barrier. Ranks that end their backward early (a pipeline's last stage)
         wait there, then each runs the rest of its step and its parameter all-gathers."""
-        passes = [self.optimizer_passes(s) for s in self.stages]
-        barrier = max(g + before for g, (before, _) in zip(grads_done, passes))
-        return [barrier + after + self.dp_gather_time(s) for s, (_, after) in zip(self.stages, passes)]
+        passes = self.optimizer_passes
+        ready = [g + before for g, (before, _) in zip(grads_done, passes)]
+        barrier = max(ready)
+        return ready, [barrier + after + self.dp_gather_time(s) for s, (_, after) in zip(self.stages, passes)]
 
-        # ---- results ---------------------------------------------------------------------
+    # ---- results ---------------------------------------------------------------------
     def model_flops_per_iter(self) -> float:
         st = self.strategy
         per_mb = sum(t.fwd.flops + t.bwd.flops for t in self.stage_times)  # one rank of each stage
@@ -260,7 +267,7 @@ class Estimate:
         st = self.strategy
         pipe = pipeline_time(self.rank_pass_times(), st.micro_batch_num, st.interleaving_size)
         end_bwd = list(pipe.end_per_rank)
-        return end_bwd, self.step_ends([e + self.dp_reduce_time(s) for e, s in zip(end_bwd, self.stages)])
+        return end_bwd, self.step_ends([e + self.dp_reduce_time(s) for e, s in zip(end_bwd, self.stages)])[1]
 
     def cost(self) -> CostResult:
         st = self.strategy
@@ -270,10 +277,10 @@ class Estimate:
         opt_t = [self.optimizer_time(s) for s in self.stages]
         if not self.needs_simulation:
             end_bwd = self.pipeline_ends()
-            ends = self.step_ends([e + self.dp_reduce_time(s) for e, s in zip(end_bwd, self.stages)])
+            ready, ends = self.step_ends([e + self.dp_reduce_time(s) for e, s in zip(end_bwd, self.stages)])
         else:
             run = self.simulate()
-            end_bwd, ends = run.end_of_backward, run.end
+            end_bwd, ends, ready = run.end_of_backward, run.end, run.norm_ready
         times = self.stage_times
         stage_costs = []
         for r, (s, t) in enumerate(zip(self.stages, times)):
@@ -289,7 +296,7 @@ class Estimate:
             )
         total = max(ends)
         crit = max(range(len(ends)), key=lambda r: ends[r])
-        wait = self._barrier_wait(crit, end_bwd)
+        wait = max(ready) - ready[crit]
         ct = times[crit]
         busy_max = m * max(f + b for f, b in per_stage)
         p2p_crit = max(0.0, per_stage[crit][0] + per_stage[crit][1] - ct.total)

@@ -35,6 +35,7 @@ class IterationRun:
     end_of_backward: list[float]  # per rank: its last pipeline pass ends
     end: list[float]  # per rank: optimizer step (and blocking parameter gathers) done
     busy: list[float]  # per rank: seconds of pipeline passes (the rest until end_of_backward is bubble)
+    norm_ready: list[float]  # per rank: ready for the step's gradient-norm all-reduce
 
     @property
     def total(self) -> float:
@@ -152,8 +153,9 @@ def simulate_iteration(est: "Estimate") -> IterationRun:
         all_events.append(evs)
         end_bwd.append(compute_end)
     # the gradient-norm all-reduce over every rank is a barrier inside the step
-    passes = [est.optimizer_passes(s) for s in est.stages]
-    barrier = max(g + before for g, (before, _) in zip(grads_done, passes))
+    passes = est.optimizer_passes
+    norm_ready = [g + before for g, (before, _) in zip(grads_done, passes)]
+    barrier = max(norm_ready)
     for r in range(ranks):
         before, after = passes[r]
         evs = all_events[r]
@@ -165,4 +167,4 @@ def simulate_iteration(est: "Estimate") -> IterationRun:
                 t = (gather_params(r, c.vstage, t) or [t])[-1]
         events.append(sorted(evs + comm[r], key=lambda e: (e.start, e.stream)))
         end.append(t)
-    return IterationRun(orders, events, end_bwd, end, busy)
+    return IterationRun(orders, events, end_bwd, end, busy, norm_ready)
