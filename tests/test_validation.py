@@ -1,8 +1,8 @@
 """Accuracy against real Megatron-LM runs (../shared/validation), dense rows.
 
-The issues' target is mean |time error| <= 5 %, max <= 10 % and memory <= 2 %; the dense
-rows of both files meet it. Where a family does not yet, its bound is the measured state
-(see docs/validation.md), wider until explained.
+The issues' target is mean |time error| <= 5 %, max <= 10 % and memory <= 2 %; every family
+meets it except the memory of the derived A100 DeepSeek-V2 EP4PP2 rows (5 % under, as
+SimuMax's own prediction; see docs/validation.md), whose bound is the measured state.
 Each test prints the errors it measured (pytest -s).
 """
 
@@ -18,7 +18,7 @@ TOLERANCES = {
     ("a100_pcie_megatron.jsonl", "dense"): (0.05, 0.10, 0.02),
     ("b200_megatron.jsonl", "dense"): (0.05, 0.10, 0.02),
     ("a100_pcie_megatron.jsonl", "moe"): (0.05, 0.10, 0.055),
-    ("b200_megatron.jsonl", "moe"): (0.065, 0.10, 0.02),
+    ("b200_megatron.jsonl", "moe"): (0.05, 0.10, 0.02),
 }
 
 
