@@ -202,3 +202,19 @@ def test_presets_run_multi_node_jobs() -> None:
         cost = Estimate(load_model("llama3-70b"), st_, load_system(name)).cost()
         assert 0.1 < cost.mfu < 0.7, (name, cost.mfu)
         assert json.dumps(cost.to_dict())
+
+
+def test_collective_latency_per_ring_step_by_hand() -> None:
+    """SimuMax's per-op latency_us is paid per ring step, fixed_latency_us (by group size when
+    given) once; an op without latency_us pays the tier's bandwidth latency once."""
+    st8 = load_strategy("tp8_pp1_dp1_mbs1")
+    net = NetworkModel(load_system("b200_bf16_ceperm"), st8)
+    b = 64 * 2**20
+    ag = net._flat("high_intra_node", "all_gather", b, 8)
+    assert ag == pytest.approx(7 / 8 * b / (900e9 * 0.6735) + (7 * 9.1828 + 23.1049) * 1e-6, rel=1e-12)
+    ar = net._flat("high_intra_node", "all_reduce", b, 8)
+    assert ar == pytest.approx(2 * 7 / 8 * b / (900e9 * 0.7424) + (14 * 5.5183 + 22.2316) * 1e-6, rel=1e-12)
+    a2a = net._flat("high_intra_node", "all2all", b, 4)  # fixed_latency_us_by_comm_num["4"] = 19.2102
+    assert a2a == pytest.approx(3 / 4 * b / (900e9 * 0.5968) + (3 * 7.3039 + 19.2102) * 1e-6, rel=1e-12)
+    p2p = NetworkModel(load_system("a100_pcie"), st8)._flat("intra_node_pcie_8x", "p2p", b, 2)
+    assert p2p == pytest.approx(b / (30e9 * 0.5) + 10e-6, rel=1e-12)  # no op latency: the tier's, once

@@ -27,7 +27,7 @@ class BandwidthSpec(ConfigBase):
     gbps: PositiveFloat = Field(description="Bandwidth in GB/s (1e9 bytes/s).")
     efficient_factor: float = Field(1.0, ge=0, description="Achieved fraction of gbps.")
     latency_us: float = Field(
-        0.0, ge=0, description="Microseconds per kernel (memory families); per ring step on a network tier whose op gives none."
+        0.0, ge=0, description="Microseconds per kernel (memory families) or per call (network tiers, for ops without their own)."
     )
 
 
@@ -64,7 +64,9 @@ class CollectiveSpec(ConfigBase):
     scale: float = Field(1.0, description="Bytes multiplier (2 for ring all-reduce).")
     offset: float = Field(-1.0, description="Ring factor (n + offset) / n; -1 gives (n-1)/n.")
     efficient_factor: float | None = Field(None, gt=0, description="Link efficiency; default the tier's.")
-    latency_us: float | None = Field(None, ge=0, description="Latency per ring step (see steps above); default the tier's.")
+    latency_us: float | None = Field(
+        None, ge=0, description="Latency per ring step (see steps above); unset: the tier's latency once per call."
+    )
     fixed_latency_us: float = Field(0.0, ge=0, description="Extra constant per call.")
     fixed_latency_us_by_comm_num: dict[str, float] = Field(
         default_factory=dict, description="Extra constant per call by group size (overrides fixed_latency_us)."

@@ -10,7 +10,8 @@ time = bytes * scale * (n + offset) / n / (bw * eff) + steps * latency_us + fixe
 The ring model (Thakur, Rabenseifner & Gropp 2005): (n-1)/n of the buffer crosses each
 link, twice for all-reduce, in steps = scale * (n + offset) hops (2(n-1) for all-reduce,
 n-1 for all-gather / reduce-scatter / all-to-all, 1 for p2p), each paying the per-step
-``latency_us``; ``fixed_latency_us`` (by group size if given) is paid once per call. NCCL's
+``latency_us``; ``fixed_latency_us`` (by group size if given) is paid once per call, and so
+is the tier's ``bandwidth.latency_us`` for an op without its own ``latency_us``. NCCL's
 own tuning model has this form (a base latency plus a per-step hardware latency), and the
 SimuMax configs' fitted fields read this way: on the B200 config the all-to-all constants
 by group size (51, 19, 0 µs for 2, 4, 8 ranks) make the per-call latency 58 / 41 / 51 µs
@@ -135,11 +136,14 @@ class NetworkModel:
         fixed_bw = spec.dp_fixed_bw.get(str(n)) if group in ("dp", "edp") else None
         if fixed_bw:
             bw, eff = fixed_bw * 1e9, 1.0
-        latency = spec.latency_us if spec.latency_us is not None else tier.bandwidth.latency_us
         fixed = spec.fixed_latency_us_by_comm_num.get(str(n), spec.fixed_latency_us)
+        if spec.latency_us is None:  # the tier's latency is a per-call default
+            per_step, fixed = 0.0, fixed + tier.bandwidth.latency_us
+        else:
+            per_step = spec.latency_us
         if steps is None:
             steps = ring_steps(op, n, spec.scale, spec.offset)
-        return nbytes * spec.scale * (n + spec.offset) / n / (bw * eff) + (steps * latency + fixed) * 1e-6
+        return nbytes * spec.scale * (n + spec.offset) / n / (bw * eff) + (steps * per_step + fixed) * 1e-6
 
     def _intra_tier(self, k: int, stride: int) -> str | None:
         """The tier a group of k ranks at this stride inside one node would use."""
