@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simumax.atomic import write_bytes_atomic
+from simumax.report.figure import pyplot, save_figure
 from simumax.report.results import CostResult, MemResult
 
 GIB = 2**30
@@ -25,18 +25,8 @@ def memory_parts(mem: MemResult) -> list[dict[str, float]]:
     return out
 
 
-def _save(fig, path: Path) -> None:
-    fmt = "svg" if path.suffix.lower() == ".svg" else "png"
-    fig.tight_layout()
-    write_bytes_atomic(path, lambda f: fig.savefig(f, format=fmt))
-
-
 def plot_memory(mem: MemResult, path: Path, title: str = "") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     parts = memory_parts(mem)
     fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(parts) + 3), 4.5), dpi=110)
     bottom = [0.0] * len(parts)
@@ -52,16 +42,12 @@ def plot_memory(mem: MemResult, path: Path, title: str = "") -> None:
     ax.set_ylabel("GiB (peak allocated)")
     ax.set_title(title or "memory per pipeline stage")
     ax.legend(fontsize=8, loc="upper right")
-    _save(fig, path)
-    plt.close(fig)
+    fig.tight_layout()
+    save_figure(fig, path)
 
 
 def plot_time(cost: CostResult, path: Path, title: str = "") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     items = [(k, v * 1e3) for k, v in cost.breakdown.items() if v > 0]
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(items) + 1.5), dpi=110)
     names = [k.replace("_", " ") for k, _ in items][::-1]
@@ -73,5 +59,5 @@ def plot_time(cost: CostResult, path: Path, title: str = "") -> None:
     ax.set_xlabel("ms per iteration (critical rank)")
     ax.set_xlim(0, max(vals) * 1.35 if vals else 1)
     ax.set_title(title or f"time breakdown: {total:.1f} ms per iteration, MFU {cost.mfu:.1%}")
-    _save(fig, path)
-    plt.close(fig)
+    fig.tight_layout()
+    save_figure(fig, path)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from simumax.atomic import write_bytes_atomic
+from simumax.report.figure import pyplot, save_figure
 
 if TYPE_CHECKING:
     from simumax.search.evaluate import SearchRow
@@ -29,11 +29,7 @@ def pareto_frontier(rows: Sequence["SearchRow"]) -> list["SearchRow"]:
 
 
 def plot_frontier(rows: Sequence["SearchRow"], path: Path, capacity: float, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fit = [r for r in rows if r.fits]
     front = pareto_frontier(rows)
     fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
@@ -55,6 +51,4 @@ def plot_frontier(rows: Sequence["SearchRow"], path: Path, capacity: float, titl
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    fmt = "svg" if path.suffix.lower() == ".svg" else "png"
-    write_bytes_atomic(path, lambda f: fig.savefig(f, format=fmt))
-    plt.close(fig)
+    save_figure(fig, path)

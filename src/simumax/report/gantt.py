@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from simumax.atomic import write_bytes_atomic
+from simumax.report.figure import pyplot, save_figure
 
 if TYPE_CHECKING:
     from simumax.simulate.iteration import IterationRun
@@ -21,10 +21,7 @@ LABELS = {
 
 
 def plot_gantt(run: "IterationRun", path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     ranks = len(run.events)
@@ -56,6 +53,4 @@ def plot_gantt(run: "IterationRun", path: Path, title: str) -> None:
     handles = [Patch(color=COLORS[k], label=LABELS[k]) for k in COLORS if k in used]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.35 / (1.0 + 0.55 * ranks), 1, 1))
-    fmt = path.suffix.lstrip(".") or "png"
-    write_bytes_atomic(path, lambda f: fig.savefig(f, format=fmt))
-    plt.close(fig)
+    save_figure(fig, path, path.suffix.lstrip(".") or "png")
