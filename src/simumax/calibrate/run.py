@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable
 
 from simumax.config.model import ModelConfig
@@ -127,27 +128,24 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, frags in KERNEL_KINDS if any(f in low for f in frags)), "memory_bound")
 
 
-def predicted_seconds_by_kind(est: Any) -> dict[str, float]:
-    """The estimate's compute-stream time of one iteration split like a profile."""
+def predicted_seconds_by_kind(est: Any, optimizer_seconds: float) -> dict[str, float]:
+    """The estimate's compute-stream time of one iteration split like a profile
+    (``optimizer_seconds``: the step, from the estimate's cost already computed)."""
     from simumax.graph.kernels import Attention, Collective, Gemm, GroupGemm, MemBound
-    from simumax.graph.ops import PHASES
 
     out = {"gemm": 0.0, "attention": 0.0, "memory_bound": 0.0}
     cm = est.compute_model
-    for chunk in est.chunks:
-        for op in chunk.ops:
-            for phase in PHASES:
-                for k in op.kernels(phase):
-                    if isinstance(k, (Gemm, GroupGemm)):
-                        out["gemm"] += cm.compute(k)[0]
-                    elif isinstance(k, Attention):
-                        out["attention"] += cm.compute(k)[0]
-                    elif isinstance(k, MemBound):
-                        out["memory_bound"] += cm.membound(k)
-                    elif not isinstance(k, Collective):
-                        raise TypeError(k)
+    for k in itertools.chain.from_iterable(chunk.kernels() for chunk in est.chunks):
+        if isinstance(k, (Gemm, GroupGemm)):
+            out["gemm"] += cm.compute(k)[0]
+        elif isinstance(k, Attention):
+            out["attention"] += cm.compute(k)[0]
+        elif isinstance(k, MemBound):
+            out["memory_bound"] += cm.membound(k)
+        elif not isinstance(k, Collective):
+            raise TypeError(k)
     out = {k: v * est.strategy.micro_batch_num for k, v in out.items()}
-    out["optimizer"] = est.cost().breakdown["optimizer"]
+    out["optimizer"] = optimizer_seconds
     return out
 
 
@@ -181,7 +179,7 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
         "activation_bytes_predicted": max(s.fwd_activation_cache_per_micro_batch for s in mem.stages),
         "model_state_bytes_predicted": max(s.model_mem for s in mem.stages),
         "misses": sum(cost.efficiency_lookups.get("misses", {}).values()),
-        "kernel_seconds_predicted": predicted_seconds_by_kind(est),
+        "kernel_seconds_predicted": predicted_seconds_by_kind(est, cost.breakdown["optimizer"]),
         "kernel_seconds_real": _by_kind(real.kernels) if real.kernels else None,
         "wgrad_accumulation_fused": bool(_FUSED_ACCUM and _FUSED_ACCUM[0]),
         "measurement": real.to_dict(),

@@ -6,6 +6,7 @@ of the same job looks up.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -13,7 +14,6 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.graph.kernels import Attention, Gemm, GroupGemm, MemBound
-from simumax.graph.ops import PHASES
 
 
 @dataclass
@@ -47,22 +47,19 @@ def job_kernels(model: ModelConfig, strategy: StrategyConfig, system: SystemConf
     out = JobKernels()
     seen: set[object] = set()
     sizes: dict[str, set[float]] = defaultdict(set)
-    for chunk in est.chunks:
-        for op in chunk.ops:
-            for phase in PHASES:
-                for k in op.kernels(phase):
-                    if isinstance(k, MemBound):
-                        if k.bytes > 0 and k.bytes not in sizes[k.family]:
-                            sizes[k.family].add(k.bytes)
-                            out.membound[k.family].append(float(k.bytes))
-                        continue
-                    if not isinstance(k, (Gemm, GroupGemm, Attention)) or k in seen:
-                        continue
-                    seen.add(k)
-                    if isinstance(k, Gemm):
-                        out.gemms[k.family].append(k)
-                    elif isinstance(k, GroupGemm):
-                        out.group_gemms[k.family].append(k)
-                    else:
-                        out.attentions.append(k)
+    for k in itertools.chain.from_iterable(chunk.kernels() for chunk in est.chunks):
+        if isinstance(k, MemBound):
+            if k.bytes > 0 and k.bytes not in sizes[k.family]:
+                sizes[k.family].add(k.bytes)
+                out.membound[k.family].append(float(k.bytes))
+            continue
+        if not isinstance(k, (Gemm, GroupGemm, Attention)) or k in seen:
+            continue
+        seen.add(k)
+        if isinstance(k, Gemm):
+            out.gemms[k.family].append(k)
+        elif isinstance(k, GroupGemm):
+            out.group_gemms[k.family].append(k)
+        else:
+            out.attentions.append(k)
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from simumax.graph.kernels import Collective, Kernel
@@ -79,5 +80,9 @@ class Stage:
     def expert_params(self) -> int:
         return sum(o.expert_params for o in self.ops)
 
+    def kernels(self) -> Iterator[Kernel]:
+        """Every kernel of one micro-batch, op by op, phase by phase."""
+        return (k for o in self.ops for ph in PHASES for k in o.kernels(ph))
+
     def collectives(self) -> list[Collective]:
-        return [k for o in self.ops for ph in PHASES for k in o.kernels(ph) if isinstance(k, Collective)]
+        return [k for k in self.kernels() if isinstance(k, Collective)]
