@@ -121,37 +121,43 @@ def attention_fn(k: Attention, device: torch.device, dtype: torch.dtype = torch.
     return lambda: torch.autograd.grad(out, (q, key, v), grad, retain_graph=True)
 
 
-def membound_fn(family: str, nbytes: float, device: torch.device):
-    """A kernel moving ``nbytes`` by the IR's accounting for ``family``."""
+PERMUTE_HIDDEN = 4096  # bf16 rows of the permute stand-in
+CE_VOCAB = 32768  # logits width of the cross-entropy stand-in
+CE_BYTES_PER_LOGIT = {"ce": 14.0, "ce_fusion": 4.0}  # blocks.py loss.fwd: bf16 + 3 fp32 / 2 bf16
+
+
+def _membound_size(family: str, nbytes: float) -> tuple[int, float]:
+    """(rows, or elements, of the stand-in for ``nbytes``; the bytes it really moves):
+    sizes round down to whole rows / elements."""
     if family.startswith("permute"):
-        rows_bytes = 4096 * 2  # rows of hidden 4096 in bf16; read + write each
-        rows = max(1, int(nbytes // (2 * rows_bytes)))
-        x = _randn((rows, 4096), torch.bfloat16, device)
-        idx = torch.randperm(rows, device=device)
-        return lambda: x.index_select(0, idx)
-    if family in ("ce", "ce_fusion"):
-        vocab = 32768
-        per_elem = 14.0 if family == "ce" else 4.0  # blocks.py loss.fwd: bf16 + 3 fp32 / 2 bf16
-        rows = max(1, int(nbytes / per_elem // vocab))
-        logits = _randn((rows, vocab), torch.bfloat16, device)
-        target = torch.randint(0, vocab, (rows,), device=device)
-        if family == "ce":
-            return lambda: F.cross_entropy(logits.float(), target)
-        return lambda: F.cross_entropy(logits, target)
+        row = 2 * PERMUTE_HIDDEN * 2  # read + write one bf16 row
+        rows = max(1, int(nbytes // row))
+        return rows, rows * float(row)
+    if family in CE_BYTES_PER_LOGIT:
+        per_elem = CE_BYTES_PER_LOGIT[family]
+        rows = max(1, int(nbytes / per_elem // CE_VOCAB))
+        return rows, rows * CE_VOCAB * per_elem
     n = max(1, int(nbytes // 6))  # bf16 add: read 2 elements, write 1
-    a, b = _randn((n,), torch.bfloat16, device), _randn((n,), torch.bfloat16, device)
-    c = torch.empty_like(a)
-    return lambda: torch.add(a, b, out=c)
+    return n, n * 6.0
 
 
-def actual_membound_bytes(family: str, nbytes: float) -> float:
-    """The bytes the stand-in really moves (sizes are rounded to whole rows/elements)."""
+def membound_fn(family: str, nbytes: float, device: torch.device):
+    """(a kernel moving ``nbytes`` by the IR's accounting for ``family``, the bytes it
+    really moves)."""
+    size, actual = _membound_size(family, nbytes)
     if family.startswith("permute"):
-        return max(1, int(nbytes // (2 * 8192))) * 2 * 8192.0
-    if family in ("ce", "ce_fusion"):
-        per_elem = 14.0 if family == "ce" else 4.0
-        return max(1, int(nbytes / per_elem // 32768)) * 32768 * per_elem
-    return max(1, int(nbytes // 6)) * 6.0
+        x = _randn((size, PERMUTE_HIDDEN), torch.bfloat16, device)
+        idx = torch.randperm(size, device=device)
+        return (lambda: x.index_select(0, idx)), actual
+    if family in CE_BYTES_PER_LOGIT:
+        logits = _randn((size, CE_VOCAB), torch.bfloat16, device)
+        target = torch.randint(0, CE_VOCAB, (size,), device=device)
+        if family == "ce":
+            return (lambda: F.cross_entropy(logits.float(), target)), actual
+        return (lambda: F.cross_entropy(logits, target)), actual
+    a, b = _randn((size,), torch.bfloat16, device), _randn((size,), torch.bfloat16, device)
+    c = torch.empty_like(a)
+    return (lambda: torch.add(a, b, out=c)), actual
 
 
 @dataclass
@@ -235,8 +241,8 @@ def calibrate_compute(
     for family, sizes in kernels.membound.items():
         pts = []
         for nbytes in sorted(sizes):
-            fn = membound_fn(family, nbytes, device)
-            pts.append((actual_membound_bytes(family, nbytes), median_seconds(fn, device, warmup, repeats)))
+            fn, actual = membound_fn(family, nbytes, device)
+            pts.append((actual, median_seconds(fn, device, warmup, repeats)))
             del fn
             done += 1
             if progress:
