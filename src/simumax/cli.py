@@ -470,11 +470,10 @@ def app_cmd(
     """Start the web app (pip install 'simumax[app]')."""
     import importlib.util
     import subprocess
-    from pathlib import Path as _P
 
     if importlib.util.find_spec("streamlit") is None:
         raise ConfigError("app", "needs Streamlit: pip install 'simumax[app]'")
-    script = _P(__file__).resolve().parent / "app" / "streamlit_app.py"
+    script = Path(__file__).resolve().parent / "app" / "streamlit_app.py"
     cmd = [sys.executable, "-m", "streamlit", "run", str(script), "--server.port", str(port),
            "--server.headless", "false" if browser else "true", "--browser.gatherUsageStats", "false"]
     raise SystemExit(subprocess.call(cmd))

@@ -79,7 +79,7 @@ class ComputeModel:
             base = self._family(name[4:])
             eff, src = self._efficiency(base, key)
             return eff, "fitted" if src == "measured" else src  # a bf16 measurement stands in
-        fitted = self._fit(name).predict(key) if len(self._fit(name)) >= 3 else None
+        fitted = self._fit(name).predict(key)  # None when the table has too little to fit
         if fitted is not None:
             return fitted, "fitted"
         return default_curve(parse_key(key)[1], spec.efficient_factor, self.acc.sm_count), "default"

@@ -34,7 +34,7 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     ]
     if rotary:
         ops.append(
-            blocks.rope(f"{P}.rope", layer, d, q_w + kv_w, fused=local is False, rot_dim=hd).with_(input=(mixed,), output=q, also_outputs=(k,))
+            blocks.rope(f"{P}.rope", layer, d, q_w + kv_w, fused=not local, rot_dim=hd).with_(input=(mixed,), output=q, also_outputs=(k,))
         )
     if st.use_math_sdp or local:
         core = blocks.math_attention(

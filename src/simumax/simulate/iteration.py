@@ -154,7 +154,7 @@ def simulate_iteration(est: "Estimate") -> IterationRun:
         end_bwd.append(compute_end)
     # the gradient-norm all-reduce over every rank is a barrier inside the step
     passes = est.optimizer_passes
-    norm_ready = [g + before for g, (before, _) in zip(grads_done, passes)]
+    norm_ready, _ = est.step_ends(grads_done)
     barrier = max(norm_ready)
     for r in range(ranks):
         before, after = passes[r]
