@@ -124,15 +124,19 @@ class Estimate:
             return []
         bucket = st.ddp_bucket_size or max(MEGATRON_MIN_BUCKET, 1_000_000 * size)
         n_full, rest = divmod(params, bucket)
+
+        def times(elems: int) -> tuple[float, float]:
+            if st.zero_state >= 1:
+                return (self.network.time(Collective("reduce_scatter", elems * st.main_grad_bytes, group)),
+                        self.network.time(Collective("all_gather", elems * st.dtype_bytes, group)))
+            return self.network.time(Collective("all_reduce", elems * st.main_grad_bytes, group)), 0.0
+
+        full = times(bucket) if n_full else (0.0, 0.0)  # every full bucket costs the same
         out = []
         done = 0
         for elems in [bucket] * n_full + ([rest] if rest else []):
             done += elems
-            if st.zero_state >= 1:
-                red = self.network.time(Collective("reduce_scatter", elems * st.main_grad_bytes, group))
-                gat = self.network.time(Collective("all_gather", elems * st.dtype_bytes, group))
-            else:
-                red, gat = self.network.time(Collective("all_reduce", elems * st.main_grad_bytes, group)), 0.0
+            red, gat = full if elems == bucket else times(elems)
             out.append(GradBucket(group, done / params, red, gat))
         return out
 
