@@ -469,14 +469,17 @@ def app_cmd(
 ) -> None:
     """Start the web app (pip install 'simumax[app]')."""
     import importlib.util
-    import subprocess
+    import os
 
     if importlib.util.find_spec("streamlit") is None:
         raise ConfigError("app", "needs Streamlit: pip install 'simumax[app]'")
     script = Path(__file__).resolve().parent / "app" / "streamlit_app.py"
     cmd = [sys.executable, "-m", "streamlit", "run", str(script), "--server.port", str(port),
            "--server.headless", "false" if browser else "true", "--browser.gatherUsageStats", "false"]
-    raise SystemExit(subprocess.call(cmd))
+    sys.stdout.flush()
+    # become the server (no child process): a signal to this process stops the server
+    # instead of orphaning it
+    os.execv(sys.executable, cmd)
 
 
 @app.command()
