@@ -125,6 +125,19 @@ def test_attention_keys_use_table_flops() -> None:
     assert fwd.table_flops == 4 * 1 * 32 * 4096 * 4096 * 128  # 2·b·h·s²·(dqk + dv), no causal halving
 
 
+def test_datasheet_matches_the_most_specific_name() -> None:
+    from simumax.config.hardware import GPUS, datasheet
+
+    assert datasheet("NVIDIA H100 PCIe").bf16_tflops == 756.0
+    assert datasheet("NVIDIA H100 80GB HBM3").scaleup_gbps == 450.0
+    assert datasheet("NVIDIA A100-PCIE-40GB").scaleup_gbps == 32.0
+    assert datasheet("NVIDIA A100-SXM4-80GB").hbm_gbps == 2039.0
+    assert datasheet("NVIDIA GB200").bf16_tflops == 2500.0 and datasheet("NVIDIA B200").bf16_tflops == 2250.0
+    assert datasheet("Tesla T4") is None
+    # the presets take their peaks from the same rows
+    assert {g.name: g.bf16_tflops for g in GPUS}["h200-sxm-141gb"] == datasheet("NVIDIA H200").bf16_tflops
+
+
 def test_fresh_system_and_collective_merge_load() -> None:
     sys_dict = fresh_system("x", "NVIDIA H100 80GB HBM3", 79.0, 989.4, 3350.0, 8)
     assert sys_dict["networks"]["high_intra_node"]["bandwidth"]["gbps"] == 450.0

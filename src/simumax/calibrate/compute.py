@@ -28,32 +28,10 @@ import torch.nn.functional as F
 from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
 from simumax.calibrate.shapes import JobKernels
 from simumax.calibrate.timing import median_seconds
+from simumax.config.hardware import datasheet
 from simumax.graph.kernels import Attention, Gemm, GroupGemm
 
 log = logging.getLogger(__name__)
-
-# Dense datasheet peaks (bf16 TFLOP/s, HBM GB/s), matched on torch's device name.
-DATASHEET = (
-    ("H200", 989.4, 4800.0),
-    ("H100 PCIe", 756.0, 2000.0),
-    ("H100", 989.4, 3350.0),
-    ("H800", 989.4, 3350.0),
-    ("B200", 2250.0, 8000.0),
-    ("A100-PCIE", 312.0, 1935.0),
-    ("A100", 312.0, 2039.0),
-    ("A800", 312.0, 2039.0),
-    ("L40S", 362.0, 864.0),
-    ("MI300X", 1307.0, 5300.0),
-)
-
-
-def datasheet_peaks(name: str) -> tuple[float, float] | None:
-    """(bf16 TFLOP/s, HBM GB/s) for a known accelerator name, else None."""
-    for key, tflops, gbps in DATASHEET:
-        if key.lower() in name.lower():
-            return tflops, gbps
-    return None
-
 
 @dataclass(frozen=True, slots=True)
 class KernelTiming:
@@ -201,10 +179,10 @@ def calibrate_compute(
     by device name when None; measured when unknown: then efficiencies are relative to
     the best GEMM rate seen, which the result records)."""
     if peak_tflops is None or hbm_gbps is None:
-        sheet = datasheet_peaks(device_name) if device.type == "cuda" else None
+        sheet = datasheet(device_name) if device.type == "cuda" else None
         if sheet:
-            peak_tflops = peak_tflops or sheet[0]
-            hbm_gbps = hbm_gbps or sheet[1]
+            peak_tflops = peak_tflops or sheet.bf16_tflops
+            hbm_gbps = hbm_gbps or sheet.hbm_gbps
             peak_source = "datasheet"
         else:
             big = 8192 if device.type == "cuda" else 256

@@ -98,12 +98,13 @@ def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier:
     tier = tier or ("high_intra_node" if cal.intra_node else "inter_node")
     start = base.to_dict() if base else None
     if start is None:
-        from simumax.calibrate.compute import datasheet_peaks
+        from simumax.config.hardware import datasheet
 
         dname = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-        peaks = datasheet_peaks(dname) or (100.0, 1000.0)
+        sheet = datasheet(dname)
+        peak_tflops, hbm_gbps = (sheet.bf16_tflops, sheet.hbm_gbps) if sheet else (100.0, 1000.0)
         mem = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 16.0
-        start = system_writer.fresh_system(dname.replace(" ", "_").lower(), dname, mem, peaks[0], peaks[1], cal.world_size)
+        start = system_writer.fresh_system(dname.replace(" ", "_").lower(), dname, mem, peak_tflops, hbm_gbps, cal.world_size)
     system = system_writer.merge_collectives(start, tier, cal.fits(), cal.fits_by_size())
     SystemConfig.init_from_dict(system)
     report = {

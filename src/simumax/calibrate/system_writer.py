@@ -12,18 +12,17 @@ import statistics
 from typing import Any
 
 from simumax.calibrate.fit import AlphaBeta
-from simumax.config.hardware import NIC_FIXED_US, NIC_STEP_US, SCALEUP_FIXED_US, SCALEUP_STEP_US, collective_tier
+from simumax.config.hardware import NIC_FIXED_US, NIC_STEP_US, SCALEUP_FIXED_US, SCALEUP_STEP_US, collective_tier, datasheet
 from simumax.cost.network import DEFAULT_SPECS, ring_steps
 
-# Datasheet links when no base config gives them: per-GPU unidirectional NVLink GB/s.
-NVLINK_GBPS = (("H200", 450.0), ("H100 PCIe", 64.0), ("H100", 450.0), ("H800", 200.0), ("B200", 900.0),
-               ("A100-PCIE", 32.0), ("A100", 300.0), ("A800", 200.0))
+SCALEUP_GBPS_UNKNOWN = 100.0  # a device missing from the datasheet table
 IB_GBPS_PER_GPU = 50.0  # one 400 Gb/s NIC per GPU
 
 
 def fresh_system(name: str, device_name: str, mem_gib: float, peak_tflops: float, hbm_gbps: float, num_per_node: int) -> dict[str, Any]:
     """A system skeleton from datasheet numbers; calibration fills the efficiencies."""
-    nvlink = next((g for key, g in NVLINK_GBPS if key.lower() in device_name.lower()), 100.0)
+    sheet = datasheet(device_name)
+    nvlink = sheet.scaleup_gbps if sheet else SCALEUP_GBPS_UNKNOWN
     family = lambda tf: {"tflops": tf, "efficient_factor": 0.7, "accurate_efficient_factor": {}}  # noqa: E731
     return {
         "sys_name": name,

@@ -20,15 +20,48 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class Datasheet:
+    """Vendor facts of one accelerator; ``match`` is a substring of torch's device name
+    (the first matching row wins, so more specific names come first)."""
+
+    match: str
+    bf16_tflops: float  # dense
+    hbm_gbps: float
+    scaleup_gbps: float  # per GPU, one direction: NVLink / Infinity Fabric, PCIe for PCIe cards
+
+
+DATASHEETS = (
+    Datasheet("H200", 989.4, 4800.0, 450.0),
+    Datasheet("H100 PCIe", 756.0, 2000.0, 64.0),
+    Datasheet("H100", 989.4, 3350.0, 450.0),
+    Datasheet("H800", 989.4, 3350.0, 200.0),
+    Datasheet("GB200", 2500.0, 8000.0, 900.0),
+    Datasheet("B200", 2250.0, 8000.0, 900.0),
+    Datasheet("A100-PCIE", 312.0, 1935.0, 32.0),
+    Datasheet("A100", 312.0, 2039.0, 300.0),
+    Datasheet("A800", 312.0, 2039.0, 200.0),
+    Datasheet("L40S", 362.0, 864.0, 32.0),
+    Datasheet("MI300X", 1307.4, 5300.0, 448.0),
+)
+
+
+def datasheet(device_name: str) -> Datasheet | None:
+    """The datasheet row of a device name (e.g. torch.cuda.get_device_name()), else None."""
+    return next((d for d in DATASHEETS if d.match.lower() in device_name.lower()), None)
+
+
+def _sheet(match: str) -> Datasheet:
+    return next(d for d in DATASHEETS if d.match == match)
+
+
+@dataclass(frozen=True)
 class Gpu:
     name: str
-    bf16_tflops: float
+    sheet: Datasheet
     fp8_tflops: float
-    hbm_gbps: float
     mem_gib: float
     sm_count: int
     num_per_node: int  # GPUs sharing the scale-up fabric (a node; NVL72: the rack)
-    scaleup_gbps: float  # per GPU, one direction
     nic_gbps: float  # scale-out per GPU, one direction (GB/s)
     gemm_eff: float  # asymptotes of the default curves
     group_gemm_eff: float
@@ -38,6 +71,18 @@ class Gpu:
     scaleup_eff: dict[str, float]  # collective -> bus-bandwidth fraction on the scale-up fabric
     measured_base: str | None = None  # a preset whose measured tables this one reuses
     note: str = ""
+
+    @property
+    def bf16_tflops(self) -> float:
+        return self.sheet.bf16_tflops
+
+    @property
+    def hbm_gbps(self) -> float:
+        return self.sheet.hbm_gbps
+
+    @property
+    def scaleup_gbps(self) -> float:
+        return self.sheet.scaleup_gbps
 
 
 NVLINK_EFF = {"all_reduce": 0.80, "all_gather": 0.80, "reduce_scatter": 0.80, "all2all": 0.60, "p2p": 0.80}
@@ -49,18 +94,18 @@ SCALEUP_FIXED_US, SCALEUP_STEP_US = 8.0, 2.0
 NIC_FIXED_US, NIC_STEP_US = 20.0, 5.0
 
 GPUS = (
-    Gpu("a100-sxm-80gb", 312.0, 312.0, 2039.0, 80.0, 108, 8, 300.0, 25.0, 0.80, 0.65, 0.95, 0.75, 0.85, NVLINK_EFF,
+    Gpu("a100-sxm-80gb", _sheet("A100"), 312.0, 80.0, 108, 8, 25.0, 0.80, 0.65, 0.95, 0.75, 0.85, NVLINK_EFF,
         note="A100 SXM4 80GB; no FP8 (fp8 families run at the bf16 peak); HDR 200 Gb/s per GPU"),
-    Gpu("h100-sxm-80gb", 989.4, 1978.9, 3350.0, 79.65, 132, 8, 450.0, 50.0, 0.72, 0.70, 0.93, 0.60, 0.90, NVLINK_EFF,
+    Gpu("h100-sxm-80gb", _sheet("H100"), 1978.9, 79.65, 132, 8, 50.0, 0.72, 0.70, 0.93, 0.60, 0.90, NVLINK_EFF,
         measured_base="nvidia_h100_80gb_hbm3", note="H100 SXM5; NDR 400 Gb/s per GPU; tables measured (docs/calibration.md)"),
-    Gpu("h200-sxm-141gb", 989.4, 1978.9, 4800.0, 140.4, 132, 8, 450.0, 50.0, 0.74, 0.70, 0.93, 0.62, 0.90, NVLINK_EFF,
+    Gpu("h200-sxm-141gb", _sheet("H200"), 1978.9, 140.4, 132, 8, 50.0, 0.74, 0.70, 0.93, 0.62, 0.90, NVLINK_EFF,
         measured_base="nvidia_h100_80gb_hbm3",
         note="H200 SXM: the H100's SMs, clocks and 700 W with HBM3e, so the H100 compute tables; NDR 400 Gb/s per GPU"),
-    Gpu("b200-sxm-180gb", 2250.0, 4500.0, 8000.0, 179.06, 148, 8, 900.0, 50.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
+    Gpu("b200-sxm-180gb", _sheet("B200"), 4500.0, 179.06, 148, 8, 50.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
         measured_base="b200_bf16_ceperm", note="B200 (HGX/DGX B200); reference measured tables, true memory; 400 Gb/s per GPU"),
-    Gpu("gb200-nvl72", 2500.0, 5000.0, 8000.0, 184.0, 148, 72, 900.0, 100.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
+    Gpu("gb200-nvl72", _sheet("GB200"), 5000.0, 184.0, 148, 72, 100.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
         note="GB200 NVL72: 72 GPUs on one NVLink domain (placed as one node); ConnectX-8 800 Gb/s per GPU to other racks"),
-    Gpu("mi300x", 1307.4, 2614.9, 5300.0, 192.0, 304, 8, 448.0, 50.0, 0.50, 0.40, 0.60, 0.45, 0.80, XGMI_EFF,
+    Gpu("mi300x", _sheet("MI300X"), 2614.9, 192.0, 304, 8, 50.0, 0.50, 0.40, 0.60, 0.45, 0.80, XGMI_EFF,
         note="MI300X OAM; 7 Infinity Fabric links x 64 GB/s per GPU; 400 Gb/s per GPU"),
 )
 
