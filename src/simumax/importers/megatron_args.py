@@ -10,67 +10,9 @@ from typing import Any
 
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
+from simumax.config.megatron_names import SWITCHES, VALUED
 from simumax.errors import ConfigError
 
-# flag -> (target, field, type); target m = model, s = strategy
-VALUED: dict[str, tuple[str, str, type]] = {
-    "--num-layers": ("m", "layer_num", int),
-    "--hidden-size": ("m", "hidden_size", int),
-    "--ffn-hidden-size": ("m", "intermediate_size", int),
-    "--num-attention-heads": ("m", "head_num", int),
-    "--num-query-groups": ("m", "kv_head_num", int),
-    "--kv-channels": ("m", "head_size", int),
-    "--vocab-size": ("m", "vocab_size", int),
-    "--make-vocab-size-divisible-by": ("m", "make_vocab_size_divisible_by", int),
-    "--max-position-embeddings": ("m", "max_position_embeddings", int),
-    "--num-experts": ("m", "expert_num", int),
-    "--moe-router-topk": ("m", "topk", int),
-    "--moe-ffn-hidden-size": ("m", "moe_ffn_hidden_size", int),
-    "--moe-shared-expert-intermediate-size": ("m", "moe_shared_expert_intermediate_size", int),
-    "--moe-expert-capacity-factor": ("m", "capacity", float),
-    "--q-lora-rank": ("m", "q_lora_rank", int),
-    "--kv-lora-rank": ("m", "kv_lora_rank", int),
-    "--qk-head-dim": ("m", "qk_head_dim", int),
-    "--qk-pos-emb-head-dim": ("m", "qk_pos_emb_head_dim", int),
-    "--v-head-dim": ("m", "v_head_dim", int),
-    "--seq-length": ("s", "seq_len", int),
-    "--micro-batch-size": ("s", "micro_batch_size", int),
-    "--tensor-model-parallel-size": ("s", "tp_size", int),
-    "--pipeline-model-parallel-size": ("s", "pp_size", int),
-    "--context-parallel-size": ("s", "cp_size", int),
-    "--expert-model-parallel-size": ("s", "ep_size", int),
-    "--expert-tensor-parallel-size": ("s", "etp_size", int),
-    "--num-virtual-stages-per-pipeline-rank": ("s", "interleaving_size", int),
-    "--decoder-first-pipeline-num-layers": ("s", "num_layers_in_first_pipeline_stage", int),
-    "--decoder-last-pipeline-num-layers": ("s", "num_layers_in_last_pipeline_stage", int),
-    "--recompute-num-layers": ("s", "recompute_layer_num", int),
-    "--cp-comm-type": ("s", "cp_comm_type", str),
-    "--transformer-impl": ("s", "transformer_impl", str),
-}
-SWITCHES: dict[str, tuple[str, str, Any]] = {
-    "--swiglu": ("m", "use_swiglu", True),
-    "--untie-embeddings-and-output-weights": ("m", "untie_embeddings_and_output_weights", True),
-    "--disable-bias-linear": ("m", "add_bias_linear", False),
-    "--add-bias-linear": ("m", "add_bias_linear", True),
-    "--multi-latent-attention": ("m", "attention_type", "mla"),
-    "--moe-pad-expert-input-to-capacity": ("m", "moe_pad_expert_input_to_capacity", True),
-    "--sequence-parallel": ("s", "enable_sequence_parallel", True),
-    "--use-distributed-optimizer": ("s", "zero_state", 1),
-    "--bf16": ("s", "dtype", "bf16"),
-    "--fp16": ("s", "dtype", "fp16"),
-    "--use-flash-attn": ("s", "use_flash_sdp", True),
-    "--cross-entropy-loss-fusion": ("s", "cross_entropy_loss_fusion", True),
-    "--moe-grouped-gemm": ("s", "group_linear_mode", "grouped"),
-    "--moe-permute-fusion": ("s", "moe_permute_fusion", True),
-    "--no-masked-softmax-fusion": ("s", "masked_softmax_fusion", False),
-    "--overlap-grad-reduce": ("s", "overlap_grad_reduce", True),
-    "--overlap-param-gather": ("s", "overlap_param_gather", True),
-    "--tp-comm-overlap": ("s", "tp_comm_overlap", True),
-    "--overlap-moe-expert-parallel-comm": ("s", "overlap_moe_expert_parallel_comm", True),
-    "--delay-wgrad-compute": ("s", "delay_wgrad_compute", True),
-    "--defer-embedding-wgrad-compute": ("s", "defer_embedding_wgrad_compute", True),
-    "--accumulate-allreduce-grads-in-fp32": ("s", "use_fp32_accum_grad", True),
-}
 IGNORED_VALUED = {"--group-query-attention"}  # switches with no value that need no field
 
 
