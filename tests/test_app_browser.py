@@ -27,6 +27,7 @@ if not Path(CHROMIUM).exists():
 
 from simumax import PerfLLM  # noqa: E402
 from simumax.config.loader import load_strategy  # noqa: E402
+from simumax.search.table import search_csv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOT = Path(os.environ.get("SIMUMAX_APP_SCREENSHOT", "/tmp/simumax_app.png"))
@@ -108,6 +109,9 @@ def test_app_shows_the_estimate_edits_and_searches(app_url) -> None:
         page.screenshot(path=str(SHOT), full_page=True)
         rows = _expected_search({"tp_size": 2, "world_size": 16})
         assert page.get_by_text(f"{sum(r.fits for r in rows)} of {len(rows)} strategies fit").count() == 1
+        with page.expect_download(timeout=60_000) as dl:  # the CLI's search.csv for the same rows
+            page.get_by_role("button", name="download search (CSV)").click()
+        assert Path(dl.value.path()).read_text() == search_csv(rows)
 
         # upload a model file: the estimate follows it
         page.locator('input[type="file"]').first.set_input_files(str(ROOT / "src/simumax/config/presets/models/llama2-7b.json"))
@@ -116,6 +120,7 @@ def test_app_shows_the_estimate_edits_and_searches(app_url) -> None:
 
 
 def _expected_search(updates: dict):
+    """The API's search over the app's space (its defaults, TP 1/2/4/8 on 8 GPUs)."""
     from simumax.config.loader import load_model, load_system
     from simumax.search.run import run_search
     from simumax.search.space import SearchSpace

@@ -198,29 +198,14 @@ def search(
         out_console.print(" ".join(megatron_flags(StrategyConfig.init_from_dict(rows[0].strategy or {}), m)), markup=False, soft_wrap=True)
 
 
-SEARCH_CSV_COLUMNS = (
-    "label", "tp", "pp", "vp", "dp", "cp", "ep", "etp", "mbs", "mbc", "zero", "schedule", "first_stage_layers",
-    "last_stage_layers", "recompute", "recompute_layer_num", "fits", "pruned", "iter_time", "mfu", "tokens_per_s_per_gpu",
-    "peak_mem", "headroom",
-)
-
-
 def _write_search_outputs(out: Path, rows: list, model: ModelConfig, system: SystemConfig, budget: float) -> None:
     """CSV, frontier plot, and the best strategy as JSON and as Megatron-LM flags."""
-    import csv
-    import io
-
     from simumax.atomic import write_text_atomic
     from simumax.export.megatron_flags import megatron_flags
     from simumax.report.frontier import plot_frontier
+    from simumax.search.table import search_csv
 
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(SEARCH_CSV_COLUMNS)
-    for r in rows:
-        d = {**r.to_dict(), "label": r.label}
-        w.writerow([d[c] for c in SEARCH_CSV_COLUMNS])
-    write_text_atomic(out / "search.csv", buf.getvalue())
+    write_text_atomic(out / "search.csv", search_csv(rows))
     plot_frontier(rows, out / "frontier.png", budget, f"{model.model_name} on {system.sys_name}")
     if rows and rows[0].fits:
         best = StrategyConfig.init_from_dict(rows[0].strategy or {})

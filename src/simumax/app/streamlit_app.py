@@ -7,7 +7,6 @@ the same PerfLLM / search calls as the CLI.
 
 from __future__ import annotations
 
-import io
 import json
 
 import streamlit as st
@@ -131,11 +130,10 @@ def _search(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig) 
     table = [{"strategy": r.label, "iter ms": round(r.iter_time * 1e3, 1), "MFU": round(r.mfu or 0.0, 3),
               "tokens/s/GPU": round(r.tokens_per_s_per_gpu or 0.0), "peak GiB": round(r.peak_mem / GIB, 2)} for r in fit[:20]]
     st.dataframe(table, key="search_table")
-    buf = io.StringIO()
-    buf.write("strategy,iter_ms,mfu,tokens_per_s_per_gpu,peak_gib\n")
-    for r in fit:
-        buf.write(f"{r.label},{r.iter_time * 1e3:.3f},{r.mfu or 0:.4f},{r.tokens_per_s_per_gpu or 0:.1f},{r.peak_mem / GIB:.3f}\n")
-    st.download_button("download search (CSV)", buf.getvalue(), file_name="search.csv", mime="text/csv", key="dl_search")
+    from simumax.search.table import search_csv
+
+    # the CLI's search.csv columns (SI units), every row with its fits flag
+    st.download_button("download search (CSV)", search_csv(rows), file_name="search.csv", mime="text/csv", key="dl_search")
 
 
 main()
