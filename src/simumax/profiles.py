@@ -85,8 +85,8 @@ class LayerProfiles:
 
     def _shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[tuple[bool, bool], ...], list[Op], list[Op]]:
         """(layer kinds, ops before the layers, ops after them) of a chunk."""
-        kinds = tuple((self.model.is_moe_layer(l), is_recomputed(st, pos)) for pos, l in enumerate(chunk.layers))
-        n_layer_ops = sum(len(self.source.layer(l, rc)) for l, (_, rc) in zip(chunk.layers, kinds))
+        kinds = tuple((self.model.is_moe_layer(layer), is_recomputed(st, pos)) for pos, layer in enumerate(chunk.layers))
+        n_layer_ops = sum(len(self.source.layer(layer, rc)) for layer, (_, rc) in zip(chunk.layers, kinds, strict=True))
         pre = chunk.ops[:1] if chunk.vstage == 0 else []
         post = chunk.ops[len(pre) + n_layer_ops :]
         return kinds, pre, post
@@ -94,8 +94,8 @@ class LayerProfiles:
     def chunk_time(self, st: StrategyConfig, chunk: Stage, p2p: float) -> StageTime:
         kinds, pre, post = self._shape(st, chunk)
         out = self._ops_time(pre)
-        for l, (_, rc) in zip(chunk.layers, kinds):
-            out.add(self.layer_time(l, rc))
+        for layer, (_, rc) in zip(chunk.layers, kinds, strict=True):
+            out.add(self.layer_time(layer, rc))
         out.add(self._ops_time(post))
         out.p2p = p2p
         return out
