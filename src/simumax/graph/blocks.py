@@ -257,6 +257,20 @@ def math_attention(
     )
 
 
+def _activation(name: str, layer: int, x: Tensor, out: float, saved: tuple[Tensor, ...]) -> Op:
+    """An elementwise activation: reads x, writes out; backward reads x and the output grad."""
+    return Op(
+        name=name,
+        module="act",
+        layer=layer,
+        fwd=(MemBound(f"{name}.fwd", x[1] + out),),
+        bwd_input=(MemBound(f"{name}.bwd", 2 * x[1] + out),),
+        saved=saved,
+        input=(x,),
+        bwd_transient=x[1] + out,
+    )
+
+
 def swiglu(name: str, layer: int, d: Dims, x: Tensor, ffn: int, *, fused: bool) -> Op:
     """SwiGLU on the [tokens, 2*ffn] FC1 output; saves the input (and, unfused, the two
     factors of the product)."""
@@ -267,30 +281,11 @@ def swiglu(name: str, layer: int, d: Dims, x: Tensor, ffn: int, *, fused: bool) 
         # silu keeps gate (a view of x, kept above); the product keeps silu's output and
         # up + offset, a new tensor even with the default offset 0
         saved += [(f"{name}.silu_out", out), (f"{name}.up", out)]
-    return Op(
-        name=name,
-        module="act",
-        layer=layer,
-        fwd=(MemBound(f"{name}.fwd", x[1] + out),),
-        bwd_input=(MemBound(f"{name}.bwd", 2 * x[1] + out),),
-        saved=tuple(saved),
-        input=(x,),
-        bwd_transient=x[1] + out,
-    )
+    return _activation(name, layer, x, out, tuple(saved))
 
 
 def gelu(name: str, layer: int, d: Dims, x: Tensor, ffn: int) -> Op:
-    out = d.act(ffn)
-    return Op(
-        name=name,
-        module="act",
-        layer=layer,
-        fwd=(MemBound(f"{name}.fwd", x[1] + out),),
-        bwd_input=(MemBound(f"{name}.bwd", 2 * x[1] + out),),
-        saved=(x,),
-        input=(x,),
-        bwd_transient=x[1] + out,
-    )
+    return _activation(name, layer, x, d.act(ffn), (x,))
 
 
 def dropout_add(name: str, module: str, layer: int, d: Dims, *, dropout: bool) -> Op:
