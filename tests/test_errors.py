@@ -103,3 +103,17 @@ def test_cli_bad_input_one_line_exit_2(args) -> None:
     assert r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_help_texts_keep_their_brackets() -> None:
+    # rich would read [app] or [model.|...] as markup tags and drop them
+    from typer.testing import CliRunner
+
+    from simumax.cli import app
+
+    runner = CliRunner()
+    wants = {("--help",): "simumax[app]", ("perf", "--help"): "[model.|strategy.|system.]key=value",
+             ("search", "--help"): "simumax[ray]", ("presets", "--help"): "{kind: [names]}"}
+    for args, want in wants.items():
+        r = runner.invoke(app, list(args), env={"COLUMNS": "200"})
+        assert r.exit_code == 0 and want in r.output, (args, r.output)

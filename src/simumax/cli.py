@@ -26,7 +26,7 @@ if not out_console.is_terminal:  # piped or captured: do not squeeze tables to 8
     out_console = Console(width=160)
 err_console = Console(stderr=True)
 
-SetOpt = typer.Option([], "--set", help="Override a field: [model.|strategy.|system.]key=value (JSON value).")
+SetOpt = typer.Option([], "--set", help="Override a field: \\[model.|strategy.|system.]key=value (JSON value).")
 
 
 def _parse_value(text: str) -> Any:
@@ -148,7 +148,7 @@ def search(
     gmi_error: float = typer.Option(0.0, "--gmi-error", help="GiB kept free per GPU."),
     allocated: bool = typer.Option(False, "--allocated", help="Fit allocated bytes, not reserved (allocated / mem_factor)."),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Worker processes (or Ray actors)."),
-    executor: str = typer.Option("local", "--executor", help="local, process or ray (pip install 'simumax[ray]'; RAY_ADDRESS for a cluster)."),
+    executor: str = typer.Option("local", "--executor", help="local, process or ray (pip install 'simumax\\[ray]'; RAY_ADDRESS for a cluster)."),
     top: int = typer.Option(10, "--top", help="Rows shown."),
     set_: list[str] = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Print all rows as JSON."),
@@ -452,7 +452,7 @@ def app_cmd(
     port: int = typer.Option(8501, "--port", help="Port to serve on."),
     browser: bool = typer.Option(False, "--browser/--no-browser", help="Open a browser tab."),
 ) -> None:
-    """Start the web app (pip install 'simumax[app]')."""
+    """Start the web app (pip install 'simumax\\[app]')."""
     import importlib.util
     import os
 
@@ -470,7 +470,7 @@ def app_cmd(
 @app.command()
 def presets(
     kind: Optional[str] = typer.Argument(None, help="model, strategy or system (default all)."),
-    as_json: bool = typer.Option(False, "--json", help="Print {kind: [names]} as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print {kind: \\[names]} as JSON."),
 ) -> None:
     """List the shipped presets."""
     kinds = [kind] if kind else ["model", "strategy", "system"]
