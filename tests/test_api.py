@@ -95,3 +95,16 @@ def test_memory_parts_add_up_to_the_peak() -> None:
     mem = perf.analysis_mem()
     for stage, parts in zip(mem.stages, memory_parts(mem)):
         assert sum(parts.values()) == pytest.approx(stage.peak_mem)
+
+
+def test_cli_names_the_parallel_sizes_and_warns_when_it_does_not_fit() -> None:
+    from tests.test_errors import run_cli
+
+    r = run_cli("perf", "--model", "qwen3-30b-a3b", "--system", "h100-sxm-80gb", "--strategy", "ep8_pp1_dp8_mbs1")
+    assert r.returncode == 0, r.stderr
+    assert "qwen3-30b-a3b | h100-sxm-80gb | tp1 pp1 ep8 dp8 mbs1 mbc8 zero1" in r.stdout
+    perf = PerfLLM().configure(strategy_config="ep8_pp1_dp8_mbs1", model_config="qwen3-30b-a3b", system_config="h100-sxm-80gb")
+    mem = perf.run_estimate().analysis_mem()
+    assert not mem.fits and f"needs {mem.peak_mem_with_reserved / 2**30:.2f} GiB reserved" in " ".join(r.stdout.split())
+    ok = run_cli("perf", "--model", "llama3-8b", "--system", "a100_pcie", "--strategy", "tp1_pp2_dp4_mbs1")
+    assert "does not fit" not in ok.stdout and "tp1 pp2 dp4 mbs1 mbc8 zero1" in ok.stdout

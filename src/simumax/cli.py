@@ -83,10 +83,13 @@ def perf(
     if as_json:
         out_console.print_json(json.dumps({"cost": cost.to_dict(), "mem": mem.to_dict()}, sort_keys=True))
         return
-    title = f"{m.model_name} | {sy.sys_name} | tp{st.tp_size} pp{st.pp_size} dp{st.dp_size} mbs{st.micro_batch_size} mbc{st.micro_batch_num}"
-    out_console.print(fmt.summary_table(title, cost, mem))
+    out_console.print(fmt.run_title(m.model_name, sy.sys_name, st), style="bold", markup=False)
+    out_console.print(fmt.summary_table(cost, mem))
     out_console.print(fmt.breakdown_table(cost))
     out_console.print(fmt.memory_table(mem))
+    oom = fmt.out_of_memory(mem)
+    if oom:
+        out_console.print(f"[red]{oom}[/]")
     misses = cost.efficiency_lookups.get("misses", {})
     if misses:
         src = cost.efficiency_lookups.get("sources", {})

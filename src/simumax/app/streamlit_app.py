@@ -17,6 +17,7 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
+from simumax.report import format as fmt
 
 GIB = 2**30
 RECOMPUTE = ("none", "selective", "full_block")
@@ -74,8 +75,10 @@ def main() -> None:
     except ConfigError as exc:
         st.error(f"error: {exc}")
         return
-    st.caption(f"{model.model_name} | {system.sys_name} | tp{strategy.tp_size} pp{strategy.pp_size} dp{strategy.dp_size} "
-               f"mbs{strategy.micro_batch_size} mbc{strategy.micro_batch_num}")
+    st.caption(fmt.run_title(model.model_name, system.sys_name, strategy))
+    oom = fmt.out_of_memory(mem)
+    if oom:
+        st.warning(oom)
     cols = st.columns(5)
     cols[0].metric("iteration time (ms)", f"{cost.duration_time_per_iter * 1e3:.1f}")
     cols[1].metric("MFU", f"{cost.mfu:.1%}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from simumax.config.strategy import StrategyConfig
 from simumax.report.results import CostResult, MemResult, SimResult
 
 GIB = 2**30
@@ -17,8 +18,29 @@ def ms(x: float) -> str:
     return f"{x * 1e3:.1f}"
 
 
-def summary_table(title: str, cost: CostResult, mem: MemResult) -> Table:
-    t = Table(title=title, show_header=False)
+def run_title(model_name: str, sys_name: str, st: StrategyConfig) -> str:
+    """One line naming the run: model | system | the parallel sizes that are not 1 (tp, pp, dp always)."""
+    sizes = [f"tp{st.tp_size}", f"pp{st.pp_size}"]
+    sizes += [f"{k}{v}" for k, v in (("vp", st.interleaving_size), ("cp", st.cp_size), ("ep", st.ep_size), ("etp", st.etp_size)) if v > 1]
+    sizes += [f"dp{st.dp_size}", f"mbs{st.micro_batch_size}", f"mbc{st.micro_batch_num}"]
+    if st.zero_state:
+        sizes.append(f"zero{st.zero_state}")
+    if st.recompute_mode != "none":
+        sizes.append(f"recompute={st.recompute_mode}")
+    return f"{model_name} | {sys_name} | {' '.join(sizes)}"
+
+
+def out_of_memory(mem: MemResult) -> str | None:
+    """A one-line warning when the busiest stage needs more than the device has."""
+    if mem.fits:
+        return None
+    worst = max(mem.stages, key=lambda s: s.peak_mem_with_reserved)
+    return (f"does not fit: stage {worst.stage} needs {gib(worst.peak_mem_with_reserved)} GiB reserved, the device has "
+            f"{gib(mem.capacity)} GiB (recompute, more TP/PP/EP/CP or ZeRO cut it; simumax search finds what fits)")
+
+
+def summary_table(cost: CostResult, mem: MemResult) -> Table:
+    t = Table(show_header=False)
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_row("iteration time (ms)", ms(cost.duration_time_per_iter))
@@ -32,7 +54,7 @@ def summary_table(title: str, cost: CostResult, mem: MemResult) -> Table:
 
 
 def breakdown_table(cost: CostResult) -> Table:
-    t = Table(title="time on the critical rank (ms per iteration)")
+    t = Table(title="critical rank, per iteration")
     t.add_column("part")
     t.add_column("ms", justify="right")
     t.add_column("share", justify="right")
