@@ -65,3 +65,38 @@ def test_layout_changes_do_not_split_families() -> None:
 def test_cache_of_another_model_is_refused() -> None:
     with pytest.raises(ValueError, match="another model"):
         Estimate(DENSE, BASE, A100, ProfileCache(MOE, A100))
+
+
+def test_checkpoint_variants_share_plain_layer_ops() -> None:
+    # which ops are checkpointed does not change the ops themselves: families that differ
+    # only in that build each layer once (and tag copies for the recomputed layers)
+    from simumax.cost.network import NetworkModel
+
+    shared = ProfileCache(MOE, A100)
+    plain = BASE.with_updates({"ep_size": 2})
+    full = plain.with_updates({"enable_recompute": True, "recompute_granularity": "full_block", "recompute_layer_num": 1})
+    fams = [shared.family(st, NetworkModel(A100, st)) for st in (plain, full)]
+    assert fams[0] is not fams[1]
+    assert fams[0].source.layer(3, False) is fams[1].source.layer(3, False)
+    assert all(o.recompute_group == "L3.block" for o in fams[1].source.layer(3, True))
+    assert _results(Estimate(MOE, full, A100, shared)) == _results(Estimate(MOE, full, A100))
+
+
+@pytest.mark.parametrize("model", [DENSE, MOE], ids=["dense", "moe"])
+def test_checkpoint_fields_leave_the_plain_ops_unchanged(model) -> None:
+    # the premise of sharing plain ops across CHECKPOINT_FIELDS: layer_ops never reads them
+    from simumax.graph.dims import Dims
+    from simumax.graph.model_graph import layer_ops
+
+    base = BASE.with_updates({"ep_size": 2} if model.is_moe else {})
+    variants = [
+        {"enable_recompute": True, "recompute_granularity": "full_block"},
+        {"enable_recompute": True, "recompute_granularity": "selective_recompute", "attn_recompute": True, "mlp_recompute": True,
+         "mla_rms_recompute": True, "mlp_rms_recompute": True},
+        {"enable_recompute": True, "megatron_recompute": True, "megatron_recompute_modules": ["core_attn", "moe_act", "layernorm"]},
+    ]
+    for layer in (0, model.layer_num - 1):
+        want = layer_ops(model, base, Dims.of(model, base), layer)
+        for v in variants:
+            st = base.with_updates(v)
+            assert layer_ops(model, st, Dims.of(model, st), layer) == want

@@ -6,7 +6,8 @@ the same per-op times (TP / CP / EP / ETP groups are the innermost rank dimensio
 layout does not move them to another network tier), and chunks of the same shape have the
 same activation walk. A ``ProfileCache`` keeps these per *family* of strategies (and the
 schedules' task orders by layout), so a search costs each layer kind once instead of once
-per layer per candidate.
+per layer per candidate. Families that differ only in which ops they checkpoint share
+their plain layer ops too (CHECKPOINT_FIELDS).
 
 Every estimate goes through a cache (a private one when none is given), so there is one
 code path: a shared cache changes speed, never results.
@@ -41,11 +42,23 @@ LAYOUT_FIELDS = frozenset(
     }
 )
 LAYER_GROUPS = ("tp", "cp", "ep", "etp")  # the only groups layer ops communicate on
+# Strategy fields that only choose which ops are checkpointed (graph.recompute): families
+# differing in these share their plain layer ops.
+CHECKPOINT_FIELDS = frozenset(
+    {
+        "enable_recompute", "recompute_granularity", "attn_recompute", "mla_rms_recompute", "mlp_recompute",
+        "mlp_rms_recompute", "megatron_recompute", "megatron_recompute_modules",
+    }
+)
 
 
 def family_key(st: StrategyConfig, network: NetworkModel) -> tuple[Any, ...]:
     fields = tuple(sorted((k, repr(v)) for k, v in st.to_dict().items() if k not in LAYOUT_FIELDS))
     return fields + tuple((g, network.groups[g]) for g in LAYER_GROUPS)
+
+
+def _plain_ops_key(family: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(item for item in family if item[0] not in CHECKPOINT_FIELDS)
 
 
 @dataclass
@@ -124,6 +137,7 @@ class ProfileCache:
         self.model, self.system = model, system
         self.compute = ComputeModel(system)
         self._families: dict[tuple[Any, ...], LayerProfiles] = {}
+        self._plain_layers: dict[tuple[Any, ...], dict[int, list[Op]]] = {}
         self._orders: dict[tuple[Any, ...], RankOrders] = {}
 
     def orders(self, st: StrategyConfig) -> RankOrders:
@@ -139,7 +153,8 @@ class ProfileCache:
         fam = self._families.get(key)
         if fam is None:
             coster = Coster(self.compute, network, tp_comm_overlap=st.tp_comm_overlap)
-            fam = self._families[key] = LayerProfiles(self.model, OpSource(self.model, st), coster)
+            plain = self._plain_layers.setdefault(_plain_ops_key(key), {})
+            fam = self._families[key] = LayerProfiles(self.model, OpSource(self.model, st, plain), coster)
         return fam
 
     def __len__(self) -> int:

@@ -51,20 +51,25 @@ class OpSource:
     pp / vp / dp / ZeRO / micro-batch count can share one source (see profiles.py).
     """
 
-    def __init__(self, model: ModelConfig, st: StrategyConfig) -> None:
+    def __init__(self, model: ModelConfig, st: StrategyConfig, plain: dict[int, list[Op]] | None = None) -> None:
+        """``plain``: un-checkpointed layer ops to share with sources whose strategies differ
+        only in which ops they checkpoint (recompute tagging leaves the plain ops as they are)."""
         self.model, self.st = model, st
         self.dims = Dims.of(model, st)
-        self._layers: dict[tuple[int, bool], list[Op]] = {}
+        self._plain: dict[int, list[Op]] = {} if plain is None else plain
+        self._tagged: dict[int, list[Op]] = {}
         self._embedding: Op | None = None
         self._head: dict[bool, list[Op]] = {}
 
     def layer(self, layer: int, recomputed: bool) -> list[Op]:
-        key = (layer, recomputed)
-        ops = self._layers.get(key)
+        plain = self._plain.get(layer)
+        if plain is None:
+            plain = self._plain[layer] = layer_ops(self.model, self.st, self.dims, layer)
+        if not recomputed:
+            return plain
+        ops = self._tagged.get(layer)
         if ops is None:
-            plain = self._layers.get((layer, False)) or layer_ops(self.model, self.st, self.dims, layer)
-            self._layers[(layer, False)] = plain
-            ops = self._layers[key] = tag_recompute(self.st, plain) if recomputed else plain
+            ops = self._tagged[layer] = tag_recompute(self.st, plain)
         return ops
 
     def embedding(self) -> Op:
