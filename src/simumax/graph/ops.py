@@ -71,14 +71,24 @@ class Stage:
     p2p_bytes: float = 0.0  # activation sent to the next virtual stage per micro-batch
     vstage: int = 0  # virtual stage (model chunk position in forward order)
     chunk: int = 0  # chunk index on its rank
+    # (op count, params, expert params) when last summed: a search reads the sums of each
+    # stage many times; ops are only ever appended, so a changed count means "sum again"
+    _sums: tuple[int, int, int] = field(default=(-1, 0, 0), repr=False, compare=False)
+
+    def _param_sums(self) -> tuple[int, int]:
+        n, params, experts = self._sums
+        if n != len(self.ops):
+            params, experts = sum(o.params for o in self.ops), sum(o.expert_params for o in self.ops)
+            self._sums = (len(self.ops), params, experts)
+        return params, experts
 
     @property
     def params(self) -> int:
-        return sum(o.params for o in self.ops)
+        return self._param_sums()[0]
 
     @property
     def expert_params(self) -> int:
-        return sum(o.expert_params for o in self.ops)
+        return self._param_sums()[1]
 
     def kernels(self) -> Iterator[Kernel]:
         """Every kernel of one micro-batch, op by op, phase by phase."""
