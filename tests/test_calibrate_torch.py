@@ -1,0 +1,113 @@
+"""Calibration with torch on CPU, end to end (tiny shapes: the numbers mean nothing, the
+plumbing is real). Skipped without torch (the ``calibrate`` extra); the torch-free parts
+of calibration are in test_calibrate.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from simumax.config.loader import load_model, load_system
+from simumax.config.system import SystemConfig
+from simumax.estimate import Estimate
+from tests.test_calibrate import ROOT, TINY_MODEL, TINY_STRATEGY, _cli
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def tiny_files(tmp_path):
+    (tmp_path / "m.json").write_text(json.dumps(TINY_MODEL))
+    (tmp_path / "s.json").write_text(json.dumps(TINY_STRATEGY))
+    return tmp_path / "m.json", tmp_path / "s.json"
+
+
+def test_calibrate_cli_on_cpu_writes_a_system_the_job_hits(tmp_path, tiny_files) -> None:
+    m, s = tiny_files
+    out = tmp_path / "cpu.json"
+    r = _cli("calibrate", "-m", str(m), "-s", str(s), "--base", "a100_pcie", "--name", "cpu_test", "--out", str(out),
+             "--device", "cpu", "--warmup", "1", "--repeats", "2")
+    assert r.returncode == 0, r.stderr
+    system = SystemConfig.init_from_config_file(out)
+    assert system.sys_name == "cpu_test"
+    report = json.loads((tmp_path / "cpu.report.json").read_text())
+    assert report["peak_source"] == "base" and report["peak_tflops"] == 312.0
+    assert all(k["seconds"] > 0 for k in report["kernels"]) and len(report["kernels"]) >= 10
+    assert {"default", "ce"} <= set(report["bandwidth"])
+    r = _cli("perf", "-m", str(m), "-s", str(s), "-y", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["cost"]["efficiency_lookups"]["misses"] == {}
+    # the base's reference entries are kept beside the new ones
+    a100 = load_system("a100_pcie").accelerator.op["matmul"].accurate_efficient_factor
+    assert set(a100) <= set(system.accelerator.op["matmul"].accurate_efficient_factor)
+
+
+def test_calibrate_comm_under_torchrun_gloo(tmp_path) -> None:
+    out = tmp_path / "comm.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517", "-m",
+         "simumax.cli", "calibrate-comm", "--base", "a100_pcie", "--tier", "intra_node_pcie_2x", "--sizes", "4K,64K,1M",
+         "--warmup", "1", "--repeats", "3", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    system = SystemConfig.init_from_config_file(out)
+    tier = system.networks.tiers["intra_node_pcie_2x"]
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "all2all", "p2p"):
+        assert tier.op[op].efficient_factor and tier.op[op].efficient_factor > 0
+        assert tier.op[op].latency_us is not None and tier.op[op].fixed_latency_us == 0.0
+    report = json.loads((tmp_path / "comm.comm_report.json").read_text())
+    assert report["backend"] == "gloo" and report["world_size"] == 2
+    assert set(report["fits_by_group_size"]["all_reduce"]) == {"2"}
+    assert len(report["points"]) == 5 * 3 and all(p["seconds"] > 0 for p in report["points"])
+
+
+def test_calibrate_comm_outside_torchrun_is_one_line(tmp_path) -> None:
+    r = _cli("calibrate-comm", "--out", str(tmp_path / "x.json"))
+    assert r.returncode == 2 and "torchrun" in r.stderr and r.stderr.strip().count("\n") == 0
+
+
+def test_check_step_on_cpu(tiny_files) -> None:
+    m, _ = tiny_files
+    r = _cli("check-step", "-m", str(m), "-y", "a100_pcie", "--seq-len", "32", "--mbs", "2", "--mbc", "2", "--steps", "2",
+             "--warmup", "1", "--device", "cpu", "--json")
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)
+    assert row["params_real"] == row["params_predicted"]  # same model, counted two ways
+    assert row["step_time_real"] > 0 and row["step_time_predicted"] > 0
+    assert row["peak_mem_real"] is None  # no allocator statistics on CPU
+    meas = row["measurement"]
+    assert len(meas["step_seconds_all"]) == 2 and set(meas["phase_seconds"]) == {"fwd", "bwd", "optimizer"}
+    assert row["activation_bytes_real"] > 0
+
+
+def test_fused_wgrad_linear_matches_autograd() -> None:
+    from simumax.calibrate.check_step import _Linear
+
+    torch.manual_seed(0)
+    layer = _Linear(16, 8, bias=True)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    ref = layer(x).pow(2).sum()  # no main_grad yet: plain nn.Linear path
+    gx, gw, gb = torch.autograd.grad(ref, (x, layer.weight, layer.bias))
+    layer.weight.main_grad = torch.zeros_like(layer.weight)
+    layer(x).pow(2).sum().backward()
+    torch.testing.assert_close(x.grad, gx)
+    torch.testing.assert_close(layer.weight.main_grad, gw)
+    assert layer.weight.grad is None and torch.allclose(layer.bias.grad, gb)
+
+
+def test_check_step_model_trains_and_counts_like_simumax() -> None:
+    """Parameters exact for tied/untied, GQA/MHA, LayerNorm/GeLU; the loss goes down."""
+    from simumax.calibrate.check_step import single_device_strategy, train_steps
+
+    base = load_model("llama3-8b").with_updates({k: v for k, v in TINY_MODEL.items() if k != "model_name"}, source="test")
+    variants = [base, base.with_updates({"untie_embeddings_and_output_weights": False, "kv_head_num": 4}, source="test"),
+                base.with_updates({"use_swiglu": False, "norm_type": "layernorm", "add_bias_linear": True}, source="test")]
+    for m in variants:
+        meas = train_steps(m, 32, 2, 1, steps=3, warmup=0, device=torch.device("cpu"))
+        assert meas.params == Estimate(m, single_device_strategy(32, 2, 1), load_system("a100_pcie")).params.total
+        assert meas.loss_last < meas.loss_first
