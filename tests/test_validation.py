@@ -22,14 +22,10 @@ TOLERANCES = {
 }
 
 
-def _family(case_id: str) -> str:
-    return "moe" if "deepseek" in case_id else "dense"
-
-
 @needs_shared
 @pytest.mark.parametrize(("name", "family"), sorted(TOLERANCES))
 def test_rows_within_tolerance(name: str, family: str) -> None:
-    results = [r for r in run_file(VALIDATION / name) if _family(r.id) == family]
+    results = [r for r in run_file(VALIDATION / name) if r.family == family]
     assert len(results) >= 6
     assert not [r.skipped for r in results if r.skipped]
     s = summary(results)
@@ -42,3 +38,19 @@ def test_rows_within_tolerance(name: str, family: str) -> None:
     assert s["time_mean_abs_error"] <= t_mean, s
     assert s["time_max_abs_error"] <= t_max, s
     assert s["mem_max_abs_error"] <= m_max, s
+
+
+@needs_shared
+def test_validate_cli_reports_each_family() -> None:
+    import json
+
+    from tests.test_errors import run_cli
+
+    path = VALIDATION / "a100_pcie_megatron.jsonl"
+    r = run_cli("validate", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    payload = json.loads(r.stdout)
+    assert set(payload["by_family"]) == {"dense", "moe"}
+    assert payload["by_family"]["moe"]["cases"] == sum(c["family"] == "moe" for c in payload["cases"]) == 6
+    text = run_cli("validate", str(path)).stdout
+    assert "dense: 24/24 cases" in text and "moe: 6/6 cases" in text and "all: 30/30 cases" in text

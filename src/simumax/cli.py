@@ -224,11 +224,12 @@ def validate(
     out: Optional[Path] = typer.Option(None, "--out", help="Also write validation.json to this folder."),
 ) -> None:
     """Compare predictions with measured runs: time and peak memory error per case."""
-    from simumax.validate import run_file, summary
+    from simumax.validate import run_file, summary, summary_by_family
 
     results = run_file(file, reference_root)
     summ = summary(results)
-    payload = {"cases": [r.to_dict() for r in results], "summary": summ}
+    by_family = summary_by_family(results)
+    payload = {"cases": [r.to_dict() for r in results], "summary": summ, "by_family": by_family}
     if out is not None:
         write_json_atomic(out / "validation.json", payload)
     if as_json:
@@ -249,15 +250,19 @@ def validate(
             pct(r.mem_error), pct(r.reference_mem_error),
         )
     out_console.print(t)
-    s = summ
-    line = (
-        f"{s['evaluated']}/{s['cases']} cases: time mean |err| {apct(s['time_mean_abs_error'])} max {apct(s['time_max_abs_error'])}"
-        f" (SimuMax {apct(s['reference_time_mean_abs_error'])} / {apct(s['reference_time_max_abs_error'])});"
-        f" memory mean |err| {apct(s['mem_mean_abs_error'])} max {apct(s['mem_max_abs_error'])}"
-    )
-    if s["skipped"]:
-        line += f"; {s['skipped']} skipped"
-    out_console.print(line)
+
+    def line(label: str, s: dict) -> str:
+        text = (
+            f"{label}{s['evaluated']}/{s['cases']} cases: time mean |err| {apct(s['time_mean_abs_error'])} max {apct(s['time_max_abs_error'])}"
+            f" (SimuMax {apct(s['reference_time_mean_abs_error'])} / {apct(s['reference_time_max_abs_error'])});"
+            f" memory mean |err| {apct(s['mem_mean_abs_error'])} max {apct(s['mem_max_abs_error'])}"
+        )
+        return text + (f"; {s['skipped']} skipped" if s["skipped"] else "")
+
+    if len(by_family) > 1:
+        for family, s in by_family.items():
+            out_console.print(line(f"{family}: ", s), markup=False)
+    out_console.print(line("all: " if len(by_family) > 1 else "", summ), markup=False)
 
 
 def _sizes(text: str, name: str) -> list[int]:

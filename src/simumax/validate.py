@@ -26,6 +26,7 @@ class CaseResult:
     mem_error: float | None
     reference_mem_error: float | None
     skipped: str | None = None
+    family: str = ""  # "dense" or "moe" (from the model config); "" when it did not load
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,7 +84,8 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
         mem = est.memory().peak_mem
     except ConfigError as exc:
         return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc))
-    return CaseResult(case["id"], real_t, t, _err(t, real_t), ref_t, real_m, mem, _err(mem, real_m), ref_m)
+    family = "moe" if est.model.is_moe else "dense"
+    return CaseResult(case["id"], real_t, t, _err(t, real_t), ref_t, real_m, mem, _err(mem, real_m), ref_m, family=family)
 
 
 def default_reference_root(jsonl: Path) -> Path:
@@ -122,3 +124,9 @@ def summary(results: list[CaseResult]) -> dict[str, float | int | None]:
         "reference_time_mean_abs_error": rt_mean,
         "reference_time_max_abs_error": rt_max,
     }
+
+
+def summary_by_family(results: list[CaseResult]) -> dict[str, dict[str, float | int | None]]:
+    """``summary`` of the dense and the MoE cases apart (the issues set targets per family)."""
+    families = sorted({r.family for r in results if r.family})
+    return {f: summary([r for r in results if r.family == f]) for f in families}
