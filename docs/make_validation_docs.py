@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simumax.validate import GIB, run_file, summary
+from simumax.validate import GIB, run_file, summary_by_family
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
+LABELS = {"dense": "dense", "moe": "MoE/MLA"}
 
 
 def _pct(x: float | None) -> str:
@@ -30,12 +31,11 @@ def main() -> None:
                 f"{_pct(r.reference_time_error)} | {r.predicted_mem / GIB:.2f} | "
                 f"{r.measured_mem / GIB if r.measured_mem else float('nan'):.2f} | {_pct(r.mem_error)} | {_pct(r.reference_mem_error)} |"
             )
-        for family, keep in (("dense", lambda i: "deepseek" not in i), ("MoE/MLA", lambda i: "deepseek" in i)):
-            s = summary([r for r in results if keep(r.id)])
+        for family, s in summary_by_family(results).items():
             if not s["evaluated"]:
                 continue
             print(
-                f"\n{family}: {s['evaluated']} cases, time mean |err| {s['time_mean_abs_error']:.1%}, max "
+                f"\n{LABELS.get(family, family)}: {s['evaluated']} cases, time mean |err| {s['time_mean_abs_error']:.1%}, max "
                 f"{s['time_max_abs_error']:.1%} (SimuMax {s['reference_time_mean_abs_error']:.1%} / "
                 f"{s['reference_time_max_abs_error']:.1%}); memory mean |err| {s['mem_mean_abs_error']:.1%}, "
                 f"max {s['mem_max_abs_error']:.1%}."
