@@ -1,4 +1,4 @@
-"""Accuracy against real Megatron-LM runs (../shared/validation), dense rows.
+"""Accuracy against real Megatron-LM runs (../shared/validation), dense and MoE rows.
 
 The issues' target is mean |time error| <= 5 %, max <= 10 % and memory <= 2 %; every family
 meets it except the memory of the derived A100 DeepSeek-V2 EP4PP2 rows (5 % under, as
