@@ -140,6 +140,8 @@ def test_datasheet_matches_the_most_specific_name() -> None:
 def test_fresh_system_and_collective_merge_load() -> None:
     sys_dict = fresh_system("x", "NVIDIA H100 80GB HBM3", 79.0, 989.4, 3350.0, 8)
     assert sys_dict["networks"]["high_intra_node"]["bandwidth"]["gbps"] == 450.0
+    # peaks not given: the datasheet row (a collectives-only calibration)
+    assert fresh_system("x", "NVIDIA H100 80GB HBM3", 79.0, None, None, 8) == sys_dict
     fits = {"all_reduce": fit_alpha_beta([1e6, 1e8], [1e6 / 300e9 + 20e-6, 1e8 / 300e9 + 20e-6])}
     base = load_system("b200_bf16_ceperm").to_dict()
     out = merge_collectives(base, "high_intra_node", fits)

@@ -97,14 +97,10 @@ def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier:
         dist.destroy_process_group()
     tier = tier or ("high_intra_node" if cal.intra_node else "inter_node")
     start = base.to_dict() if base else None
-    if start is None:
-        from simumax.config.hardware import datasheet
-
+    if start is None:  # peaks from the datasheet: this run measures only the network
         dname = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-        sheet = datasheet(dname)
-        peak_tflops, hbm_gbps = (sheet.bf16_tflops, sheet.hbm_gbps) if sheet else (100.0, 1000.0)
         mem = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 16.0
-        start = system_writer.fresh_system(dname.replace(" ", "_").lower(), dname, mem, peak_tflops, hbm_gbps, cal.world_size)
+        start = system_writer.fresh_system(dname.replace(" ", "_").lower(), dname, mem, None, None, cal.world_size)
     system = system_writer.merge_collectives(start, tier, cal.fits(), cal.fits_by_size())
     SystemConfig.init_from_dict(system)
     report = {

@@ -15,14 +15,19 @@ from simumax.calibrate.fit import AlphaBeta
 from simumax.config.hardware import NIC_FIXED_US, NIC_STEP_US, SCALEUP_FIXED_US, SCALEUP_STEP_US, collective_tier, datasheet
 from simumax.cost.network import DEFAULT_SPECS, ring_steps
 
-SCALEUP_GBPS_UNKNOWN = 100.0  # a device missing from the datasheet table
+# placeholders for a device missing from the datasheet table (a collectives-only config)
+PEAK_TFLOPS_UNKNOWN, HBM_GBPS_UNKNOWN, SCALEUP_GBPS_UNKNOWN = 100.0, 1000.0, 100.0
 IB_GBPS_PER_GPU = 50.0  # one 400 Gb/s NIC per GPU
 
 
-def fresh_system(name: str, device_name: str, mem_gib: float, peak_tflops: float, hbm_gbps: float, num_per_node: int) -> dict[str, Any]:
-    """A system skeleton from datasheet numbers; calibration fills the efficiencies."""
+def fresh_system(name: str, device_name: str, mem_gib: float, peak_tflops: float | None, hbm_gbps: float | None,
+                 num_per_node: int) -> dict[str, Any]:
+    """A system skeleton from datasheet numbers (peaks not given: the device's datasheet
+    row); calibration fills the efficiencies."""
     sheet = datasheet(device_name)
     nvlink = sheet.scaleup_gbps if sheet else SCALEUP_GBPS_UNKNOWN
+    peak_tflops = peak_tflops or (sheet.bf16_tflops if sheet else PEAK_TFLOPS_UNKNOWN)
+    hbm_gbps = hbm_gbps or (sheet.hbm_gbps if sheet else HBM_GBPS_UNKNOWN)
     family = lambda tf: {"tflops": tf, "efficient_factor": 0.7, "accurate_efficient_factor": {}}  # noqa: E731
     return {
         "sys_name": name,
