@@ -209,6 +209,10 @@ class Estimate:
         barrier = max(ready)
         return ready, [barrier + after + self.dp_gather_time(s) for s, (_, after) in zip(self.stages, passes)]
 
+    def step_ends_after(self, end_bwd: list[float]) -> tuple[list[float], list[float]]:
+        """``step_ends`` with nothing overlapped: each rank reduces its gradients after its last pass."""
+        return self.step_ends([e + self.dp_reduce_time(s) for e, s in zip(end_bwd, self.stages)])
+
     # ---- results ---------------------------------------------------------------------
     def model_flops_per_iter(self) -> float:
         st = self.strategy
@@ -271,7 +275,7 @@ class Estimate:
         st = self.strategy
         pipe = pipeline_time(self.rank_pass_times(), st.micro_batch_num, st.interleaving_size)
         end_bwd = list(pipe.end_per_rank)
-        return end_bwd, self.step_ends([e + self.dp_reduce_time(s) for e, s in zip(end_bwd, self.stages)])[1]
+        return end_bwd, self.step_ends_after(end_bwd)[1]
 
     def cost(self) -> CostResult:
         st = self.strategy
@@ -281,7 +285,7 @@ class Estimate:
         opt_t = [self.optimizer_time(s) for s in self.stages]
         if not self.needs_simulation:
             end_bwd = self.pipeline_ends()
-            ready, ends = self.step_ends([e + self.dp_reduce_time(s) for e, s in zip(end_bwd, self.stages)])
+            ready, ends = self.step_ends_after(end_bwd)
         else:
             run = self.simulate()
             end_bwd, ends, ready = run.end_of_backward, run.end, run.norm_ready
