@@ -29,6 +29,7 @@ from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
 from simumax.calibrate.shapes import JobKernels
 from simumax.calibrate.timing import median_seconds
 from simumax.config.hardware import datasheet
+from simumax.graph.blocks import LOSS_FWD_PASSES, loss_fwd_bytes_per_logit
 from simumax.graph.kernels import Attention, Gemm, GroupGemm
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ def attention_fn(k: Attention, device: torch.device, dtype: torch.dtype = torch.
 
 PERMUTE_HIDDEN = 4096  # bf16 rows of the permute stand-in
 CE_VOCAB = 32768  # logits width of the cross-entropy stand-in
-CE_BYTES_PER_LOGIT = {"ce": 14.0, "ce_fusion": 4.0}  # blocks.py loss.fwd: bf16 + 3 fp32 / 2 bf16
+CE_BYTES_PER_LOGIT = {f: loss_fwd_bytes_per_logit(f, 2) for f in LOSS_FWD_PASSES}  # the IR's loss.fwd, bf16 logits
 
 
 def _membound_size(family: str, nbytes: float) -> tuple[int, float]:

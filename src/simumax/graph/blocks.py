@@ -21,6 +21,15 @@ from simumax.graph.kernels import Attention, Collective, Gemm, MemBound
 from simumax.graph.ops import Op, Tensor
 
 FP32 = 4
+# loss forward traffic per logit, as (passes in the activation dtype, fp32 passes):
+# unfused reads the logits once and makes three fp32 passes (copy, exp, normalise in
+# place); TE's fused kernel reads and overwrites the logits
+LOSS_FWD_PASSES = {"ce": (1, 3), "ce_fusion": (2, 0)}
+
+
+def loss_fwd_bytes_per_logit(family: str, act_bytes: int) -> float:
+    act_passes, fp32_passes = LOSS_FWD_PASSES[family]
+    return float(act_passes * act_bytes + fp32_passes * FP32)
 
 
 def norm(
@@ -340,13 +349,13 @@ def cross_entropy(d: Dims, logits: Tensor, *, fused: bool) -> Op:
     f32 = float(n * FP32)
     stats = [Collective("all_reduce", d.tokens * FP32, "tp") for _ in range(3)] if d.tp > 1 else []
     if fused:
-        fwd = (MemBound("loss.fwd", 2 * bf16, family="ce_fusion"), *stats)
+        fwd = (MemBound("loss.fwd", n * loss_fwd_bytes_per_logit("ce_fusion", d.act_bytes), family="ce_fusion"), *stats)
         bwd = (MemBound("loss.bwd", 2 * bf16, family="ce_fusion"),)
         return Op(
             name="loss", module="loss", layer=-1, fwd=fwd, bwd_input=bwd, saved=(logits,), input=(logits,),
             fwd_transient=f32, bwd_transient=bf16,
         )
-    fwd = (MemBound("loss.fwd", bf16 + 3 * f32, family="ce"), *stats)
+    fwd = (MemBound("loss.fwd", n * loss_fwd_bytes_per_logit("ce", d.act_bytes), family="ce"), *stats)
     bwd = (MemBound("loss.bwd", f32 + bf16, family="ce"),)
     return Op(
         name="loss", module="loss", layer=-1, fwd=fwd, bwd_input=bwd,
