@@ -41,26 +41,20 @@ class CommCalibration:
 
     def fits(self) -> dict[str, AlphaBeta]:
         """One α-β line per op over all group sizes (the config has one entry per op and tier)."""
-        out = {}
-        for op in OPS:
-            pts = [p for p in self.points if p.op == op]
-            if pts:
-                spec = DEFAULT_SPECS[op]
-                out[op] = fit_alpha_beta([ring_bytes(p.nbytes, p.group_size, spec.scale, spec.offset) for p in pts],
-                                         [p.seconds for p in pts])
-        return out
+        return {op: _fit(op, pts) for op in OPS if (pts := [p for p in self.points if p.op == op])}
 
     def fits_by_size(self) -> dict[str, dict[int, AlphaBeta]]:
-        out: dict[str, dict[int, AlphaBeta]] = {}
+        """One α-β line per op and group size."""
+        sizes: dict[str, dict[int, list[CommPoint]]] = {}
         for p in self.points:
-            out.setdefault(p.op, {})
-        for op in out:
-            spec = DEFAULT_SPECS[op]
-            for n in sorted({p.group_size for p in self.points if p.op == op}):
-                pts = [p for p in self.points if p.op == op and p.group_size == n]
-                out[op][n] = fit_alpha_beta([ring_bytes(p.nbytes, n, spec.scale, spec.offset) for p in pts],
-                                            [p.seconds for p in pts])
-        return out
+            sizes.setdefault(p.op, {}).setdefault(p.group_size, []).append(p)
+        return {op: {n: _fit(op, by_n[n]) for n in sorted(by_n)} for op, by_n in sizes.items()}
+
+
+def _fit(op: str, pts: list[CommPoint]) -> AlphaBeta:
+    """The cost model's line through the points: seconds against ring bytes."""
+    spec = DEFAULT_SPECS[op]
+    return fit_alpha_beta([ring_bytes(p.nbytes, p.group_size, spec.scale, spec.offset) for p in pts], [p.seconds for p in pts])
 
 
 def _op_fn(op: str, nbytes: int, n: int, group, group_ranks: list[int], device: torch.device):
