@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simumax.calibrate.fit import fit_alpha_beta, ring_bytes
+from simumax.calibrate.fit import fit_alpha_beta
 from simumax.calibrate.shapes import job_kernels
 from simumax.calibrate.system_writer import fresh_system, merge_collectives, merge_compute
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.config.system import SystemConfig
-from simumax.cost.network import NetworkModel
+from simumax.cost.network import NetworkModel, ring_bytes
 from simumax.estimate import Estimate
 from simumax.graph.kernels import Attention
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta, ring_bytes
+from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
 from simumax.calibrate.timing import synchronize
-from simumax.cost.network import DEFAULT_SPECS
+from simumax.cost.network import DEFAULT_SPECS, ring_bytes
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all2all", "p2p")
 

@@ -54,8 +54,3 @@ def fit_alpha_beta(xs: list[float], ts: list[float]) -> AlphaBeta:
     slope = max(slope, 1e-30)
     res = max(abs(lat + slope * x - t) / t for x, t in zip(xs, ts))
     return AlphaBeta(slope, lat, len(xs), res)
-
-
-def ring_bytes(nbytes: float, n: int, scale: float, offset: float) -> float:
-    """Bytes one rank moves in the cost model's collective formula."""
-    return nbytes * scale * (n + offset) / n

@@ -45,6 +45,11 @@ class GroupPlacement:
     intra_node: bool
 
 
+def ring_bytes(nbytes: float, n: int, scale: float, offset: float) -> float:
+    """Bytes one rank moves: scale * (n + offset) / n of the buffer (the bandwidth term)."""
+    return nbytes * scale * (n + offset) / n
+
+
 def ring_steps(op: str, n: int, scale: float, offset: float) -> int:
     """Latency steps of a ring collective of n ranks: scale * (n + offset) (p2p: one)."""
     if op == "p2p":
@@ -143,7 +148,7 @@ class NetworkModel:
             per_step = spec.latency_us
         if steps is None:
             steps = ring_steps(op, n, spec.scale, spec.offset)
-        return nbytes * spec.scale * (n + spec.offset) / n / (bw * eff) + (steps * per_step + fixed) * 1e-6
+        return ring_bytes(nbytes, n, spec.scale, spec.offset) / (bw * eff) + (steps * per_step + fixed) * 1e-6
 
     def _intra_tier(self, k: int, stride: int) -> str | None:
         """The tier a group of k ranks at this stride inside one node would use."""
