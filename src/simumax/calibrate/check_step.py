@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from simumax.calibrate.timing import synchronize
+from simumax.calibrate.timing import accumulate_fp32_, synchronize
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
@@ -39,24 +39,10 @@ def single_device_strategy(seq_len: int, mbs: int, mbc: int) -> StrategyConfig:
     })
 
 
-_FUSED_ACCUM: list[bool] = []  # probed once: can cuBLAS accumulate bf16 x bf16 into fp32 in place?
-
-
 @torch.compiler.disable  # eager always (an in-place fp32 out= GEMM does not trace), also under --compile
 def _accumulate_wgrad(main_grad: torch.Tensor, dy: torch.Tensor, x: torch.Tensor) -> None:
-    """main_grad[n, k] += dy^T @ x in one fp32-accumulating GEMM where torch offers it
-    (Megatron's gradient-accumulation fusion), else a bf16 product added."""
-    if not _FUSED_ACCUM:
-        try:
-            torch.addmm(main_grad, dy.t(), x, out_dtype=torch.float32, out=main_grad)
-            _FUSED_ACCUM.append(True)
-            return
-        except (TypeError, RuntimeError, NotImplementedError):
-            _FUSED_ACCUM.append(False)
-    if _FUSED_ACCUM[0]:
-        torch.addmm(main_grad, dy.t(), x, out_dtype=torch.float32, out=main_grad)
-    else:
-        main_grad.add_(dy.t() @ x)
+    """main_grad[n, k] += dy^T @ x (Megatron's gradient-accumulation fusion where torch offers it)."""
+    accumulate_fp32_(main_grad, dy.t(), x)
 
 
 class _LinearFn(torch.autograd.Function):

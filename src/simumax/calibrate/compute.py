@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
 from simumax.calibrate.shapes import JobKernels
-from simumax.calibrate.timing import median_seconds
+from simumax.calibrate.timing import accumulate_fp32_, median_seconds
 from simumax.config.hardware import datasheet
 from simumax.graph.blocks import LOSS_FWD_PASSES, loss_fwd_bytes_per_logit
 from simumax.graph.kernels import Attention, Gemm, GroupGemm
@@ -57,16 +57,10 @@ def gemm_fn(k: Gemm, device: torch.device, dtype: torch.dtype = torch.bfloat16):
     if k.b == 1:
         a, b = a[0], b[0]
     if k.accumulate and k.out_dtype == "fp32" and k.b == 1:
-        # TE's weight-gradient GEMM accumulates into the fp32 main grad in cuBLAS (beta=1);
-        # torch has that as addmm with out_dtype on CUDA; elsewhere a bf16 product + add.
+        # TE's weight-gradient GEMM accumulates into the fp32 main grad (beta = 1), in place:
+        # an out-of-place addmm would first copy c, an extra pass training does not make
         c = torch.zeros((k.m, k.n), dtype=torch.float32, device=device)
-        # in place (out=c): an out-of-place addmm first copies c into a new result, a
-        # full extra pass over the fp32 gradient that training does not make
-        try:
-            torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
-            return lambda: torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
-        except (TypeError, RuntimeError, NotImplementedError):
-            return lambda: c.add_(torch.matmul(a, b))
+        return lambda: accumulate_fp32_(c, a, b)
     return lambda: torch.matmul(a, b)
 
 

@@ -150,8 +150,8 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
                device: str | None = None, profile: bool = False, compile: bool = False) -> dict[str, Any]:
     """Train for real, predict the same job, return both and the errors."""
     _torch()
-    from simumax.calibrate.check_step import _FUSED_ACCUM, relative_error, single_device_strategy, train_steps
-    from simumax.calibrate.timing import device_name, pick_device
+    from simumax.calibrate.check_step import relative_error, single_device_strategy, train_steps
+    from simumax.calibrate.timing import device_name, fp32_accumulation_fused, pick_device
     from simumax.estimate import Estimate
 
     strategy = single_device_strategy(seq_len, mbs, mbc)
@@ -178,7 +178,7 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
         "misses": sum(cost.efficiency_lookups.get("misses", {}).values()),
         "kernel_seconds_predicted": predicted_seconds_by_kind(est, cost.breakdown["optimizer"]),
         "kernel_seconds_real": _by_kind(real.kernels) if real.kernels else None,
-        "wgrad_accumulation_fused": bool(_FUSED_ACCUM and _FUSED_ACCUM[0]),
+        "wgrad_accumulation_fused": fp32_accumulation_fused(),
         "measurement": real.to_dict(),
     }
 

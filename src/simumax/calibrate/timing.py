@@ -60,3 +60,28 @@ def device_name(device: torch.device) -> str:
     import platform
 
     return f"cpu ({platform.processor() or platform.machine()})"
+
+
+_FUSED_ACCUM: list[bool] = []  # probed on first use: can this torch accumulate a x b into fp32 in place?
+
+
+def accumulate_fp32_(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """c (fp32) += a @ b in one fp32-accumulating GEMM where torch offers it (addmm with
+    out_dtype, in place: TE's weight-gradient accumulation into the main grad, beta = 1),
+    else the product in the inputs' dtype added."""
+    if not _FUSED_ACCUM:
+        try:
+            torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
+            _FUSED_ACCUM.append(True)
+            return
+        except (TypeError, RuntimeError, NotImplementedError):
+            _FUSED_ACCUM.append(False)
+    if _FUSED_ACCUM[0]:
+        torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
+    else:
+        c.add_(torch.matmul(a, b))
+
+
+def fp32_accumulation_fused() -> bool:
+    """Whether accumulate_fp32_ ran as one fused GEMM (False before its first call)."""
+    return bool(_FUSED_ACCUM and _FUSED_ACCUM[0])
