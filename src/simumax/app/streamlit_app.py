@@ -18,8 +18,8 @@ from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 from simumax.report import format as fmt
+from simumax.report.format import GIB
 
-GIB = 2**30
 RECOMPUTE = ("none", "selective", "full_block")
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from simumax.report.figure import pyplot, save_figure
+from simumax.report.format import GIB
 from simumax.report.results import CostResult, MemResult
 
-GIB = 2**30
 MEMORY_PARTS = ("weights", "grads", "optimizer", "te_buffers", "activations", "transient")
 COLOURS = {"weights": "#4c72b0", "grads": "#55a868", "optimizer": "#c44e52", "te_buffers": "#8172b2",
            "activations": "#ccb974", "transient": "#64b5cd"}

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from simumax.report.figure import pyplot, save_figure
+from simumax.report.format import GIB
 
 if TYPE_CHECKING:
     from simumax.search.evaluate import SearchRow
 
-GIB = 2**30
 
 
 def pareto_frontier(rows: Sequence["SearchRow"]) -> list["SearchRow"]:
