@@ -58,8 +58,8 @@ def _edit_strategy(base: StrategyConfig) -> StrategyConfig:
 
 
 def _recompute_of(s: StrategyConfig) -> str:
-    mode = s.recompute_mode
-    return mode if mode in RECOMPUTE else ("none" if mode is None else "selective")
+    mode = s.recompute_mode  # Megatron's module list shows as selective
+    return mode if mode in RECOMPUTE else "selective"
 
 
 def main() -> None:
@@ -86,27 +86,17 @@ def main() -> None:
     cols[3].metric("peak allocated (GiB)", f"{mem.peak_mem / GIB:.2f}")
     cols[4].metric("fits in memory", "yes" if mem.fits else "no")
 
-    from simumax.report.breakdown_plots import plot_memory, plot_time
+    from simumax.report.breakdown_plots import memory_figure, time_figure
+    from simumax.report.figure import png_bytes
 
     left, right = st.columns(2)
-    for col, plot, arg in ((left, plot_memory, mem), (right, plot_time, cost)):
-        buf = _png(plot, arg)
-        col.image(buf)
+    left.image(png_bytes(memory_figure(mem)))
+    right.image(png_bytes(time_figure(cost)))
     st.download_button("download results (JSON)", json.dumps({"cost": cost.to_dict(), "mem": mem.to_dict()}, indent=2, sort_keys=True),
                        file_name="simumax_result.json", mime="application/json", key="dl_result")
     st.download_button("download strategy (JSON)", json.dumps(strategy.to_dict(), indent=2), file_name="strategy.json",
                        mime="application/json", key="dl_strategy")
     _search(model, strategy, system)
-
-
-def _png(plot, arg) -> bytes:
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "plot.png"
-        plot(arg, path)
-        return path.read_bytes()
 
 
 def _search(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig) -> None:
@@ -122,7 +112,7 @@ def _search(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig) 
 
     try:
         space = SearchSpace(world_size=int(world), global_batch_size=int(gbs), tp=tuple(int(x) for x in tps.split(",") if x.strip()),
-                            pp=None, vp=(1,), ep=(1,), etp=(1,), cp=(1,), mbs=(1,), recompute=("none", "selective", "full_block"),
+                            pp=None, vp=(1,), ep=(1,), etp=(1,), cp=(1,), mbs=(1,), recompute=RECOMPUTE,
                             zero=(1,), schedule=(None,))
         rows = run_search(model, system, strategy, space)
     except (ConfigError, ValueError) as exc:

@@ -4,6 +4,7 @@ the path's suffix). Reads the typed results only: what is drawn is what is repor
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from simumax.report.figure import pyplot, save_figure
 from simumax.report.format import GIB
@@ -26,6 +27,15 @@ def memory_parts(mem: MemResult) -> list[dict[str, float]]:
 
 
 def plot_memory(mem: MemResult, path: Path, title: str = "") -> None:
+    save_figure(memory_figure(mem, title), path)
+
+
+def plot_time(cost: CostResult, path: Path, title: str = "") -> None:
+    save_figure(time_figure(cost, title), path)
+
+
+def memory_figure(mem: MemResult, title: str = "") -> Any:
+    """Stacked bars per stage: the parts of memory_parts, and the device's capacity."""
     plt = pyplot()
     parts = memory_parts(mem)
     fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(parts) + 3), 4.5), dpi=110)
@@ -43,10 +53,11 @@ def plot_memory(mem: MemResult, path: Path, title: str = "") -> None:
     ax.set_title(title or "memory per pipeline stage")
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
-    save_figure(fig, path)
+    return fig
 
 
-def plot_time(cost: CostResult, path: Path, title: str = "") -> None:
+def time_figure(cost: CostResult, title: str = "") -> Any:
+    """Horizontal bars: the critical rank's time per breakdown part."""
     plt = pyplot()
     items = [(k, v * 1e3) for k, v in cost.breakdown.items() if v > 0]
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(items) + 1.5), dpi=110)
@@ -60,4 +71,4 @@ def plot_time(cost: CostResult, path: Path, title: str = "") -> None:
     ax.set_xlim(0, max(vals) * 1.35 if vals else 1)
     ax.set_title(title or f"time breakdown: {total:.1f} ms per iteration, MFU {cost.mfu:.1%}")
     fig.tight_layout()
-    save_figure(fig, path)
+    return fig

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -23,3 +24,11 @@ def save_figure(fig: Any, path: Path, fmt: str | None = None) -> None:
     fmt = fmt or ("svg" if path.suffix.lower() == ".svg" else "png")
     write_bytes_atomic(path, lambda f: fig.savefig(f, format=fmt))
     pyplot().close(fig)
+
+
+def png_bytes(fig: Any) -> bytes:
+    """The figure as PNG bytes (for a web page), closed after."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    pyplot().close(fig)
+    return buf.getvalue()
