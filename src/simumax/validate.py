@@ -39,7 +39,8 @@ def _resolve(spec: Any, root: Path) -> Any:
     return spec
 
 
-def _err(pred: float | None, real: float | None) -> float | None:
+def relative_error(pred: float | None, real: float | None) -> float | None:
+    """(pred - real) / real, the convention of every error simumax reports; None without both."""
     if pred is None or not real:
         return None
     return (pred - real) / real
@@ -76,8 +77,8 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
     real_m = measured.get("peak_alloc_gib")
     real_t = real_t / 1e3 if real_t is not None else None
     real_m = real_m * GIB if real_m is not None else None
-    ref_t = _err(ref.get("iter_time_ms") and ref["iter_time_ms"] / 1e3, real_t)
-    ref_m = _err(ref.get("peak_alloc_gib") and ref["peak_alloc_gib"] * GIB, real_m)
+    ref_t = relative_error(ref.get("iter_time_ms") and ref["iter_time_ms"] / 1e3, real_t)
+    ref_m = relative_error(ref.get("peak_alloc_gib") and ref["peak_alloc_gib"] * GIB, real_m)
     try:
         est = estimate_for_case(case, root)
         t = est.cost().duration_time_per_iter
@@ -85,7 +86,7 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
     except ConfigError as exc:
         return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc))
     family = "moe" if est.model.is_moe else "dense"
-    return CaseResult(case["id"], real_t, t, _err(t, real_t), ref_t, real_m, mem, _err(mem, real_m), ref_m, family=family)
+    return CaseResult(case["id"], real_t, t, relative_error(t, real_t), ref_t, real_m, mem, relative_error(mem, real_m), ref_m, family=family)
 
 
 def default_reference_root(jsonl: Path) -> Path:

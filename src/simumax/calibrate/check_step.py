@@ -15,7 +15,6 @@ ZeRO-0, fp32 gradient accumulation, flash attention, fused norm, unfused SwiGLU 
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -299,7 +298,3 @@ def profile_step(step, device: torch.device, top: int = 400) -> list[dict[str, o
              for e in prof.key_averages(group_by_input_shape=True) if e.key in ("aten::mm", "aten::addmm", "aten::bmm")]
     gemms.sort(key=lambda r: -r["seconds"])
     return rows[:top] + [{**g, "name": f"shape:{g['name']}"} for g in gemms]
-
-
-def relative_error(pred: float, real: float) -> float:
-    return (pred - real) / real if real else math.nan

@@ -150,9 +150,10 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
                device: str | None = None, profile: bool = False, compile: bool = False) -> dict[str, Any]:
     """Train for real, predict the same job, return both and the errors."""
     _torch()
-    from simumax.calibrate.check_step import relative_error, single_device_strategy, train_steps
+    from simumax.calibrate.check_step import single_device_strategy, train_steps
     from simumax.calibrate.timing import device_name, fp32_accumulation_fused, pick_device
     from simumax.estimate import Estimate
+    from simumax.validate import relative_error
 
     strategy = single_device_strategy(seq_len, mbs, mbc)
     est = Estimate(model, strategy, system)
@@ -167,7 +168,7 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
         "step_time_real": real.step_seconds, "step_time_predicted": cost.duration_time_per_iter,
         "time_error": relative_error(cost.duration_time_per_iter, real.step_seconds),
         "peak_mem_real": real.max_allocated, "peak_mem_predicted": pred_mem,
-        "mem_error": relative_error(pred_mem, real.max_allocated) if real.max_allocated else None,
+        "mem_error": relative_error(pred_mem, real.max_allocated),
         "phase_time_real": real.phase_seconds,
         "phase_time_predicted": {"fwd": cost.breakdown["fwd"], "bwd": cost.breakdown["bwd"] + cost.breakdown["recompute"],
                                  "optimizer": cost.breakdown["optimizer"] + cost.breakdown["dp_comm"]},
