@@ -189,7 +189,7 @@ def calibrate_compute(
     todo: list[tuple[str, object]] = [(f, k) for f, ks in kernels.gemms.items() for k in ks]
     todo += [(f, k) for f, ks in kernels.group_gemms.items() for k in ks]
     todo += [(k.family, k) for k in kernels.attentions]
-    total = len(todo) + sum(map(len, kernels.membound.values()))
+    total = kernels.count
     done = 0
     for family, k in todo:
         if family.startswith("fp8_"):

@@ -97,9 +97,6 @@ class TableFit:
             logs = {n: math.log2(v) for n, v in sizes.items() if v > 0}
             self.entries.append(_Entry(cls, logs, eff / base))
 
-    def __len__(self) -> int:
-        return len(self.entries)
-
     def predict(self, key: str) -> float | None:
         """Fitted efficiency for ``key``, or None when the table has too little to fit."""
         cls, sizes = parse_key(key)
