@@ -8,9 +8,9 @@ import math
 import shlex
 from typing import Any
 
+from simumax.config.megatron_names import SWITCHES, VALUED
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
-from simumax.config.megatron_names import SWITCHES, VALUED
 from simumax.errors import ConfigError
 
 IGNORED_VALUED = {"--group-query-attention"}  # switches with no value that need no field
