@@ -7,7 +7,7 @@ import json
 import pytest
 
 from simumax import ModelConfig, PerfLLM, StrategyConfig, SystemConfig
-from tests.conftest import REFERENCE, needs_shared
+from tests.conftest import REFERENCE, needs_shared, run_cli
 
 
 def test_tutorial_flow_with_presets(tmp_path) -> None:
@@ -76,13 +76,9 @@ def test_results_are_deterministic() -> None:
 
 
 def test_perf_out_writes_memory_and_time_plots(tmp_path) -> None:
-    import subprocess
-    import sys
-
     for fmt, magic in (("png", b"\x89PNG"), ("svg", b"<?xml")):
         out = tmp_path / fmt
-        r = subprocess.run([sys.executable, "-m", "simumax.cli", "perf", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie",
-                            "--out", str(out), "--plot-format", fmt], capture_output=True, text=True)
+        r = run_cli("perf", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie", "--out", str(out), "--plot-format", fmt)
         assert r.returncode == 0, r.stderr
         for name in ("memory", "time"):
             assert (out / f"{name}.{fmt}").read_bytes().startswith(magic)
@@ -98,8 +94,6 @@ def test_memory_parts_add_up_to_the_peak() -> None:
 
 
 def test_cli_names_the_parallel_sizes_and_warns_when_it_does_not_fit() -> None:
-    from tests.test_errors import run_cli
-
     r = run_cli("perf", "--model", "qwen3-30b-a3b", "--system", "h100-sxm-80gb", "--strategy", "ep8_pp1_dp8_mbs1")
     assert r.returncode == 0, r.stderr
     assert "qwen3-30b-a3b | h100-sxm-80gb | tp1 pp1 ep8 dp8 mbs1 mbc8 zero1" in r.stdout

@@ -3,10 +3,8 @@ the datasheet table and the CLI's errors (the torch paths end to end: test_calib
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,17 +19,16 @@ from simumax.config.system import SystemConfig
 from simumax.cost.network import NetworkModel, ring_bytes
 from simumax.estimate import Estimate
 from simumax.graph.kernels import Attention
+from tests.conftest import run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL = {"model_name": "tiny", "hidden_size": 128, "head_num": 4, "kv_head_num": 2, "intermediate_size": 256,
               "layer_num": 2, "vocab_size": 1000, "use_swiglu": True}
 TINY_STRATEGY = {"seq_len": 64, "micro_batch_size": 1, "micro_batch_num": 2, "world_size": 2, "tp_size": 2,
                  "enable_sequence_parallel": True}
 
 
-def _cli(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "simumax.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout, cwd=ROOT)
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return run_cli(*args, env=env, timeout=300)
 
 
 # ---- fits -------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ import pytest
 from simumax.config.loader import load_model, load_system
 from simumax.config.system import SystemConfig
 from simumax.estimate import Estimate
-from tests.test_calibrate import ROOT, TINY_MODEL, TINY_STRATEGY, _cli
+from tests.conftest import ROOT
+from tests.test_calibrate import TINY_MODEL, TINY_STRATEGY, _cli
 
 torch = pytest.importorskip("torch")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from simumax.atomic import write_bytes_atomic, write_json_atomic
+from tests.conftest import run_cli
 
 PERF = ["perf", "-m", "deepseek-v2-lite", "-s", "ep4_pp2_dp4_mbs1", "-y", "a100_pcie", "--set", "layer_num=26", "--json"]
 SIM = ["simulate", "-m", "llama3-8b", "-s", "tp1_pp4_vp2_sync_mbs1_mbc8_no_ckpt", "-y", "b200_bf16_ceperm", "--no-ops", "--json"]
@@ -20,8 +21,7 @@ SEARCH = ["search", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pci
 
 
 def _cli(args: list[str], seed: str) -> str:
-    env = {**os.environ, "PYTHONHASHSEED": seed}
-    r = subprocess.run([sys.executable, "-m", "simumax.cli", *args], capture_output=True, text=True, env=env)
+    r = run_cli(*args, env={"PYTHONHASHSEED": seed})
     assert r.returncode == 0, r.stderr
     return r.stdout
 

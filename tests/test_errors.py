@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from simumax import ConfigError, PerfLLM, StrategyConfig
 from simumax.config.loader import load_model, load_strategy, load_system
+from tests.conftest import run_cli
 
 BASE = load_strategy("tp1_pp2_dp4_mbs1").to_dict()
 
@@ -82,10 +80,6 @@ def test_missing_file_and_bad_json(tmp_path) -> None:
     with pytest.raises(ConfigError) as exc:
         load_model("no-such-model")
     assert "unknown preset" in exc.value.rule
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "simumax.cli", *args], capture_output=True, text=True)
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +12,8 @@ from simumax.estimate import Estimate
 from simumax.export.megatron_flags import megatron_flags, model_flags
 from simumax.importers.hf import model_from_hf
 from simumax.importers.megatron_args import parse_megatron_args
+from tests.conftest import run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 
 # the fields of the published config.json files that matter (values as on the Hugging Face hub)
 LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
@@ -111,8 +107,7 @@ def test_megatron_script_with_unknown_flags_and_errors(tmp_path) -> None:
     script.write_text("#!/bin/bash\ntorchrun --nproc-per-node 8 pretrain_gpt.py \\\n  --num-layers 4 --hidden-size 1024 \\\n"
                       "  --num-attention-heads 16 --ffn-hidden-size 4096 --vocab-size 32000 --seq-length 2048 \\\n"
                       "  --micro-batch-size 2 --global-batch-size 64 --tensor-model-parallel-size 2 --lr 3e-4  # comment\n")
-    r = subprocess.run([sys.executable, "-m", "simumax.cli", "import", "megatron", "--file", str(script), "--world-size", "8",
-                        "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT)
+    r = run_cli("import", "megatron", "--file", str(script), "--world-size", "8", "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     assert "ignored --lr" in r.stderr
     st = json.loads((tmp_path / "out" / "strategy.json").read_text())
@@ -128,14 +123,13 @@ def test_import_cli_one_line_errors(tmp_path) -> None:
     bad = tmp_path / "config.json"
     bad.write_text(json.dumps({**LLAMA3_8B, "architectures": ["GPT2LMHeadModel"]}))
     for args in (["import", "hf", str(bad)], ["import", "hf", str(tmp_path / "none.json")], ["import", "megatron"]):
-        r = subprocess.run([sys.executable, "-m", "simumax.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                           env={**os.environ})
+        r = run_cli(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("error:")
 
 
 def test_cli_export_json_then_import_and_presets_json(tmp_path) -> None:
-    run = lambda *a: subprocess.run([sys.executable, "-m", "simumax.cli", *a], capture_output=True, text=True, cwd=ROOT)  # noqa: E731
+    run = run_cli
     r = run("export", "-m", "llama3-8b", "-s", "tp2_pp1_dp4_mbs1", "--json")
     assert r.returncode == 0, r.stderr
     flags = json.loads(r.stdout)

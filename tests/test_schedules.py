@@ -16,7 +16,7 @@ from simumax.schedule import dualpipev, interleaved, one_f_one_b, zero_bubble
 from simumax.schedule.tasks import BACKWARD, FORWARD, check_complete
 from simumax.simulate.engine import PassCosts, PipelineOptions, run_pipeline
 
-from tests.test_errors import run_cli
+from tests.conftest import run_cli
 
 
 def uniform(ranks: list[int], f: float, b: float, w: float | None = None) -> PassCosts:

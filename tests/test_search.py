@@ -96,7 +96,7 @@ def test_megatron_flags() -> None:
 
 
 def test_search_cli_writes_jsonl_and_csv(tmp_path) -> None:
-    from tests.test_errors import run_cli
+    from tests.conftest import run_cli
 
     base = ["search", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie", "--world-size", "8", "--gbs", "16"]
     r = run_cli(*base, "--set", "model.layer_num=4", "--tp", "1,2", "--pp", "1,2", "--recompute", "none", "--out", str(tmp_path))

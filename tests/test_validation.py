@@ -44,7 +44,7 @@ def test_rows_within_tolerance(name: str, family: str) -> None:
 def test_validate_cli_reports_each_family() -> None:
     import json
 
-    from tests.test_errors import run_cli
+    from tests.conftest import run_cli
 
     path = VALIDATION / "a100_pcie_megatron.jsonl"
     r = run_cli("validate", str(path), "--json")
