@@ -224,12 +224,13 @@ def validate(
     out: Optional[Path] = typer.Option(None, "--out", help="Also write validation.json to this folder."),
 ) -> None:
     """Compare predictions with measured runs: time and peak memory error per case."""
-    from simumax.validate import run_file, summary, summary_by_family
+    from simumax.validate import run_file, summary, summary_by_family, summary_by_source
 
     results = run_file(file, reference_root)
     summ = summary(results)
     by_family = summary_by_family(results)
-    payload = {"cases": [r.to_dict() for r in results], "summary": summ, "by_family": by_family}
+    by_source = summary_by_source(results)
+    payload = {"cases": [r.to_dict() for r in results], "summary": summ, "by_family": by_family, "by_source": by_source}
     if out is not None:
         write_json_atomic(out / "validation.json", payload)
     if as_json:
@@ -240,29 +241,38 @@ def validate(
         t.add_column(col, justify="left" if col == "case" else "right")
     pct = lambda x: "-" if x is None else f"{x:+.1%}"  # noqa: E731
     apct = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731
+    opt = lambda x, f: "-" if x is None else f(x)  # noqa: E731
     for r in results:
         if r.skipped:
             t.add_row(r.id, "skipped", "", "", "", "", "", "", r.skipped.split(": ", 1)[-1][:40])
             continue
+        # memory compared as weights + grads + optimizer + stored activations: marked with *
+        star = "*" if r.mem_measure != "peak_alloc" and r.measured_mem is not None else ""
         t.add_row(
-            r.id, fmt.ms(r.predicted_time), fmt.ms(r.measured_time), pct(r.time_error), pct(r.reference_time_error),
-            fmt.gib(r.predicted_mem) if r.predicted_mem else "-", fmt.gib(r.measured_mem) if r.measured_mem else "-",
-            pct(r.mem_error), pct(r.reference_mem_error),
+            r.id, opt(r.predicted_time, fmt.ms), opt(r.measured_time, fmt.ms), pct(r.time_error), pct(r.reference_time_error),
+            opt(r.predicted_mem, fmt.gib) + star if r.measured_mem is not None or r.mem_measure == "peak_alloc" else "-",
+            opt(r.measured_mem, fmt.gib) + star, pct(r.mem_error), pct(r.reference_mem_error),
         )
     out_console.print(t)
+    if any(r.mem_measure != "peak_alloc" and r.measured_mem is not None for r in results):
+        out_console.print("* weights + grads + optimizer + stored activations of the first stage (no transient buffers)", markup=False)
 
     def line(label: str, s: dict) -> str:
         text = (
-            f"{label}{s['evaluated']}/{s['cases']} cases: time mean |err| {apct(s['time_mean_abs_error'])} max {apct(s['time_max_abs_error'])}"
+            f"{label}{s['evaluated']}/{s['cases']} cases: time ({s['time_cases']}) mean |err| {apct(s['time_mean_abs_error'])}"
+            f" max {apct(s['time_max_abs_error'])} signed mean {pct(s['time_mean_error'])}"
             f" (SimuMax {apct(s['reference_time_mean_abs_error'])} / {apct(s['reference_time_max_abs_error'])});"
-            f" memory mean |err| {apct(s['mem_mean_abs_error'])} max {apct(s['mem_max_abs_error'])}"
+            f" memory ({s['mem_cases']}) mean |err| {apct(s['mem_mean_abs_error'])} max {apct(s['mem_max_abs_error'])}"
         )
         return text + (f"; {s['skipped']} skipped" if s["skipped"] else "")
 
+    if len(by_source) > 1:
+        for source, s in by_source.items():
+            out_console.print(line(f"{source}: ", s), markup=False)
     if len(by_family) > 1:
         for family, s in by_family.items():
             out_console.print(line(f"{family}: ", s), markup=False)
-    out_console.print(line("all: " if len(by_family) > 1 else "", summ), markup=False)
+    out_console.print(line("all: " if len(by_family) > 1 or len(by_source) > 1 else "", summ), markup=False)
 
 
 def _sizes(text: str, name: str) -> list[int]:

@@ -383,7 +383,7 @@ class Estimate:
                     stage=s.index, layers=len(s.layers), params=s.params, weights=states.weights, grads=states.grads,
                     optimizer=states.optimizer, te_buffers=states.te_buffers, model_mem=states.total,
                     fwd_activation_cache_per_micro_batch=stored, in_flight_micro_batches=n,
-                    activation_mem=act.peak, peak_mem=peak, peak_mem_with_reserved=peak / st.mem_factor,
+                    activation_mem=act.peak, stored_activation_mem=act.stored_peak, peak_mem=peak, peak_mem_with_reserved=peak / st.mem_factor,
                     peak_path={
                         "phase": {"F": "fwd", "B": "bwd", "W": "wgrad"}.get(t.kind, "") if t else "",
                         "op": op, "in_flight": f"{n:g}", "micro_batch": str(t.mb) if t else "",

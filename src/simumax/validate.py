@@ -27,6 +27,10 @@ class CaseResult:
     reference_mem_error: float | None
     skipped: str | None = None
     family: str = ""  # "dense" or "moe" (from the model config); "" when it did not load
+    source: str = ""  # the case name's first token (narayanan21, megascale ...) or the file's suite
+    # what measured_mem is: "peak_alloc" (max_memory_allocated) or "states_plus_activations"
+    # (weights + grads + optimizer + stored activations of the first stage, no transients)
+    mem_measure: str = "peak_alloc"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,23 +74,46 @@ def estimate_for_case(case: dict[str, Any], root: Path) -> Estimate:
     return Estimate(model, strategy, system)
 
 
+def case_source(case_id: str) -> str:
+    """Short source label of a case: the first token of its name after the suite
+    (``public/narayanan21_t1_1.7B`` -> ``narayanan21``), else the suite."""
+    suite, _, name = case_id.partition("/")
+    return name.split("_", 1)[0] if suite == "public" and name else suite
+
+
+def states_plus_stored_activations(est: Estimate) -> float:
+    """Weights + gradients + optimizer states + the most stored activations the first
+    pipeline stage holds (Korthikanti et al. 2022, Fig. 1: no temporary buffers)."""
+    s = est.memory().stages[0]
+    return s.weights + s.grads + s.optimizer + s.stored_activation_mem
+
+
 def run_case(case: dict[str, Any], root: Path) -> CaseResult:
+    """Predict one case. Time is compared when it has ``iter_time_ms``; memory when it has
+    ``peak_alloc_gib`` (peak allocated) or ``model_states_plus_activations_gib``."""
     measured = case.get("measured", {})
     ref = case.get("reference_prediction", {})
     real_t = measured.get("iter_time_ms")
-    real_m = measured.get("peak_alloc_gib")
     real_t = real_t / 1e3 if real_t is not None else None
+    measure = "peak_alloc" if measured.get("peak_alloc_gib") is not None else (
+        "states_plus_activations" if measured.get("model_states_plus_activations_gib") is not None else "peak_alloc"
+    )
+    real_m = measured.get("peak_alloc_gib" if measure == "peak_alloc" else "model_states_plus_activations_gib")
     real_m = real_m * GIB if real_m is not None else None
     ref_t = relative_error(ref.get("iter_time_ms") and ref["iter_time_ms"] / 1e3, real_t)
     ref_m = relative_error(ref.get("peak_alloc_gib") and ref["peak_alloc_gib"] * GIB, real_m)
+    source = case_source(case["id"])
     try:
         est = estimate_for_case(case, root)
-        t = est.cost().duration_time_per_iter
-        mem = est.memory().peak_mem
+        t = est.cost().duration_time_per_iter if real_t is not None else None
+        mem = est.memory().peak_mem if measure == "peak_alloc" else states_plus_stored_activations(est)
     except ConfigError as exc:
-        return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc))
+        return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc), source=source, mem_measure=measure)
     family = "moe" if est.model.is_moe else "dense"
-    return CaseResult(case["id"], real_t, t, relative_error(t, real_t), ref_t, real_m, mem, relative_error(mem, real_m), ref_m, family=family)
+    return CaseResult(
+        case["id"], real_t, t, relative_error(t, real_t), ref_t, real_m, mem, relative_error(mem, real_m), ref_m,
+        family=family, source=source, mem_measure=measure,
+    )
 
 
 def default_reference_root(jsonl: Path) -> Path:
@@ -115,12 +142,15 @@ def summary(results: list[CaseResult]) -> dict[str, float | int | None]:
     rt_mean, rt_max = stats(rt)
     return {
         "cases": len(results),
-        "evaluated": len(t),
+        "evaluated": sum(1 for r in results if not r.skipped),
+        "time_cases": len(t),
+        "mem_cases": len(m),
         "skipped": sum(1 for r in results if r.skipped),
         "time_mean_abs_error": t_mean,
         "time_max_abs_error": t_max,
         "time_mean_error": sum(t) / len(t) if t else None,
         "mem_mean_abs_error": m_mean,
+        "mem_mean_error": sum(m) / len(m) if m else None,
         "mem_max_abs_error": m_max,
         "reference_time_mean_abs_error": rt_mean,
         "reference_time_max_abs_error": rt_max,
@@ -131,3 +161,10 @@ def summary_by_family(results: list[CaseResult]) -> dict[str, dict[str, float | 
     """``summary`` of the dense and the MoE cases apart (the issues set targets per family)."""
     families = sorted({r.family for r in results if r.family})
     return {f: summary([r for r in results if r.family == f]) for f in families}
+
+
+def summary_by_source(results: list[CaseResult]) -> dict[str, dict[str, float | int | None]]:
+    """``summary`` per source (``CaseResult.source``): a mechanism must not help one
+    source by hurting another."""
+    sources = sorted({r.source for r in results})
+    return {s: summary([r for r in results if r.source == s]) for s in sources}

@@ -21,6 +21,7 @@ class RankActivations:
     peak: float = 0.0  # bytes of activations at the worst moment
     peak_task: Task | None = None
     in_flight_at_peak: int = 0  # (chunk, micro-batch) activations held then, this pass included
+    stored_peak: float = 0.0  # most bytes held between passes (stored activations only, no pass transients)
     timeline: list[tuple[float, float]] = field(default_factory=list)  # (seconds, bytes), when times given
 
 
@@ -52,4 +53,5 @@ def walk_schedule(
             start, end = times[(t.kind, t.vstage, t.mb)]
             out.timeline += [(start, held), (start, here), (end, after)]
         held, n_held = after, n_after
+        out.stored_peak = max(out.stored_peak, held)
     return out

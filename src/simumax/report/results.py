@@ -62,6 +62,7 @@ class StageMemory(_ToDict):
     fwd_activation_cache_per_micro_batch: float
     in_flight_micro_batches: float
     activation_mem: float  # at the peak, all in-flight micro-batches
+    stored_activation_mem: float  # most stored activations held between passes (no pass transients)
     peak_mem: float  # allocated
     peak_mem_with_reserved: float  # allocated / mem_factor
     peak_path: dict[str, str]  # {"phase": "bwd", "op": "L3.fc1", "micro_batch": "..."}
