@@ -67,8 +67,8 @@ def _fake_calibration(kernels, peak_tflops: float, efficiency: float):
         for k in ks:
             timings.append(SimpleNamespace(family=fam, key=k.key, flops=k.flops, seconds=k.flops / (peak_tflops * 1e12 * efficiency)))
     for k in kernels.attentions:
-        timings.append(SimpleNamespace(family=k.family, key=k.key, flops=k.table_flops,
-                                       seconds=k.table_flops / (peak_tflops * 1e12 * efficiency)))
+        timings.append(SimpleNamespace(family=k.family, key=k.key, flops=k.table_flops(),
+                                       seconds=k.table_flops() / (peak_tflops * 1e12 * efficiency)))
     bw = {fam: fit_alpha_beta(sizes + [2 * max(sizes)], [s / 1e12 + 5e-6 for s in sizes + [2 * max(sizes)]])
           for fam, sizes in kernels.membound.items()}
     return SimpleNamespace(timings=timings, bandwidth=bw, peak_tflops=peak_tflops, hbm_gbps=1000.0)
@@ -118,7 +118,7 @@ def test_efficiency_is_written_against_the_family_peak() -> None:
 def test_attention_keys_use_table_flops() -> None:
     kernels = job_kernels(load_model("llama3-8b"), load_strategy("tp1_pp1_dp8_mbs1"), load_system("a100_pcie"))
     fwd = next(k for k in kernels.attentions if isinstance(k, Attention) and k.phase == "fwd")
-    assert fwd.table_flops == 4 * 1 * 32 * 4096 * 4096 * 128  # 2·b·h·s²·(dqk + dv), no causal halving
+    assert fwd.table_flops() == 4 * 1 * 32 * 4096 * 4096 * 128  # 2·b·h·s²·(dqk + dv), no causal halving
 
 
 def test_datasheet_matches_the_most_specific_name() -> None:

@@ -45,8 +45,8 @@ def test_model_flops_are_6nd_plus_causal_attention() -> None:
 
 def test_attention_flops_conventions() -> None:
     a = Attention("fwd", batch=1, seq_len=4096, head_num=32, kv_head_num=8, qk_head_dim=128, v_head_dim=128)
-    assert a.table_flops == 4 * 4096**2 * 32 * 128  # SimuMax: no causal halving
-    assert a.flops == pytest.approx(a.table_flops * 4097 / 8192)
+    assert a.table_flops() == 4 * 4096**2 * 32 * 128  # SimuMax: no causal halving
+    assert a.flops == pytest.approx(a.table_flops() * 4097 / 8192)
     b = Attention("bwd", batch=1, seq_len=4096, head_num=32, kv_head_num=8, qk_head_dim=128, v_head_dim=128)
     assert b.flops == pytest.approx(2 * a.flops)
 

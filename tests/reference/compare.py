@@ -79,7 +79,7 @@ def predict(spec: dict) -> dict:
         for o in mine:
             for k in o.fwd:
                 if isinstance(k, Attention):
-                    fl += k.table_flops  # the math path multiplies the whole score matrix
+                    fl += k.table_flops()  # the math path multiplies the whole score matrix
                 elif isinstance(k, (Gemm, GroupGemm)):
                     fl += k.flops
         out["layer_fwd_flops"].append(fl)

@@ -30,7 +30,7 @@ from simumax.calibrate.shapes import JobKernels
 from simumax.calibrate.timing import accumulate_fp32_, median_seconds
 from simumax.config.hardware import datasheet
 from simumax.graph.blocks import LOSS_FWD_PASSES, loss_fwd_bytes_per_logit
-from simumax.graph.kernels import Attention, Gemm, GroupGemm
+from simumax.graph.kernels import MODEL_SDP_BWD_RATIO, Attention, Gemm, GroupGemm
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def calibrate_compute(
         else:
             fn = attention_fn(k, device)
         seconds = median_seconds(fn, device, warmup, repeats)
-        flops = k.table_flops if isinstance(k, Attention) else k.flops
+        flops = k.table_flops(MODEL_SDP_BWD_RATIO) if isinstance(k, Attention) else k.flops
         timings.append(KernelTiming(family, k.key, flops, seconds, flops / (seconds * peak)))
         del fn
         done += 1

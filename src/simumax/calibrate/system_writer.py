@@ -14,6 +14,7 @@ from typing import Any
 from simumax.calibrate.fit import AlphaBeta
 from simumax.config.hardware import NIC_FIXED_US, NIC_STEP_US, SCALEUP_FIXED_US, SCALEUP_STEP_US, collective_tier, datasheet
 from simumax.cost.network import DEFAULT_SPECS, ring_steps
+from simumax.graph.kernels import MODEL_SDP_BWD_RATIO, SIMUMAX_SDP_BWD_RATIO
 
 # placeholders for a device missing from the datasheet table (a collectives-only config)
 PEAK_TFLOPS_UNKNOWN, HBM_GBPS_UNKNOWN, SCALEUP_GBPS_UNKNOWN = 100.0, 1000.0, 100.0
@@ -38,7 +39,7 @@ def fresh_system(name: str, device_name: str, mem_gib: float, peak_tflops: float
             "mode": "roofline",
             "op": {
                 "default": family(peak_tflops), "matmul": family(peak_tflops), "group_matmul": family(peak_tflops),
-                "sdp_fwd": family(peak_tflops), "sdp_bwd": family(peak_tflops),
+                "sdp_fwd": family(peak_tflops), "sdp_bwd": {**family(peak_tflops), "bwd_flops_ratio": MODEL_SDP_BWD_RATIO},
                 "fp8_matmul": {"tflops": 2 * peak_tflops, "efficient_factor": 0, "accurate_efficient_factor": {}},
                 "fp8_group_matmul": {"tflops": 2 * peak_tflops, "efficient_factor": 0, "accurate_efficient_factor": {}},
             },
@@ -65,10 +66,16 @@ def merge_compute(system: dict[str, Any], cal: Any, mem_gib: float | None = None
         fam = acc["op"].get(t.family)
         if fam is None:
             fam = acc["op"][t.family] = {"tflops": cal.peak_tflops, "efficient_factor": 0.7, "accurate_efficient_factor": {}}
+            if t.family == "sdp_bwd":
+                fam["bwd_flops_ratio"] = MODEL_SDP_BWD_RATIO
             new_families[t.family] = []
         if set_fallbacks:
             new_families.setdefault(t.family, [])
-        eff = t.flops / (t.seconds * fam["tflops"] * 1e12)
+        flops = t.flops
+        if t.family == "sdp_bwd":  # timings count 2x the forward; write in the family's own convention
+            ratio = fam.get("bwd_flops_ratio") or SIMUMAX_SDP_BWD_RATIO
+            flops *= ratio / MODEL_SDP_BWD_RATIO
+        eff = flops / (t.seconds * fam["tflops"] * 1e12)
         fam.setdefault("accurate_efficient_factor", {})[t.key] = round(eff, 6)
         if t.family in new_families:
             new_families[t.family].append(eff)

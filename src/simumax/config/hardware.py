@@ -71,6 +71,10 @@ class Gpu:
     scaleup_eff: dict[str, float]  # collective -> bus-bandwidth fraction on the scale-up fabric
     measured_base: str | None = None  # a preset whose measured tables this one reuses
     note: str = ""
+    # backward FLOPs per forward FLOP the attention efficiencies are stated in
+    # (kernels.Attention.table_flops): 2.0 for our own measurements and asymptotes;
+    # the B200 numbers are SimuMax's tables and asymptotes, measured at 2.5
+    attn_bwd_flops_ratio: float = 2.0
 
     @property
     def bf16_tflops(self) -> float:
@@ -102,9 +106,11 @@ GPUS = (
         measured_base="nvidia_h100_80gb_hbm3",
         note="H200 SXM: the H100's SMs, clocks and 700 W with HBM3e, so the H100 compute tables; NDR 400 Gb/s per GPU"),
     Gpu("b200-sxm-180gb", _sheet("B200"), 4500.0, 179.06, 148, 8, 50.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
-        measured_base="b200_bf16_ceperm", note="B200 (HGX/DGX B200); reference measured tables, true memory; 400 Gb/s per GPU"),
+        measured_base="b200_bf16_ceperm", note="B200 (HGX/DGX B200); reference measured tables, true memory; 400 Gb/s per GPU",
+        attn_bwd_flops_ratio=2.5),
     Gpu("gb200-nvl72", _sheet("GB200"), 5000.0, 184.0, 148, 72, 100.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
-        note="GB200 NVL72: 72 GPUs on one NVLink domain (placed as one node); ConnectX-8 800 Gb/s per GPU to other racks"),
+        note="GB200 NVL72: 72 GPUs on one NVLink domain (placed as one node); ConnectX-8 800 Gb/s per GPU to other racks",
+        attn_bwd_flops_ratio=2.5),
     Gpu("mi300x", _sheet("MI300X"), 2614.9, 192.0, 304, 8, 50.0, 0.50, 0.40, 0.60, 0.45, 0.80, XGMI_EFF,
         note="MI300X OAM; 7 Infinity Fabric links x 64 GB/s per GPU; 400 Gb/s per GPU"),
 )
@@ -136,7 +142,7 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
         "matmul": _family(gpu.bf16_tflops, gpu.gemm_eff, tables.get("matmul")),
         "group_matmul": _family(gpu.bf16_tflops, gpu.group_gemm_eff, tables.get("group_matmul")),
         "sdp_fwd": _family(gpu.bf16_tflops, gpu.attn_fwd_eff, tables.get("sdp_fwd")),
-        "sdp_bwd": _family(gpu.bf16_tflops, gpu.attn_bwd_eff, tables.get("sdp_bwd")),
+        "sdp_bwd": {**_family(gpu.bf16_tflops, gpu.attn_bwd_eff, tables.get("sdp_bwd")), "bwd_flops_ratio": gpu.attn_bwd_flops_ratio},
         # fp8 tables are rarely measured: 0 means "the bf16 efficiency of the same shape"
         "fp8_matmul": _family(gpu.fp8_tflops, 0.0, tables.get("fp8_matmul")),
         "fp8_group_matmul": _family(gpu.fp8_tflops, 0.0, tables.get("fp8_group_matmul")),

@@ -9,6 +9,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_serializer, model_
 
 from simumax.config.base import ConfigBase
 from simumax.errors import ConfigError
+from simumax.graph.kernels import SIMUMAX_SDP_BWD_RATIO
 
 
 class ComputeOpSpec(ConfigBase):
@@ -19,6 +20,22 @@ class ComputeOpSpec(ConfigBase):
     accurate_efficient_factor: dict[str, float] = Field(
         default_factory=dict, description="Measured efficiency per shape key (SimuMax key strings)."
     )
+    bwd_flops_ratio: float | None = Field(
+        None, gt=0, le=10,
+        description="sdp_bwd: backward FLOPs per (non-causal) forward FLOP this family's efficiencies were computed "
+        "with. Unset: SimuMax's convention, 2.5; simumax calibrate writes 2.0.",
+    )
+
+    @property
+    def sdp_bwd_ratio(self) -> float:
+        return SIMUMAX_SDP_BWD_RATIO if self.bwd_flops_ratio is None else self.bwd_flops_ratio
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("bwd_flops_ratio") is None:  # SimuMax files do not have the field
+            out.pop("bwd_flops_ratio", None)
+        return out
 
 
 class BandwidthSpec(ConfigBase):

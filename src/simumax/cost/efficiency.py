@@ -101,7 +101,8 @@ class ComputeModel:
         name = self._family(k.family)
         spec = self.acc.op[name]
         eff, source = self._efficiency(name, k.key)
-        table_flops = k.table_flops if isinstance(k, Attention) else k.flops
+        # a table's efficiencies are in the FLOP convention it was measured with
+        table_flops = k.table_flops(spec.sdp_bwd_ratio) if isinstance(k, Attention) else k.flops
         peak = spec.tflops * 1e12
         t = table_flops / (peak * eff) if eff > 0 else float("inf")
         return t, (k.flops / (t * peak) if t > 0 else 0.0), name, source

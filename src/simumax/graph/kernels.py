@@ -71,13 +71,22 @@ class GroupGemm:
         )
 
 
+# Backward FLOPs per forward FLOP in the convention a measured attention table was
+# computed with: SimuMax's measuring script counts the flash-attention backward as 5 x
+# base against the forward's 2 x base (2.5); ``simumax calibrate`` and the MFU convention
+# count 2x (dS = dO V^T, dP, dQ = dS K, dK = dS^T Q, dV = P^T dO: four GEMMs to the forward's two).
+SIMUMAX_SDP_BWD_RATIO = 2.5
+MODEL_SDP_BWD_RATIO = 2.0
+
+
 @dataclass(frozen=True, slots=True)
 class Attention:
     """Fused (flash) attention, one direction.
 
     ``flops`` counts what the model needs (causal: half the score matrix; backward 2x
-    forward, the MFU convention). ``table_flops`` is SimuMax's convention (no causal
-    halving), the one its measured efficiency tables were computed with.
+    forward, the MFU convention). ``table_flops(ratio)`` is the convention efficiency
+    tables are written in (no causal halving; backward ``ratio`` x forward, the ratio
+    recorded per table: ``ComputeOpSpec.bwd_flops_ratio``).
     """
 
     phase: Literal["fwd", "bwd"]
@@ -92,16 +101,19 @@ class Attention:
     kv_seq_len: int | None = None  # keys per query when not seq_len (context-parallel blocks)
 
     @property
-    def table_flops(self) -> float:
+    def fwd_table_flops(self) -> float:
+        """The forward's FLOPs over the whole (non-causal) score matrix."""
         kv = self.kv_seq_len or self.seq_len
-        fwd = 2.0 * self.batch * self.head_num * self.seq_len * kv * (self.qk_head_dim + self.v_head_dim)
-        return fwd if self.phase == "fwd" else 2.0 * fwd
+        return 2.0 * self.batch * self.head_num * self.seq_len * kv * (self.qk_head_dim + self.v_head_dim)
+
+    def table_flops(self, bwd_ratio: float = MODEL_SDP_BWD_RATIO) -> float:
+        return self.fwd_table_flops if self.phase == "fwd" else bwd_ratio * self.fwd_table_flops
 
     @property
     def flops(self) -> float:
         s = self.seq_len
         frac = (s + 1) / (2 * s) if self.causal else 1.0
-        return self.table_flops * frac
+        return self.table_flops() * frac
 
     @property
     def family(self) -> str:
