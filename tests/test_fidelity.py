@@ -66,3 +66,99 @@ def test_calibration_writes_in_the_familys_convention() -> None:
     for base in ("a100_pcie", "nvidia_h100_80gb_hbm3"):
         merged = SystemConfig.init_from_dict(merge_compute(load_system(base).to_dict(), cal))
         assert ComputeModel(merged).compute(k)[0] == pytest.approx(seconds, rel=1e-5)
+
+
+# ---- unfused attention, GEMM roofline, GPT-style extras ----------------------------------
+from simumax import ModelConfig, StrategyConfig  # noqa: E402
+from simumax.estimate import Estimate  # noqa: E402
+from simumax.graph.kernels import Collective, Gemm, GroupGemm, MemBound  # noqa: E402
+
+
+def _gpt(**model) -> ModelConfig:
+    return ModelConfig(**{
+        "hidden_size": 1024, "head_num": 16, "intermediate_size": 4096, "layer_num": 2, "vocab_size": 51200,
+        "norm_type": "layernorm", "position_embedding_type": "learned_absolute", "add_bias_linear": True,
+        "untie_embeddings_and_output_weights": False, **model,
+    })
+
+
+def _est(model: ModelConfig, system: str = "a100-sxm-80gb", **strategy) -> Estimate:
+    st = StrategyConfig.init_from_dict({"seq_len": 2048, "world_size": 1, "micro_batch_size": 2, **strategy})
+    return Estimate(model, st, load_system(system))
+
+
+def _op(est: Estimate, name: str):
+    return next(o for c in est.chunks for o in c.ops if o.name == name)
+
+
+def test_attention_dropout_kernels_over_the_probabilities() -> None:
+    """Dropout on the b x a x s x s probabilities: forward reads them (2 B) and writes the
+    dropped ones (2 B) and the mask (1 B); backward reads gradient and mask, writes the
+    gradient: 5 B per element each way (fp16)."""
+    est = _est(_gpt(), use_math_sdp=True, use_flash_sdp=False, enable_dropout=True, dtype="fp16")
+    attn = _op(est, "L0.attn")
+    elems = 2 * 16 * 2048 * 2048
+    fwd = [k for k in attn.fwd if isinstance(k, MemBound) and k.name.endswith(".dropout")]
+    bwd = [k for k in attn.bwd_input if isinstance(k, MemBound) and k.name.endswith(".dropout_bwd")]
+    assert [k.bytes for k in fwd] == [5 * elems] and [k.bytes for k in bwd] == [5 * elems]
+    plain = _op(_est(_gpt(), use_math_sdp=True, use_flash_sdp=False, enable_dropout=False, dtype="fp16"), "L0.attn")
+    assert not [k for k in plain.fwd + plain.bwd_input if isinstance(k, MemBound) and "dropout" in k.name]
+    # full recompute runs the forward dropout a second time
+    rec = _op(_est(_gpt(), use_math_sdp=True, use_flash_sdp=False, enable_dropout=True, dtype="fp16", enable_recompute=True,
+                   recompute_granularity="full_block", recompute_layer_num=2), "L0.attn")
+    assert any(isinstance(k, MemBound) and k.name.endswith(".dropout") for k in rec.kernels("recompute"))
+
+
+def test_gemm_bytes_and_the_roofline_floor() -> None:
+    g = Gemm(2048, 96, 2048, "TN", b=32)  # QK^T of 32 heads: intensity ~ head_dim FLOP/B
+    assert g.bytes == 32 * ((2048 * 96 + 96 * 2048) * 2 + 2048 * 2048 * 2)
+    w = Gemm(4096, 8192, 1024, "NT", accumulate=True, out_dtype="fp32", family="fp8_matmul")
+    assert w.bytes == (4096 * 8192 + 8192 * 1024) * 1 + 4096 * 1024 * 4 * 2
+    gg = GroupGemm(4, 1024, 2048, 512, "bwd_grad_w")
+    assert gg.bytes == 4 * ((512 * 1024 + 1024 * 2048) * 2 + 512 * 2048 * 4 * 2)
+    y = load_system("a100-sxm-80gb")
+    hbm = y.accelerator.bandwidth["default"]
+    t, _ = ComputeModel(y).compute(g)
+    assert t >= g.bytes / (hbm.gbps * 1e9 * hbm.efficient_factor) * (1 - 1e-12)
+    assert t == pytest.approx(g.bytes / (hbm.gbps * 1e9 * hbm.efficient_factor), rel=1e-12)  # memory-bound on A100
+    big = Gemm(8192, 8192, 8192, "TN")  # compute-bound: the floor does not bind
+    tb, eff = ComputeModel(y).compute(big)
+    assert tb > big.bytes / (hbm.gbps * 1e9 * hbm.efficient_factor) and eff > 0.5
+
+
+def test_learned_positions_add_and_their_gradient() -> None:
+    est = _est(_gpt())
+    emb = _op(est, "embedding")
+    full = 2 * 2048 * 1024 * 2
+    assert [k.bytes for k in emb.fwd if k.name == "embedding.position_add"] == [3 * full]
+    wgrad = full + 2 * 2048 * 1024 * 4
+    assert [k.bytes for k in emb.bwd_weight] == [wgrad, wgrad]
+    rope = _op(_est(_gpt(position_embedding_type="rope")), "embedding")
+    assert [k.name for k in rope.fwd] == ["embedding.fwd"] and len(rope.bwd_weight) == 1
+
+
+def test_tied_embedding_gradient_all_reduce_between_first_and_last_stage() -> None:
+    tied = _est(_gpt(layer_num=4), world_size=2, pp_size=2, micro_batch_num=4)
+    untied = _est(_gpt(layer_num=4, untie_embeddings_and_output_weights=True), world_size=2, pp_size=2, micro_batch_num=4)
+    vocab = tied.model.padded_vocab(1)
+    expected = tied.network.time(Collective("all_reduce", float(vocab * 1024 * 4), "pp"))  # fp32 main grads
+    assert expected > 0
+    assert tied.embedding_grad_sync == [expected, expected]
+    assert untied.embedding_grad_sync == [0.0, 0.0]
+    assert _est(_gpt()).embedding_grad_sync == [0.0]  # one stage: the head adds into the same gradient
+    assert tied.dp_reduce_time(tied.stages[0]) == pytest.approx(expected)
+    # the simulator runs it too: with an overlap option on, the same iteration time up to rounding
+    sim = _est(_gpt(layer_num=4), world_size=2, pp_size=2, micro_batch_num=4, overlap_grad_reduce=True)
+    names = [e.name for r in sim.simulate().events for e in r]
+    assert names.count("pp all_reduce tied embedding grads") == 2
+
+
+def test_local_linears_pay_their_bias_kernels() -> None:
+    te = _est(_gpt())
+    local = _est(_gpt(), transformer_impl="local")
+    tokens, h = 2 * 2048, 1024
+    qkv = _op(local, "L0.qkv")
+    assert [k.bytes for k in qkv.fwd if isinstance(k, MemBound)] == [2 * tokens * 3 * h * 2]
+    for name, n in (("L0.qkv", 3 * h), ("L0.attn_proj", h), ("L0.fc1", 4 * h), ("L0.fc2", h)):
+        assert [k.bytes for k in _op(local, name).bwd_weight if isinstance(k, MemBound)] == [tokens * n * 2]
+        assert not [k for k in _op(te, name).bwd_weight if isinstance(k, MemBound)]  # TE: GEMM epilogue

@@ -145,9 +145,25 @@ class Estimate:
         return self.dp_reduce_time(stage) + self.dp_gather_time(stage)
 
     @cached_property
+    def embedding_grad_sync(self) -> list[float]:
+        """Per rank: the all-reduce of the tied word-embedding gradient between the first and
+        the last pipeline stage (Megatron ``finalize_model_grads`` ->
+        ``_allreduce_word_embedding_grads``: the fp32 main grad of the rank's vocab shard,
+        after the data-parallel reduce). 0 elsewhere, untied, or without PP."""
+        out = [0.0] * len(self.stages)
+        first, last = self.chunks[0].index, self.chunks[-1].index
+        if self.model.untie_embeddings_and_output_weights or first == last:
+            return out
+        d = self.layer_profiles.source.dims
+        t = self.network.time(Collective("all_reduce", float(d.vocab * d.h * self.strategy.main_grad_bytes), "pp"))
+        out[first] = out[last] = t
+        return out
+
+    @cached_property
     def _dp_times(self) -> list[tuple[float, float]]:
-        """Per rank: (gradient reduces, ZeRO-1 parameter gathers) of all its chunks."""
-        out = [[0.0, 0.0] for _ in self.stages]
+        """Per rank: (gradient reduces, ZeRO-1 parameter gathers) of all its chunks; the
+        reduces include the tied-embedding gradient all-reduce."""
+        out = [[e, 0.0] for e in self.embedding_grad_sync]
         for c in self.chunks:
             for b in self.grad_buckets(c):
                 out[c.index][0] += b.reduce

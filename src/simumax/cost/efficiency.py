@@ -51,6 +51,8 @@ class ComputeModel:
         self._cache: dict[object, tuple[float, float, str, str]] = {}
         self._fits: dict[str, TableFit] = {}
         self._mem_lines: dict[str, tuple[str, float, float]] = {}  # family -> (log key, s/byte, latency)
+        hbm = self.acc.bandwidth["default"]
+        self._hbm_seconds_per_byte = 1.0 / (hbm.gbps * 1e9 * hbm.efficient_factor)
 
     def _family(self, name: str) -> str:
         """The configured family a kernel uses: its own, else (fp8) its bf16 twin, else default."""
@@ -105,6 +107,10 @@ class ComputeModel:
         table_flops = k.table_flops(spec.sdp_bwd_ratio) if isinstance(k, Attention) else k.flops
         peak = spec.tflops * 1e12
         t = table_flops / (peak * eff) if eff > 0 else float("inf")
+        if not isinstance(k, Attention):
+            # roofline floor: no GEMM runs faster than its operands and output cross HBM
+            # (batched attention GEMMs with head_dim <= 128 on A100 are memory-bound)
+            t = max(t, k.bytes * self._hbm_seconds_per_byte)
         return t, (k.flops / (t * peak) if t > 0 else 0.0), name, source
 
     def membound(self, k: MemBound) -> float:

@@ -76,13 +76,17 @@ def _linear(
         saved = (f"{x[0]}.fp8", x[1] / d.act_bytes)
         fwd_cast = [MemBound(f"{name}.quantize_input", x[1] * (1 + 1 / d.act_bytes))]
         bwd_cast = [MemBound(f"{name}.quantize_grad", t * n * (d.act_bytes + 2.0))]
+    # the bias gradient: TE folds it into the weight-gradient GEMM's epilogue (or the fp8
+    # cast-transpose); Megatron-Core's own linears reduce the output gradient over tokens
+    # (grad_output.sum(0), or the autograd sum behind a fused bias-GeLU / bias-dropout-add)
+    bias_grad = [MemBound(f"{name}.bias_grad", t * n * d.act_bytes)] if bias and d.local else []
     return Op(
         name=name,
         module=module,
         layer=layer,
         fwd=(*fwd_cast, *fwd_before, Gemm(t, k, n, "TN", family=fam), *fwd_after),
         bwd_input=(*bwd_cast, *bwd_before, Gemm(t, n, k, "NN", family=fam), *bwd_after),
-        bwd_weight=(Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32", family=fam),),
+        bwd_weight=(Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32", family=fam), *bias_grad),
         saved=(saved,),
         input=(x,),
         fwd_transient=fwd_transient,
@@ -93,10 +97,14 @@ def _linear(
 
 
 def column_linear(
-    name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, bias: bool = False, te: bool = True
+    name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, bias: bool = False, te: bool = True,
+    bias_fused: bool = True,
 ) -> Op:
-    """Column-parallel linear: k inputs (full) -> n outputs on this rank."""
+    """Column-parallel linear: k inputs (full) -> n outputs on this rank. ``bias_fused``
+    False: the bias is added by its own kernel after the GEMM (Megatron-Core's local
+    linear without skip_bias_add: matmul, then ``output + bias``)."""
     full_in = d.act(k)
+    add = [MemBound(f"{name}.bias_add", 2 * d.act(n))] if bias and not bias_fused else []
     gathered = full_in if d.sp else 0.0
     gather = [Collective("all_gather", full_in, "tp")] if d.sp else []
     if d.sp:
@@ -104,7 +112,7 @@ def column_linear(
     else:
         reduce = [Collective("all_reduce", full_in, "tp")] if d.tp > 1 else []
     return _linear(
-        name, module, layer, d, x, k, n, fwd_before=gather, fwd_after=[], bwd_before=gather, bwd_after=reduce,
+        name, module, layer, d, x, k, n, fwd_before=gather, fwd_after=add, bwd_before=gather, bwd_after=reduce,
         fwd_transient=gathered, bwd_transient=d.act(n) + full_in + gathered, bias=bias, te=te,
     )
 
@@ -227,14 +235,21 @@ def math_attention(
     t = d.tokens
     # per head-batch GEMMs written as batched Gemm kernels (b = batch * heads)
     bh = b * a
+    # attention dropout over the s x s probabilities (torch's fused native dropout): forward
+    # reads the probabilities and writes the dropped ones and a 1-byte mask; backward reads
+    # the gradient and the mask and writes the gradient. A recompute runs the forward again.
+    drop_fwd = [MemBound(f"{name}.dropout", 2 * scores + elems)] if dropout else []
+    drop_bwd = [MemBound(f"{name}.dropout_bwd", 2 * scores + elems)] if dropout else []
     fwd = (
         Gemm(s, qk_dim, s, "TN", b=bh),
         MemBound(f"{name}.softmax", 2 * scores if fused_softmax else 2 * scores + 3 * elems * FP32),
+        *drop_fwd,
         Gemm(s, s, v_dim, "TN", b=bh),
     )
     bwd = (
         Gemm(s, v_dim, s, "NN", b=bh),
         Gemm(s, s, v_dim, "NT", b=bh),
+        *drop_bwd,
         MemBound(f"{name}.softmax_bwd", 3 * scores if fused_softmax else 3 * elems * FP32 + 2 * scores),
         Gemm(s, s, qk_dim, "NN", b=bh),
         Gemm(s, s, qk_dim, "NT", b=bh),
@@ -298,23 +313,36 @@ def gelu(name: str, layer: int, d: Dims, x: Tensor, ffn: int) -> Op:
 
 
 def dropout_add(name: str, module: str, layer: int, d: Dims, *, dropout: bool) -> Op:
-    """Residual add (with dropout when enabled) on the sequence-sharded hidden state."""
+    """Residual add (with dropout when enabled) on the sequence-sharded hidden state:
+    reads x and the residual, writes the sum (and the 1-byte dropout mask); backward of
+    the dropout reads the gradient and the mask and writes the gradient."""
     x = d.act(d.h, local=True)
-    saved: tuple[Tensor, ...] = ((f"{name}.mask", x / d.act_bytes),) if dropout else ()
+    mask = x / d.act_bytes
+    saved: tuple[Tensor, ...] = ((f"{name}.mask", mask),) if dropout else ()
     return Op(
         name=name,
         module=module,
         layer=layer,
-        fwd=(MemBound(f"{name}.fwd", 3 * x),),
-        bwd_input=(MemBound(f"{name}.bwd", 2 * x),) if dropout else (),
+        fwd=(MemBound(f"{name}.fwd", 3 * x + (mask if dropout else 0.0)),),
+        bwd_input=(MemBound(f"{name}.bwd", 2 * x + mask),) if dropout else (),
         saved=saved,
     )
 
 
 def embedding(d: Dims, vocab_local: int, position_rows: int = 0) -> Op:
-    """Vocab-parallel embedding: lookup, then all-reduce (or reduce-scatter with SP) over TP."""
+    """Vocab-parallel embedding: lookup, then all-reduce (or reduce-scatter with SP) over TP.
+
+    Learned absolute positions (Megatron's ``LanguageModelEmbedding``, replicated over TP):
+    the position lookup and its add to the word embeddings read two [tokens, h] tensors and
+    write one, and backward scatter-adds the gradient into the fp32 position-embedding
+    gradient as it does for the words."""
     full = d.act(d.h)
+    wgrad = full + d.tokens * d.h * FP32  # read the gradient, accumulate rows in fp32
     fwd: list = [MemBound("embedding.fwd", 2 * full)]
+    wgrads = [MemBound("embedding.wgrad", wgrad)]
+    if position_rows:
+        fwd.append(MemBound("embedding.position_add", 3 * full))
+        wgrads.append(MemBound("embedding.position_wgrad", wgrad))
     bwd_in: list = []
     if d.sp:
         fwd.append(Collective("reduce_scatter", full, "tp"))
@@ -328,7 +356,7 @@ def embedding(d: Dims, vocab_local: int, position_rows: int = 0) -> Op:
         layer=-1,
         fwd=tuple(fwd),
         bwd_input=tuple(bwd_in),
-        bwd_weight=(MemBound("embedding.wgrad", full + d.tokens * d.h * FP32),),
+        bwd_weight=tuple(wgrads),
         saved=(ids,),
         bwd_transient=full,
         params=(vocab_local + position_rows) * d.h,

@@ -24,11 +24,14 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     q = (f"{P}.q", d.act(q_w)) if rotary else mixed
     k = (f"{P}.k", d.act(kv_w)) if rotary else mixed
     out = (f"{P}.attn.out", d.act(q_w))
-    bias = model.add_bias_linear
     local = st.transformer_impl == "local"
+    bias = model.add_bias_linear
     ops = [
         blocks.norm(f"{P}.attn_norm", "attn_norm", layer, d, x_in, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
-        blocks.column_linear(f"{P}.qkv", "qkv", layer, d, ln_out, d.h, q_w + 2 * kv_w, bias=bias).with_(
+        # TE adds the QKV bias in the GEMM epilogue; the local linear adds it separately
+        # (FC1's bias goes with the fused bias-GeLU/SwiGLU, the row-parallel ones with the
+        # fused bias-dropout-add)
+        blocks.column_linear(f"{P}.qkv", "qkv", layer, d, ln_out, d.h, q_w + 2 * kv_w, bias=bias, bias_fused=not local).with_(
             output=mixed, **_replicated_kv(model, st, d.h, kv_w, bias)
         ),
     ]

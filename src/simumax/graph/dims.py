@@ -26,6 +26,7 @@ class Dims:
     vocab: int  # padded vocab per TP rank
     act_bytes: int  # bytes of one activation element (bf16: 2)
     fp8: bool  # TE linears run fp8 GEMMs
+    local: bool = False  # Megatron-Core's own modules (transformer_impl local), not TransformerEngine
 
     @classmethod
     def of(cls, model: ModelConfig, st: StrategyConfig) -> "Dims":
@@ -50,6 +51,7 @@ class Dims:
             vocab=model.padded_vocab(tp) // tp,
             act_bytes=st.dtype_bytes,
             fp8=st.fp8,
+            local=st.transformer_impl == "local",
         )
 
     def act(self, width: int, local: bool = False) -> float:

@@ -10,6 +10,15 @@ CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all2all", 
 Group = Literal["tp", "cp", "ep", "etp", "dp", "edp", "pp"]
 
 
+_IN_BYTES = {False: 2, True: 1}  # operand bytes: bf16/fp16, fp8
+_OUT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def gemm_bytes(m: int, k: int, n: int, in_bytes: int, out_bytes: int, accumulate: bool) -> float:
+    """Least HBM traffic of C[m, n] (+)= A[m, k] B[k, n]."""
+    return float((m * k + k * n) * in_bytes + m * n * out_bytes * (2 if accumulate else 1))
+
+
 @dataclass(frozen=True, slots=True)
 class Gemm:
     """C[m, n] = A[m, k] @ B[k, n]; m = tokens in fwd/dgrad, = out features in wgrad."""
@@ -26,6 +35,13 @@ class Gemm:
     @property
     def flops(self) -> float:
         return 2.0 * self.b * self.m * self.k * self.n
+
+    @property
+    def bytes(self) -> float:
+        """HBM traffic at the least: both operands read once, the output written (and read
+        too when accumulating); operands 1 B in the fp8 family, else 2."""
+        return self.b * gemm_bytes(self.m, self.k, self.n, _IN_BYTES[self.family.startswith("fp8")],
+                                   _OUT_BYTES.get(self.out_dtype, 2), self.accumulate)
 
     @property
     def key(self) -> str:
@@ -60,6 +76,18 @@ class GroupGemm:
     @property
     def flops(self) -> float:
         return 2.0 * self.ng * self.M * self.N * self.K
+
+    @property
+    def bytes(self) -> float:
+        """Least HBM traffic over all groups (the product this stage runs, see ``Gemm.bytes``)."""
+        M, N, K, inb = self.M, self.N, self.K, _IN_BYTES[self.dtype == "fp8"]
+        if self.stage == "fwd":  # [M, K] @ [K, N]
+            one = gemm_bytes(M, K, N, inb, 2, False)
+        elif self.stage == "bwd_grad_act":  # dY [M, N] @ W^T [N, K]
+            one = gemm_bytes(M, N, K, inb, 2, False)
+        else:  # X^T [K, M] @ dY [M, N], accumulated into the main grad
+            one = gemm_bytes(K, M, N, inb, _OUT_BYTES.get(self.main_grad_dtype, 4), True)
+        return self.ng * one
 
     @property
     def key(self) -> str:

@@ -149,6 +149,11 @@ def simulate_iteration(est: "Estimate") -> IterationRun:
                 red = "reduce_scatter" if st.zero_state >= 1 else "all_reduce"
                 comm[r].append(Event(r, "comm", f"{b.group} {red} grads", s, comm_free[r], "grad_sync", c.vstage))
                 slow += usage[b.group] * _overlap([(s, comm_free[r])], compute_iv)
+        tied = est.embedding_grad_sync[r]
+        if tied:  # after every DP reduce of the rank (finalize_model_grads' order)
+            s = max(compute_end, comm_free[r])
+            comm_free[r] = s + tied
+            comm[r].append(Event(r, "comm", "pp all_reduce tied embedding grads", s, comm_free[r], "grad_sync"))
         grads_done.append(max(compute_end + slow, comm_free[r]))
         all_events.append(evs)
         end_bwd.append(compute_end)
