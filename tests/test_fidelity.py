@@ -162,3 +162,94 @@ def test_local_linears_pay_their_bias_kernels() -> None:
     for name, n in (("L0.qkv", 3 * h), ("L0.attn_proj", h), ("L0.fc1", 4 * h), ("L0.fc2", h)):
         assert [k.bytes for k in _op(local, name).bwd_weight if isinstance(k, MemBound)] == [tokens * n * 2]
         assert not [k for k in _op(te, name).bwd_weight if isinstance(k, MemBound)]  # TE: GEMM epilogue
+
+
+# ---- FP8 as each recipe runs --------------------------------------------------------------
+import logging  # noqa: E402
+
+from simumax.errors import ConfigError  # noqa: E402
+from simumax.graph import fp8  # noqa: E402
+
+
+def _llama(**model) -> ModelConfig:
+    return ModelConfig(**{"hidden_size": 1024, "head_num": 16, "kv_head_num": 4, "intermediate_size": 2048, "layer_num": 2,
+                          "vocab_size": 32000, "use_swiglu": True, **model})
+
+
+@pytest.mark.parametrize(("recipe", "per_elem"), [
+    ("delayed", 2 + 1 + 1),  # read bf16, write fp8 row-wise + column-wise (fused amax)
+    ("tensorwise", 2 + 2 + 1 + 1),  # + the amax pass before the cast
+    ("blockwise", 2 + 2 * (1 + 4 / 128)),  # + one fp32 scale per 1 x 128 tile, both layouts
+    ("mxfp8", 2 + 2 * (1 + 1 / 32)),  # + one E8M0 byte per 32 elements, both layouts
+])
+def test_fp8_quantize_bytes_per_recipe(recipe: str, per_elem: float) -> None:
+    est = _est(_llama(), "b200-sxm-180gb", fp8=True, fp8_recipe=recipe, seq_len=1024, micro_batch_size=1)
+    tokens, h, ffn = 1024, 1024, 2048
+    fc1 = _op(est, "L0.fc1")
+    assert [k.bytes for k in fc1.fwd if isinstance(k, MemBound)] == [pytest.approx(tokens * h * per_elem)]
+    assert [k.bytes for k in fc1.bwd_input if isinstance(k, MemBound)] == [pytest.approx(tokens * 2 * ffn * per_elem)]
+    r = fp8.recipe(recipe)
+    assert fc1.saved[0][1] == pytest.approx(tokens * h * (1 + r.act_scale_bytes))  # the column-wise fp8 input
+    assert all(k.family == "fp8_matmul" for k in fc1.fwd + fc1.bwd_input + fc1.bwd_weight if isinstance(k, Gemm))
+
+
+def test_fp8_weight_cast_once_per_iteration_or_per_micro_batch() -> None:
+    cached = _est(_llama(), "h100-sxm-80gb", fp8=True, micro_batch_num=4)
+    per_mb = _est(_llama(), "h100-sxm-80gb", fp8=True, micro_batch_num=4, fp8_weight_caching=False)
+    fc2 = _op(per_mb, "L0.fc2")
+    assert [k.bytes for k in fc2.fwd if isinstance(k, MemBound) and k.name.endswith("cast_weight")] == [2048 * 1024 * 4.0]
+    assert not [k for k in _op(cached, "L0.fc2").fwd if isinstance(k, MemBound) and k.name.endswith("cast_weight")]
+    # cached: one cast of every TE-linear weight per iteration, with the step
+    linear_params = sum(o.params for o in cached.stages[0].ops if o.weight_shapes)
+    no_fp8 = _est(_llama(), "h100-sxm-80gb", micro_batch_num=4)
+    extra = cached.optimizer_passes[0][1] - no_fp8.optimizer_passes[0][1]
+    line = cached.compute_model.membound(MemBound("x", linear_params * 4.0)) - cached.compute_model.membound(MemBound("x", 0.0))
+    assert extra == pytest.approx(line + cached.compute_model.membound(MemBound("x", 0.0)))
+
+
+def test_delayed_scaling_reduces_amaxes_once_per_chunk_and_pass() -> None:
+    est = _est(_llama(layer_num=4), "h100-sxm-80gb", fp8=True, world_size=8, pp_size=2, micro_batch_num=4)
+    amax = [o for c in est.chunks for o in c.ops if o.module == "fp8_amax"]
+    assert len(amax) == len(est.chunks) == 2
+    linears = sum(1 for o in est.chunks[0].ops if o.weight_shapes)
+    assert amax[0].fwd == amax[0].bwd_input == (Collective("all_reduce", 3 * 4.0 * linears, "dp"),)
+    other = _est(_llama(layer_num=4), "h100-sxm-80gb", fp8=True, fp8_recipe="tensorwise", world_size=8, pp_size=2,
+                 micro_batch_num=4, tp_size=2, enable_sequence_parallel=True)
+    assert not [o for c in other.chunks for o in c.ops if o.module == "fp8_amax"]
+    # current scaling of sequence-parallel inputs all-reduces each amax over TP first
+    assert Collective("all_reduce", 4.0, "tp") in _op(other, "L0.qkv").fwd
+    assert Collective("all_reduce", 4.0, "tp") in _op(other, "L0.fc2").bwd_input
+
+
+def test_fp8_needs_a_peak_and_a_device_that_runs_the_recipe(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(ConfigError, match="fp8: system 'a100-sxm-80gb' has no FP8 peak"):
+        _est(_llama(), "a100-sxm-80gb", fp8=True)
+    with pytest.raises(ConfigError, match="fp8_recipe: mxfp8 needs Blackwell"):
+        _est(_llama(), "h100-sxm-80gb", fp8=True, fp8_recipe="mxfp8")
+    with pytest.raises(ConfigError, match="fp8_recipe: blockwise needs Hopper"):
+        _est(_llama(), "mi300x", fp8=True, fp8_recipe="blockwise")
+    _est(_llama(), "b200-sxm-180gb", fp8=True, fp8_recipe="mxfp8")
+    # a file claiming an FP8 peak for a device without FP8 units runs, warning once per system
+    y = load_system("a100_pcie")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            Estimate(_llama(), StrategyConfig(seq_len=1024, fp8=True), y)
+    lines = [r.getMessage() for r in caplog.records if "FP8" in r.getMessage()]
+    assert len(lines) == 1 and "accelerator.op.fp8_matmul.tflops" in lines[0] and "a100_pcie" in lines[0]
+
+
+def test_fp8_gemm_gains_less_on_small_shapes() -> None:
+    """Hopper fp8 from the bf16 shape: large GEMMs gain p8·e8 / (p16·e16) over bf16, small
+    ones (fixed costs a bf16 kernel already pays) gain less."""
+    y = load_system("h100-sxm-80gb")
+    cm = ComputeModel(y)
+    p16, e16 = y.accelerator.op["matmul"].tflops, y.accelerator.op["matmul"].efficient_factor
+    p8, e8 = y.accelerator.op["fp8_matmul"].tflops, y.accelerator.op["fp8_matmul"].efficient_factor
+
+    def gain(m: int, k: int, n: int) -> float:
+        return cm.compute(Gemm(m, k, n, "TN"))[0] / cm.compute(Gemm(m, k, n, "TN", family="fp8_matmul"))[0]
+
+    big, small = gain(8192, 8192, 8192), gain(256, 256, 256)
+    print(f"\nfp8 over bf16 on H100: 8192^3 {big:.2f}x, 256^3 {small:.2f}x (asymptote {p8 * e8 / (p16 * e16):.2f}x)")
+    assert 1.0 < small < big <= p8 * e8 / (p16 * e16) * (1 + 1e-9)
+    assert big > 1.5

@@ -22,7 +22,8 @@ from simumax.graph.model_graph import build_virtual_stages, merge_chunks
 from simumax.graph.ops import Stage
 from simumax.graph.params import ParamCount, count_params
 from simumax.memory.activation_walk import WalkResult
-from simumax.memory.model_states import model_states, optimizer_bytes_per_param, shard_params
+from simumax.graph import fp8
+from simumax.memory.model_states import fp8_weight_params, model_states, optimizer_bytes_per_param, shard_params
 from simumax.report.results import CostResult, MemResult, StageCost, StageMemory
 from simumax.memory.schedule_walk import RankActivations, walk_schedule
 from simumax.profiles import LayerProfiles, ProfileCache
@@ -206,6 +207,11 @@ class Estimate:
                 MemBound("optimizer.copy_params", shard * (4 + st.dtype_bytes)),
                 MemBound("optimizer.zero_grad", stage.params * g),
             ]
+            if st.fp8 and st.fp8_weight_caching:
+                # the fp8 weight copies are cast once per iteration (in the first micro-batch's
+                # forward, after this step's new weights): counted with the step, per rank
+                r = fp8.recipe(st.fp8_recipe)
+                after.append(MemBound("fp8.cast_weights", fp8.weight_cast_bytes(r, fp8_weight_params(stage), st.dtype_bytes)))
             out.append((sum(map(cost, before)), sum(map(cost, after))))
         return out
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from simumax.errors import ConfigError
 
@@ -51,13 +51,29 @@ class ConfigBase(BaseModel):
     """Strict pydantic model: unknown fields are errors, assignments are validated."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    _source: str | None = PrivateAttr(None)  # the file (or override) it was loaded from
+
+    @property
+    def source(self) -> str | None:
+        return self._source
+
+    def __eq__(self, other: object) -> bool:
+        """Equal values are equal configs, wherever they were loaded from (pydantic would
+        also compare the private load-time attributes)."""
+        if type(self) is not type(other):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as pydantic's models
 
     @classmethod
     def init_from_dict(cls, data: dict[str, Any], source: str | None = None) -> Self:
         try:
-            return cls.model_validate(data)
+            obj = cls.model_validate(data)
         except ValidationError as exc:
             raise config_error_from(exc, source) from None
+        obj._source = source
+        return obj
 
     @classmethod
     def init_from_config_file(cls, path: str | Path) -> Self:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
+from simumax.config.hardware import datasheet
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def stage_layer_counts(model: ModelConfig, st: StrategyConfig) -> list[int]:
@@ -64,7 +69,35 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
     if st.pp_size > model.layer_num:
         raise ConfigError("pp_size", f"must be <= layer_num ({model.layer_num})")
     stage_layer_counts(model, st)
+    if st.fp8:
+        check_fp8(st, system)
     for name in ("tp_net", "cp_net", "ep_net", "etp_net", "dp_net", "pp_net"):
         tier = getattr(st, name)
         if tier is not None and tier not in system.networks.tiers:
             raise ConfigError(name, f"unknown network tier {tier!r}; system has {sorted(system.networks.tiers)}")
+
+
+def check_fp8(st: StrategyConfig, system: SystemConfig) -> None:
+    """FP8 needs an FP8 peak in the system, and a device whose tensor cores run the recipe.
+
+    A system file may claim an FP8 peak for a device without FP8 units (SimuMax's
+    ``a100_pcie`` gives 624 TFLOP/s): it runs as the file says, with one warning per system."""
+    ops = system.accelerator.op
+    spec = ops.get("fp8_matmul")
+    if spec is None or spec.tflops <= 0:
+        raise ConfigError("fp8", f"system {system.sys_name!r} has no FP8 peak (accelerator.op.fp8_matmul); turn fp8 off")
+    sheet = datasheet(system.sys_name)
+    if sheet is None:
+        return
+    if not sheet.fp8_recipes:
+        if system.first_warning("fp8_peak"):
+            log.warning(
+                "%s: accelerator.op.fp8_matmul.tflops claims an FP8 peak (%g TFLOP/s) but %s has no FP8 units; running as the file says",
+                system.source or system.sys_name, spec.tflops, sheet.match,
+            )
+        return
+    if st.fp8_recipe not in sheet.fp8_recipes:
+        raise ConfigError(
+            "fp8_recipe", f"{st.fp8_recipe} needs {'Blackwell' if st.fp8_recipe == 'mxfp8' else 'Hopper or later'}; "
+            f"{system.sys_name} is {sheet.match} ({sheet.arch}: {', '.join(sheet.fp8_recipes)})",
+        )

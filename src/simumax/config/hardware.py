@@ -28,26 +28,44 @@ class Datasheet:
     bf16_tflops: float  # dense
     hbm_gbps: float
     scaleup_gbps: float  # per GPU, one direction: NVLink / Infinity Fabric, PCIe for PCIe cards
+    arch: str = ""  # ampere, ada, hopper, blackwell, cdna3: which FP8 recipes its tensor cores run
 
+    @property
+    def fp8_recipes(self) -> tuple[str, ...]:
+        return FP8_RECIPES_BY_ARCH.get(self.arch, ())
+
+
+# FP8 tensor cores: none on Ampere; per-tensor scaling from Ada / Hopper / CDNA3; 1 x 128
+# block scales (DeepSeek-V3 / TE Float8BlockScaling) need Hopper's TMA-era GEMMs; MX
+# block scaling is Blackwell's (its tensor cores apply the E8M0 scales)
+FP8_RECIPES_BY_ARCH = {
+    "ampere": (),
+    "ada": ("delayed", "tensorwise"),
+    "cdna3": ("delayed", "tensorwise"),
+    "hopper": ("delayed", "tensorwise", "blockwise"),
+    "blackwell": ("delayed", "tensorwise", "blockwise", "mxfp8"),
+}
 
 DATASHEETS = (
-    Datasheet("H200", 989.4, 4800.0, 450.0),
-    Datasheet("H100 PCIe", 756.0, 2000.0, 64.0),
-    Datasheet("H100", 989.4, 3350.0, 450.0),
-    Datasheet("H800", 989.4, 3350.0, 200.0),
-    Datasheet("GB200", 2500.0, 8000.0, 900.0),
-    Datasheet("B200", 2250.0, 8000.0, 900.0),
-    Datasheet("A100-PCIE", 312.0, 1935.0, 32.0),
-    Datasheet("A100", 312.0, 2039.0, 300.0),
-    Datasheet("A800", 312.0, 2039.0, 200.0),
-    Datasheet("L40S", 362.0, 864.0, 32.0),
-    Datasheet("MI300X", 1307.4, 5300.0, 448.0),
+    Datasheet("H200", 989.4, 4800.0, 450.0, "hopper"),
+    Datasheet("H100 PCIe", 756.0, 2000.0, 64.0, "hopper"),
+    Datasheet("H100", 989.4, 3350.0, 450.0, "hopper"),
+    Datasheet("H800", 989.4, 3350.0, 200.0, "hopper"),
+    Datasheet("GB200", 2500.0, 8000.0, 900.0, "blackwell"),
+    Datasheet("B200", 2250.0, 8000.0, 900.0, "blackwell"),
+    Datasheet("A100-PCIE", 312.0, 1935.0, 32.0, "ampere"),
+    Datasheet("A100", 312.0, 2039.0, 300.0, "ampere"),
+    Datasheet("A800", 312.0, 2039.0, 200.0, "ampere"),
+    Datasheet("L40S", 362.0, 864.0, 32.0, "ada"),
+    Datasheet("MI300X", 1307.4, 5300.0, 448.0, "cdna3"),
 )
 
 
 def datasheet(device_name: str) -> Datasheet | None:
-    """The datasheet row of a device name (e.g. torch.cuda.get_device_name()), else None."""
-    return next((d for d in DATASHEETS if d.match.lower() in device_name.lower()), None)
+    """The datasheet row of a device name (e.g. torch.cuda.get_device_name(), or a system
+    name such as ``a100_pcie_bf16``: underscores read as dashes), else None."""
+    name = device_name.lower().replace("_", "-")
+    return next((d for d in DATASHEETS if d.match.lower() in name), None)
 
 
 def _sheet(match: str) -> Datasheet:
@@ -75,6 +93,10 @@ class Gpu:
     # (kernels.Attention.table_flops): 2.0 for our own measurements and asymptotes;
     # the B200 numbers are SimuMax's tables and asymptotes, measured at 2.5
     attn_bwd_flops_ratio: float = 2.0
+    # sustained fp8 GEMM fraction of the fp8 peak for large problems (the fp8 families'
+    # asymptote; shapes follow the bf16 family, cost/efficiency.ComputeModel._fp8_from_bf16);
+    # None: the bf16 fraction. Devices without fp8 units (fp8_tflops 0) get no fp8 families.
+    fp8_gemm_eff: float | None = None
 
     @property
     def bf16_tflops(self) -> float:
@@ -97,14 +119,22 @@ NIC_EFF = {"all_reduce": 0.85, "all_gather": 0.85, "reduce_scatter": 0.85, "all2
 SCALEUP_FIXED_US, SCALEUP_STEP_US = 8.0, 2.0
 NIC_FIXED_US, NIC_STEP_US = 20.0, 5.0
 
+# Hopper fp8 GEMMs sustain ~1.3 PFLOP/s of the 1979 datasheet peak on large problems
+# (cuBLAS 12 / CUTLASS 3 results published for H100 SXM: ~1,300-1,350 TFLOP/s fp8 vs
+# ~750 bf16 at 8192^3): the tensor cores draw more power per clock in fp8 and the 700 W
+# limit lowers the clock, so fp8 reaches ~0.67 of its peak where bf16 reaches ~0.72-0.76.
+H100_FP8_GEMM_EFF = 0.67
+
 GPUS = (
-    Gpu("a100-sxm-80gb", _sheet("A100"), 312.0, 80.0, 108, 8, 25.0, 0.80, 0.65, 0.95, 0.75, 0.85, NVLINK_EFF,
-        note="A100 SXM4 80GB; no FP8 (fp8 families run at the bf16 peak); HDR 200 Gb/s per GPU"),
+    Gpu("a100-sxm-80gb", _sheet("A100"), 0.0, 80.0, 108, 8, 25.0, 0.80, 0.65, 0.95, 0.75, 0.85, NVLINK_EFF,
+        note="A100 SXM4 80GB; no FP8 units (no fp8 families: fp8 is refused); HDR 200 Gb/s per GPU"),
     Gpu("h100-sxm-80gb", _sheet("H100"), 1978.9, 79.65, 132, 8, 50.0, 0.72, 0.70, 0.93, 0.60, 0.90, NVLINK_EFF,
-        measured_base="nvidia_h100_80gb_hbm3", note="H100 SXM5; NDR 400 Gb/s per GPU; tables measured (docs/calibration.md)"),
+        measured_base="nvidia_h100_80gb_hbm3", note="H100 SXM5; NDR 400 Gb/s per GPU; tables measured (docs/calibration.md)",
+        fp8_gemm_eff=H100_FP8_GEMM_EFF),
     Gpu("h200-sxm-141gb", _sheet("H200"), 1978.9, 140.4, 132, 8, 50.0, 0.74, 0.70, 0.93, 0.62, 0.90, NVLINK_EFF,
         measured_base="nvidia_h100_80gb_hbm3",
-        note="H200 SXM: the H100's SMs, clocks and 700 W with HBM3e, so the H100 compute tables; NDR 400 Gb/s per GPU"),
+        note="H200 SXM: the H100's SMs, clocks and 700 W with HBM3e, so the H100 compute tables; NDR 400 Gb/s per GPU",
+        fp8_gemm_eff=H100_FP8_GEMM_EFF),
     Gpu("b200-sxm-180gb", _sheet("B200"), 4500.0, 179.06, 148, 8, 50.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
         measured_base="b200_bf16_ceperm", note="B200 (HGX/DGX B200); reference measured tables, true memory; 400 Gb/s per GPU",
         attn_bwd_flops_ratio=2.5),
@@ -143,10 +173,14 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
         "group_matmul": _family(gpu.bf16_tflops, gpu.group_gemm_eff, tables.get("group_matmul")),
         "sdp_fwd": _family(gpu.bf16_tflops, gpu.attn_fwd_eff, tables.get("sdp_fwd")),
         "sdp_bwd": {**_family(gpu.bf16_tflops, gpu.attn_bwd_eff, tables.get("sdp_bwd")), "bwd_flops_ratio": gpu.attn_bwd_flops_ratio},
-        # fp8 tables are rarely measured: 0 means "the bf16 efficiency of the same shape"
-        "fp8_matmul": _family(gpu.fp8_tflops, 0.0, tables.get("fp8_matmul")),
-        "fp8_group_matmul": _family(gpu.fp8_tflops, 0.0, tables.get("fp8_group_matmul")),
     }
+    if gpu.fp8_tflops > 0:
+        # fp8 tables are rarely measured: the fp8 families take each shape's efficiency from
+        # the bf16 one, with the fp8 asymptote (fp8_gemm_eff; the bf16 fraction when unknown)
+        fp8_eff = gpu.fp8_gemm_eff if gpu.fp8_gemm_eff is not None else gpu.gemm_eff
+        ops["fp8_matmul"] = _family(gpu.fp8_tflops, fp8_eff, tables.get("fp8_matmul"))
+        ops["fp8_group_matmul"] = _family(gpu.fp8_tflops, round(gpu.group_gemm_eff * fp8_eff / gpu.gemm_eff, 4),
+                                          tables.get("fp8_group_matmul"))
     bandwidth = {"default": {"efficient_factor": gpu.hbm_eff, "gbps": gpu.hbm_gbps, "latency_us": 5.0}}
     if measured is not None:  # measured memory-bound families (permute, cross-entropy) keep their fits
         for fam, spec in measured["accelerator"]["bandwidth"].items():

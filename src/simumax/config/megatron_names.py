@@ -41,6 +41,7 @@ VALUED: dict[str, tuple[str, str, type]] = {
     "--recompute-num-layers": ("s", "recompute_layer_num", int),
     "--cp-comm-type": ("s", "cp_comm_type", str),
     "--transformer-impl": ("s", "transformer_impl", str),
+    "--fp8-recipe": ("s", "fp8_recipe", str),
 }
 # flag -> (target, field, the value the flag sets)
 SWITCHES: dict[str, tuple[str, str, Any]] = {

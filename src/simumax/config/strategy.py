@@ -31,6 +31,16 @@ class StrategyConfig(ConfigBase):
         description="FP8 GEMMs in TransformerEngine linears (fp8_matmul / fp8_group_matmul tables), with input/"
         "grad quantize kernels, fp8 saved inputs and fp8 weight copies; LM head, router and attention stay bf16.",
     )
+    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] = Field(
+        "delayed",
+        description="TE FP8 recipe (Megatron --fp8-recipe): delayed scaling, tensorwise current scaling, blockwise "
+        "(1x128 / 128x128 scales, Hopper+) or mxfp8 (Blackwell); sets the quantize kernels, scales and amax reductions.",
+    )
+    fp8_weight_caching: bool = Field(
+        True,
+        description="FP8: TE casts each weight once per iteration and reuses it across micro-batches (Megatron passes "
+        "is_first_microbatch); false: the weights are cast in every micro-batch's forward.",
+    )
     cache_groupgemm_col_fp8_inputs: bool = Field(
         False, description="FP8: grouped (expert) linears keep their fp8 column-wise input instead of the bf16 one."
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, PositiveFloat, PositiveInt, model_serializer, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, PrivateAttr, model_serializer, model_validator
 
 from simumax.config.base import ConfigBase
 from simumax.errors import ConfigError
@@ -130,6 +130,14 @@ class SystemConfig(ConfigBase):
     accelerator: AcceleratorConfig
     networks: NetworksConfig
     FC8: bool = Field(False, description="SimuMax flag kept for compatibility; no effect.")
+    _warned: set[str] = PrivateAttr(default_factory=set)
+
+    def first_warning(self, key: str) -> bool:
+        """True the first time ``key`` is asked of this config: a warning about a loaded
+        system is logged once, not once per estimate of a search."""
+        new = key not in self._warned
+        self._warned.add(key)
+        return new
 
     @model_validator(mode="after")
     def _tiers(self) -> "SystemConfig":

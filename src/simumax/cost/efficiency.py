@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from simumax.config.system import SystemConfig
-from simumax.cost.efficiency_fit import TableFit, default_curve, parse_key
+from simumax.cost.efficiency_fit import TableFit, default_curve, parse_key, wave_fraction
 from simumax.graph.kernels import Attention, Gemm, GroupGemm, MemBound
 
 ComputeKernel = Gemm | GroupGemm | Attention
@@ -69,22 +69,42 @@ class ComputeModel:
         return fit
 
     def _efficiency(self, name: str, key: str) -> tuple[float, str]:
-        """(efficiency, source) for a configured family and shape key. An fp8 family with
-        neither a measured entry nor its own default (SimuMax files give 0) uses the bf16
-        family's efficiency for the same shape, against the fp8 peak."""
+        """(efficiency, source) for a configured family and shape key.
+
+        An fp8 family without a table of its own derives its shape's efficiency from the
+        bf16 family's (``_fp8_from_bf16``); with no default of its own either (SimuMax files
+        give 0) the bf16 efficiency of the same shape applies against the fp8 peak."""
         ops = self.acc.op
         spec = ops[name]
         eff = spec.accurate_efficient_factor.get(key)
         if eff is not None:
             return eff, "measured"
-        if name.startswith("fp8_") and spec.efficient_factor <= 0 and not spec.accurate_efficient_factor:
+        if name.startswith("fp8_") and not spec.accurate_efficient_factor:
             base = self._family(name[4:])
             eff, src = self._efficiency(base, key)
+            if spec.efficient_factor > 0 and base != "default":
+                eff = self._fp8_from_bf16(spec.tflops, spec.efficient_factor, ops[base].tflops,
+                                          ops[base].efficient_factor, eff, key)
             return eff, "fitted" if src == "measured" else src  # a bf16 measurement stands in
         fitted = self._fit(name).predict(key)  # None when the table has too little to fit
         if fitted is not None:
             return fitted, "fitted"
         return default_curve(parse_key(key)[1], spec.efficient_factor, self.acc.sm_count), "default"
+
+    def _fp8_from_bf16(self, p8: float, e8: float, p16: float, e16_asym: float, e16: float, key: str) -> float:
+        """An fp8 GEMM's efficiency (against the fp8 peak ``p8``) from the bf16 one of the
+        same shape: the bf16 time splits into the math a full wave of tiles runs at the bf16
+        asymptote, F / (p16 · e16_asym · wave), and the rest (fill and drain, prologue,
+        epilogue, launch: what small problems pay); fp8 runs the math at its own sustained
+        rate, F / (p8 · e8 · wave), and pays the rest unchanged. So small N or K gain little
+        over bf16 and large GEMMs gain p8·e8 / (p16·e16_asym)."""
+        if e16 <= 0 or e16_asym <= 0:
+            return e16
+        wave = wave_fraction(parse_key(key)[1], self.acc.sm_count)
+        per_flop16 = 1.0 / (p16 * e16)
+        math16 = min(per_flop16, 1.0 / (p16 * e16_asym * wave))
+        per_flop8 = 1.0 / (p8 * e8 * wave) + (per_flop16 - math16)
+        return 1.0 / (p8 * per_flop8)
 
     def compute(self, k: ComputeKernel) -> tuple[float, float]:
         """(seconds, achieved efficiency on model FLOPs) of one GEMM or attention kernel."""

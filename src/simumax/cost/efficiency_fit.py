@@ -54,16 +54,22 @@ def _gemm_dims(s: dict[str, float]) -> tuple[float, float, float, float]:
     return q, kv, s["qk_head_dim"], 2.0 * bh * q * kv * (s["qk_head_dim"] + s["v_head_dim"])
 
 
+def wave_fraction(sizes: dict[str, float], sm_count: int | None) -> float:
+    """Busy share of the SMs over the kernel's waves of 128 x 256 output tiles (1 when the
+    SM count is unknown, and for flash attention, which tiles over batch, heads and sequence)."""
+    if not sm_count or "seq_len" in sizes:
+        return 1.0
+    rows, cols, _, _ = _gemm_dims(sizes)
+    groups = sizes.get("b", 1) * sizes.get("ng", 1)
+    tiles = groups * math.ceil(rows / TILE_M) * math.ceil(cols / TILE_N)
+    return tiles / (math.ceil(tiles / sm_count) * sm_count)
+
+
 def baseline(sizes: dict[str, float], sm_count: int | None) -> float:
     """Wave quantisation x size saturation, 1 for a large well-shaped GEMM."""
-    rows, cols, _, flops = _gemm_dims(sizes)
-    wave = 1.0
-    if sm_count and "seq_len" not in sizes:  # flash attention tiles over (batch, heads, seq) instead
-        groups = sizes.get("b", 1) * sizes.get("ng", 1)
-        tiles = groups * math.ceil(rows / TILE_M) * math.ceil(cols / TILE_N)
-        wave = tiles / (math.ceil(tiles / sm_count) * sm_count)
+    flops = _gemm_dims(sizes)[3]
     sat = flops / (flops + F_HALF)
-    return wave * sat / (F_REF / (F_REF + F_HALF))
+    return wave_fraction(sizes, sm_count) * sat / (F_REF / (F_REF + F_HALF))
 
 
 def default_curve(sizes: dict[str, float], asymptote: float, sm_count: int | None) -> float:

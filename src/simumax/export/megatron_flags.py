@@ -54,7 +54,7 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     if st.dtype in ("bf16", "fp16"):
         f.append(switch_flag("s", "dtype", st.dtype))
     if st.fp8:
-        f.append("--fp8-format hybrid")
+        f += ["--fp8-format hybrid", _s("fp8_recipe", st.fp8_recipe)]
     if st.use_flash_sdp:
         f.append(switch_flag("s", "use_flash_sdp"))
     if st.cross_entropy_loss_fusion:

@@ -16,6 +16,7 @@ place TP collectives and what they save is described here once (see docs/modelin
 
 from __future__ import annotations
 
+from simumax.graph import fp8
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import Attention, Collective, Gemm, MemBound
 from simumax.graph.ops import Op, Tensor
@@ -71,11 +72,16 @@ def _linear(
     bwd_cast: list = []
     if d.fp8 and te:
         # quantize the input (kept in fp8 for the weight gradient) and, in backward, the
-        # output gradient in both layouts; the bf16 input is not kept by this op
+        # output gradient, each in both layouts, as the recipe does (graph/fp8.py); the
+        # bf16 input is not kept by this op
+        r = fp8.recipe(d.fp8_recipe)
         fam = "fp8_matmul"
-        saved = (f"{x[0]}.fp8", x[1] / d.act_bytes)
-        fwd_cast = [MemBound(f"{name}.quantize_input", x[1] * (1 + 1 / d.act_bytes))]
-        bwd_cast = [MemBound(f"{name}.quantize_grad", t * n * (d.act_bytes + 2.0))]
+        x_elems = x[1] / d.act_bytes
+        saved = (f"{x[0]}.fp8", fp8.saved_input_bytes(r, x_elems))
+        fwd_cast = [MemBound(f"{name}.quantize_input", fp8.quantize_bytes(r, x_elems, d.act_bytes))]
+        if not d.fp8_weight_caching:
+            fwd_cast.append(MemBound(f"{name}.cast_weight", fp8.weight_cast_bytes(r, k * n, d.act_bytes)))
+        bwd_cast = [MemBound(f"{name}.quantize_grad", fp8.quantize_bytes(r, t * n, d.act_bytes))]
     # the bias gradient: TE folds it into the weight-gradient GEMM's epilogue (or the fp8
     # cast-transpose); Megatron-Core's own linears reduce the output gradient over tokens
     # (grad_output.sum(0), or the autograd sum behind a fused bias-GeLU / bias-dropout-add)
@@ -96,6 +102,10 @@ def _linear(
     )
 
 
+def _current_scaling(d: Dims) -> bool:
+    return d.fp8 and fp8.recipe(d.fp8_recipe).amax_pass
+
+
 def column_linear(
     name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, bias: bool = False, te: bool = True,
     bias_fused: bool = True,
@@ -107,6 +117,10 @@ def column_linear(
     add = [MemBound(f"{name}.bias_add", 2 * d.act(n))] if bias and not bias_fused else []
     gathered = full_in if d.sp else 0.0
     gather = [Collective("all_gather", full_in, "tp")] if d.sp else []
+    if d.sp and te and _current_scaling(d):
+        # current scaling of a sequence-sharded input: its amax is all-reduced over TP
+        # before the cast, so every rank quantizes the gathered tensor with one scale
+        gather = [Collective("all_reduce", fp8.AMAX_BYTES_PER_TENSOR, "tp"), *gather]
     if d.sp:
         reduce = [Collective("reduce_scatter", full_in, "tp")]
     else:
@@ -122,6 +136,8 @@ def row_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n
     full_out = d.act(n)
     if d.sp:
         reduce, gather = [Collective("reduce_scatter", full_out, "tp")], [Collective("all_gather", full_out, "tp")]
+        if _current_scaling(d):  # the output gradient arrives sequence-sharded: amax over TP
+            gather = [Collective("all_reduce", fp8.AMAX_BYTES_PER_TENSOR, "tp"), *gather]
     else:
         reduce, gather = ([Collective("all_reduce", full_out, "tp")] if d.tp > 1 else []), []
     op = _linear(

@@ -27,6 +27,8 @@ class Dims:
     act_bytes: int  # bytes of one activation element (bf16: 2)
     fp8: bool  # TE linears run fp8 GEMMs
     local: bool = False  # Megatron-Core's own modules (transformer_impl local), not TransformerEngine
+    fp8_recipe: str = "delayed"  # graph/fp8.RECIPES
+    fp8_weight_caching: bool = True  # weights cast once per iteration, not per micro-batch
 
     @classmethod
     def of(cls, model: ModelConfig, st: StrategyConfig) -> "Dims":
@@ -52,6 +54,8 @@ class Dims:
             act_bytes=st.dtype_bytes,
             fp8=st.fp8,
             local=st.transformer_impl == "local",
+            fp8_recipe=st.fp8_recipe,
+            fp8_weight_caching=st.fp8_weight_caching,
         )
 
     def act(self, width: int, local: bool = False) -> float:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from simumax.config.checks import stage_layer_counts
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
-from simumax.graph import blocks
+from simumax.graph import blocks, fp8
 from simumax.graph.dense_layer import attention_ops, mlp_ops
 from simumax.graph.dims import Dims
+from simumax.graph.kernels import Collective
 from simumax.graph.ops import Op, Stage
 from simumax.graph.placement import virtual_stage_places
 from simumax.graph.mla import mla_attention_ops
@@ -41,6 +42,22 @@ def layer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int) -> li
     a[-1] = a[-1].with_(output=x_mid)
     m[-1] = m[-1].with_(output=(f"L{layer + 1}.x", x_in[1]))
     return a + m
+
+
+def _fp8_amax_reduction(st: StrategyConfig, d: Dims, ops: list[Op], vstage: int) -> Op | None:
+    """Delayed scaling: at the end of each forward and backward of an fp8_autocast region
+    (Megatron wraps each TransformerBlock, i.e. model chunk) TE all-reduces the amaxes of
+    its fp8 tensors (input, weight, output gradient of each fp8 linear: one fp32 each) over
+    the amax-reduction group, data x tensor x context parallel; costed on the DP group (the
+    widest part of it), or TP without data parallelism."""
+    if not st.fp8 or not fp8.recipe(st.fp8_recipe).history_amax:
+        return None
+    linears = sum(1 for o in ops if o.weight_shapes)
+    if not linears:
+        return None
+    group = "dp" if st.dp_size * st.cp_size > 1 else "tp"
+    reduce = Collective("all_reduce", 3 * fp8.AMAX_BYTES_PER_TENSOR * linears, group)
+    return Op(name=f"fp8.amax_reduce.v{vstage}", module="fp8_amax", layer=-1, fwd=(reduce,), bwd_input=(reduce,))
 
 
 class OpSource:
@@ -108,6 +125,9 @@ def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSourc
             stage.ops.extend(src.layer(layer, is_recomputed(st, pos)))
         if k == len(places) - 1:
             stage.ops.extend(src.head(same_rank_as_embedding=r == places[0][0]))
+        amax = _fp8_amax_reduction(st, src.dims, stage.ops, k)
+        if amax is not None:
+            stage.ops.append(amax)
         stage.p2p_bytes = p2p if k < len(places) - 1 else 0.0
         out.append(stage)
         first_layer += n

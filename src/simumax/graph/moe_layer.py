@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks
+from simumax.graph import fp8 as fp8_recipe
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective, Gemm, GroupGemm, Kernel, MemBound
 from simumax.graph.ops import Op, Tensor
@@ -176,6 +177,7 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
     grad = "fp32" if st.main_grad_bytes == 4 else "bf16"
     mode = st.group_linear_mode
     fp8 = st.fp8
+    recipe = fp8_recipe.recipe(st.fp8_recipe)
     if mode == "grouped":
         fam, dt = ("fp8_group_matmul", "fp8") if fp8 else ("group_matmul", "bf16")
         fwd: tuple[Kernel, ...] = (GroupGemm(ng, M, n, k, "fwd", grad, dt, fam),)
@@ -192,10 +194,13 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
     if st.offload_groupgemm_col_inputs:
         saved = ()
     elif fp8 and st.cache_groupgemm_col_fp8_inputs:
-        saved = ((f"{x[0]}.fp8_col", x[1] / st.dtype_bytes),)
-    if fp8:  # quantize the input in forward and the output gradient in backward
-        fwd = (MemBound(f"{P}.{name}.quantize_input", x[1] * (1 + 1 / st.dtype_bytes)), *fwd)
-        dgrad = (MemBound(f"{P}.{name}.quantize_grad", out_bytes * (1 + 2 / st.dtype_bytes)), *dgrad)
+        saved = ((f"{x[0]}.fp8_col", fp8_recipe.saved_input_bytes(recipe, x[1] / st.dtype_bytes)),)
+    if fp8:  # quantize the input in forward and the output gradient in backward (graph/fp8.py)
+        casts = [MemBound(f"{P}.{name}.quantize_input", fp8_recipe.quantize_bytes(recipe, x[1] / st.dtype_bytes, st.dtype_bytes))]
+        if not st.fp8_weight_caching:
+            casts.append(MemBound(f"{P}.{name}.cast_weight", fp8_recipe.weight_cast_bytes(recipe, ng * k * n, st.dtype_bytes)))
+        fwd = (*casts, *fwd)
+        dgrad = (MemBound(f"{P}.{name}.quantize_grad", fp8_recipe.quantize_bytes(recipe, out_bytes / st.dtype_bytes, st.dtype_bytes)), *dgrad)
     return Op(
         name=f"{P}.{name}", module=module, layer=layer, fwd=fwd, bwd_input=dgrad, bwd_weight=wgrad,
         saved=saved, input=(x,), bwd_transient=out_bytes + x[1],

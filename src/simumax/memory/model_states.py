@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simumax.config.strategy import StrategyConfig
+from simumax.graph import fp8
 from simumax.graph.ops import Stage
 
 ADAM_STATE_BYTES = 8  # fp32 exp_avg + exp_avg_sq
@@ -38,6 +39,11 @@ def shard_params(st: StrategyConfig, stage: Stage) -> float:
     return dense / (st.dp_size * st.cp_size) + stage.expert_params / st.edp_size
 
 
+def fp8_weight_params(stage: Stage) -> int:
+    """Parameters of the stage's TE linears (the ones run as fp8 GEMMs)."""
+    return sum(o.params for o in stage.ops if o.weight_shapes)
+
+
 def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
     """Megatron DDP: bf16 params, main grads (fp32 unless reduced in bf16), optimizer
     sharded over DP (dense) / expert-DP (experts) with the distributed optimizer.
@@ -53,8 +59,8 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
         grouped_too = st.te_at_least("2.10")
         shapes = {s for o in stage.ops if grouped_too or not o.expert_params for s in o.weight_shapes}
         te = float(sum(n * k for n, k in shapes) * st.dtype_bytes)
-    if st.fp8:  # TE keeps each fp8 weight in both layouts (1 B each) between micro-batches
-        te += 2.0 * sum(o.params for o in stage.ops if o.weight_shapes)
+    if st.fp8:  # TE keeps each fp8 weight in both layouts (1 B each, and the recipe's scales) between micro-batches
+        te += fp8.weight_copy_bytes_per_param(fp8.recipe(st.fp8_recipe)) * fp8_weight_params(stage)
     return ModelStates(
         weights=float(total * st.dtype_bytes),
         grads=float(total * st.main_grad_bytes),

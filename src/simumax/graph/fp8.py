@@ -1,0 +1,78 @@
+"""FP8 as each TransformerEngine recipe runs it: the quantize kernels in front of every FP8
+GEMM, the weight casts, the scales kept beside the FP8 data, and the amax reductions.
+
+Recipes (Megatron ``--fp8-recipe``, TE ``transformer_engine.common.recipe``):
+
+* ``delayed`` (DelayedScaling): each tensor is cast with the scale from the amax history
+  of earlier steps; the cast kernel computes the new amax on the way (TE's fused
+  cast-transpose). At the end of every forward and backward of an ``fp8_autocast`` region
+  (a Megatron TransformerBlock, so one model chunk) TE all-reduces the amaxes over the
+  amax-reduction group (data x tensor x context parallel) and updates the scales.
+* ``tensorwise`` (Float8CurrentScaling): the scale comes from the tensor itself, so its
+  amax is read in a pass of its own before the cast; a sequence-parallel input gathered
+  over TP all-reduces its amax over TP first.
+* ``blockwise`` (Float8BlockScaling, DeepSeek-V3 style, Hopper and later): one fp32 scale
+  per 1 x 128 tile of activations and gradients (per 128 x 128 block of weights), computed
+  in the cast itself.
+* ``mxfp8`` (MXFP8BlockScaling, Blackwell): one E8M0 byte scale per 32 elements, computed
+  in the cast itself.
+
+Every cast reads the bf16 tensor and writes FP8 in both layouts (row-wise for the forward
+or data-gradient GEMM, column-wise for the weight-gradient GEMM), plus its scales.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Fp8RecipeName = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
+FP8_BYTES = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Recipe:
+    name: str
+    amax_pass: bool  # current scaling: an extra read of the tensor for its amax before the cast
+    act_scale_bytes: float  # scale bytes per element of an activation / gradient, one layout
+    weight_scale_bytes: float  # scale bytes per weight element, one layout
+    history_amax: bool  # delayed scaling: amax all-reduce + scale update per fp8_autocast region
+
+
+RECIPES: dict[str, Fp8Recipe] = {
+    "delayed": Fp8Recipe("delayed", False, 0.0, 0.0, True),
+    "tensorwise": Fp8Recipe("tensorwise", True, 0.0, 0.0, False),
+    "blockwise": Fp8Recipe("blockwise", False, 4.0 / 128, 4.0 / (128 * 128), False),
+    "mxfp8": Fp8Recipe("mxfp8", False, 1.0 / 32, 1.0 / 32, False),
+}
+
+
+def recipe(name: str) -> Fp8Recipe:
+    return RECIPES[name]
+
+
+def quantize_bytes(r: Fp8Recipe, elems: float, in_bytes: int) -> float:
+    """HBM traffic of casting ``elems`` bf16 elements to FP8 in both layouts: read them
+    (twice with current scaling's amax pass), write 2 x 1 B and the scales of both layouts."""
+    reads = in_bytes * (2 if r.amax_pass else 1)
+    return elems * (reads + 2 * (FP8_BYTES + r.act_scale_bytes))
+
+
+def weight_cast_bytes(r: Fp8Recipe, params: float, in_bytes: int) -> float:
+    """Casting the bf16 weights to their FP8 copies (both layouts)."""
+    reads = in_bytes * (2 if r.amax_pass else 1)
+    return params * (reads + 2 * (FP8_BYTES + r.weight_scale_bytes))
+
+
+def saved_input_bytes(r: Fp8Recipe, elems: float) -> float:
+    """What a linear keeps of its input for the weight gradient: the column-wise FP8 copy
+    and its scales."""
+    return elems * (FP8_BYTES + r.act_scale_bytes)
+
+
+def weight_copy_bytes_per_param(r: Fp8Recipe) -> float:
+    """TE's FP8 weight copies kept between micro-batches: both layouts and their scales."""
+    return 2 * (FP8_BYTES + r.weight_scale_bytes)
+
+
+AMAX_BYTES_PER_TENSOR = 4.0  # one fp32 amax per FP8 tensor (input, weight, output gradient)
