@@ -253,3 +253,37 @@ def test_fp8_gemm_gains_less_on_small_shapes() -> None:
     print(f"\nfp8 over bf16 on H100: 8192^3 {big:.2f}x, 256^3 {small:.2f}x (asymptote {p8 * e8 / (p16 * e16):.2f}x)")
     assert 1.0 < small < big <= p8 * e8 / (p16 * e16) * (1 + 1e-9)
     assert big > 1.5
+
+
+# ---- EP all-to-all overlap (Megatron's paired 1F1B) ----------------------------------------
+from simumax.config.loader import load_model as load_model_preset  # noqa: E402
+from simumax.simulate.ep_overlap import MoeSlots, hidden_all_to_all, layer_slots  # noqa: E402
+
+
+def test_all_to_all_hides_only_under_the_compute_of_its_slot() -> None:
+    f = [MoeSlots(attn=1.0, dispatch=5.0, mlp=2.0, combine=5.0)]
+    b = [MoeSlots(attn=3.0, dispatch=4.0, mlp=1.0, mlp_wgrad=1.5, combine=0.5)]
+    # b.combine|f.attn: 0.5; f.dispatch|b.mlp(+wgrad): 2.5; b.dispatch|f.mlp: 2; f.combine|b.attn: 3
+    assert hidden_all_to_all(f, b, delay_wgrad=False) == pytest.approx(0.5 + 2.5 + 2.0 + 3.0)
+    # delayed wgrad: the experts' weight gradients run under the backward's dispatch instead
+    assert hidden_all_to_all(f, b, delay_wgrad=True) == pytest.approx(0.5 + 1.0 + 3.5 + 3.0)
+    # layer i of the forward pairs with layer n-1-i of the backward
+    f2 = [MoeSlots(dispatch=1.0), MoeSlots(dispatch=0.0)]
+    b2 = [MoeSlots(mlp=0.0), MoeSlots(mlp=1.0)]
+    assert hidden_all_to_all(f2, b2, False) == pytest.approx(1.0)
+    assert hidden_all_to_all(f2, list(reversed(b2)), False) == 0.0
+
+
+def test_layer_slots_split_a_moe_pass() -> None:
+    m = load_model_preset("deepseekv2").with_updates({"layer_num": 3})
+    st = StrategyConfig.init_from_dict({"seq_len": 4096, "world_size": 8, "ep_size": 8, "micro_batch_num": 4,
+                                         "moe_dispatcher_policy": "all2all"})
+    est = Estimate(m, st, load_system("a100_pcie"))
+    t = est.chunk_times[0]
+    fwd = layer_slots(t.op_times, ("fwd",))
+    bwd = layer_slots(t.op_times, ("recompute", "bwd_input", "bwd_weight"))
+    assert len(fwd) == len(bwd) == m.layer_num - (m.dense_layers or 0)
+    assert sum(s.dispatch + s.combine for s in fwd) == pytest.approx(t.fwd.comm["ep"])
+    assert sum(s.dispatch + s.combine for s in bwd) == pytest.approx(t.bwd_input.comm["ep"] + t.recompute.comm.get("ep", 0.0))
+    assert all(s.attn > 0 and s.mlp > 0 for s in fwd) and all(s.mlp_wgrad > 0 for s in bwd)
+    assert not any(s.mlp_wgrad for s in fwd)

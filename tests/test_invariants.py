@@ -164,3 +164,32 @@ def test_uniform_1f1b_bubble_fraction() -> None:
     for p, m in [(2, 4), (4, 8), (8, 3)]:
         t = pipeline_time([(1.0, 2.0)] * p, m)
         assert t.bubble / t.total == (p - 1) / (m + p - 1)
+
+
+OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_p2p_comm",
+            "defer_embedding_wgrad_compute")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(pairs(), hs.fixed_dictionaries({k: hs.booleans() for k in OVERLAPS}), hs.booleans(),
+       hs.sampled_from(["1f1b", "interleaved", "zb", "dualpipev"]))
+def test_breakdown_sums_to_the_iteration_time(case, overlaps, ep_overlap, schedule) -> None:
+    """Every option on or off, every schedule: the printed parts add up to the iteration
+    time exactly, and none is negative (parts are exposed time, not total communication)."""
+    model, st, sy = case
+    extra = dict(overlaps)
+    if ep_overlap and model.is_moe and st.ep_size > 1:
+        extra["overlap_moe_expert_parallel_comm"] = True
+    if overlaps["overlap_p2p_comm"] and st.pp_size == 1:
+        extra["overlap_p2p_comm"] = False
+    if schedule != "1f1b":
+        extra["pp_schedule"] = schedule
+    try:
+        st2 = st.with_updates(extra)
+        est = Estimate(model, st2, sy)
+    except ConfigError:
+        assume(False)
+    cost = est.cost()
+    parts = cost.breakdown
+    assert all(v >= -1e-12 for v in parts.values()), parts
+    assert math.isclose(sum(parts.values()), cost.duration_time_per_iter, rel_tol=1e-9), (sum(parts.values()), cost.duration_time_per_iter, parts)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from simumax.schedule.tasks import BACKWARD, FORWARD, WEIGHT, RankOrders, Task
+from simumax.simulate.ep_overlap import MoeSlots, hidden_all_to_all
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +40,9 @@ class PassCosts:
 
     rank: list[int]  # rank of each virtual stage
     dur: dict[tuple[str, int], float]  # (kind, vstage) -> seconds
-    ep: dict[tuple[str, int], float] = field(default_factory=dict)  # EP comm inside the pass
+    # (kind, vstage) -> per MoE layer, in forward order, the sub-module times Megatron's
+    # paired 1F1B schedule overlaps (simulate/ep_overlap.py)
+    moe_slots: dict[tuple[str, int], list[MoeSlots]] = field(default_factory=dict)
     wgrad: dict[int, float] = field(default_factory=dict)  # weight-gradient part of B (unsplit)
     p2p: list[float] = field(default_factory=list)  # vstage k -> k+1 (same bytes backward)
 
@@ -64,12 +67,8 @@ class DeadlockError(RuntimeError):
 
 
 def _hidden(c: PassCosts, f: Task, b: Task, delay_wgrad: bool) -> float:
-    """EP all-to-all of one pass hidden under the other's compute (paired F and B)."""
-    ep_f, ep_b = c.ep.get((FORWARD, f.vstage), 0.0), c.ep.get((BACKWARD, b.vstage), 0.0)
-    comp_f = c.dur[(FORWARD, f.vstage)] - ep_f
-    comp_b = c.dur[(BACKWARD, b.vstage)] - ep_b
-    cover_b = comp_f + (c.wgrad.get(b.vstage, 0.0) if delay_wgrad else 0.0)
-    return min(ep_f, comp_b) + min(ep_b, cover_b)
+    """EP all-to-all hidden when a forward and a backward run paired (ep_overlap.hidden)."""
+    return hidden_all_to_all(c.moe_slots.get((FORWARD, f.vstage), []), c.moe_slots.get((BACKWARD, b.vstage), []), delay_wgrad)
 
 
 def run_pipeline(

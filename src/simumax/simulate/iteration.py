@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from simumax.schedule import SPLIT_BACKWARD
 from simumax.schedule.tasks import BACKWARD, FORWARD, WEIGHT, RankOrders
 from simumax.simulate.engine import Event, PassCosts, PipelineOptions, run_pipeline
+from simumax.simulate.ep_overlap import layer_slots
 
 if TYPE_CHECKING:
     from simumax.estimate import Estimate
@@ -67,8 +68,9 @@ def pass_costs(est: "Estimate") -> PassCosts:
         c.dur[(BACKWARD, k)] = t.recompute.total + t.bwd_input.total + (0.0 if split else w)
         if split:
             c.dur[(WEIGHT, k)] = w
-        c.ep[(FORWARD, k)] = t.fwd.comm.get("ep", 0.0)
-        c.ep[(BACKWARD, k)] = t.bwd_input.comm.get("ep", 0.0) + t.recompute.comm.get("ep", 0.0)
+        if st.overlap_moe_expert_parallel_comm:
+            c.moe_slots[(FORWARD, k)] = layer_slots(t.op_times, ("fwd",))
+            c.moe_slots[(BACKWARD, k)] = layer_slots(t.op_times, ("recompute", "bwd_input", "bwd_weight"))
         c.wgrad[k] = 0.0 if split else w
     return c
 
