@@ -287,3 +287,60 @@ def test_layer_slots_split_a_moe_pass() -> None:
     assert sum(s.dispatch + s.combine for s in bwd) == pytest.approx(t.bwd_input.comm["ep"] + t.recompute.comm.get("ep", 0.0))
     assert all(s.attn > 0 and s.mlp > 0 for s in fwd) and all(s.mlp_wgrad > 0 for s in bwd)
     assert not any(s.mlp_wgrad for s in fwd)
+
+
+# ---- context parallelism as TransformerEngine runs it --------------------------------------
+def _cp_est(cp_comm: str, **strategy) -> Estimate:
+    m = _llama(hidden_size=8192, head_num=64, kv_head_num=8, intermediate_size=28672, layer_num=2)
+    st = StrategyConfig.init_from_dict({"seq_len": 131072, "world_size": 8, "cp_size": 8, "cp_comm_type": cp_comm,
+                                        "micro_batch_num": 2, **strategy})
+    return Estimate(m, st, load_system("h100-sxm-80gb"))
+
+
+def test_cp_a2a_moves_q_k_v_separately_and_saves_what_they_produce() -> None:
+    """Llama3-70B, CP8, 128K: per rank 16384 tokens; q 8192 wide, k and v 1024 each (GQA)."""
+    est = _cp_est("a2a")
+    attn = _op(est, "L0.attn")
+    s_local, bf16 = 16384, 2
+    q, kv, out = s_local * 8192 * bf16, s_local * 1024 * bf16, s_local * 8192 * bf16
+    fwd_a2a = [k.bytes for k in attn.fwd if isinstance(k, Collective)]
+    bwd_a2a = [k.bytes for k in attn.bwd_input if isinstance(k, Collective)]
+    assert fwd_a2a == [q, kv, kv, out]  # q, k, v to heads; the output back
+    assert bwd_a2a == [out, out, q, kv, kv]  # O and dO to heads; dq, dk, dv back
+    assert all(k.op == "all2all" and k.group == "cp" for k in attn.fwd + attn.bwd_input if isinstance(k, Collective))
+    # a layout copy (read + write) before and after each all-to-all
+    layout = [k.bytes for k in attn.fwd if isinstance(k, MemBound)]
+    assert layout == [2 * q, 2 * q, 2 * kv, 2 * kv, 2 * kv, 2 * kv, 2 * out, 2 * out]
+    # saved: the post-all-to-all q, k, v (each its own size), the output, the fp32 lse
+    saved = dict(attn.saved)
+    lse = 64 * s_local * 4
+    assert sorted(saved.values()) == sorted([q, kv, kv, out, lse])
+    assert "L0.qkv.out" not in saved  # v no longer keeps the fused QKV buffer
+    plain = _op(_cp_est("p2p"), "L0.attn")
+    assert dict(plain.saved)["L0.qkv.out"] == s_local * (8192 + 2 * 1024) * bf16  # without a2a: v is a view of it
+    assert dict(plain.saved)["L0.qkv.out"] - kv == 288 * 2**20  # what the a2a fix stops counting
+
+
+def test_cp_ring_hides_the_next_chunk_under_this_steps_attention() -> None:
+    est = _cp_est("p2p")
+    attn = _op(est, "L0.attn")
+    kernels = attn.fwd
+    steps = [k for k in kernels if isinstance(k, Attention)]
+    sends = [k for k in kernels if isinstance(k, Collective)]
+    assert len(steps) == 8 and len(sends) == 7
+    assert steps[0].causal and steps[0].seq_len == 16384 and not steps[1].causal and steps[1].kv_seq_len == 8192
+    assert sends[0].bytes == 2 * 16384 * 1024 * 2 and sends[0].op == "p2p"  # K and V of one step
+    coster = est.layer_profiles.coster
+    ph = coster.sequence(kernels)
+    t_attn = [coster.kernel(k) for k in steps]
+    t_send = coster.kernel(sends[0])
+    exposed = sum(max(0.0, t_send - a) for a in t_attn[:-1])  # each send under the step before it
+    assert ph.comm.get("cp", 0.0) == pytest.approx(exposed, abs=1e-12)
+    assert ph.total == pytest.approx(sum(t_attn) + exposed)
+
+
+def test_cp_groups_across_nodes_use_the_inter_node_tier() -> None:
+    inside = _cp_est("p2p")
+    across = _cp_est("p2p", tp_size=2, world_size=16)
+    assert inside.network.groups["cp"].intra_node and not across.network.groups["cp"].intra_node
+    assert across.network.groups["cp"].tier == "inter_node"

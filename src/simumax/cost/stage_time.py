@@ -1,7 +1,8 @@
 """Per-op, per-phase time from kernel costs, and a stage's per-micro-batch totals.
 
 Kernels in a phase run one after another (no overlap: what the validation runs did),
-except with ``tp_comm_overlap``: TE's userbuffers run an op's TP all-gather /
+except the context-parallel ring's transfers, which TransformerEngine runs under the
+attention kernel before them, and with ``tp_comm_overlap``: TE's userbuffers run an op's TP all-gather /
 reduce-scatter under its own GEMM, so per op and phase the pair costs
 max(G, C) + u * min(G, C) (u: the TP tier's ``processor_usage``, the slowdown of
 compute sharing the GPU with communication). Overlap across passes (gradient reduce,
@@ -56,14 +57,26 @@ class Coster:
     def sequence(self, kernels: tuple[Kernel, ...]) -> PhaseTime:
         out = PhaseTime()
         gemm = 0.0
+        cover = 0.0  # attention time left to hide context-parallel ring transfers under
         for k in kernels:
             t = self.kernel(k)
             if isinstance(k, Collective):
+                if k.group == "cp" and k.op == "p2p" and cover > 0:
+                    # TE's ring: the next step's KV (and this step's dKV) move while the
+                    # attention kernel before them computes
+                    hidden = min(t, cover)
+                    cover -= hidden
+                    slow = self.network.tier("cp").processor_usage * hidden
+                    out.total += slow
+                    out.compute += slow
+                    t -= hidden
                 self._comm(out, k, t)
             else:
                 self._compute(out, k, t)
                 if isinstance(k, (Gemm, GroupGemm)):
                     gemm += t
+                elif isinstance(k, Attention):
+                    cover = t
         u = self.tp_overlap_usage
         if u is not None and out.comm.get("tp") and gemm > 0:
             hidden = min(out.comm["tp"], gemm)

@@ -180,27 +180,45 @@ def rope(name: str, layer: int, d: Dims, qk_width: int, *, fused: bool = True, r
     )
 
 
-def _cp_attention_kernels(d: Dims, shape: dict, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> tuple[list, list]:
-    """Attention kernels and CP collectives of one rank (TransformerEngine's schemes).
+def _a2a_relayout(name: str, nbytes: float) -> list:
+    """TransformerEngine's ``flash_attn_a2a_communicate`` for one tensor: a layout copy
+    (reshape + movedim + contiguous: read and write) before the all-to-all over CP and one
+    after it."""
+    return [MemBound(f"{name}.a2a_layout", 2 * nbytes), Collective("all2all", nbytes, "cp"),
+            MemBound(f"{name}.a2a_layout", 2 * nbytes)]
 
-    * a2a (Ulysses): all-to-all q, k, v from sequence- to head-sharded, full-sequence
-      attention on heads / cp, all-to-all of the output back; mirrored in backward.
-    * all_gather: K and V all-gathered over CP (again in backward, where dK, dV are
-      reduce-scattered); local queries attend the causal part of the full sequence.
-    * p2p (ring, load-balanced causal chunks): cp steps, the first causal on the local
-      chunk, the others non-causal against half a chunk, each step receiving the next KV
-      (and in backward passing dKV on). TE overlaps these transfers with the steps' compute;
-      the closed form counts them exposed, an upper bound (the event simulator overlaps).
+
+def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[float, float, float], out_bytes: float) -> tuple[list, list]:
+    """Attention kernels and CP collectives of one rank (TransformerEngine's schemes,
+    ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``).
+
+    * a2a (Ulysses, ``AttnFuncWithCPAndQKVOA2A``): q, k and v each go through their own
+      all-to-all (sequence- to head-sharded) with a layout copy before and after; attention
+      runs on the full sequence with heads / cp; its output comes back the same way and is
+      what attention keeps (the projection's input). In backward O and dO go to heads the
+      same way and dq, dk, dv come back.
+    * all_gather (``AttnFuncWithCPAndKVAllGather``): K and V all-gathered over CP (again in
+      backward, where dK, dV are reduce-scattered); local queries attend the causal part
+      of the full sequence.
+    * p2p (``AttnFuncWithCPAndKVP2P``, ring over load-balanced chunks: the sequence in 2·cp
+      chunks, rank i holding chunks i and 2cp-1-i): cp steps, the first causal on the local
+      chunks, the others non-causal against half of them (kernels at that chunk length);
+      step i+1's KV is sent and received while step i computes (``Coster`` hides a CP P2P
+      under the attention kernel before it), and in backward each step's dKV travels on
+      under the next step.
     """
     cp, s = d.cp, d.s
     if cp == 1:
         return [Attention("fwd", **shape)], [Attention("bwd", **shape)]
+    q_b, k_b, v_b = qkv_bytes
     if d.cp_comm == "a2a":
         full = dict(shape, seq_len=s * cp, head_num=shape["head_num"] // cp, kv_head_num=max(shape["kv_head_num"] // cp, 1))
-        qkv = Collective("all2all", q[1] + k[1] + v[1], "cp")
-        o = Collective("all2all", out[1], "cp")
-        return [qkv, Attention("fwd", **full), o], [o, Attention("bwd", **full), qkv]
-    kv_bytes = k[1] + v[1]
+        to_heads = [k for part, b in (("q", q_b), ("k", k_b), ("v", v_b)) for k in _a2a_relayout(f"{name}.{part}", b)]
+        back = _a2a_relayout(f"{name}.out", out_bytes)
+        d_out = _a2a_relayout(f"{name}.o", out_bytes) + _a2a_relayout(f"{name}.dout", out_bytes)
+        d_qkv = [k for part, b in (("dq", q_b), ("dk", k_b), ("dv", v_b)) for k in _a2a_relayout(f"{name}.{part}", b)]
+        return [*to_heads, Attention("fwd", **full), *back], [*d_out, Attention("bwd", **full), *d_qkv]
+    kv_bytes = k_b + v_b
     if d.cp_comm == "all_gather":
         part = dict(shape, kv_seq_len=s * cp // 2, causal=False)
         ag = Collective("all_gather", kv_bytes * cp, "cp")
@@ -208,31 +226,44 @@ def _cp_attention_kernels(d: Dims, shape: dict, q: Tensor, k: Tensor, v: Tensor,
     step = dict(shape, kv_seq_len=s // 2, causal=False)
     send = Collective("p2p", kv_bytes, "cp")
     fwd = [Attention("fwd", **shape)] + [send, Attention("fwd", **step)] * (cp - 1)
-    bwd = [Attention("bwd", **shape)] + [send, Attention("bwd", **step), Collective("p2p", kv_bytes, "cp")] * (cp - 1)
+    bwd = [Attention("bwd", **shape)] + [send, Collective("p2p", kv_bytes, "cp"), Attention("bwd", **step)] * (cp - 1)
     return fwd, bwd
 
 
 def flash_attention(
     name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tensor, out: Tensor, *, qk_dim: int, v_dim: int, kv_heads: int | None = None
 ) -> Op:
-    """Flash attention: saves q, k, v, the output and the fp32 log-sum-exp (per CP rank)."""
-    shape = dict(
-        batch=d.b, seq_len=d.s, head_num=d.heads, kv_head_num=kv_heads or d.kv_heads, qk_head_dim=qk_dim, v_head_dim=v_dim
-    )
-    fwd, bwd = _cp_attention_kernels(d, shape, q, k, v, out)
+    """Flash attention: saves q, k, v, the output and the fp32 log-sum-exp (per CP rank).
+
+    q, k, v may be views of a larger buffer (v of the fused QKV output): keeping them keeps
+    that buffer. With CP a2a the attention saves the tensors its all-to-alls produced (each
+    exactly its own size) and the sequence-sharded output it returns; the views die with
+    the layer."""
+    kvh = kv_heads or d.kv_heads
+    shape = dict(batch=d.b, seq_len=d.s, head_num=d.heads, kv_head_num=kvh, qk_head_dim=qk_dim, v_head_dim=v_dim)
+    own = (float(d.tokens * d.heads * qk_dim * d.act_bytes), float(d.tokens * kvh * qk_dim * d.act_bytes),
+           float(d.tokens * kvh * v_dim * d.act_bytes))
+    out_bytes = float(d.tokens * d.heads * v_dim * d.act_bytes)
+    fwd, bwd = _cp_attention_kernels(d, shape, name, own, out_bytes)
     lse = (f"{name}.lse", float(d.b * d.heads * d.s * FP32))
-    grads = q[1] + k[1] + v[1] + out[1]
-    gathered_kv = (k[1] + v[1]) * (d.cp - 1) if d.cp_comm == "all_gather" else 0.0  # other ranks' K, V
+    grads = sum(own) + out_bytes
+    gathered_kv = (own[1] + own[2]) * (d.cp - 1) if d.cp > 1 and d.cp_comm == "all_gather" else 0.0  # other ranks' K, V
+    saved: tuple[Tensor, ...] = (q, k, v, out, lse)
+    fwd_transient = bwd_transient = 0.0
+    if d.cp > 1 and d.cp_comm == "a2a":
+        saved = (*((f"{name}.{p}_heads", b) for p, b in zip("qkv", own)), out, lse)
+        fwd_transient = sum(own)  # the layout copies in flight around the all-to-alls
+        bwd_transient = sum(own) + out_bytes
     return Op(
         name=name,
         module="core_attn",
         layer=layer,
         fwd=tuple(fwd),
         bwd_input=tuple(bwd),
-        saved=(q, k, v, out, lse),
+        saved=saved,
         input=(q, k, v),
-        fwd_transient=gathered_kv,
-        bwd_transient=grads + gathered_kv,
+        fwd_transient=fwd_transient + gathered_kv,
+        bwd_transient=bwd_transient + grads + gathered_kv,
     )
 
 
