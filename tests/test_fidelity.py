@@ -344,3 +344,70 @@ def test_cp_groups_across_nodes_use_the_inter_node_tier() -> None:
     across = _cp_est("p2p", tp_size=2, world_size=16)
     assert inside.network.groups["cp"].intra_node and not across.network.groups["cp"].intra_node
     assert across.network.groups["cp"].tier == "inter_node"
+
+
+# ---- router kernel chain from the routing options -----------------------------------------
+from simumax.graph.router import router_kernels  # noqa: E402
+
+
+def _router(**opts):
+    m = ModelConfig.init_from_dict({"model_type": "moe", "hidden_size": 1024, "head_num": 8, "intermediate_size": 2048,
+                                    "layer_num": 2, "vocab_size": 1000, "expert_num": 64, "topk": 6, **opts})
+    d = _est(_llama()).layer_profiles.source.dims  # bf16, 2 x 2048 tokens, tp 1
+    fwd, bwd = router_kernels(m, d, "L1", 4096, 1024, capacity=False, dp_reduce=True)
+    names = lambda ks: [k.name.split("router.")[1] for k in ks if isinstance(k, MemBound)]  # noqa: E731
+    return names(fwd), names(bwd), fwd, bwd
+
+
+def test_router_chain_megatron_defaults() -> None:
+    """top-k of the logits, softmax over the k, dense maps, aux loss: Megatron's defaults."""
+    f, b, fwd, bwd = _router()
+    assert f == ["topk", "topk_softmax", "gates_zeros", "gates_scatter", "map_zeros", "map_scatter", "map_bool",
+                 "tokens_per_expert", "aux_scores", "aux_loss"]
+    assert b == ["gather_bwd", "softmax_bwd", "topk_bwd", "aux_bwd", "add_grads"]
+    assert isinstance(fwd[0], Gemm) and (fwd[0].m, fwd[0].k, fwd[0].n) == (4096, 1024, 64)
+    t, E, k = 4096, 64, 6
+    by = {kk.name.split("router.")[1]: kk.bytes for kk in fwd if isinstance(kk, MemBound)}
+    assert by["topk"] == t * E * 2 + t * k * (2 + 8)  # read bf16 logits, write values + int64 indices
+    assert by["aux_scores"] == t * E * (2 + 4)  # softmax over all experts in fp32
+
+
+def test_router_chain_deepseek_v3_options() -> None:
+    f, b, fwd, _ = _router(moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+                           moe_router_topk_scaling_factor=2.5, moe_router_num_groups=8, moe_router_group_topk=4,
+                           moe_router_load_balancing_type="seq_aux_loss")
+    default_f, default_b, _, _ = _router()
+    assert f[:2] == ["sigmoid", "add_expert_bias"]
+    assert f[2:9] == ["group_scores_topk", "group_scores_sum", "group_topk", "group_mask_zeros", "group_mask_scatter",
+                      "group_mask_expand", "masked_scores"]
+    assert "gather_scores" in f and "probs_normalise" in f and "scale_probs" in f and "expert_bias_tokens" in f
+    assert "aux_seq_tokens_per_expert" in f and "topk_softmax" not in f
+    assert len(f) - len(default_f) == 14 and len(b) - len(default_b) == 3
+    assert "sigmoid_bwd" in b and "masked_scores_bwd" in b and "probs_normalise_bwd" in b and "scale_probs_bwd" in b
+
+
+def test_router_chain_other_options() -> None:
+    f, b, fwd, _ = _router(moe_router_load_balancing_type="none")
+    assert "aux_scores" not in f and "aux_bwd" not in b and "add_grads" not in b
+    f, b, _, _ = _router(moe_router_pre_softmax=True, moe_z_loss_coeff=1e-3)
+    assert f[:3] == ["z_loss.logsumexp", "z_loss.mean", "softmax"] and "topk_softmax" not in f
+    assert "z_loss_bwd" in b and b[-1] == "add_grads"
+    _, _, fwd, _ = _router(moe_router_load_balancing_type="global_aux_loss")
+    assert Collective("all_reduce", 64 * 4.0, "dp") in fwd  # tokens per expert over the data-parallel ranks
+    with pytest.raises(ConfigError, match="moe_router_group_topk"):
+        _router(moe_router_num_groups=8)
+
+
+def test_router_flags_import_export() -> None:
+    from simumax.config.loader import load_model
+    from simumax.export.megatron_flags import model_flags
+    from simumax.importers.megatron_args import parse_megatron_args
+
+    m0 = load_model("deepseek-v3").with_updates({"layer_num": 4, "moe_z_loss_coeff": 0.001})
+    flags = model_flags(m0)
+    assert "--moe-router-score-function sigmoid" in flags and "--moe-router-enable-expert-bias" in flags
+    m, _, notes = parse_megatron_args(flags + ["--seq-length", "4096"])
+    assert not notes
+    for name in ("moe_router_score_function", "moe_router_num_groups", "moe_router_group_topk", "moe_router_topk_scaling_factor",
+                 "moe_router_load_balancing_type", "moe_router_enable_expert_bias", "moe_z_loss_coeff", "moe_router_pre_softmax"):
+        assert getattr(m, name) == getattr(m0, name), name

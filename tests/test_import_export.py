@@ -32,7 +32,10 @@ DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, 
                "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1,
                "n_routed_experts": 256, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "q_lora_rank": 1536,
                "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 129280,
-               "hidden_act": "silu", "tie_word_embeddings": False, "num_nextn_predict_layers": 1}
+               "hidden_act": "silu", "tie_word_embeddings": False, "num_nextn_predict_layers": 1,
+               # the gate (DeepSeek-V3 config.json): sigmoid, 8 groups / 4, x2.5, aux-loss-free bias, seq aux
+               "scoring_func": "sigmoid", "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
+               "topk_method": "noaux_tc", "norm_topk_prob": True, "seq_aux": True, "aux_loss_alpha": 0.001}
 
 
 def _params(model) -> tuple[float, float]:

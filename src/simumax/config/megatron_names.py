@@ -42,6 +42,12 @@ VALUED: dict[str, tuple[str, str, type]] = {
     "--cp-comm-type": ("s", "cp_comm_type", str),
     "--transformer-impl": ("s", "transformer_impl", str),
     "--fp8-recipe": ("s", "fp8_recipe", str),
+    "--moe-router-score-function": ("m", "moe_router_score_function", str),
+    "--moe-router-num-groups": ("m", "moe_router_num_groups", int),
+    "--moe-router-group-topk": ("m", "moe_router_group_topk", int),
+    "--moe-router-topk-scaling-factor": ("m", "moe_router_topk_scaling_factor", float),
+    "--moe-router-load-balancing-type": ("m", "moe_router_load_balancing_type", str),
+    "--moe-z-loss-coeff": ("m", "moe_z_loss_coeff", float),
 }
 # flag -> (target, field, the value the flag sets)
 SWITCHES: dict[str, tuple[str, str, Any]] = {
@@ -51,6 +57,8 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--add-bias-linear": ("m", "add_bias_linear", True),
     "--multi-latent-attention": ("m", "attention_type", "mla"),
     "--moe-pad-expert-input-to-capacity": ("m", "moe_pad_expert_input_to_capacity", True),
+    "--moe-router-pre-softmax": ("m", "moe_router_pre_softmax", True),
+    "--moe-router-enable-expert-bias": ("m", "moe_router_enable_expert_bias", True),
     "--sequence-parallel": ("s", "enable_sequence_parallel", True),
     "--use-distributed-optimizer": ("s", "zero_state", 1),
     "--bf16": ("s", "dtype", "bf16"),

@@ -59,6 +59,29 @@ class ModelConfig(ConfigBase):
     moe_load_imbalance: float = Field(
         1.0, ge=1.0, description="Max-loaded expert / mean load; 1 is balanced routing."
     )
+    # MoE routing (Megatron's names and defaults: they choose the router's kernel chain)
+    moe_router_score_function: Literal["softmax", "sigmoid"] = Field(
+        "softmax", description="Router score function (Megatron --moe-router-score-function)."
+    )
+    moe_router_pre_softmax: bool = Field(
+        False, description="Softmax over all experts before top-k (else over the top-k scores)."
+    )
+    moe_router_num_groups: PositiveInt | None = Field(
+        None, description="Group-limited routing: expert groups (DeepSeek's device/node groups)."
+    )
+    moe_router_group_topk: PositiveInt | None = Field(
+        None, description="Group-limited routing: groups each token may pick."
+    )
+    moe_router_topk_scaling_factor: float | None = Field(
+        None, gt=0, description="Scale of the top-k routing probabilities (DeepSeek-V2: 16, V3: 2.5)."
+    )
+    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "none"] = Field(
+        "aux_loss", description="Load-balancing loss (Megatron --moe-router-load-balancing-type)."
+    )
+    moe_router_enable_expert_bias: bool = Field(
+        False, description="Aux-loss-free balancing: a per-expert bias on the routing scores (DeepSeek-V3)."
+    )
+    moe_z_loss_coeff: float | None = Field(None, gt=0, description="Router z-loss coefficient; absent means none.")
     # MLA (SimuMax names)
     q_lora_rank: PositiveInt | None = Field(None, description="MLA query low-rank dim; null means full-rank Q.")
     kv_lora_rank: PositiveInt | None = Field(None, description="MLA compressed KV dim.")
@@ -84,6 +107,16 @@ class ModelConfig(ConfigBase):
                 raise ConfigError("topk", f"must be <= expert_num ({self.expert_num})")
             if self.dense_layers > self.layer_num:
                 raise ConfigError("dense_layers", f"must be <= layer_num ({self.layer_num})")
+            groups, group_topk = self.moe_router_num_groups, self.moe_router_group_topk
+            if (groups is None) != (group_topk is None):
+                raise ConfigError("moe_router_group_topk", "group-limited routing needs moe_router_num_groups and moe_router_group_topk together")
+            if groups is not None:
+                if self.expert_num % groups:
+                    raise ConfigError("moe_router_num_groups", f"must divide expert_num ({self.expert_num})")
+                if group_topk > groups:
+                    raise ConfigError("moe_router_group_topk", f"must be <= moe_router_num_groups ({groups})")
+                if self.topk > group_topk * (self.expert_num // groups):
+                    raise ConfigError("topk", "must fit in the experts of the selected groups")
         if self.attention_type == "mla":
             for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
                 if getattr(self, name) is None:

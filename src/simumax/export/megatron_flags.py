@@ -16,6 +16,13 @@ def _m(field: str, value: object) -> str:
     return valued_flag("m", field, value)
 
 
+ROUTER_DEFAULTS = {
+    "moe_router_score_function": "softmax", "moe_router_pre_softmax": False, "moe_router_num_groups": None,
+    "moe_router_group_topk": None, "moe_router_topk_scaling_factor": None, "moe_router_load_balancing_type": "aux_loss",
+    "moe_router_enable_expert_bias": False, "moe_z_loss_coeff": None,
+}
+
+
 def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list[str]:
     f = [
         *(_s(field, getattr(st, field)) for field in ("tp_size", "pp_size", "cp_size", "micro_batch_size")),
@@ -107,6 +114,11 @@ def model_flags(model: ModelConfig) -> list[str]:
         f += [_m("expert_num", model.expert_num), _m("topk", model.topk), _m("moe_ffn_hidden_size", model.moe_ffn)]
         if model.moe_shared_expert_intermediate_size:
             f.append(_m("moe_shared_expert_intermediate_size", model.moe_shared_expert_intermediate_size))
+        # routing options that differ from Megatron's defaults
+        for name, default in ROUTER_DEFAULTS.items():
+            value = getattr(model, name)
+            if value != default:
+                f.append(switch_flag("m", name) if isinstance(value, bool) else _m(name, value))
         if model.dense_layers:
             pattern = "[" + ",".join(["0"] * model.dense_layers + ["1"] * (model.layer_num - model.dense_layers)) + "]"
             f.append(f"--moe-layer-freq {pattern}")

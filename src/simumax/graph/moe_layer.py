@@ -1,6 +1,6 @@
 """The MoE MLP of one layer, as Megatron-Core's MoELayer runs it.
 
-router (GEMM h -> E, softmax/top-k, aux loss) -> dispatch (permute tokens by expert, EP
+router (GEMM h -> E and the routing options' small kernels, graph/router.py) -> dispatch (permute tokens by expert, EP
 all-to-all, ETP all-gather, sort received chunks by local expert) -> experts (grouped
 GEMM FC1, activation, grouped GEMM FC2) -> combine (the mirror of dispatch; the fused
 unpermute merges the top-k copies of each token weighted by their routing probabilities)
@@ -26,6 +26,7 @@ from simumax.graph import fp8 as fp8_recipe
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective, Gemm, GroupGemm, Kernel, MemBound
 from simumax.graph.ops import Op, Tensor
+from simumax.graph.router import router_kernels
 
 FP32 = 4
 INDEX = 4  # int32 row-id maps
@@ -77,30 +78,14 @@ class MoeDims:
         return self.rows_per_expert * self.local_experts
 
 
-def _router(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, h: int, capacity: bool, local: bool = False) -> Op:
-    """Gating GEMM (weight replicated over TP), then Megatron's top-k routing as the chain
-    of small [tokens, experts] kernels it launches (top-k, softmax of the top-k, scatter into
-    dense gate/map tensors, per-expert counts, the capacity top-k over tokens and its mask,
-    and the softmax scores of the load-balancing loss). Small kernels cost their launch
-    latency, so the chain is listed kernel by kernel."""
+def _router(P: str, layer: int, model: ModelConfig, st: StrategyConfig, d: Dims, md: MoeDims, x: Tensor, h: int,
+            local: bool = False) -> Op:
+    """Gating GEMM (weight replicated over TP), then Megatron's routing as the chain of
+    small kernels its options choose (graph/router.py)."""
     t, E, k = md.tokens, md.experts, md.topk
     te = float(t * E)
     ab = d.act_bytes
-    fwd: list[Kernel] = [Gemm(t, h, E, "TN")]
-    chain = [
-        ("topk", te * ab), ("topk_softmax", t * k * 8.0), ("gates_zeros", te * ab), ("gates_scatter", te * ab),
-        ("map_zeros", te * 4), ("map_scatter", te * 4), ("map_bool", te * 5), ("tokens_per_expert", te),
-    ]
-    if capacity:
-        chain += [("capacity_topk", te * ab), ("cap_zeros", te * ab), ("cap_scatter", te * ab), ("cap_bool", te * 3), ("mask_probs", te * 3 * ab)]
-    chain += [("aux_scores", te * (ab + FP32)), ("aux_loss", te * FP32)]
-    fwd += [MemBound(f"{P}.router.{n}", b) for n, b in chain]
-    bwd = [
-        MemBound(f"{P}.router.mask_probs_bwd", te * 3 * ab), MemBound(f"{P}.router.gather_bwd", te * ab),
-        MemBound(f"{P}.router.softmax_bwd", t * k * 12.0), MemBound(f"{P}.router.topk_bwd", 2 * te * ab),
-        MemBound(f"{P}.router.aux_bwd", te * (ab + 2 * FP32)), MemBound(f"{P}.router.add_grads", 3 * te * ab),
-        Gemm(t, E, h, "NN"),
-    ]
+    fwd, bwd = router_kernels(model, d, P, t, h, model.capacity is not None, st.dp_size > 1)
     scores = te * FP32
     saved: tuple[Tensor, ...] = (x, (f"{P}.router.scores", scores), (f"{P}.router.map", te))
     if local:
@@ -315,7 +300,7 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         combine = _combine(P, layer, d, md, fc2_out, routed, h, probs_in_experts, pad, fused)
     ops = [
         blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
-        _router(P, layer, d, md, ln_out, h, model.capacity is not None, local),
+        _router(P, layer, model, st, d, md, ln_out, h, local),
         dispatch,
         _experts(P, "expert_fc1", "expert_fc1", layer, st, md, tokens, h, fc1_n).with_(output=fc1_out),
         act,

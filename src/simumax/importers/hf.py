@@ -83,11 +83,33 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
             moe_ffn_hidden_size=_req(cfg, "moe_intermediate_size", source),
             dense_layers=cfg.get("first_k_dense_replace") or 0,
         )
+        out.update(_deepseek_routing(cfg))
         if cfg.get("n_shared_experts"):
             out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * cfg["moe_intermediate_size"]
         if cfg.get("num_nextn_predict_layers"):
             notes.append(f"{cfg['num_nextn_predict_layers']} multi-token-prediction layer(s) not modelled")
     return ModelConfig.init_from_dict(out, source=source), notes
+
+
+def _deepseek_routing(cfg: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek's gate as Megatron's router options: sigmoid (V3) or softmax over all experts
+    first (V2), group-limited top-k (``n_group`` / ``topk_group``), the routed scaling factor,
+    aux-loss-free expert bias (``topk_method: noaux_tc``) and the sequence-wise aux loss."""
+    out: dict[str, Any] = {}
+    if cfg.get("scoring_func", "softmax") == "sigmoid":
+        out["moe_router_score_function"] = "sigmoid"
+    else:
+        out["moe_router_pre_softmax"] = True
+    method = cfg.get("topk_method", "greedy")
+    if method in ("group_limited_greedy", "noaux_tc") and (cfg.get("n_group") or 1) > 1:
+        out["moe_router_num_groups"], out["moe_router_group_topk"] = cfg["n_group"], cfg["topk_group"]
+    if cfg.get("routed_scaling_factor") not in (None, 1, 1.0):
+        out["moe_router_topk_scaling_factor"] = float(cfg["routed_scaling_factor"])
+    if method == "noaux_tc":
+        out["moe_router_enable_expert_bias"] = True
+    if cfg.get("seq_aux", True):
+        out["moe_router_load_balancing_type"] = "seq_aux_loss"
+    return out
 
 
 def load_hf_config(path: str | Path, name: str | None = None) -> tuple[ModelConfig, list[str]]:

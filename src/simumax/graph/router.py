@@ -1,0 +1,118 @@
+"""The MoE router of one layer as Megatron-Core's ``TopKRouter`` runs it
+(``megatron/core/transformer/moe/router.py`` and ``moe_utils.topk_softmax_with_capacity``):
+the gating GEMM, then a chain of small [tokens, experts] kernels that the routing options
+choose. Each small kernel costs at least its launch latency, so the chain is listed kernel
+by kernel (bytes: what it reads and writes).
+
+Forward, in order:
+* z-loss (``moe_z_loss_coeff``): logsumexp of the logits, its square's mean;
+* scores: ``softmax`` pre-top-k (softmax over all experts, then top-k), or post (top-k of
+  the logits, softmax over the k); ``sigmoid``: sigmoid of the logits, plus the expert bias
+  (``moe_router_enable_expert_bias``) for choosing, top-k, the unbiased scores gathered back
+  and, for k > 1, normalised (sum, divide);
+* group-limited top-k (``moe_router_num_groups`` / ``moe_router_group_topk``): per group the
+  top scores summed, top groups, a group mask (zeros, scatter), expanded over the experts,
+  the scores masked, before the top-k;
+* ``moe_router_topk_scaling_factor``: the probabilities scaled;
+* dense probabilities and routing map (zeros, scatter, bool), tokens per expert;
+* a capacity factor: the capacity top-k over tokens, its mask, the masked probabilities;
+* load balancing: ``aux_loss`` (softmax scores over all experts, their per-expert sum, the
+  loss; tokens per expert all-reduced over TP with SP), ``seq_aux_loss`` (the same per
+  sequence: one more scatter), ``global_aux_loss`` (tokens per expert also all-reduced over
+  DP), ``none``; the expert bias accumulates tokens per expert for its update at the step.
+
+Backward mirrors the differentiable ones (the rest carry no gradient): capacity mask,
+gather of the dense probabilities, scaling, normalisation, the score function, the group
+mask, the aux and z losses, the sum of the logit gradients, then the data-gradient GEMM.
+"""
+
+from __future__ import annotations
+
+from simumax.config.model import ModelConfig
+from simumax.graph.dims import Dims
+from simumax.graph.kernels import Collective, Gemm, Kernel, MemBound
+
+FP32 = 4
+INDEX = 8  # torch.topk indices: int64
+
+
+def router_kernels(model: ModelConfig, d: Dims, P: str, tokens: int, h: int, capacity: bool,
+                   dp_reduce: bool) -> tuple[list[Kernel], list[Kernel]]:
+    """(forward, backward-input) kernels of one router on ``tokens`` local tokens."""
+    t, E, k = tokens, model.expert_num or 1, model.topk or 1
+    te, tk = float(t * E), float(t * k)
+    ab = d.act_bytes
+    sigmoid = model.moe_router_score_function == "sigmoid"
+    groups = model.moe_router_num_groups
+    lb = model.moe_router_load_balancing_type
+    chain: list[tuple[str, float]] = []
+    back: list[tuple[str, float]] = []
+    if model.moe_z_loss_coeff:
+        chain += [("z_loss.logsumexp", te * ab + t * FP32), ("z_loss.mean", 2 * t * FP32)]
+    # the scores top-k picks from (fp32 unless top-k runs on the logits directly)
+    if sigmoid:
+        chain.append(("sigmoid", te * (ab + FP32)))
+        if model.moe_router_enable_expert_bias:
+            chain.append(("add_expert_bias", 2 * te * FP32))
+        score_bytes = FP32
+    elif model.moe_router_pre_softmax:
+        chain.append(("softmax", te * (ab + FP32)))
+        score_bytes = FP32
+    else:
+        score_bytes = ab
+    if groups:
+        g = float(t * groups)
+        chain += [
+            ("group_scores_topk", te * score_bytes), ("group_scores_sum", 2 * g * FP32), ("group_topk", g * FP32 + t * INDEX),
+            ("group_mask_zeros", g * FP32), ("group_mask_scatter", g * FP32), ("group_mask_expand", te),
+            ("masked_scores", te * (2 * score_bytes + 1)),
+        ]
+        back.append(("masked_scores_bwd", te * (2 * FP32 + 1)))
+    chain.append(("topk", te * score_bytes + tk * (score_bytes + INDEX)))
+    if sigmoid:
+        if model.moe_router_enable_expert_bias:
+            chain.append(("gather_scores", tk * (FP32 + INDEX) + tk * FP32))
+        if k > 1:
+            chain += [("probs_sum", tk * FP32 + t * FP32), ("probs_normalise", 2 * tk * FP32 + t * FP32)]
+            back.append(("probs_normalise_bwd", 3 * tk * FP32 + 2 * t * FP32))
+        back += [("topk_bwd", 2 * te * FP32), ("sigmoid_bwd", 3 * te * FP32)]
+    elif model.moe_router_pre_softmax:
+        back += [("topk_bwd", 2 * te * FP32), ("softmax_bwd", 3 * te * FP32)]
+    else:
+        chain.append(("topk_softmax", tk * 2 * FP32))
+        back += [("softmax_bwd", tk * 3 * FP32), ("topk_bwd", 2 * te * ab)]
+    if model.moe_router_topk_scaling_factor:
+        chain.append(("scale_probs", 2 * tk * FP32))
+        back.insert(0, ("scale_probs_bwd", 2 * tk * FP32))
+    chain += [
+        ("gates_zeros", te * ab), ("gates_scatter", te * ab), ("map_zeros", te * 4), ("map_scatter", te * 4),
+        ("map_bool", te * 5), ("tokens_per_expert", te),
+    ]
+    back.insert(0, ("gather_bwd", te * ab))
+    if capacity:
+        chain += [("capacity_topk", te * ab), ("cap_zeros", te * ab), ("cap_scatter", te * ab), ("cap_bool", te * 3),
+                  ("mask_probs", te * 3 * ab)]
+        back.insert(0, ("mask_probs_bwd", te * 3 * ab))
+    extra_grads = 0
+    comm: list[Kernel] = []
+    if lb != "none":
+        chain += [("aux_scores", te * (ab + FP32))]
+        if lb == "seq_aux_loss":
+            chain.append(("aux_seq_tokens_per_expert", te + float(d.b * E * FP32)))
+        chain.append(("aux_loss", te * FP32))
+        back.append(("aux_bwd", te * (ab + 2 * FP32)))
+        extra_grads += 1
+        if d.sp and d.tp > 1:
+            comm.append(Collective("all_reduce", float(E * FP32), "tp"))
+        if lb == "global_aux_loss" and dp_reduce:
+            comm.append(Collective("all_reduce", float(E * FP32), "dp"))
+    if model.moe_router_enable_expert_bias:
+        chain.append(("expert_bias_tokens", 2.0 * E * FP32))
+    if model.moe_z_loss_coeff:
+        back.append(("z_loss_bwd", te * (2 * ab + FP32) + t * FP32))
+        extra_grads += 1
+    if extra_grads:
+        back.append(("add_grads", (2 + extra_grads) * te * ab))
+    fwd: list[Kernel] = [Gemm(t, h, E, "TN"), *(MemBound(f"{P}.router.{n}", b) for n, b in chain), *comm]
+    bwd: list[Kernel] = [*(MemBound(f"{P}.router.{n}", b) for n, b in back), Gemm(t, E, h, "NN")]
+    return fwd, bwd
