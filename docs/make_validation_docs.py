@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simumax.validate import GIB, run_file, summary_by_family
+from simumax.validate import GIB, run_file, summary_by_family, summary_by_source
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
 LABELS = {"dense": "dense", "moe": "MoE/MLA"}
@@ -13,6 +13,23 @@ LABELS = {"dense": "dense", "moe": "MoE/MLA"}
 
 def _pct(x: float | None) -> str:
     return "" if x is None else f"{x:+.1%}"
+
+
+def _num(x: float | None, scale: float, digits: int) -> str:
+    return "" if x is None else f"{x * scale:.{digits}f}"
+
+
+def _abs(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _line(s: dict) -> str:
+    return (
+        f"{s['evaluated']} cases; time ({s['time_cases']}) mean |err| {_abs(s['time_mean_abs_error'])}, max "
+        f"{_abs(s['time_max_abs_error'])}, signed mean {_pct(s['time_mean_error'])} (SimuMax "
+        f"{_abs(s['reference_time_mean_abs_error'])} / {_abs(s['reference_time_max_abs_error'])}); memory "
+        f"({s['mem_cases']}) mean |err| {_abs(s['mem_mean_abs_error'])}, max {_abs(s['mem_max_abs_error'])}."
+    )
 
 
 def main() -> None:
@@ -26,20 +43,20 @@ def main() -> None:
             if r.skipped:
                 print(f"| {r.id} | skipped: {r.skipped} | | | | | | | |")
                 continue
+            star = "*" if r.mem_measure != "peak_alloc" and r.measured_mem is not None else ""
             print(
-                f"| {r.id} | {r.predicted_time * 1e3:.1f} | {r.measured_time * 1e3:.1f} | {_pct(r.time_error)} | "
-                f"{_pct(r.reference_time_error)} | {r.predicted_mem / GIB:.2f} | "
-                f"{r.measured_mem / GIB if r.measured_mem else float('nan'):.2f} | {_pct(r.mem_error)} | {_pct(r.reference_mem_error)} |"
+                f"| {r.id} | {_num(r.predicted_time, 1e3, 1)} | {_num(r.measured_time, 1e3, 1)} | {_pct(r.time_error)} | "
+                f"{_pct(r.reference_time_error)} | {_num(r.predicted_mem, 1 / GIB, 2)}{star} | "
+                f"{_num(r.measured_mem, 1 / GIB, 2)}{star} | {_pct(r.mem_error)} | {_pct(r.reference_mem_error)} |"
             )
+        if any(r.mem_measure != "peak_alloc" and r.measured_mem is not None for r in results):
+            print("\n\\* weights + grads + optimizer + stored activations of the first stage (no transient buffers)")
+        if len({r.source for r in results}) > 1:
+            for source, s in summary_by_source(results).items():
+                print(f"\n{source}: {_line(s)}")
         for family, s in summary_by_family(results).items():
-            if not s["evaluated"]:
-                continue
-            print(
-                f"\n{LABELS.get(family, family)}: {s['evaluated']} cases, time mean |err| {s['time_mean_abs_error']:.1%}, max "
-                f"{s['time_max_abs_error']:.1%} (SimuMax {s['reference_time_mean_abs_error']:.1%} / "
-                f"{s['reference_time_max_abs_error']:.1%}); memory mean |err| {s['mem_mean_abs_error']:.1%}, "
-                f"max {s['mem_max_abs_error']:.1%}."
-            )
+            if s["evaluated"]:
+                print(f"\n{LABELS.get(family, family)}: {_line(s)}")
         print()
 
 

@@ -54,3 +54,53 @@ def test_validate_cli_reports_each_family() -> None:
     assert payload["by_family"]["moe"]["cases"] == sum(c["family"] == "moe" for c in payload["cases"]) == 6
     text = run_cli("validate", str(path)).stdout
     assert "dense: 24/24 cases" in text and "moe: 6/6 cases" in text and "all: 30/30 cases" in text
+
+
+@needs_shared
+def test_public_file_reads_every_case() -> None:
+    """published_public.jsonl: time-only rows, and Korthikanti's Fig. 1 memory bars compared
+    with weights + grads + optimizer + stored activations of the first stage. The issue's
+    target (mean 8 %, max 20 %, signed +-3 %) is not met yet (docs/validation.md); the bounds
+    are the measured state, so a regression shows."""
+    from simumax.validate import summary_by_source
+
+    results = run_file(VALIDATION / "published_public.jsonl")
+    assert len(results) == 50 and not [r.skipped for r in results if r.skipped]
+    s = summary(results)
+    assert s["time_cases"] == 42 and s["mem_cases"] == 8
+    mem_rows = [r for r in results if r.measured_mem is not None]
+    assert all(r.mem_measure == "states_plus_activations" and r.measured_time is None for r in mem_rows)
+    for source, x in summary_by_source(results).items():
+        print(f"\n{source}: time mean |err| {x['time_mean_abs_error'] or 0:.2%} signed {x['time_mean_error'] or 0:+.2%}")
+    print(f"all: time mean |err| {s['time_mean_abs_error']:.2%}, max {s['time_max_abs_error']:.2%}, "
+          f"signed {s['time_mean_error']:+.2%}; memory max |err| {s['mem_max_abs_error']:.2%}")
+    assert s["time_mean_abs_error"] <= 0.105 and s["time_max_abs_error"] <= 0.26 and s["time_mean_error"] >= -0.105
+    assert s["mem_max_abs_error"] <= 0.07
+
+
+@needs_shared
+def test_states_plus_activations_is_the_first_stage_sum() -> None:
+    from simumax.validate import estimate_for_case, load_cases, states_plus_stored_activations
+
+    case = next(c for c in load_cases(VALIDATION / "published_public.jsonl") if "fig1_175B_none" in c["id"])
+    est = estimate_for_case(case, VALIDATION.parent / "reference")
+    s0 = est.memory().stages[0]
+    assert states_plus_stored_activations(est) == s0.weights + s0.grads + s0.optimizer + s0.stored_activation_mem
+    # stored activations: the most micro-batches' saved tensors held between passes, no transients
+    assert s0.stored_activation_mem < s0.activation_mem
+
+
+@needs_shared
+def test_validate_cli_on_the_public_file() -> None:
+    import json
+
+    from tests.conftest import run_cli
+
+    r = run_cli("validate", str(VALIDATION / "published_public.jsonl"))
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    for source in ("narayanan21", "korthikanti22", "megascale", "nemo2407"):
+        assert f"{source}: " in r.stdout
+    assert "stored activations of the first stage" in r.stdout
+    payload = json.loads(run_cli("validate", str(VALIDATION / "published_public.jsonl"), "--json").stdout)
+    assert set(payload["by_source"]) == {"narayanan21", "korthikanti22", "megascale", "nemo2407"}
