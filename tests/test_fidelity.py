@@ -411,3 +411,37 @@ def test_router_flags_import_export() -> None:
     for name in ("moe_router_score_function", "moe_router_num_groups", "moe_router_group_topk", "moe_router_topk_scaling_factor",
                  "moe_router_load_balancing_type", "moe_router_enable_expert_bias", "moe_z_loss_coeff", "moe_router_pre_softmax"):
         assert getattr(m, name) == getattr(m0, name), name
+
+
+# ---- TP overlap as userbuffers run it -------------------------------------------------------
+from simumax.cost import userbuffers  # noqa: E402
+
+
+def test_userbuffers_method_per_linear_and_phase() -> None:
+    est = _est(_llama(), "h100-sxm-80gb", world_size=4, tp_size=4, enable_sequence_parallel=True, tp_comm_overlap=True)
+    qkv, proj = _op(est, "L0.qkv"), _op(est, "L0.attn_proj")
+    assert userbuffers.overlap_method(qkv.fwd) == "ring"  # all-gather feeding the GEMM
+    assert userbuffers.overlap_method(proj.fwd) == "pipeline"  # GEMM feeding the reduce-scatter
+    assert userbuffers.overlap_method(proj.bwd_input) == "ring"  # all-gather of dY feeding the dgrad GEMM
+    assert userbuffers.overlap_method(qkv.bwd_input) == "bulk"  # re-gather and dgrad reduce-scatter beside it
+    assert userbuffers.overlap_method(_op(est, "L0.attn_norm").fwd) is None
+
+
+def test_userbuffers_times_by_hand() -> None:
+    est = _est(_llama(), "h100-sxm-80gb", world_size=4, tp_size=4, enable_sequence_parallel=True, tp_comm_overlap=True)
+    coster = est.layer_profiles.coster
+    qkv, proj = _op(est, "L0.qkv"), _op(est, "L0.attn_proj")
+    # ring exchange, tp = 4: 3 steps of max(chunk GEMM, one transfer) + one chunk GEMM
+    g = next(k for k in qkv.fwd if isinstance(k, Gemm))
+    ag = sum(coster.kernel(k) for k in qkv.fwd if isinstance(k, Collective) and k.op == "all_gather")
+    chunk = coster.kernel(Gemm(g.m // 4, g.k, g.n, g.layout))
+    ph = coster.sequence(qkv.fwd)
+    others = sum(coster.kernel(k) for k in qkv.fwd if not isinstance(k, (Gemm, Collective)))
+    assert ph.total == pytest.approx(3 * max(chunk, ag / 3) + chunk + others)
+    # pipeline, 4 splits on 132 - 16 SMs; the last split's reduce-scatter exposed
+    g2 = next(k for k in proj.fwd if isinstance(k, Gemm))
+    rs = sum(coster.kernel(k) for k in proj.fwd if isinstance(k, Collective))
+    split = coster.kernel(Gemm(g2.m // 4, g2.k, g2.n, g2.layout)) * 132 / 116
+    ph2 = coster.sequence(proj.fwd)
+    assert ph2.total == pytest.approx(split + 3 * max(split, rs / 4) + rs / 4)
+    assert ph2.comm["tp"] == pytest.approx(3 * max(0.0, rs / 4 - split) + rs / 4)

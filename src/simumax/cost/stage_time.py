@@ -2,7 +2,9 @@
 
 Kernels in a phase run one after another (no overlap: what the validation runs did),
 except the context-parallel ring's transfers, which TransformerEngine runs under the
-attention kernel before them, and with ``tp_comm_overlap``: TE's userbuffers run an op's TP all-gather /
+attention kernel before them, and with ``tp_comm_overlap``: TE's userbuffers split a GEMM
+around the all-gather feeding it or the reduce-scatter it feeds (cost/userbuffers.py), and
+run the column-parallel backward's all-gather /
 reduce-scatter under its own GEMM, so per op and phase the pair costs
 max(G, C) + u * min(G, C) (u: the TP tier's ``processor_usage``, the slowdown of
 compute sharing the GPU with communication). Overlap across passes (gradient reduce,
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from simumax.cost import userbuffers
 from simumax.cost.efficiency import ComputeModel
 from simumax.cost.network import NetworkModel
 from simumax.graph.kernels import Attention, Collective, Gemm, GroupGemm, Kernel, MemBound
@@ -55,6 +58,10 @@ class Coster:
         return self.compute.compute(k)[0]
 
     def sequence(self, kernels: tuple[Kernel, ...]) -> PhaseTime:
+        if self.tp_overlap_usage is not None and self.network.groups["tp"].size > 1:
+            method = userbuffers.overlap_method(kernels)
+            if method in ("ring", "pipeline"):
+                return self._userbuffers(kernels, method)
         out = PhaseTime()
         gemm = 0.0
         cover = 0.0  # attention time left to hide context-parallel ring transfers under
@@ -83,6 +90,33 @@ class Coster:
             out.comm["tp"] -= hidden
             out.compute += u * hidden  # the GEMM runs slower beside the collective
             out.total += (u - 1) * hidden
+        return out
+
+    def _userbuffers(self, kernels: tuple[Kernel, ...], method: str) -> PhaseTime:
+        """A phase whose GEMM TE splits around its TP all-gather (ring exchange) or
+        reduce-scatter (pipeline): cost/userbuffers.py."""
+        out = PhaseTime()
+        kind = "all_gather" if method == "ring" else "reduce_scatter"
+        gemm = next(k for k in kernels if isinstance(k, Gemm))
+        overlapped = [k for k in kernels if isinstance(k, Collective) and k.group == "tp" and k.op == kind]
+        comm = sum(self.kernel(c) for c in overlapped)
+        if method == "ring":
+            both, exposed = userbuffers.ring_time(gemm, comm, self.network.groups["tp"].size, self.kernel)
+        else:
+            both, exposed = userbuffers.pipeline_time(gemm, comm, self.compute.acc.sm_count, self.kernel)
+        for k in kernels:
+            if k is gemm:
+                self._compute(out, k, both - exposed)
+            elif any(k is c for c in overlapped):
+                continue
+            elif isinstance(k, Collective):
+                self._comm(out, k, self.kernel(k))
+            else:
+                self._compute(out, k, self.kernel(k))
+        for c in overlapped:
+            out.bytes += c.bytes
+        out.total += exposed
+        out.comm["tp"] += exposed
         return out
 
     @staticmethod
