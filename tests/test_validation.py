@@ -104,3 +104,36 @@ def test_validate_cli_on_the_public_file() -> None:
     assert "stored activations of the first stage" in r.stdout
     payload = json.loads(run_cli("validate", str(VALIDATION / "published_public.jsonl"), "--json").stdout)
     assert set(payload["by_source"]) == {"narayanan21", "korthikanti22", "megascale", "nemo2407"}
+
+
+def test_spearman_and_regret_by_hand() -> None:
+    from simumax.validate import CaseResult, ranking, spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    # ranks with a tie: [1, 2.5, 2.5, 4] vs [1, 2, 3, 4] -> 0.9487
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(3 / 10**0.5, rel=1e-9)
+    assert spearman([1, 1], [1, 2]) is None
+
+    def case(i: str, group: str, pred: float, real: float) -> CaseResult:
+        return CaseResult(i, real, pred, pred / real - 1, None, None, None, None, None, group=group)
+
+    # the model picks b (pred 0.9) whose real time is 1.2; the really fastest is a at 1.0: regret 20 %
+    r = ranking([case("a", "g", 1.0, 1.0), case("b", "g", 0.9, 1.2), case("c", "g", 2.0, 2.0), case("d", "h", 1.0, 1.0)])
+    assert len(r["groups"]) == 1 and r["groups"][0]["cases"] == ["a", "b", "c"]
+    assert r["groups"][0]["regret"] == pytest.approx(0.2) and r["max_regret"] == pytest.approx(0.2)
+    assert r["groups"][0]["spearman"] == pytest.approx(0.5)
+
+
+@needs_shared
+@pytest.mark.parametrize("name", ["a100_pcie_megatron.jsonl", "b200_megatron.jsonl"])
+def test_ranking_within_groups(name: str) -> None:
+    """Cases with the same model, GPU count, global batch and sequence, in the order a search
+    would put them (issue 20: mean Spearman >= 0.9, regret <= 2 %)."""
+    from simumax.validate import ranking
+
+    r = ranking(run_file(VALIDATION / name))
+    print(f"\n{name}: {len(r['groups'])} groups, mean Spearman {r['mean_spearman']:.2f}, "
+          f"regret mean {r['mean_regret']:.2%} max {r['max_regret']:.2%}")
+    assert len(r["groups"]) >= 5
+    assert r["mean_spearman"] >= 0.9 and r["max_regret"] <= 0.02

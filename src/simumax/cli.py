@@ -224,13 +224,15 @@ def validate(
     out: Optional[Path] = typer.Option(None, "--out", help="Also write validation.json to this folder."),
 ) -> None:
     """Compare predictions with measured runs: time and peak memory error per case."""
-    from simumax.validate import run_file, summary, summary_by_family, summary_by_source
+    from simumax.validate import ranking, run_file, summary, summary_by_family, summary_by_source
 
     results = run_file(file, reference_root)
     summ = summary(results)
     by_family = summary_by_family(results)
     by_source = summary_by_source(results)
-    payload = {"cases": [r.to_dict() for r in results], "summary": summ, "by_family": by_family, "by_source": by_source}
+    ranks = ranking(results)
+    payload = {"cases": [r.to_dict() for r in results], "summary": summ, "by_family": by_family, "by_source": by_source,
+               "ranking": ranks}
     if out is not None:
         write_json_atomic(out / "validation.json", payload)
     if as_json:
@@ -273,6 +275,13 @@ def validate(
         for family, s in by_family.items():
             out_console.print(line(f"{family}: ", s), markup=False)
     out_console.print(line("all: " if len(by_family) > 1 or len(by_source) > 1 else "", summ), markup=False)
+    if ranks["groups"]:
+        rho = ranks["mean_spearman"]
+        out_console.print(
+            f"ranking: {len(ranks['groups'])} groups of cases with the same model, GPUs, global batch and sequence:"
+            f" mean Spearman {'-' if rho is None else f'{rho:.2f}'}, regret of the predicted-fastest mean"
+            f" {apct(ranks['mean_regret'])} max {apct(ranks['max_regret'])}", markup=False,
+        )
 
 
 def _sizes(text: str, name: str) -> list[int]:

@@ -31,6 +31,9 @@ class CaseResult:
     # what measured_mem is: "peak_alloc" (max_memory_allocated) or "states_plus_activations"
     # (weights + grads + optimizer + stored activations of the first stage, no transients)
     mem_measure: str = "peak_alloc"
+    # cases with the same model, GPU count, global batch and sequence answer the same
+    # question with different strategies: what a search must rank
+    group: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +84,16 @@ def case_source(case_id: str) -> str:
     return name.split("_", 1)[0] if suite == "public" and name else suite
 
 
+def ranking_group(case: dict[str, Any]) -> str:
+    """Model (with its overrides), world size, global batch and sequence length of a case."""
+    st = case.get("strategy", {})
+    tp, pp, cp = st.get("tp_size", 1), st.get("pp_size", 1), st.get("cp_size", 1)
+    world = st.get("world_size", 1)
+    gbs = st.get("micro_batch_size", 1) * st.get("micro_batch_num", 1) * max(1, world // (tp * pp * cp))
+    model = json.dumps([case.get("model"), case.get("model_overrides") or {}], sort_keys=True)
+    return f"{model}|world={world}|gbs={gbs}|seq={st.get('seq_len')}"
+
+
 def states_plus_stored_activations(est: Estimate) -> float:
     """Weights + gradients + optimizer states + the most stored activations the first
     pipeline stage holds (Korthikanti et al. 2022, Fig. 1: no temporary buffers)."""
@@ -102,17 +115,17 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
     real_m = real_m * GIB if real_m is not None else None
     ref_t = relative_error(ref.get("iter_time_ms") and ref["iter_time_ms"] / 1e3, real_t)
     ref_m = relative_error(ref.get("peak_alloc_gib") and ref["peak_alloc_gib"] * GIB, real_m)
-    source = case_source(case["id"])
+    source, group = case_source(case["id"]), ranking_group(case)
     try:
         est = estimate_for_case(case, root)
         t = est.cost().duration_time_per_iter if real_t is not None else None
         mem = est.memory().peak_mem if measure == "peak_alloc" else states_plus_stored_activations(est)
     except ConfigError as exc:
-        return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc), source=source, mem_measure=measure)
+        return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc), source=source, mem_measure=measure, group=group)
     family = "moe" if est.model.is_moe else "dense"
     return CaseResult(
         case["id"], real_t, t, relative_error(t, real_t), ref_t, real_m, mem, relative_error(mem, real_m), ref_m,
-        family=family, source=source, mem_measure=measure,
+        family=family, source=source, mem_measure=measure, group=group,
     )
 
 
@@ -168,3 +181,57 @@ def summary_by_source(results: list[CaseResult]) -> dict[str, dict[str, float | 
     source by hurting another."""
     sources = sorted({r.source for r in results})
     return {s: summary([r for r in results if r.source == s]) for s in sources}
+
+
+def _ranks(xs: list[float]) -> list[float]:
+    """Ranks 1..n, ties sharing their mean rank."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    out = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rank correlation (Pearson on the ranks); None when either side is constant."""
+    ra, rb = _ranks(a), _ranks(b)
+    n = len(a)
+    ma, mb = sum(ra) / n, sum(rb) / n
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va, vb = sum((x - ma) ** 2 for x in ra), sum((y - mb) ** 2 for y in rb)
+    return None if va == 0 or vb == 0 else cov / (va * vb) ** 0.5
+
+
+def ranking(results: list[CaseResult]) -> dict[str, Any]:
+    """Per group of cases that share model, GPU count, global batch and sequence (at least
+    two with a time): Spearman of predicted vs real time, and the regret of picking the
+    predicted-fastest (its real time over the really fastest's, minus 1). Means over groups."""
+    groups: dict[str, list[CaseResult]] = {}
+    for r in results:
+        if r.time_error is not None:
+            groups.setdefault(r.group, []).append(r)
+    rows = []
+    for key, rs in sorted(groups.items()):
+        if len(rs) < 2:
+            continue
+        pred = [r.predicted_time for r in rs]
+        real = [r.measured_time for r in rs]
+        picked = min(range(len(rs)), key=lambda i: pred[i])
+        rows.append({
+            "group": key, "cases": [r.id for r in rs], "spearman": spearman(pred, real),  # type: ignore[arg-type]
+            "regret": real[picked] / min(real) - 1.0,  # type: ignore[operator, type-var]
+        })
+    rhos = [g["spearman"] for g in rows if g["spearman"] is not None]
+    regrets = [g["regret"] for g in rows]
+    return {
+        "groups": rows,
+        "mean_spearman": sum(rhos) / len(rhos) if rhos else None,
+        "mean_regret": sum(regrets) / len(regrets) if regrets else None,
+        "max_regret": max(regrets) if regrets else None,
+    }
