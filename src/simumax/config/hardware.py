@@ -189,6 +189,9 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "sys_name": gpu.name,
         "num_per_node": gpu.num_per_node,
+        # the scale-out fabric as users state it: one NIC per GPU (DGX / HGX, NVL72 racks)
+        "nics_per_node": gpu.num_per_node,
+        "nic_gbps": gpu.nic_gbps * 8,
         "accelerator": {
             "backend": "rocm" if gpu.name.startswith("mi") else "cuda",
             "mem_gbs": gpu.mem_gib,

@@ -130,6 +130,17 @@ class SystemConfig(ConfigBase):
     accelerator: AcceleratorConfig
     networks: NetworksConfig
     FC8: bool = Field(False, description="SimuMax flag kept for compatibility; no effect.")
+    nics_per_node: PositiveInt | None = Field(
+        None, description="Scale-out NICs per node (DGX A100 / H100: 8). With nic_gbps it sets the inter_node tier's "
+        "bandwidth per GPU: nics_per_node x nic_gbps / 8 / num_per_node GB/s.",
+    )
+    nic_gbps: PositiveFloat | None = Field(
+        None, description="Line rate of one scale-out NIC in Gb/s (HDR 200, NDR 400, XDR / ConnectX-8 800)."
+    )
+    nvlink_domain: PositiveInt | None = Field(
+        None, description="GPUs on one scale-up (NVLink / NVSwitch) fabric when it spans more than a node (NVL72: 72); "
+        "groups inside it use the intra-node tiers. Default num_per_node.",
+    )
     _warned: set[str] = PrivateAttr(default_factory=set)
 
     def first_warning(self, key: str) -> bool:
@@ -143,7 +154,33 @@ class SystemConfig(ConfigBase):
     def _tiers(self) -> "SystemConfig":
         if not self.networks.tiers:
             raise ConfigError("networks", "needs at least one tier")
+        if (self.nics_per_node is None) != (self.nic_gbps is None):
+            missing = "nic_gbps" if self.nic_gbps is None else "nics_per_node"
+            raise ConfigError(missing, "the scale-out fabric needs both nics_per_node and nic_gbps (Gb/s per NIC)")
+        if self.nics_per_node is not None:
+            gbps = self.inter_node_gbps_per_gpu
+            tier = self.networks.tiers.get("inter_node")
+            if tier is None:
+                from simumax.config.hardware import NIC_EFF, NIC_FIXED_US, NIC_STEP_US, collective_tier
+
+                self.networks.tiers["inter_node"] = NetworkTier.model_validate(collective_tier(gbps, NIC_FIXED_US, NIC_STEP_US, NIC_EFF))
+            else:
+                tier.bandwidth.gbps = gbps
+        if self.nvlink_domain is not None and self.nvlink_domain < self.num_per_node:
+            raise ConfigError("nvlink_domain", f"must be >= num_per_node ({self.num_per_node})")
         return self
+
+    @property
+    def inter_node_gbps_per_gpu(self) -> float:
+        """GB/s each GPU gets of its node's NICs (every GPU of a node runs its own group's
+        collective at once, so each uses its share)."""
+        assert self.nics_per_node is not None and self.nic_gbps is not None
+        return self.nics_per_node * self.nic_gbps / 8 / self.num_per_node
+
+    @property
+    def scaleup_size(self) -> int:
+        """GPUs one scale-up fabric joins: the NVLink domain, else the node."""
+        return self.nvlink_domain or self.num_per_node
 
     @property
     def mem_bytes(self) -> int:

@@ -91,7 +91,7 @@ class NetworkModel:
         self._cache: dict[Collective, float] = {}
 
     def _place(self, group: str, n: int, stride: int, override: str | None) -> GroupPlacement:
-        per_node = self.system.num_per_node
+        per_node = self.system.scaleup_size
         span = stride * (n - 1) + 1
         intra = span <= per_node and (per_node % (stride * n) == 0 or stride * n <= per_node)
         if override:
@@ -175,7 +175,7 @@ class NetworkModel:
         group's collective at the same time (groups of one kind are symmetric), so each
         uses its share of the node's NICs."""
         n, stride = place.size, place.stride
-        per_node = self.system.num_per_node
+        per_node = self.system.scaleup_size
         k = max(1, min(n, per_node // stride)) if stride < per_node else 1
         nodes = max(1, n // k)
         local = self._intra_tier(k, stride) if k > 1 else None
