@@ -87,7 +87,13 @@ def test_estimate_reports_sources() -> None:
     sources = est.cost().efficiency_lookups["sources"]
     assert sources["matmul"]["default"] > 0 and sources["matmul"]["measured"] == 0
     est = Estimate(load_model("llama3-8b"), load_strategy("tp1_pp2_dp4_mbs1"), load_system("h100-sxm-80gb"))
-    assert est.cost().efficiency_lookups["sources"]["matmul"] == {"measured": 15, "fitted": 0, "default": 0}
+    lookups = est.cost().efficiency_lookups
+    # per estimate, one micro-batch through every chunk: 32 layers x 4 linears x 3 GEMMs + the LM head's 3
+    assert lookups["sources"]["matmul"] == {"measured": 32 * 4 * 3 + 3, "fitted": 0, "default": 0}
+    assert lookups["seconds"]["matmul"]["measured"] > 0 and lookups["seconds"]["matmul"]["fitted"] == 0
+    # an identical estimate (sharing the profile cache) reports the same, not twice as much
+    again = Estimate(est.model, est.strategy, est.system, profiles=est.profiles)
+    assert again.cost().efficiency_lookups == lookups
 
 
 @settings(max_examples=200, deadline=None)

@@ -266,6 +266,8 @@ def validate(
             f" (SimuMax {apct(s['reference_time_mean_abs_error'])} / {apct(s['reference_time_max_abs_error'])});"
             f" memory ({s['mem_cases']}) mean |err| {apct(s['mem_mean_abs_error'])} max {apct(s['mem_max_abs_error'])}"
         )
+        if s["band_coverage"] is not None:
+            text += f"; 80 % band holds {apct(s['band_coverage'])} (median width {apct(s['band_median_width'])})"
         return text + (f"; {s['skipped']} skipped" if s["skipped"] else "")
 
     if len(by_source) > 1:

@@ -16,6 +16,7 @@ from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.cost.efficiency import ComputeModel
 from simumax.cost.network import NetworkModel
+from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import PhaseTime, StageTime
 from simumax.graph.kernels import Collective, MemBound
 from simumax.graph.model_graph import build_virtual_stages, merge_chunks
@@ -31,6 +32,7 @@ from simumax.schedule import SPLIT_BACKWARD
 from simumax.schedule.one_f_one_b import pipeline_time
 from simumax.simulate.engine import PipelineOptions, run_pipeline
 from simumax.simulate.iteration import IterationRun, pass_costs, simulate_iteration
+from simumax.uncertainty import MEMORY_BAND, TIME_BAND, attribution, unmeasured_share
 
 MEGATRON_MIN_BUCKET = 40_000_000  # elements (Megatron DDP default bucket)
 
@@ -80,6 +82,15 @@ class Estimate:
     @cached_property
     def network(self) -> NetworkModel:
         return NetworkModel(self.system, self.strategy)
+
+    @cached_property
+    def kernel_sources(self) -> KernelSources:
+        """This estimate's kernel seconds (one micro-batch through every chunk) by family
+        and source: measured, fitted or default (``CostResult.efficiency_lookups``)."""
+        out = KernelSources()
+        for c in self.chunks:
+            out.add(self.layer_profiles.chunk_sources(self.strategy, c))
+        return out
 
     @cached_property
     def chunk_times(self) -> list[StageTime]:
@@ -331,17 +342,25 @@ class Estimate:
         world = st.world_size
         tokens = st.global_batch_size * st.seq_len
         peak = self.peak_flops()
+        u = unmeasured_share(attribution(self))
+        lo, hi = TIME_BAND.interval(total, u)
+        mfu = flops / (total * world * peak)
+        tput = tokens / total / world
         return CostResult(
             duration_time_per_iter=total,
-            mfu=flops / (total * world * peak),
+            mfu=mfu,
             mfu_6nd_with_attn=self.flops_6nd_with_attn() / (total * world * peak),
             tflops_per_gpu=flops / (total * world) / 1e12,
-            throughput_per_accelerator=tokens / total / world,
+            throughput_per_accelerator=tput,
             flops_per_iter=flops,
             tokens_per_iter=tokens,
             breakdown=breakdown,
             stages=stage_costs,
-            efficiency_lookups=self.compute_model.log.to_dict(),
+            efficiency_lookups=self.kernel_sources.to_dict(),
+            duration_time_interval=(lo, hi),
+            mfu_interval=(mfu * total / hi, mfu * total / lo),
+            throughput_interval=(tput * total / hi, tput * total / lo),
+            unmeasured_share=u,
         )
 
     def _breakdown(self, crit: int, per_stage: list[tuple[float, float]], end_bwd: float, end: float, wait: float,
@@ -451,4 +470,5 @@ class Estimate:
         return MemResult(
             stages=out, peak_mem=top.peak_mem, peak_mem_with_reserved=top.peak_mem_with_reserved,
             peak_stage=top.stage, capacity=cap, fits=top.peak_mem_with_reserved <= cap and math.isfinite(top.peak_mem),
+            peak_mem_interval=MEMORY_BAND.interval(top.peak_mem),
         )

@@ -23,6 +23,8 @@ from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.cost.efficiency import ComputeModel
 from simumax.cost.network import NetworkModel
+from simumax.cost import sources
+from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import Coster, PhaseTime, StageTime
 from simumax.graph.model_graph import OpSource
 from simumax.graph.ops import PHASES, Op, Stage
@@ -71,6 +73,7 @@ class LayerProfiles:
     _layer_times: dict[tuple[bool, bool], StageTime] = field(default_factory=dict)
     _op_times: dict[int, dict[str, PhaseTime]] = field(default_factory=dict)
     _walks: dict[tuple[Any, ...], tuple[WalkResult, int, int]] = field(default_factory=dict)
+    _layer_sources: dict[tuple[bool, bool], KernelSources] = field(default_factory=dict)
 
     def op_time(self, o: Op) -> dict[str, PhaseTime]:
         # ops are the source's own objects, alive as long as the family: id() is stable
@@ -111,6 +114,20 @@ class LayerProfiles:
             out.add(self.layer_time(layer, rc))
         out.add(self._ops_time(post))
         out.p2p = p2p
+        return out
+
+    def chunk_sources(self, st: StrategyConfig, chunk: Stage) -> KernelSources:
+        """Kernel seconds of one micro-batch through a chunk by family and source (layers
+        of one kind summed once)."""
+        kinds, pre, post = self._shape(st, chunk)
+        out = KernelSources()
+        for layer, kind in zip(chunk.layers, kinds, strict=True):
+            src = self._layer_sources.get(kind)
+            if src is None:
+                src = self._layer_sources[kind] = sources.of_ops(self.source.layer(layer, kind[1]), self.coster.compute,
+                                                                  self.coster.network)
+            out.add(src)
+        out.add(sources.of_ops(pre + post, self.coster.compute, self.coster.network))
         return out
 
     def chunk_walk(self, st: StrategyConfig, chunk: Stage) -> WalkResult:

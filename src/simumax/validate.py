@@ -34,6 +34,7 @@ class CaseResult:
     # cases with the same model, GPU count, global batch and sequence answer the same
     # question with different strategies: what a search must rank
     group: str = ""
+    time_band: tuple[float, float] | None = None  # the prediction's 80 % band, seconds
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,14 +119,16 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
     source, group = case_source(case["id"]), ranking_group(case)
     try:
         est = estimate_for_case(case, root)
-        t = est.cost().duration_time_per_iter if real_t is not None else None
+        cost = est.cost() if real_t is not None else None
+        t = cost.duration_time_per_iter if cost else None
+        band = cost.duration_time_interval if cost else None
         mem = est.memory().peak_mem if measure == "peak_alloc" else states_plus_stored_activations(est)
     except ConfigError as exc:
         return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc), source=source, mem_measure=measure, group=group)
     family = "moe" if est.model.is_moe else "dense"
     return CaseResult(
         case["id"], real_t, t, relative_error(t, real_t), ref_t, real_m, mem, relative_error(mem, real_m), ref_m,
-        family=family, source=source, mem_measure=measure, group=group,
+        family=family, source=source, mem_measure=measure, group=group, time_band=band,
     )
 
 
@@ -153,7 +156,12 @@ def summary(results: list[CaseResult]) -> dict[str, float | int | None]:
     t_mean, t_max = stats(t)
     m_mean, m_max = stats(m)
     rt_mean, rt_max = stats(rt)
+    banded = [r for r in results if r.time_band is not None and r.measured_time is not None and r.predicted_time]
+    inside = [r.time_band[0] <= r.measured_time <= r.time_band[1] for r in banded]  # type: ignore[index, operator]
+    widths = sorted((r.time_band[1] - r.time_band[0]) / r.predicted_time for r in banded)  # type: ignore[index, operator]
     return {
+        "band_coverage": sum(inside) / len(inside) if inside else None,
+        "band_median_width": widths[len(widths) // 2] if widths else None,
         "cases": len(results),
         "evaluated": sum(1 for r in results if not r.skipped),
         "time_cases": len(t),

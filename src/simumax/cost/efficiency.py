@@ -119,6 +119,18 @@ class ComputeModel:
             self.log.misses[f"{name}: {k.key}"] += 1
         return t, eff
 
+    def seconds_and_source(self, k: ComputeKernel) -> tuple[float, str, str]:
+        """(seconds, family used, measured / fitted / default) of a kernel, not logged."""
+        cached = self._cache.get(k)
+        if cached is None:
+            cached = self._cache[k] = self._cost(k)
+        return cached[0], cached[2], cached[3]
+
+    def membound_source(self, k: MemBound) -> tuple[str, float]:
+        """("memory/<family>/<measured|default>", seconds) of a bandwidth-bound kernel, not logged."""
+        key, per_byte, latency = self._mem_line(k.family)
+        return key, k.bytes * per_byte + latency
+
     def _cost(self, k: ComputeKernel) -> tuple[float, float, str, str]:
         name = self._family(k.family)
         spec = self.acc.op[name]
@@ -137,12 +149,17 @@ class ComputeModel:
         """Bandwidth-bound kernel: the family's line (bytes / (gbps · eff) + latency, as
         calibrate fits it) when the system has the family, else the default HBM line;
         counted as memory/<family> measured or default."""
-        line = self._mem_lines.get(k.family)
-        if line is None:
-            bw = self.acc.bandwidth.get(k.family)
-            src = "measured" if bw is not None else "default"
-            bw = bw or self.acc.bandwidth["default"]
-            line = self._mem_lines[k.family] = (f"memory/{k.family}/{src}", 1.0 / (bw.gbps * 1e9 * bw.efficient_factor), bw.latency_us * 1e-6)
+        line = self._mem_line(k.family)
         self.log.sources[line[0]] += 1
         return k.bytes * line[1] + line[2]
+
+    def _mem_line(self, family: str) -> tuple[str, float, float]:
+        """(log key, seconds per byte, latency) of a memory-bound family."""
+        line = self._mem_lines.get(family)
+        if line is None:
+            bw = self.acc.bandwidth.get(family)
+            src = "measured" if bw is not None else "default"
+            bw = bw or self.acc.bandwidth["default"]
+            line = self._mem_lines[family] = (f"memory/{family}/{src}", 1.0 / (bw.gbps * 1e9 * bw.efficient_factor), bw.latency_us * 1e-6)
+        return line
 

@@ -43,12 +43,14 @@ def summary_table(cost: CostResult, mem: MemResult) -> Table:
     t = Table(show_header=False)
     t.add_column("metric")
     t.add_column("value", justify="right")
-    t.add_row("iteration time (ms)", ms(cost.duration_time_per_iter))
-    t.add_row("MFU (causal attention)", f"{cost.mfu:.1%}")
+    band = lambda iv, f: f" (80 %: {f(iv[0])}–{f(iv[1])})" if iv else ""  # noqa: E731
+    t.add_row("iteration time (ms)", ms(cost.duration_time_per_iter) + band(cost.duration_time_interval, ms))
+    t.add_row("MFU (causal attention)", f"{cost.mfu:.1%}" + band(cost.mfu_interval, lambda x: f"{x:.1%}"))
     t.add_row("MFU (SimuMax 6ND + attn)", f"{cost.mfu_6nd_with_attn:.1%}")
     t.add_row("TFLOP/s per GPU", f"{cost.tflops_per_gpu:.1f}")
-    t.add_row("tokens/s per GPU", f"{cost.throughput_per_accelerator:.0f}")
-    t.add_row("peak allocated (GiB, max stage)", f"{gib(mem.peak_mem)} (stage {mem.peak_stage})")
+    t.add_row("tokens/s per GPU", f"{cost.throughput_per_accelerator:.0f}" + band(cost.throughput_interval, lambda x: f"{x:.0f}"))
+    t.add_row("peak allocated (GiB, max stage)",
+              f"{gib(mem.peak_mem)} (stage {mem.peak_stage})" + band(mem.peak_mem_interval, gib))
     t.add_row("peak reserved (GiB)", f"{gib(mem.peak_mem_with_reserved)} of {gib(mem.capacity)}")
     return t
 

@@ -47,6 +47,11 @@ class CostResult(_ToDict):
     breakdown: dict[str, float]  # seconds on the critical rank: fwd, bwd, recompute, tp_comm, ...
     stages: list[StageCost]
     efficiency_lookups: dict[str, Any] = field(default_factory=dict)
+    # 80 % bands (simumax/uncertainty.py); the point estimates above never move
+    duration_time_interval: tuple[float, float] | None = None  # s
+    mfu_interval: tuple[float, float] | None = None
+    throughput_interval: tuple[float, float] | None = None  # tokens / s / GPU
+    unmeasured_share: float | None = None  # share of compute-kernel seconds no measured table entry gave
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +81,7 @@ class MemResult(_ToDict):
     peak_stage: int
     capacity: float  # device memory, bytes
     fits: bool
+    peak_mem_interval: tuple[float, float] | None = None  # 80 % band of peak_mem, bytes
 
 
 @dataclass(frozen=True, slots=True)
