@@ -14,6 +14,7 @@ from simumax.config.checks import check_compatible
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
+from simumax.cost.breakdown import critical_rank_breakdown
 from simumax.cost.efficiency import ComputeModel
 from simumax.cost.network import NetworkModel
 from simumax.cost.sources import KernelSources
@@ -22,8 +23,8 @@ from simumax.graph.kernels import Collective, MemBound
 from simumax.graph.model_graph import build_virtual_stages, merge_chunks
 from simumax.graph.ops import Stage
 from simumax.graph.params import ParamCount, count_params
-from simumax.memory.activation_walk import WalkResult
 from simumax.graph import fp8
+from simumax.memory.activation_walk import WalkResult
 from simumax.memory.model_states import fp8_weight_params, model_states, optimizer_bytes_per_param, shard_params
 from simumax.report.results import CostResult, MemResult, StageCost, StageMemory
 from simumax.memory.schedule_walk import RankActivations, walk_schedule
@@ -337,7 +338,7 @@ class Estimate:
             )
         total = max(ends)
         crit = max(range(len(ends)), key=lambda r: ends[r])
-        breakdown = self._breakdown(crit, per_stage, end_bwd[crit], ends[crit], max(ready) - ready[crit], opt_t[crit], run)
+        breakdown = critical_rank_breakdown(self, crit, per_stage, end_bwd[crit], ends[crit], max(ready) - ready[crit], opt_t[crit], run)
         flops = self.model_flops_per_iter()
         world = st.world_size
         tokens = st.global_batch_size * st.seq_len
@@ -362,55 +363,6 @@ class Estimate:
             throughput_interval=(tput * total / hi, tput * total / lo),
             unmeasured_share=u,
         )
-
-    def _breakdown(self, crit: int, per_stage: list[tuple[float, float]], end_bwd: float, end: float, wait: float,
-                   optimizer: float, run: IterationRun | None) -> dict[str, float]:
-        """Where the critical rank's iteration goes, in parts that add up to its end exactly.
-
-        Until its last pass ends: compute (fwd, bwd, recompute) and the communication exposed
-        inside passes (per group) and blocking P2P sends, as the rank ran them (with the
-        event simulator, what EP pairing hid comes off ``ep_comm``, and waiting for ZeRO
-        parameter gathers inside the first forward counts as ``dp_comm``); the rest of that
-        span is idle: ``stage_imbalance`` (waiting on a slower stage, up to the gap between
-        the busiest stage and this one) and ``bubble`` (fill and drain). After it: gradient
-        reduce and parameter gathers not hidden (``dp_comm``), the step (``optimizer``) and
-        the wait at its all-rank gradient-norm barrier (``optimizer_sync``)."""
-        st = self.strategy
-        m = st.micro_batch_num
-        ct = self.stage_times[crit]
-        parts = {
-            "fwd": (ct.fwd.total - sum(ct.fwd.comm.values())) * m,
-            "bwd": (ct.bwd.total - sum(ct.bwd.comm.values())) * m,
-            "recompute": (ct.recompute.total - sum(ct.recompute.comm.values())) * m,
-        }
-        comm: dict[str, float] = {}
-        for ph in (ct.fwd, ct.bwd, ct.recompute):
-            for g, x in ph.comm.items():
-                comm[g] = comm.get(g, 0.0) + x * m
-        p2p = 0.0 if st.p2p_overlapped else max(0.0, sum(per_stage[crit]) - ct.total) * m
-        nominal = sum(parts.values()) + sum(comm.values()) + p2p
-        gate_wait = 0.0
-        busy = nominal
-        if run is not None:
-            busy = run.busy[crit]
-            if busy < nominal:  # EP all-to-all hidden under the paired micro-batch's compute
-                hidden = nominal - busy
-                comm["ep"] = comm.get("ep", 0.0) - hidden
-            else:  # the first forwards waited for their parameters' all-gather
-                gate_wait = busy - nominal
-        idle = max(0.0, end_bwd - busy)
-        busy_max = m * max(f + b for f, b in per_stage)
-        imbalance = min(idle, max(0.0, busy_max - m * sum(per_stage[crit])))
-        return {
-            **parts,
-            **{f"{g}_comm": x for g, x in sorted(comm.items())},
-            "pp_p2p": p2p,
-            "bubble": idle - imbalance,
-            "stage_imbalance": imbalance,
-            "dp_comm": max(0.0, end - end_bwd - optimizer - wait) + gate_wait,
-            "optimizer": optimizer,
-            "optimizer_sync": wait,
-        }
 
     @cached_property
     def chunk_walks(self) -> dict[int, WalkResult]:

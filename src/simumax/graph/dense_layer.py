@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
-from simumax.graph import blocks
+from simumax.graph import attention, blocks
 from simumax.graph.dims import Dims
 from simumax.graph.ops import Op
 
@@ -40,11 +40,11 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
             blocks.rope(f"{P}.rope", layer, d, q_w + kv_w, fused=not local, rot_dim=hd).with_(input=(mixed,), output=q, also_outputs=(k,))
         )
     if st.use_math_sdp or local:
-        core = blocks.math_attention(
+        core = attention.math_attention(
             f"{P}.attn", layer, d, q, k, v, qk_dim=hd, v_dim=hd, dropout=st.enable_dropout, fused_softmax=st.masked_softmax_fusion
         )
     else:
-        core = blocks.flash_attention(f"{P}.attn", layer, d, q, k, v, out, qk_dim=hd, v_dim=hd)
+        core = attention.flash_attention(f"{P}.attn", layer, d, q, k, v, out, qk_dim=hd, v_dim=hd)
     ops.append(core.with_(output=out))
     ops.append(blocks.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, out, q_w, d.h, bias=bias))
     ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))

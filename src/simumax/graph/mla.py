@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
-from simumax.graph import blocks
+from simumax.graph import attention, blocks
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective, MemBound
 from simumax.graph.ops import Op, Tensor
@@ -97,9 +97,9 @@ def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
 
     out = (f"{P}.attn.out", d.act(heads * v_dim))
     if st.use_math_sdp:
-        core = blocks.math_attention(f"{P}.attn", layer, d, query, key, value, qk_dim=q_dim, v_dim=v_dim, dropout=st.enable_dropout)
+        core = attention.math_attention(f"{P}.attn", layer, d, query, key, value, qk_dim=q_dim, v_dim=v_dim, dropout=st.enable_dropout)
     else:
-        core = blocks.flash_attention(f"{P}.attn", layer, d, query, key, value, out, qk_dim=q_dim, v_dim=v_dim, kv_heads=heads)
+        core = attention.flash_attention(f"{P}.attn", layer, d, query, key, value, out, qk_dim=q_dim, v_dim=v_dim, kv_heads=heads)
     ops.append(core.with_(output=out))
     ops.append(blocks.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, out, heads * v_dim, d.h, bias=model.add_bias_linear))
     ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))

@@ -1,0 +1,59 @@
+"""Where the critical rank's iteration went: parts that add up to its end exactly."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from simumax.estimate import Estimate
+    from simumax.simulate.iteration import IterationRun
+
+
+def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[float, float]], end_bwd: float, end: float,
+                            wait: float, optimizer: float, run: "IterationRun | None") -> dict[str, float]:
+    """Where the critical rank's iteration goes, in parts that add up to its end exactly.
+
+    Until its last pass ends: compute (fwd, bwd, recompute) and the communication exposed
+    inside passes (per group) and blocking P2P sends, as the rank ran them (with the
+    event simulator, what EP pairing hid comes off ``ep_comm``, and waiting for ZeRO
+    parameter gathers inside the first forward counts as ``dp_comm``); the rest of that
+    span is idle: ``stage_imbalance`` (waiting on a slower stage, up to the gap between
+    the busiest stage and this one) and ``bubble`` (fill and drain). After it: gradient
+    reduce and parameter gathers not hidden (``dp_comm``), the step (``optimizer``) and
+    the wait at its all-rank gradient-norm barrier (``optimizer_sync``)."""
+    st = est.strategy
+    m = st.micro_batch_num
+    ct = est.stage_times[crit]
+    parts = {
+        "fwd": (ct.fwd.total - sum(ct.fwd.comm.values())) * m,
+        "bwd": (ct.bwd.total - sum(ct.bwd.comm.values())) * m,
+        "recompute": (ct.recompute.total - sum(ct.recompute.comm.values())) * m,
+    }
+    comm: dict[str, float] = {}
+    for ph in (ct.fwd, ct.bwd, ct.recompute):
+        for g, x in ph.comm.items():
+            comm[g] = comm.get(g, 0.0) + x * m
+    p2p = 0.0 if st.p2p_overlapped else max(0.0, sum(per_stage[crit]) - ct.total) * m
+    nominal = sum(parts.values()) + sum(comm.values()) + p2p
+    gate_wait = 0.0
+    busy = nominal
+    if run is not None:
+        busy = run.busy[crit]
+        if busy < nominal:  # EP all-to-all hidden under the paired micro-batch's compute
+            hidden = nominal - busy
+            comm["ep"] = comm.get("ep", 0.0) - hidden
+        else:  # the first forwards waited for their parameters' all-gather
+            gate_wait = busy - nominal
+    idle = max(0.0, end_bwd - busy)
+    busy_max = m * max(f + b for f, b in per_stage)
+    imbalance = min(idle, max(0.0, busy_max - m * sum(per_stage[crit])))
+    return {
+        **parts,
+        **{f"{g}_comm": x for g, x in sorted(comm.items())},
+        "pp_p2p": p2p,
+        "bubble": idle - imbalance,
+        "stage_imbalance": imbalance,
+        "dp_comm": max(0.0, end - end_bwd - optimizer - wait) + gate_wait,
+        "optimizer": optimizer,
+        "optimizer_sync": wait,
+    }

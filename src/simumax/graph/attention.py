@@ -1,0 +1,159 @@
+"""Core attention as Megatron-Core / TransformerEngine run it: flash attention (with the
+context-parallel schemes, their all-to-alls, gathers and ring transfers) and the unfused
+math path (QK^T, softmax, dropout, PV as batched GEMMs and memory-bound kernels)."""
+
+from __future__ import annotations
+
+from simumax.graph.dims import Dims
+from simumax.graph.kernels import Attention, Collective, Gemm, MemBound
+from simumax.graph.ops import Op, Tensor
+
+FP32 = 4
+
+
+def _a2a_relayout(name: str, nbytes: float) -> list:
+    """TransformerEngine's ``flash_attn_a2a_communicate`` for one tensor: a layout copy
+    (reshape + movedim + contiguous: read and write) before the all-to-all over CP and one
+    after it."""
+    return [MemBound(f"{name}.a2a_layout", 2 * nbytes), Collective("all2all", nbytes, "cp"),
+            MemBound(f"{name}.a2a_layout", 2 * nbytes)]
+
+
+def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[float, float, float], out_bytes: float) -> tuple[list, list]:
+    """Attention kernels and CP collectives of one rank (TransformerEngine's schemes,
+    ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``).
+
+    * a2a (Ulysses, ``AttnFuncWithCPAndQKVOA2A``): q, k and v each go through their own
+      all-to-all (sequence- to head-sharded) with a layout copy before and after; attention
+      runs on the full sequence with heads / cp; its output comes back the same way and is
+      what attention keeps (the projection's input). In backward O and dO go to heads the
+      same way and dq, dk, dv come back.
+    * all_gather (``AttnFuncWithCPAndKVAllGather``): K and V all-gathered over CP (again in
+      backward, where dK, dV are reduce-scattered); local queries attend the causal part
+      of the full sequence.
+    * p2p (``AttnFuncWithCPAndKVP2P``, ring over load-balanced chunks: the sequence in 2·cp
+      chunks, rank i holding chunks i and 2cp-1-i): cp steps, the first causal on the local
+      chunks, the others non-causal against half of them (kernels at that chunk length);
+      step i+1's KV is sent and received while step i computes (``Coster`` hides a CP P2P
+      under the attention kernel before it), and in backward each step's dKV travels on
+      under the next step.
+    """
+    cp, s = d.cp, d.s
+    if cp == 1:
+        return [Attention("fwd", **shape)], [Attention("bwd", **shape)]
+    q_b, k_b, v_b = qkv_bytes
+    if d.cp_comm == "a2a":
+        full = dict(shape, seq_len=s * cp, head_num=shape["head_num"] // cp, kv_head_num=max(shape["kv_head_num"] // cp, 1))
+        to_heads = [k for part, b in (("q", q_b), ("k", k_b), ("v", v_b)) for k in _a2a_relayout(f"{name}.{part}", b)]
+        back = _a2a_relayout(f"{name}.out", out_bytes)
+        d_out = _a2a_relayout(f"{name}.o", out_bytes) + _a2a_relayout(f"{name}.dout", out_bytes)
+        d_qkv = [k for part, b in (("dq", q_b), ("dk", k_b), ("dv", v_b)) for k in _a2a_relayout(f"{name}.{part}", b)]
+        return [*to_heads, Attention("fwd", **full), *back], [*d_out, Attention("bwd", **full), *d_qkv]
+    kv_bytes = k_b + v_b
+    if d.cp_comm == "all_gather":
+        part = dict(shape, kv_seq_len=s * cp // 2, causal=False)
+        ag = Collective("all_gather", kv_bytes * cp, "cp")
+        return [ag, Attention("fwd", **part)], [ag, Attention("bwd", **part), Collective("reduce_scatter", kv_bytes * cp, "cp")]
+    step = dict(shape, kv_seq_len=s // 2, causal=False)
+    send = Collective("p2p", kv_bytes, "cp")
+    fwd = [Attention("fwd", **shape)] + [send, Attention("fwd", **step)] * (cp - 1)
+    bwd = [Attention("bwd", **shape)] + [send, Collective("p2p", kv_bytes, "cp"), Attention("bwd", **step)] * (cp - 1)
+    return fwd, bwd
+
+
+def flash_attention(
+    name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tensor, out: Tensor, *, qk_dim: int, v_dim: int, kv_heads: int | None = None
+) -> Op:
+    """Flash attention: saves q, k, v, the output and the fp32 log-sum-exp (per CP rank).
+
+    q, k, v may be views of a larger buffer (v of the fused QKV output): keeping them keeps
+    that buffer. With CP a2a the attention saves the tensors its all-to-alls produced (each
+    exactly its own size) and the sequence-sharded output it returns; the views die with
+    the layer."""
+    kvh = kv_heads or d.kv_heads
+    shape = dict(batch=d.b, seq_len=d.s, head_num=d.heads, kv_head_num=kvh, qk_head_dim=qk_dim, v_head_dim=v_dim)
+    own = (float(d.tokens * d.heads * qk_dim * d.act_bytes), float(d.tokens * kvh * qk_dim * d.act_bytes),
+           float(d.tokens * kvh * v_dim * d.act_bytes))
+    out_bytes = float(d.tokens * d.heads * v_dim * d.act_bytes)
+    fwd, bwd = _cp_attention_kernels(d, shape, name, own, out_bytes)
+    lse = (f"{name}.lse", float(d.b * d.heads * d.s * FP32))
+    grads = sum(own) + out_bytes
+    gathered_kv = (own[1] + own[2]) * (d.cp - 1) if d.cp > 1 and d.cp_comm == "all_gather" else 0.0  # other ranks' K, V
+    saved: tuple[Tensor, ...] = (q, k, v, out, lse)
+    fwd_transient = bwd_transient = 0.0
+    if d.cp > 1 and d.cp_comm == "a2a":
+        saved = (*((f"{name}.{p}_heads", b) for p, b in zip("qkv", own)), out, lse)
+        fwd_transient = sum(own)  # the layout copies in flight around the all-to-alls
+        bwd_transient = sum(own) + out_bytes
+    return Op(
+        name=name,
+        module="core_attn",
+        layer=layer,
+        fwd=tuple(fwd),
+        bwd_input=tuple(bwd),
+        saved=saved,
+        input=(q, k, v),
+        fwd_transient=fwd_transient + gathered_kv,
+        bwd_transient=bwd_transient + grads + gathered_kv,
+    )
+
+
+def math_attention(
+    name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tensor, *, qk_dim: int, v_dim: int, dropout: bool,
+    fused_softmax: bool = True,
+) -> Op:
+    """Unfused attention (Megatron-Core's DotProductAttention): QK^T, scale-mask-softmax,
+    dropout, PV. The fused masked-softmax kernel keeps its bf16 output; the torch path
+    (``--no-masked-softmax-fusion``, or shapes the kernel refuses) upcasts the scores,
+    keeps the fp32 softmax for its backward and the bf16 probabilities for PV
+    (attention_softmax_in_fp32, Megatron-Core's default)."""
+    b, a, s = d.b, d.heads, d.s
+    elems = float(b * a * s * s)
+    scores = elems * d.act_bytes
+    t = d.tokens
+    # per head-batch GEMMs written as batched Gemm kernels (b = batch * heads)
+    bh = b * a
+    # attention dropout over the s x s probabilities (torch's fused native dropout): forward
+    # reads the probabilities and writes the dropped ones and a 1-byte mask; backward reads
+    # the gradient and the mask and writes the gradient. A recompute runs the forward again.
+    drop_fwd = [MemBound(f"{name}.dropout", 2 * scores + elems)] if dropout else []
+    drop_bwd = [MemBound(f"{name}.dropout_bwd", 2 * scores + elems)] if dropout else []
+    fwd = (
+        Gemm(s, qk_dim, s, "TN", b=bh),
+        MemBound(f"{name}.softmax", 2 * scores if fused_softmax else 2 * scores + 3 * elems * FP32),
+        *drop_fwd,
+        Gemm(s, s, v_dim, "TN", b=bh),
+    )
+    bwd = (
+        Gemm(s, v_dim, s, "NN", b=bh),
+        Gemm(s, s, v_dim, "NT", b=bh),
+        *drop_bwd,
+        MemBound(f"{name}.softmax_bwd", 3 * scores if fused_softmax else 3 * elems * FP32 + 2 * scores),
+        Gemm(s, s, qk_dim, "NN", b=bh),
+        Gemm(s, s, qk_dim, "NT", b=bh),
+    )
+    # the local spec expands K and V to all query heads (GQA) before saving them
+    k_full, v_full = k, v
+    if d.kv_heads != d.heads:
+        k_full = (f"{name}.k_expanded", float(t * a * qk_dim * d.act_bytes))
+        v_full = (f"{name}.v_expanded", float(t * a * v_dim * d.act_bytes))
+    saved: list[Tensor] = [q, k_full, v_full]
+    if fused_softmax:  # the kernel's bf16 output, kept for its own backward (and PV's)
+        saved.append((f"{name}.probs", scores))
+    else:  # the fp32 softmax for its backward; its bf16 cast is kept by PV unless dropped out
+        saved.append((f"{name}.softmax_fp32", elems * FP32))
+        if not dropout:
+            saved.append((f"{name}.probs", scores))
+    if dropout:  # the mask (1 B) and the dropped probs, kept by PV
+        saved += [(f"{name}.dropout_mask", scores / d.act_bytes), (f"{name}.probs_dropped", scores)]
+    return Op(
+        name=name,
+        module="core_attn",
+        layer=layer,
+        fwd=fwd,
+        bwd_input=bwd,
+        saved=tuple(saved),
+        input=(q, k, v),
+        fwd_transient=scores if fused_softmax else elems * FP32,
+        bwd_transient=2 * scores if fused_softmax else 2 * elems * FP32,
+    )
