@@ -58,3 +58,18 @@ def test_set_system_nics_per_node_on_the_cli() -> None:
     assert json.loads(four.stdout)["cost"]["duration_time_per_iter"] > base["cost"]["duration_time_per_iter"]
     bad = run_cli(*args, "--set", "system.nics_per_node=0")
     assert bad.returncode == 2 and "nics_per_node" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_presets_say_which_are_measured_and_which_derived() -> None:
+    import json
+
+    from simumax.config.hardware import preset_provenance
+
+    assert preset_provenance("nvidia_h100_80gb_hbm3").startswith("measured")
+    assert preset_provenance("a100_pcie").startswith("measured")
+    assert "nvidia_h100_80gb_hbm3" in preset_provenance("h100-sxm-80gb") and preset_provenance("h100-sxm-80gb").startswith("derived")
+    assert "default efficiency curves" in preset_provenance("gb200-nvl72")
+    text = run_cli("presets", "system").stdout
+    assert "a100-sxm-80gb" in text and "derived" in text and "measured" in text
+    payload = json.loads(run_cli("presets", "system", "--json").stdout)
+    assert set(payload["system_provenance"]) == set(payload["system"])

@@ -506,11 +506,21 @@ def presets(
     for k in kinds:
         if k not in ("model", "strategy", "system"):
             raise ConfigError("kind", "must be model, strategy or system")
+    from simumax.config.hardware import preset_provenance
+
     if as_json:
-        out_console.print_json(json.dumps({k: list_presets(k) for k in kinds}))
+        payload: dict[str, Any] = {k: list_presets(k) for k in kinds}
+        if "system" in kinds:  # which system presets are measured and which derived
+            payload["system_provenance"] = {n: preset_provenance(n) for n in list_presets("system")}
+        out_console.print_json(json.dumps(payload))
         return
     for k in kinds:
-        out_console.print(f"[bold]{k}[/]: " + ", ".join(list_presets(k)))
+        if k == "system":
+            out_console.print("[bold]system[/]:")
+            for n in list_presets(k):
+                out_console.print(f"  {n:24s} {preset_provenance(n)}", markup=False)
+        else:
+            out_console.print(f"[bold]{k}[/]: " + ", ".join(list_presets(k)))
 
 
 @app.command()

@@ -206,3 +206,23 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
             "inter_node": collective_tier(gpu.nic_gbps, NIC_FIXED_US, NIC_STEP_US, NIC_EFF),
         },
     }
+
+
+# Where each shipped system preset's efficiency numbers come from (`simumax presets system`)
+SIMUMAX_MEASURED = {
+    "a100_pcie": "measured: SimuMax's reference tables, 8x A100 80GB PCIe",
+    "b200_bf16_ceperm": "measured: SimuMax's reference tables, 8x B200 (its file says 80 GB)",
+    "nvidia_h100_80gb_hbm3": "measured: our simumax calibrate run on one H100 SXM (docs/calibration.md)",
+}
+
+
+def preset_provenance(name: str) -> str:
+    """One line: measured tables, or datasheet peaks with which tables / default curves."""
+    if name in SIMUMAX_MEASURED:
+        return SIMUMAX_MEASURED[name]
+    gpu = next((g for g in GPUS if g.name == name), None)
+    if gpu is None:
+        return "user file"
+    if gpu.measured_base:
+        return f"derived: datasheet peaks and fabric, compute tables of {gpu.measured_base}"
+    return "derived: datasheet peaks and fabric, default efficiency curves (no table)"
