@@ -445,3 +445,14 @@ def test_userbuffers_times_by_hand() -> None:
     ph2 = coster.sequence(proj.fwd)
     assert ph2.total == pytest.approx(split + 3 * max(split, rs / 4) + rs / 4)
     assert ph2.comm["tp"] == pytest.approx(3 * max(0.0, rs / 4 - split) + rs / 4)
+
+
+def test_cp_all_gather_gathers_reorders_and_reduce_scatters() -> None:
+    est = _cp_est("all_gather")
+    attn = _op(est, "L0.attn")
+    kv_local = 2 * 16384 * 1024 * 2  # K and V of one rank
+    gathered = 8 * kv_local
+    assert [k.bytes for k in attn.fwd if isinstance(k, Collective)] == [gathered]
+    assert [(k.op, k.bytes) for k in attn.bwd_input if isinstance(k, Collective)] == [("all_gather", gathered), ("reduce_scatter", gathered)]
+    assert [k.bytes for k in attn.fwd if isinstance(k, MemBound)] == [2 * gathered, 2 * 16384 * 8192 * 2]
+    assert [k.bytes for k in attn.bwd_input if isinstance(k, MemBound)] == [2 * gathered, 2 * gathered]

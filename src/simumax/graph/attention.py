@@ -28,9 +28,12 @@ def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[floa
       runs on the full sequence with heads / cp; its output comes back the same way and is
       what attention keeps (the projection's input). In backward O and dO go to heads the
       same way and dq, dk, dv come back.
-    * all_gather (``AttnFuncWithCPAndKVAllGather``): K and V all-gathered over CP (again in
-      backward, where dK, dV are reduce-scattered); local queries attend the causal part
-      of the full sequence.
+    * all_gather (``AttnFuncWithCPAndKVAllGather``): K and V all-gathered over CP before
+      any attention runs (not overlapped), reordered into sequence order (index_select: a
+      read and a write of the gathered K, V); the two local query chunks attend the causal
+      part of the full sequence (one non-causal block of s/cp x s/2 on average), and their
+      outputs are copied into place. Backward gathers again, reorders, and reorders dK, dV
+      before reduce-scattering them.
     * p2p (``AttnFuncWithCPAndKVP2P``, ring over load-balanced chunks: the sequence in 2·cp
       chunks, rank i holding chunks i and 2cp-1-i): cp steps, the first causal on the local
       chunks, the others non-causal against half of them (kernels at that chunk length);
@@ -52,8 +55,13 @@ def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[floa
     kv_bytes = k_b + v_b
     if d.cp_comm == "all_gather":
         part = dict(shape, kv_seq_len=s * cp // 2, causal=False)
-        ag = Collective("all_gather", kv_bytes * cp, "cp")
-        return [ag, Attention("fwd", **part)], [ag, Attention("bwd", **part), Collective("reduce_scatter", kv_bytes * cp, "cp")]
+        gathered = kv_bytes * cp
+        ag = Collective("all_gather", gathered, "cp")
+        reorder = MemBound(f"{name}.kv_reorder", 2 * gathered)
+        fwd = [ag, reorder, Attention("fwd", **part), MemBound(f"{name}.out_copy", 2 * out_bytes)]
+        bwd = [ag, reorder, Attention("bwd", **part), MemBound(f"{name}.dkv_reorder", 2 * gathered),
+               Collective("reduce_scatter", gathered, "cp")]
+        return fwd, bwd
     step = dict(shape, kv_seq_len=s // 2, causal=False)
     send = Collective("p2p", kv_bytes, "cp")
     fwd = [Attention("fwd", **shape)] + [send, Attention("fwd", **step)] * (cp - 1)
