@@ -41,6 +41,7 @@ class PerfLLM:
         self._estimate: Estimate | None = None
         self._cost: CostResult | None = None
         self._mem: MemResult | None = None
+        self._built_from: tuple[Any, ...] = ()
         self.all_search_result: list[dict[str, Any]] = []
 
     def configure(
@@ -59,12 +60,39 @@ class PerfLLM:
         self._estimate = self._cost = self._mem = None
         return self
 
+    # SimuMax's attribute names for two of the configs
+    @property
+    def system(self) -> SystemConfig | None:
+        return self.system_config
+
+    @system.setter
+    def system(self, value: ConfigLike) -> None:
+        self.configure(system_config=value)
+
+    @property
+    def strategy(self) -> StrategyConfig | None:
+        return self.strategy_config
+
+    @strategy.setter
+    def strategy(self, value: ConfigLike) -> None:
+        self.configure(strategy_config=value)
+
+    def _fingerprint(self) -> tuple[Any, ...]:
+        return tuple(c.model_dump() if c is not None else None for c in (self.model_config, self.strategy_config, self.system_config))
+
     def _require(self) -> Estimate:
+        """The estimate of the configs as they are now: editing a config in place (as
+        SimuMax scripts do, ``perf.model_config.layer_num = 4``) rebuilds it."""
+        if self._estimate is not None and self._built_from != self._fingerprint():
+            self._estimate = self._cost = self._mem = None
         if self._estimate is None:
             for name in ("model_config", "strategy_config", "system_config"):
                 if getattr(self, name) is None:
                     raise ConfigError(name, "not configured: call perf.configure(...) first")
+            for cfg in (self.model_config, self.strategy_config, self.system_config):
+                cfg.check()  # type: ignore[union-attr]  # cross-field rules deferred by in-place edits
             self._estimate = Estimate(self.model_config, self.strategy_config, self.system_config)  # type: ignore[arg-type]
+            self._built_from = self._fingerprint()
         return self._estimate
 
     def run_estimate(self) -> "PerfLLM":
@@ -76,13 +104,13 @@ class PerfLLM:
         return self
 
     def analysis_cost(self) -> CostResult:
-        if self._cost is None:
+        if self._cost is None or self._built_from != self._fingerprint():
             self.run_estimate()
         assert self._cost is not None
         return self._cost
 
     def analysis_mem(self) -> MemResult:
-        if self._mem is None:
+        if self._mem is None or self._built_from != self._fingerprint():
             self.run_estimate()
         assert self._mem is not None
         return self._mem

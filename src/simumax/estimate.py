@@ -56,6 +56,8 @@ class Estimate:
     profiles: ProfileCache | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        for cfg in (self.model, self.strategy, self.system):
+            cfg.check()  # a cross-field rule an in-place edit left broken
         check_compatible(self.model, self.strategy, self.system)
         if self.profiles is None:
             self.profiles = ProfileCache(self.model, self.system)

@@ -52,6 +52,33 @@ class ConfigBase(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
     _source: str | None = PrivateAttr(None)  # the file (or override) it was loaded from
+    _pending: ConfigError | None = PrivateAttr(None)  # a cross-field rule an in-place edit broke
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Assignment checks the field at once and the rules between fields at use
+        (``check``), so edits can come in any order (``pp_size`` before ``world_size``). A
+        bad value raises ConfigError and leaves the config unchanged."""
+        if name.startswith("_") or name not in type(self).model_fields:
+            return super().__setattr__(name, value)
+        before = dict(self.__dict__)
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            err = config_error_from(exc, "assignment")
+            inner = (exc.errors()[0].get("ctx") or {}).get("error")
+            if isinstance(inner, ConfigError) and self.__dict__.get(name) == value:
+                self._pending = err  # the value itself is fine; another field must follow it
+                return
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            raise err from None
+        self._pending = None
+
+    def check(self) -> None:
+        """Raise the ConfigError of a cross-field rule an in-place edit left broken."""
+        if self._pending is not None:
+            type(self).init_from_dict(self.model_dump(), source="edited config")
+            self._pending = None
 
     @property
     def source(self) -> str | None:

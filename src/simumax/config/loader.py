@@ -25,6 +25,14 @@ def list_presets(kind: str) -> list[str]:
     return sorted(p.name[:-5] for p in _preset_dir(kind).iterdir() if p.name.endswith(".json"))
 
 
+def preset_path(kind: str, name: str) -> Path:
+    """File of a shipped preset (installed package data: a real path for a normal install)."""
+    entry = _preset_dir(kind).joinpath(f"{name.removesuffix('.json')}.json")
+    if not entry.is_file():
+        raise ConfigError(kind, f"unknown preset {name!r}; known: {', '.join(list_presets(kind))}")
+    return Path(str(entry))
+
+
 def _resolve(kind: str, cls: type[C], spec: C | str | Path | dict[str, Any]) -> C:
     if isinstance(spec, cls):
         return spec

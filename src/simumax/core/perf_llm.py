@@ -1,0 +1,5 @@
+"""SimuMax import path: ``from simumax.core.perf_llm import PerfLLM``."""
+
+from simumax.api import PerfLLM
+
+__all__ = ["PerfLLM"]

@@ -1,0 +1,88 @@
+"""SimuMax scripts run unchanged: its import paths and helper names, PerfLLM's attribute
+names, configs edited in place (issue 21, part 1 and the live configs of part 6)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+def test_simumax_import_paths_and_preset_helpers(capsys: pytest.CaptureFixture[str]) -> None:
+    # the first lines of SimuMax's examples and tutorial
+    from simumax.core.config import ModelConfig, StrategyConfig, SystemConfig
+    from simumax.core.perf_llm import PerfLLM
+    from simumax.utils import (get_simu_model_config, get_simu_strategy_config, get_simu_system_config, show_simu_models,
+                               show_simu_strategy, show_simu_system)
+
+    import simumax
+
+    assert ModelConfig is simumax.ModelConfig and PerfLLM is simumax.PerfLLM  # one implementation
+    model_path = get_simu_model_config("llama3-8b")
+    assert Path(model_path).is_file() and json.loads(Path(model_path).read_text())["hidden_size"] == 4096
+    perf = PerfLLM()
+    perf.configure(
+        strategy_config=StrategyConfig.init_from_config_file(get_simu_strategy_config("tp1_pp2_dp4_mbs1")),
+        model_config=ModelConfig.init_from_config_file(model_path),
+        system_config=SystemConfig.init_from_config_file(get_simu_system_config("a100_pcie")),
+    )
+    perf.run_estimate()
+    assert perf.analysis_cost().duration_time_per_iter > 0
+    assert perf.system is perf.system_config and perf.strategy is perf.strategy_config  # SimuMax's attribute names
+    assert "llama3-8b" in show_simu_models() and "a100_pcie" in show_simu_system() and show_simu_strategy()
+    assert "llama3-8b" in capsys.readouterr().out
+    from simumax.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown preset"):
+        get_simu_model_config("no-such-model")
+
+
+def test_fake_tensor() -> None:
+    from simumax.core.tensor import FakeTensor
+    from simumax.errors import ConfigError
+
+    t = FakeTensor((4, 1024, 8192), "bf16")
+    assert t.numel() == 4 * 1024 * 8192 and t.nbytes == 2 * t.numel() and t.size(1) == 1024
+    with pytest.raises(ConfigError, match="dtype"):
+        FakeTensor((1,), "complex")
+
+
+def test_op_graph_as_graphviz_dot(tmp_path: Path) -> None:
+    from simumax import PerfLLM
+    from simumax.core.graph import SimuONNXGraphBuilder, visualize_with_graphviz
+    from simumax.errors import ConfigError
+
+    perf = PerfLLM().configure(strategy_config="tp1_pp2_dp4_mbs1", model_config="llama3-8b", system_config="a100_pcie")
+    g = SimuONNXGraphBuilder(perf).build(stage=1)
+    names = [n for n, _ in g.nodes]
+    assert names[0] == "L16.attn_norm" and names[-1] == "loss" and len(names) == len(perf.estimate.stages[1].ops)
+    edges = {(a, b) for a, b, _ in g.edges}
+    assert ("L16.qkv", "L16.rope") in edges and ("lm_head", "loss") in edges  # tensor edges from the IR
+    dot = g.to_dot()
+    assert dot.startswith('digraph "stage1" {') and '"L16.fc1" [label="L16.fc1\\nfc1\\n' in dot
+    out = visualize_with_graphviz(g, tmp_path / "stage1")
+    assert out.exists() and (tmp_path / "stage1.dot").read_text() == dot
+    with pytest.raises(ConfigError, match="stage"):
+        SimuONNXGraphBuilder(perf).build(stage=5)
+
+
+def test_configs_edited_in_place_take_effect() -> None:
+    from simumax import ConfigError, PerfLLM
+
+    perf = PerfLLM().configure(strategy_config="tp1_pp2_dp4_mbs1", model_config="llama3-8b", system_config="a100_pcie")
+    perf.run_estimate()
+    t32 = perf.analysis_cost().duration_time_per_iter
+    perf.model_config.layer_num = 16  # SimuMax scripts edit the config objects
+    t16 = perf.analysis_cost().duration_time_per_iter
+    assert t16 < t32
+    st = perf.strategy
+    st.pp_size = 16  # not legal with world 8 yet ...
+    st.world_size = 16  # ... until this: order does not matter
+    assert (st.pp_size, st.world_size) == (16, 16)
+    with pytest.raises(ConfigError, match="tp_size"):
+        st.tp_size = -1
+    assert st.tp_size == 1  # a refused value leaves the config unchanged
+    st.pp_size = 3
+    with pytest.raises(ConfigError, match="world_size"):  # still broken when used
+        perf.analysis_cost()
