@@ -33,9 +33,19 @@ def write_bytes_atomic(path: Path, fill: Callable[[IO[bytes]], None]) -> None:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(path, dumps_finite(data, indent=2) + "\n")
 
 
 def write_jsonl_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
     """All rows, one JSON object per line."""
-    write_text_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    write_text_atomic(path, "".join(dumps_finite(r) + "\n" for r in rows))
+
+
+def dumps_finite(data: Any, indent: int | None = None) -> str:
+    """JSON that parsers accept: a NaN or an infinity is a ConfigError, never written."""
+    try:
+        return json.dumps(data, indent=indent, sort_keys=True, allow_nan=False)
+    except ValueError:
+        from simumax.errors import ConfigError
+
+        raise ConfigError("result", "a value is infinite or NaN (the inputs make it unbounded)") from None

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from simumax.api import PerfLLM
-from simumax.atomic import write_json_atomic
+from simumax.atomic import dumps_finite, write_json_atomic
 from simumax.config.loader import list_presets, load_model, load_strategy, load_system
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
@@ -81,7 +81,7 @@ def perf(
         plot_memory(mem, out / f"memory.{plot_format}", f"{m.model_name} on {sy.sys_name}")
         plot_time(cost, out / f"time.{plot_format}")
     if as_json:
-        out_console.print_json(json.dumps({"cost": cost.to_dict(), "mem": mem.to_dict()}, sort_keys=True))
+        out_console.print_json(dumps_finite({"cost": cost.to_dict(), "mem": mem.to_dict()}))
         return
     out_console.print(fmt.run_title(m.model_name, sy.sys_name, st), style="bold", markup=False)
     out_console.print(fmt.summary_table(cost, mem))
@@ -116,7 +116,7 @@ def simulate(
     m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
     res = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy).simulate(out, ops=ops)
     if as_json:
-        out_console.print_json(json.dumps(res.to_dict(), sort_keys=True))
+        out_console.print_json(dumps_finite(res.to_dict()))
         return
     out_console.print(fmt.simulation_table(res))
     for what, path in res.files.items():
@@ -191,7 +191,7 @@ def search(
     if out is not None:
         _write_search_outputs(out, rows, m, sy, float(sy.mem_bytes) - gmi_error * 2**30)
     if as_json:
-        out_console.print_json(json.dumps([r.to_dict() for r in rows], sort_keys=True))
+        out_console.print_json(dumps_finite([r.to_dict() for r in rows]))
         return
     out_console.print(fmt.search_table(rows[:top], float(sy.mem_bytes), gmi_error))
     if rows and rows[0].fits:
@@ -236,7 +236,7 @@ def validate(
     if out is not None:
         write_json_atomic(out / "validation.json", payload)
     if as_json:
-        out_console.print_json(json.dumps(payload, sort_keys=True))
+        out_console.print_json(dumps_finite(payload))
         return
     t = Table(title=f"validation: {file.name}")
     for col in ("case", "pred ms", "real ms", "err", "SimuMax err", "pred GiB", "real GiB", "err", "SimuMax err"):
@@ -338,7 +338,7 @@ def calibrate(
     write_json_atomic(out, system)
     write_json_atomic(out.with_name(out.stem + ".report.json"), report)
     if as_json:
-        out_console.print_json(json.dumps(system, sort_keys=True))
+        out_console.print_json(dumps_finite(system))
         return
     out_console.print(fmt.calibration_table(report))
     out_console.print(f"wrote {out} ({len(report['kernels'])} kernels measured on {report['device']}, "
@@ -392,7 +392,7 @@ def check_step_cmd(
     if out is not None:
         write_json_atomic(out / "check_step.json", row)
     if as_json:
-        out_console.print_json(json.dumps(row, sort_keys=True))
+        out_console.print_json(dumps_finite(row))
         return
     out_console.print(fmt.check_step_table(row))
 
@@ -422,7 +422,7 @@ def import_hf(
         write_json_atomic(out, model.to_dict())
     _print_notes(notes)
     if as_json or out is None:
-        out_console.print_json(json.dumps(model.to_dict(), sort_keys=True))
+        out_console.print_json(dumps_finite(model.to_dict()))
     params = Estimate(model, load_strategy("tp1_pp1_dp8_mbs1").with_updates({"world_size": 1}, source="import"), load_system("a100_pcie")).params
     err_console.print(f"{model.model_name}: {params.total / 1e9:.2f} B parameters ({params.active / 1e9:.2f} B active)", markup=False)
 
@@ -451,7 +451,7 @@ def import_megatron(
         write_json_atomic(out / "model.json", model.to_dict())
         write_json_atomic(out / "strategy.json", strategy.to_dict())
     _print_notes(notes)
-    out_console.print_json(json.dumps({"model": model.to_dict(), "strategy": strategy.to_dict()}, sort_keys=True))
+    out_console.print_json(dumps_finite({"model": model.to_dict(), "strategy": strategy.to_dict()}))
 
 
 @app.command()
@@ -471,7 +471,7 @@ def export(
     if out is not None:
         write_text_atomic(out / "megatron_flags.txt", " \\\n".join(flags) + "\n")
     if as_json:
-        out_console.print_json(json.dumps(flags))
+        out_console.print_json(dumps_finite(flags))
         return
     sys.stdout.write(" \\\n".join(flags) + "\n")
 
@@ -512,7 +512,7 @@ def presets(
         payload: dict[str, Any] = {k: list_presets(k) for k in kinds}
         if "system" in kinds:  # which system presets are measured and which derived
             payload["system_provenance"] = {n: preset_provenance(n) for n in list_presets("system")}
-        out_console.print_json(json.dumps(payload))
+        out_console.print_json(dumps_finite(payload))
         return
     for k in kinds:
         if k == "system":

@@ -34,14 +34,50 @@ def config_error_from(exc: ValidationError, source: str | None = None) -> Config
     return ConfigError(field, rule, source)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def check_readable_file(p: Path) -> None:
+    """ConfigError naming what ``p`` is when it is not a regular file."""
+    if p.is_file():
+        return
+    if not p.exists():
+        raise ConfigError("path", f"file not found: {p}")
+    if p.is_dir():
+        kind = "a directory"
+    elif p.is_fifo():
+        kind = "a FIFO"
+    elif p.is_char_device() or p.is_block_device():
+        kind = "a device"
+    else:
+        kind = "not a regular file"
+    raise ConfigError("path", f"{p} is {kind}, not a JSON file")
+
+
+def parse_json_text(text: str, source: str) -> Any:
+    """JSON as the standard says: no NaN / Infinity, a UTF-8 BOM tolerated, and one
+    ConfigError for anything unparsable (too deep, numbers out of range), not a traceback."""
+    try:
+        return json.loads(text.removeprefix("\ufeff"), parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("json", f"not valid JSON ({exc.msg} at line {exc.lineno})", source) from None
+    except ValueError as exc:  # NaN / Infinity, or an integer too long to convert
+        raise ConfigError("json", f"not valid JSON ({exc})", source) from None
+    except RecursionError:
+        raise ConfigError("json", "nested too deeply", source) from None
+
+
 def read_json(path: str | Path) -> dict[str, Any]:
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError("path", f"file not found: {p}")
+    check_readable_file(p)
     try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError("json", f"not valid JSON ({exc.msg} at line {exc.lineno})", str(p)) from None
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("json", f"not UTF-8 text (byte {exc.start})", str(p)) from None
+    except OSError as exc:
+        raise ConfigError("path", f"cannot read {p}: {exc.strerror}") from None
+    data = parse_json_text(text, str(p))
     if not isinstance(data, dict):
         raise ConfigError("json", "top level must be an object", str(p))
     return data
@@ -50,7 +86,8 @@ def read_json(path: str | Path) -> dict[str, Any]:
 class ConfigBase(BaseModel):
     """Strict pydantic model: unknown fields are errors, assignments are validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    # strict: "tp_size": true or "4" are refused, not read as 1 or 4; no NaN or infinity anywhere
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, strict=True, allow_inf_nan=False)
     _source: str | None = PrivateAttr(None)  # the file (or override) it was loaded from
     _pending: ConfigError | None = PrivateAttr(None)  # a cross-field rule an in-place edit broke
 

@@ -23,13 +23,13 @@ class ModelConfig(ConfigBase):
     attention_type: Literal["mha", "mla"] = Field(
         "mha", description="mha covers MHA and GQA (kv_head_num < head_num); mla is DeepSeek latent attention."
     )
-    hidden_size: PositiveInt = Field(description="Model width h.")
-    head_num: PositiveInt = Field(description="Number of query heads.")
+    hidden_size: PositiveInt = Field(le=2**20, description="Model width h.")
+    head_num: PositiveInt = Field(le=65536, description="Number of query heads.")
     kv_head_num: PositiveInt | None = Field(None, description="Key/value heads (GQA); default head_num.")
     head_size: PositiveInt | None = Field(None, description="Per-head dim; default hidden_size / head_num.")
-    intermediate_size: PositiveInt = Field(description="Dense MLP hidden size (per branch for SwiGLU).")
-    layer_num: PositiveInt = Field(description="Number of transformer layers.")
-    vocab_size: PositiveInt = Field(description="Tokenizer vocabulary size before padding.")
+    intermediate_size: PositiveInt = Field(le=2**24, description="Dense MLP hidden size (per branch for SwiGLU).")
+    layer_num: PositiveInt = Field(le=100_000, description="Number of transformer layers.")
+    vocab_size: PositiveInt = Field(le=10**8, description="Tokenizer vocabulary size before padding.")
     use_swiglu: bool = Field(False, description="SwiGLU MLP (3 matrices) instead of GeLU (2 matrices).")
     padded_vocab_size: bool = Field(
         True, description="Pad the vocab as Megatron does: ceil(V / (divisor * tp)) * divisor * tp."
@@ -47,7 +47,7 @@ class ModelConfig(ConfigBase):
         True, description="Separate LM-head weight (Llama); false ties it to the input embedding."
     )
     # MoE (SimuMax names)
-    expert_num: PositiveInt | None = Field(None, description="Routed experts per MoE layer.")
+    expert_num: PositiveInt | None = Field(None, le=65536, description="Routed experts per MoE layer.")
     topk: PositiveInt | None = Field(None, description="Experts per token.")
     moe_ffn_hidden_size: PositiveInt | None = Field(None, description="Hidden size of one routed expert.")
     moe_shared_expert_intermediate_size: PositiveInt | None = Field(
@@ -55,9 +55,9 @@ class ModelConfig(ConfigBase):
     )
     dense_layers: int = Field(0, ge=0, description="The first k layers of a MoE model use a dense MLP.")
     moe_pad_expert_input_to_capacity: bool = Field(False, description="Pad each expert's tokens to capacity.")
-    capacity: float | None = Field(None, gt=0, description="MoE capacity factor (with padding).")
+    capacity: float | None = Field(None, gt=0, le=1000, description="MoE capacity factor (with padding).")
     moe_load_imbalance: float = Field(
-        1.0, ge=1.0, description="Max-loaded expert / mean load; 1 is balanced routing."
+        1.0, ge=1.0, le=1000, description="Max-loaded expert / mean load; 1 is balanced routing."
     )
     # MoE routing (Megatron's names and defaults: they choose the router's kernel chain)
     moe_router_score_function: Literal["softmax", "sigmoid"] = Field(

@@ -22,9 +22,9 @@ class StrategyConfig(ConfigBase):
     """
 
     # batch
-    seq_len: PositiveInt = Field(description="Tokens per sequence.")
-    micro_batch_size: PositiveInt = Field(1, description="Sequences per micro-batch (mbs).")
-    micro_batch_num: PositiveInt = Field(1, description="Micro-batches per iteration per DP rank (mbc).")
+    seq_len: PositiveInt = Field(le=2**27, description="Tokens per sequence.")
+    micro_batch_size: PositiveInt = Field(1, le=65536, description="Sequences per micro-batch (mbs).")
+    micro_batch_num: PositiveInt = Field(1, le=10**6, description="Micro-batches per iteration per DP rank (mbc).")
     dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Parameter/activation dtype.")
     fp8: bool = Field(
         False,
@@ -48,13 +48,13 @@ class StrategyConfig(ConfigBase):
         False, description="Grouped (expert) linears offload their saved inputs to host memory (no device bytes)."
     )
     # parallel sizes
-    world_size: PositiveInt = Field(1, description="Total accelerators.")
-    tp_size: PositiveInt = Field(1, description="Tensor parallel size.")
-    pp_size: PositiveInt = Field(1, description="Pipeline parallel size.")
-    cp_size: PositiveInt = Field(1, description="Context parallel size.")
-    ep_size: PositiveInt = Field(1, description="Expert parallel size (MoE).")
-    etp_size: PositiveInt = Field(1, description="Expert tensor parallel size (MoE).")
-    interleaving_size: PositiveInt = Field(1, description="Virtual pipeline chunks per rank (VPP).")
+    world_size: PositiveInt = Field(1, le=10**7, description="Total accelerators.")
+    tp_size: PositiveInt = Field(1, le=65536, description="Tensor parallel size.")
+    pp_size: PositiveInt = Field(1, le=65536, description="Pipeline parallel size.")
+    cp_size: PositiveInt = Field(1, le=65536, description="Context parallel size.")
+    ep_size: PositiveInt = Field(1, le=65536, description="Expert parallel size (MoE).")
+    etp_size: PositiveInt = Field(1, le=65536, description="Expert tensor parallel size (MoE).")
+    interleaving_size: PositiveInt = Field(1, le=1024, description="Virtual pipeline chunks per rank (VPP).")
     microbatch_group_size_per_vp_stage: PositiveInt | None = Field(
         None, description="Megatron's VPP micro-batch group; default pp_size."
     )

@@ -5,18 +5,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, PositiveFloat, PositiveInt, PrivateAttr, model_serializer, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, PrivateAttr, field_validator, model_serializer, model_validator
 
 from simumax.config.base import ConfigBase
 from simumax.errors import ConfigError
 from simumax.graph.kernels import SIMUMAX_SDP_BWD_RATIO
 
+# Measured efficiencies may exceed 1 a little (the reference B200 and our H100 tables reach
+# 1.21 where a kernel beats the FLOP or byte count it is credited with); more is a typo.
+MAX_EFFICIENCY = 1.5
+MAX_LINK_EFFICIENCY = 2.0  # fitted bus-bandwidth fractions (the reference B200 file has 1.45)
+
 
 class ComputeOpSpec(ConfigBase):
     """Peak and efficiency of one compute kernel family (matmul, sdp_fwd, ...)."""
 
-    tflops: float = Field(ge=0, description="Peak dense TFLOP/s for this family.")
-    efficient_factor: float = Field(ge=0, description="Fallback fraction of peak when no table entry matches.")
+    tflops: float = Field(ge=0, le=1e6, description="Peak dense TFLOP/s for this family (0: none, e.g. no FP8 units).")
+    efficient_factor: float = Field(
+        ge=0, le=MAX_EFFICIENCY, description="Fallback fraction of peak when no table entry matches (0: none)."
+    )
     accurate_efficient_factor: dict[str, float] = Field(
         default_factory=dict, description="Measured efficiency per shape key (SimuMax key strings)."
     )
@@ -25,6 +32,14 @@ class ComputeOpSpec(ConfigBase):
         description="sdp_bwd: backward FLOPs per (non-causal) forward FLOP this family's efficiencies were computed "
         "with. Unset: SimuMax's convention, 2.5; simumax calibrate writes 2.0.",
     )
+
+    @field_validator("accurate_efficient_factor")
+    @classmethod
+    def _entries(cls, table: dict[str, float]) -> dict[str, float]:
+        for key, eff in table.items():
+            if not (0 < eff <= MAX_EFFICIENCY):
+                raise ConfigError(f"accurate_efficient_factor[{key!r}]", f"must be in (0, {MAX_EFFICIENCY}] (got {eff})")
+        return table
 
     @property
     def sdp_bwd_ratio(self) -> float:
@@ -41,16 +56,16 @@ class ComputeOpSpec(ConfigBase):
 class BandwidthSpec(ConfigBase):
     """A memory-bound kernel family or a link: bandwidth, efficiency and per-call latency."""
 
-    gbps: PositiveFloat = Field(description="Bandwidth in GB/s (1e9 bytes/s).")
-    efficient_factor: float = Field(1.0, ge=0, description="Achieved fraction of gbps.")
+    gbps: PositiveFloat = Field(le=1e7, description="Bandwidth in GB/s (1e9 bytes/s).")
+    efficient_factor: float = Field(1.0, gt=0, le=MAX_EFFICIENCY, description="Achieved fraction of gbps.")
     latency_us: float = Field(
-        0.0, ge=0, description="Microseconds per kernel (memory families) or per call (network tiers, for ops without their own)."
+        0.0, ge=0, le=1e6, description="Microseconds per kernel (memory families) or per call (network tiers, for ops without their own)."
     )
 
 
 class AcceleratorConfig(ConfigBase):
     backend: str = Field("cuda", description="Runtime backend name (informational).")
-    mem_gbs: PositiveFloat = Field(description="Device memory in GiB.")
+    mem_gbs: PositiveFloat = Field(le=1e6, description="Device memory in GiB.")
     mode: str = Field("roofline", description="Cost mode; only roofline is defined.")
     sm_count: PositiveInt | None = Field(
         None, description="Streaming multiprocessors (CUs): wave quantisation in the fitted and default efficiency curves."
@@ -78,19 +93,30 @@ class CollectiveSpec(ConfigBase):
     reduce-scatter / all-to-all, 1 p2p; across nodes all-reduce takes 2*ceil(log2 nodes)).
     """
 
-    scale: float = Field(1.0, description="Bytes multiplier (2 for ring all-reduce).")
-    offset: float = Field(-1.0, description="Ring factor (n + offset) / n; -1 gives (n-1)/n.")
-    efficient_factor: float | None = Field(None, gt=0, description="Link efficiency; default the tier's.")
+    scale: float = Field(1.0, gt=0, le=16, description="Bytes multiplier (2 for ring all-reduce).")
+    offset: float = Field(-1.0, ge=-1, le=16, description="Ring factor (n + offset) / n; -1 gives (n-1)/n (>= 0 for n >= 1).")
+    efficient_factor: float | None = Field(None, gt=0, le=MAX_LINK_EFFICIENCY, description="Link efficiency; default the tier's.")
     latency_us: float | None = Field(
-        None, ge=0, description="Latency per ring step (see steps above); unset: the tier's latency once per call."
+        None, ge=0, le=1e6, description="Latency per ring step (see steps above); unset: the tier's latency once per call."
     )
-    fixed_latency_us: float = Field(0.0, ge=0, description="Extra constant per call.")
+    fixed_latency_us: float = Field(0.0, ge=0, le=1e6, description="Extra constant per call.")
     fixed_latency_us_by_comm_num: dict[str, float] = Field(
         default_factory=dict, description="Extra constant per call by group size (overrides fixed_latency_us)."
     )
     dp_fixed_bw: dict[str, float] = Field(
         default_factory=dict, description="Measured bus bandwidth (GB/s) by group size for DP collectives."
     )
+
+    @field_validator("fixed_latency_us_by_comm_num", "dp_fixed_bw")
+    @classmethod
+    def _by_size(cls, table: dict[str, float], info: Any) -> dict[str, float]:
+        positive = info.field_name == "dp_fixed_bw"
+        for key, v in table.items():
+            if not key.isdigit() or int(key) < 1:
+                raise ConfigError(f"{info.field_name}[{key!r}]", "keys are group sizes (positive integers)")
+            if (v <= 0 if positive else v < 0) or v > 1e6:
+                raise ConfigError(f"{info.field_name}[{key!r}]", f"must be {'> 0' if positive else '>= 0'} and <= 1e6 (got {v})")
+        return table
 
 
 class NetworkTier(ConfigBase):

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from simumax.config.system import SystemConfig
+from simumax.errors import ConfigError
 from simumax.cost.efficiency_fit import TableFit, default_curve, parse_key, wave_fraction
 from simumax.graph.kernels import Attention, Gemm, GroupGemm, MemBound
 
@@ -138,7 +139,12 @@ class ComputeModel:
         # a table's efficiencies are in the FLOP convention it was measured with
         table_flops = k.table_flops(spec.sdp_bwd_ratio) if isinstance(k, Attention) else k.flops
         peak = spec.tflops * 1e12
-        t = table_flops / (peak * eff) if eff > 0 else float("inf")
+        if eff <= 0 or peak <= 0:
+            raise ConfigError(
+                f"accelerator.op.{name}", f"peak {spec.tflops} TFLOP/s at efficiency {eff:g} for a kernel this job runs "
+                f"({k.key}): its time would be infinite",
+            )
+        t = table_flops / (peak * eff)
         if not isinstance(k, Attention):
             # roofline floor: no GEMM runs faster than its operands and output cross HBM
             # (batched attention GEMMs with head_dim <= 128 on A100 are memory-bound)

@@ -1,0 +1,66 @@
+"""Reliability at the edges (issue 25): what a file is, JSON as the standard says, bounded
+numbers, no infinite result printed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from simumax.atomic import dumps_finite
+from simumax.config.base import read_json
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.errors import ConfigError
+from simumax.estimate import Estimate
+from tests.conftest import run_cli
+
+
+def test_files_that_are_not_json_files_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory"):
+        read_json(tmp_path)
+    with pytest.raises(ConfigError, match="is a device"):
+        read_json("/dev/null")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="is a FIFO"):
+        read_json(fifo)  # not opened: reading it would block
+    with pytest.raises(ConfigError, match="file not found"):
+        read_json(tmp_path / "missing.json")
+
+
+def test_json_as_the_standard_says(tmp_path: Path) -> None:
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps({"seq_len": 4096}).encode())
+    assert load_strategy(str(bom)).seq_len == 4096  # a UTF-8 BOM is accepted
+    for text, rule in (('{"seq_len": NaN}', "NaN"), ('{"seq_len": Infinity}', "Infinity"), ("[" * 100_000, "deeply")):
+        f = tmp_path / "x.json"
+        f.write_text(text)
+        with pytest.raises(ConfigError, match=rule):
+            read_json(f)
+    bad = tmp_path / "bytes.json"
+    bad.write_bytes(b'{"seq_len": 4096, "x": "\xff"}')
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        read_json(bad)
+    r = run_cli("perf", "-m", "llama3-8b", "-y", "a100_pcie", "-s", str(bad))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_booleans_and_strings_are_not_integers() -> None:
+    st = load_strategy("tp1_pp2_dp4_mbs1")
+    for value in (True, "2", 2.0):
+        with pytest.raises(ConfigError, match="tp_size"):
+            st.with_updates({"tp_size": value})
+    with pytest.raises(ConfigError, match="mem_factor"):
+        st.with_updates({"mem_factor": float("nan")})
+
+
+def test_no_infinite_result_and_json_never_has_nan() -> None:
+    y = load_system("a100-sxm-80gb").to_dict()
+    y["accelerator"]["op"]["matmul"]["efficient_factor"] = 0.0  # no table, no efficiency: infinite GEMMs
+    with pytest.raises(ConfigError, match="accelerator.op.matmul"):
+        Estimate(load_model("llama3-8b"), load_strategy("tp1_pp2_dp4_mbs1"), load_system(y)).cost()
+    with pytest.raises(ConfigError, match="infinite or NaN"):
+        dumps_finite({"t": float("inf")})
+    assert dumps_finite({"b": 1, "a": [0.5]}) == '{"a": [0.5], "b": 1}'
