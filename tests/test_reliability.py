@@ -64,3 +64,15 @@ def test_no_infinite_result_and_json_never_has_nan() -> None:
     with pytest.raises(ConfigError, match="infinite or NaN"):
         dumps_finite({"t": float("inf")})
     assert dumps_finite({"b": 1, "a": [0.5]}) == '{"a": [0.5], "b": 1}'
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--zero", "5"], "search.zero"), (["--schedule", "gpipe"], "search.schedule"), (["--gbs", "0"], "--gbs"),
+    (["--gmi-error", "nan"], "--gmi-error"), (["--gmi-error", "-1"], "--gmi-error"), (["--top", "-1"], "--top"),
+    (["--tp", "1", "--pp", "1", "--gbs", "7"], "--gbs"),
+])
+def test_search_arguments_are_checked(args: list[str], field: str) -> None:
+    r = run_cli("search", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie", "--world-size", "8", *args)
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0] and "Traceback" not in r.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -166,6 +167,14 @@ def search(
 
     if resume and out is None:
         raise ConfigError("--resume", "needs --out (the folder holding search.jsonl)")
+    if global_batch_size is not None and global_batch_size < 1:
+        raise ConfigError("--gbs", f"must be >= 1 (got {global_batch_size})")
+    if not math.isfinite(gmi_error) or gmi_error < 0:
+        raise ConfigError("--gmi-error", f"must be a finite number of GiB >= 0 (got {gmi_error})")
+    if top < 1:
+        raise ConfigError("--top", f"must be >= 1 (got {top})")
+    if world_size < 1:
+        raise ConfigError("--world-size", f"must be >= 1 (got {world_size})")
     m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
     schedules = tuple(None if s == "auto" else s for s in (x.strip() for x in schedule.split(",")) if s)
     space = SearchSpace(
@@ -188,6 +197,12 @@ def search(
         err_console.print(f"interrupted: {len(exc.rows)} rows kept in {exc.path}; rerun with --resume to finish" if exc.path
                           else f"interrupted after {len(exc.rows)} rows (use --out to keep them)", soft_wrap=True)
         raise SystemExit(130) from None
+    if not rows:
+        pp_list = space.pp or tuple(p for p in range(1, m.layer_num + 1) if world_size % p == 0)
+        if not space.batch_splits(pp_list):
+            raise ConfigError("--gbs", f"{space.global_batch_size} is not a multiple of mbs x dp for any layout of the space "
+                              f"on {world_size} GPUs")
+        raise ConfigError("search", "no legal strategy in the space (every candidate breaks a divisibility rule); widen --tp/--pp/--cp/--ep")
     if out is not None:
         _write_search_outputs(out, rows, m, sy, float(sy.mem_bytes) - gmi_error * 2**30)
     if as_json:

@@ -40,6 +40,8 @@ RECOMPUTE_VARIANTS: dict[str, dict[str, Any]] = {
     "full_block": {"enable_recompute": True, "recompute_granularity": "full_block"},
 }
 RECOMPUTE_TYPES = ("none", "selective", "full_block")  # the default: SimuMax's three modes
+ZERO_STAGES = (0, 1)
+SCHEDULES = (None, "1f1b", "interleaved", "zb", "dualpipev")  # None: 1F1B, or interleaved with vp > 1
 ALL_RECOMPUTE = tuple(RECOMPUTE_VARIANTS)
 
 
@@ -73,6 +75,18 @@ class SearchSpace:
         for r in self.recompute:
             if r not in RECOMPUTE_VARIANTS:
                 raise ConfigError("recompute_search_type", f"unknown recompute type {r!r}; allowed {ALL_RECOMPUTE}")
+        if any(z not in ZERO_STAGES for z in self.zero):
+            raise ConfigError("search.zero", f"ZeRO stages {self.zero}: allowed {ZERO_STAGES}")
+        for sched in self.schedule:
+            if sched not in SCHEDULES:
+                raise ConfigError("search.schedule", f"unknown schedule {sched!r}; allowed auto, {', '.join(s for s in SCHEDULES if s)}")
+
+    def batch_splits(self, pp_list: tuple[int, ...]) -> bool:
+        """Whether some tp x pp x cp layout and micro-batch size divide the global batch."""
+        return any(
+            self.world_size % (tp * pp * cp) == 0 and self.global_batch_size % (mbs * (self.world_size // (tp * pp * cp))) == 0
+            for tp, pp, cp, mbs in itertools.product(self.tp, pp_list, self.cp, self.mbs)
+        )
 
 
 def pp_layouts(layers: int, pp: int) -> list[tuple[int | None, int | None]]:
