@@ -76,3 +76,24 @@ def test_search_arguments_are_checked(args: list[str], field: str) -> None:
     assert r.returncode == 2 and r.stdout == "", r.stdout
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and "Traceback" not in r.stderr
+
+
+def test_parameter_counts_in_the_corners() -> None:
+    from simumax import ModelConfig, StrategyConfig
+
+    gpt = dict(hidden_size=1024, head_num=16, intermediate_size=4096, layer_num=2, vocab_size=51200, norm_type="layernorm",
+               position_embedding_type="learned_absolute", max_position_embeddings=2048, add_bias_linear=True)
+    sy = load_system("a100_pcie")
+    one = Estimate(ModelConfig(**gpt), StrategyConfig(seq_len=2048), sy).params.total
+    four = Estimate(ModelConfig(**gpt), StrategyConfig(seq_len=2048, world_size=4, tp_size=4), sy).params.total
+    assert four == one  # the position table (2048 x 1024) is replicated over TP, not counted 4 times
+    moe = dict(hidden_size=1024, head_num=16, intermediate_size=4096, layer_num=2, vocab_size=51200, model_type="moe",
+               expert_num=8, topk=2, moe_ffn_hidden_size=512, moe_shared_expert_intermediate_size=1024)
+    plain = Estimate(ModelConfig(**moe), StrategyConfig(seq_len=2048), sy).params.total
+    biased = Estimate(ModelConfig(**moe, add_bias_linear=True), StrategyConfig(seq_len=2048), sy).params.total
+    attn_bias = 2 * (3 * 1024 + 1024)  # per layer: QKV and output projection biases
+    expert_bias = 2 * 8 * (512 + 1024)  # per layer: FC1 and FC2 bias of each expert
+    shared_bias = 2 * (1024 + 1024)
+    assert biased - plain == attn_bias + expert_bias + shared_bias
+    with pytest.raises(ConfigError, match="vocab_size"):
+        Estimate(ModelConfig(**{**gpt, "vocab_size": 50257, "padded_vocab_size": False}), StrategyConfig(seq_len=2048, world_size=4, tp_size=4), sy)

@@ -260,6 +260,7 @@ def embedding(d: Dims, vocab_local: int, position_rows: int = 0) -> Op:
         saved=(ids,),
         bwd_transient=full,
         params=(vocab_local + position_rows) * d.h,
+        tp_replicated_params=position_rows * d.h,  # every TP rank holds the whole position table
     )
 
 

@@ -155,7 +155,8 @@ def _dispatch(
     )
 
 
-def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md: MoeDims, x: Tensor, k: int, n: int) -> Op:
+def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md: MoeDims, x: Tensor, k: int, n: int,
+             bias: bool = False) -> Op:
     """One expert linear over all local experts: grouped GEMM (TE GroupedLinear), one GEMM
     per expert (``serial``), or one GEMM over all rows (``merged``, an efficiency bound)."""
     ng, M = md.local_experts, md.rows_per_expert
@@ -189,7 +190,7 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
     return Op(
         name=f"{P}.{name}", module=module, layer=layer, fwd=fwd, bwd_input=dgrad, bwd_weight=wgrad,
         saved=saved, input=(x,), bwd_transient=out_bytes + x[1],
-        params=ng * k * n, expert_params=ng * k * n, weight_shapes=((n, k),),
+        params=ng * (k * n + (n if bias else 0)), expert_params=ng * (k * n + (n if bias else 0)), weight_shapes=((n, k),),
     )
 
 
@@ -302,9 +303,9 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
         _router(P, layer, model, st, d, md, ln_out, h, local),
         dispatch,
-        _experts(P, "expert_fc1", "expert_fc1", layer, st, md, tokens, h, fc1_n).with_(output=fc1_out),
+        _experts(P, "expert_fc1", "expert_fc1", layer, st, md, tokens, h, fc1_n, bias=model.add_bias_linear).with_(output=fc1_out),
         act,
-        _experts(P, "expert_fc2", "expert_fc2", layer, st, md, act_out, md.ffn, h).with_(output=fc2_out),
+        _experts(P, "expert_fc2", "expert_fc2", layer, st, md, act_out, md.ffn, h, bias=model.add_bias_linear).with_(output=fc2_out),
         combine,
     ]
     if model.moe_shared_expert_intermediate_size:
@@ -317,9 +318,9 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         else:
             s_act_op = blocks.gelu(f"{P}.shared_act", layer, d, s_fc1, ffn_s)
         ops += [
-            blocks.column_linear(f"{P}.shared_fc1", "shared_fc1", layer, d, ln_out, h, s_n).with_(output=s_fc1),
+            blocks.column_linear(f"{P}.shared_fc1", "shared_fc1", layer, d, ln_out, h, s_n, bias=model.add_bias_linear).with_(output=s_fc1),
             s_act_op.with_(module="shared_act", output=s_act),
-            blocks.row_linear(f"{P}.shared_fc2", "shared_fc2", layer, d, s_act, ffn_s, h),
+            blocks.row_linear(f"{P}.shared_fc2", "shared_fc2", layer, d, s_act, ffn_s, h, bias=model.add_bias_linear),
             Op(name=f"{P}.moe_sum", module="moe_sum", layer=layer, fwd=(MemBound(f"{P}.moe_sum", 3 * routed[1]),)),
         ]
     ops.append(blocks.dropout_add(f"{P}.mlp_add", "mlp_add", layer, d, dropout=st.enable_dropout))
