@@ -164,6 +164,7 @@ def test_resume_keeps_rows_and_redoes_none(tmp_path, monkeypatch) -> None:
     part = tmp_path / "part.jsonl"
     lines = (tmp_path / "full.jsonl").read_text().splitlines()
     part.write_text("\n".join(lines[:5]) + "\n" + lines[5][: len(lines[5]) // 2])  # a kill mid-line
+    (tmp_path / "part.fingerprint.json").write_text((tmp_path / "full.fingerprint.json").read_text())  # the same search
     calls = []
     real = run_mod.evaluate
     monkeypatch.setattr(run_mod, "evaluate", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -171,6 +172,25 @@ def test_resume_keeps_rows_and_redoes_none(tmp_path, monkeypatch) -> None:
     assert len(calls) == len(full) - 5
     assert [r.to_dict() for r in resumed] == [r.to_dict() for r in full]
     assert part.read_text() == (tmp_path / "full.jsonl").read_text()  # ranked, byte-identical
+
+
+def test_resume_refuses_another_searchs_rows_and_a_second_writer(tmp_path) -> None:
+    from simumax.search import output_guard
+    from simumax.search.run import run_search
+    from simumax.search.space import SearchSpace
+
+    jsonl = tmp_path / "out" / "search.jsonl"
+    _small_search(tmp_path, jsonl=jsonl)
+    space = SearchSpace(world_size=8, global_batch_size=32, tp=(1, 2), pp=(1, 2), recompute=("none",))
+    other = load_model("llama2-tiny")
+    with pytest.raises(ConfigError, match="another search's rows"):
+        run_search(other, load_system("a100_pcie"), load_strategy("tp1_pp2_dp4_mbs1"), space, jsonl=jsonl, resume=True)
+    (tmp_path / "out" / "search.fingerprint.json").unlink()
+    with pytest.raises(ConfigError, match="no readable fingerprint"):
+        _small_search(tmp_path, jsonl=jsonl, resume=True)
+    with output_guard.locked(jsonl.parent):  # a search already writing there
+        with pytest.raises(ConfigError, match="another search is writing"):
+            _small_search(tmp_path, jsonl=jsonl)
 
 
 def test_process_pool_gives_the_local_result(tmp_path) -> None:

@@ -27,6 +27,7 @@ from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 from simumax.profiles import ProfileCache
 from simumax.search.evaluate import SearchRow, candidate_key, evaluate
+from simumax.search import output_guard
 from simumax.search.space import SearchSpace, candidates
 
 log = logging.getLogger(__name__)
@@ -194,11 +195,26 @@ def run_search(
     progress: Callable[[int, int], None] | None = None,
 ) -> list[SearchRow]:
     """Ranked rows of every legal candidate. ``jsonl`` receives each row as it finishes
-    and, at the end, all rows in rank order (atomically)."""
+    and, at the end, all rows in rank order (atomically); its folder is locked for the
+    search and a fingerprint of the search beside it lets ``resume`` refuse another
+    search's rows (search/output_guard.py)."""
     if executor not in EXECUTORS:
         raise ConfigError("executor", f"unknown executor {executor!r}; allowed {EXECUTORS}")
     if jobs < 1:
         raise ConfigError("jobs", "must be >= 1")
+    if jsonl is None:
+        return _run_search(model, system, base, space, gmi_error, use_reserved_memory, jobs, executor, None, False, progress)
+    fp = output_guard.fingerprint(model, system, base, space, gmi_error, use_reserved_memory)
+    with output_guard.locked(jsonl.parent):
+        if resume:
+            output_guard.check_resume(jsonl, fp)
+        output_guard.record(jsonl, fp)
+        return _run_search(model, system, base, space, gmi_error, use_reserved_memory, jobs, executor, jsonl, resume, progress)
+
+
+def _run_search(model: ModelConfig, system: SystemConfig, base: StrategyConfig, space: SearchSpace, gmi_error: float,
+                use_reserved_memory: bool, jobs: int, executor: str, jsonl: Path | None, resume: bool,
+                progress: Callable[[int, int], None] | None) -> list[SearchRow]:
     todo = list(candidates(model, system, base, space))
     keys = [candidate_key(rc, st) for rc, st in todo]
     known = set(keys)
