@@ -97,3 +97,54 @@ def test_parameter_counts_in_the_corners() -> None:
     assert biased - plain == attn_bias + expert_bias + shared_bias
     with pytest.raises(ConfigError, match="vocab_size"):
         Estimate(ModelConfig(**{**gpt, "vocab_size": 50257, "padded_vocab_size": False}), StrategyConfig(seq_len=2048, world_size=4, tp_size=4), sy)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find the workers")
+def test_search_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simumax.cli", "search", "-m", "llama3-70b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie",
+         "--world-size", "1024", "--gbs", "1024", "--vp", "1,2,4", "--cp", "1,2", "--mbs", "1,2,4", "--jobs", "2",
+         "--out", str(tmp_path / "out")],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    workers: list[int] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(workers) < 2 and proc.poll() is None:
+        time.sleep(0.2)
+        workers = _children(proc.pid)
+    assert len(workers) >= 2, "the search did not start its workers"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 5
+    alive = workers
+    while time.monotonic() < deadline and alive:
+        time.sleep(0.2)
+        alive = [w for w in alive if Path(f"/proc/{w}").exists() and "zombie" not in _state(w)]
+    assert not alive, f"workers {alive} outlived their parent"
+
+
+def _state(pid: int) -> str:
+    try:
+        return (Path(f"/proc/{pid}") / "status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "zombie"

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
@@ -89,8 +90,24 @@ class _Evaluator:
 _worker: dict[str, _Evaluator] = {}  # per worker process, set by _init_worker (never at import)
 
 
-def _init_worker(*init: Any) -> None:
+WATCHDOG_SECONDS = 0.5
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A worker whose parent died (even by SIGKILL, which no handler sees) exits too: it is
+    re-parented, so its parent pid changes."""
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(1)
+            time.sleep(WATCHDOG_SECONDS)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _init_worker(parent: int, *init: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    _exit_with_parent(parent)
     _worker["evaluator"] = _Evaluator(*init)
 
 
@@ -140,7 +157,7 @@ def _run_local(batches: list[Task], init: tuple, stop: threading.Event) -> Itera
 
 
 def _run_processes(batches: list[Task], jobs: int, init: tuple, stop: threading.Event) -> Iterator[list[SearchRow]]:
-    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=init)
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_init_worker, initargs=(os.getpid(), *init))
     try:
         pending: set[Future] = set()
         it = iter(batches)
