@@ -148,3 +148,49 @@ def _state(pid: int) -> str:
         return (Path(f"/proc/{pid}") / "status").read_text().split("State:")[1].split("\n")[0].lower()
     except (OSError, IndexError):
         return "zombie"
+
+
+MEGATRON = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads", "4", "--ffn-hidden-size", "512",
+            "--vocab-size", "100", "--seq-length", "128"]
+
+
+@pytest.mark.parametrize(("argv", "field"), [
+    (["import", "megatron", "--", *MEGATRON, "--global-batch-size", "abc"], "--global-batch-size"),
+    (["import", "megatron", "--", *MEGATRON, "--global-batch-size", "0"], "--global-batch-size"),
+    (["import", "megatron", "--", *MEGATRON[2:], "--num-layers-per-virtual-pipeline-stage", "2"], "--num-layers"),
+    (["import", "megatron", "--", *MEGATRON[:1], "0", *MEGATRON[2:]], "layer_num"),
+    (["import", "megatron", "--world-size", "2", "--", *MEGATRON, "--tensor-model-parallel-size", "4"], "world_size"),
+])
+def test_cli_import_megatron_bad_values(argv: list[str], field: str) -> None:
+    r = run_cli(*argv)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0]
+
+
+def test_cli_bad_files_and_outputs(tmp_path: Path) -> None:
+    quotes = tmp_path / "train.sh"
+    quotes.write_text("--num-layers 2 --hidden-size '256")
+    hf_zero = tmp_path / "zero.json"
+    hf_zero.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_attention_heads": 0,
+                                   "intermediate_size": 11008, "num_hidden_layers": 2, "vocab_size": 32000}))
+    hf_str = tmp_path / "str.json"
+    hf_str.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": "4096", "num_attention_heads": 32,
+                                  "intermediate_size": 11008, "num_hidden_layers": 2, "vocab_size": 32000}))
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text('{"id": "x"}\n')
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    perf = ["perf", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie", "--out"]
+    for argv, field in (
+        (["import", "megatron", "--file", str(quotes)], "arguments"),
+        (["import", "hf", str(hf_zero)], "num_attention_heads"),
+        (["import", "hf", str(hf_str)], "hidden_size"),
+        (["validate", str(cases)], "line 1"),
+        ([*perf, str(a_file)], "is a file"),
+        ([*perf, str(a_file / "sub")], "is a file"),
+    ):
+        r = run_cli(*argv)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (argv, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and field in lines[0], (argv, lines)

@@ -10,9 +10,29 @@ from pathlib import Path
 from typing import Any, Callable, IO
 
 
+def ensure_dir(folder: Path) -> None:
+    """Create ``folder`` (and its parents), or one ConfigError saying why it cannot be."""
+    from simumax.errors import ConfigError
+
+    for p in (folder, *folder.parents):
+        if p.exists() and not p.is_dir():
+            raise ConfigError("output", f"{p} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("output", f"cannot create {folder}: {exc.strerror}") from None
+
+
 def _write_atomic(path: Path, mode: str, fill: Callable[[IO[Any]], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    from simumax.errors import ConfigError
+
+    ensure_dir(path.parent)
+    if path.is_dir():
+        raise ConfigError("output", f"{path} is a folder, not a file")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise ConfigError("output", f"cannot write in {path.parent}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, mode, **({"newline": ""} if "b" not in mode else {})) as f:
             fill(f)

@@ -558,6 +558,10 @@ def main() -> None:
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:
         raise SystemExit(1) from None
+    except OSError as exc:  # a file or folder the OS refused: one line, never a traceback
+        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+        err_console.print(f"error: {exc.strerror or exc}{where}", markup=False, highlight=False, soft_wrap=True)
+        raise SystemExit(2) from None
     except Exception as exc:  # click usage errors (typer may vendor its own click)
         if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()

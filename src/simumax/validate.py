@@ -12,6 +12,7 @@ from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 
 GIB = 2**30
+CASE_KEYS = ("id", "system", "model", "strategy", "measured")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +64,15 @@ def load_cases(path: str | Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            cases.append(json.loads(line))
+            case = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"line {i}", f"not valid JSON ({exc.msg})", str(p)) from None
+        if not isinstance(case, dict):
+            raise ConfigError(f"line {i}", "a case must be a JSON object", str(p))
+        missing = [k for k in CASE_KEYS if k not in case]
+        if missing:
+            raise ConfigError(f"line {i}", f"case lacks {', '.join(missing)} (schema: shared/validation/README.md)", str(p))
+        cases.append(case)
     return cases
 
 

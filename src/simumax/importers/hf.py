@@ -22,7 +22,23 @@ MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
 def _req(cfg: dict[str, Any], key: str, src: str) -> Any:
     if key not in cfg or cfg[key] is None:
         raise ConfigError(key, "required in a Hugging Face config.json for this architecture", src)
-    return cfg[key]
+    return _positive_int(cfg, key, src)
+
+
+def _positive_int(cfg: dict[str, Any], key: str, src: str) -> Any:
+    """Sizes and counts must be positive integers (not strings, booleans or 0)."""
+    v = cfg[key]
+    if key in SIZE_KEYS and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise ConfigError(key, f"must be a positive integer (got {v!r})", src)
+    return v
+
+
+SIZE_KEYS = {
+    "num_attention_heads", "hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size", "num_key_value_heads",
+    "head_dim", "num_local_experts", "num_experts", "moe_intermediate_size", "num_experts_per_tok", "kv_lora_rank",
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "q_lora_rank", "n_shared_experts",
+    "shared_expert_intermediate_size", "max_position_embeddings",
+}
 
 
 def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "config.json") -> tuple[ModelConfig, list[str]]:
@@ -32,6 +48,9 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
     if arch is None:
         raise ConfigError("architectures", f"unsupported {archs or 'missing'}; known: {', '.join(sorted(DENSE | MOE | MLA))}", source)
     notes: list[str] = []
+    for key in SIZE_KEYS:
+        if cfg.get(key) is not None:
+            _positive_int(cfg, key, source)
     heads = _req(cfg, "num_attention_heads", source)
     hidden = _req(cfg, "hidden_size", source)
     act = cfg.get("hidden_act", "silu")

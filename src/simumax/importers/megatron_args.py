@@ -19,7 +19,10 @@ IGNORED_VALUED = {"--group-query-attention"}  # switches with no value that need
 def parse_megatron_args(text: str | list[str], world_size: int | None = None, name: str = "megatron") -> tuple[ModelConfig, StrategyConfig, list[str]]:
     """(model, strategy, notes). ``world_size`` defaults to the smallest that holds the
     parallel sizes with DP 1 (the launcher, not the arguments, decides it)."""
-    tokens = shlex.split(text if isinstance(text, str) else " ".join(text))
+    try:
+        tokens = shlex.split(text if isinstance(text, str) else " ".join(text))
+    except ValueError as exc:  # unbalanced quotes
+        raise ConfigError("arguments", f"cannot split the command line ({exc})") from None
     m: dict[str, Any] = {"model_name": name, "norm_type": "rmsnorm", "position_embedding_type": "rope"}
     s: dict[str, Any] = {"use_flash_sdp": False, "zero_state": 0, "moe_permute_fusion": False, "group_linear_mode": "serial"}
     notes: list[str] = []
@@ -44,7 +47,12 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             (m if target == "m" else s)[field] = val
             step = 1
         elif flag == "--global-batch-size" and value is not None:
-            gbs = int(value)
+            try:
+                gbs = int(value)
+            except ValueError:
+                raise ConfigError("--global-batch-size", f"expected int, got {value!r}") from None
+            if gbs < 1:
+                raise ConfigError("--global-batch-size", f"must be >= 1 (got {gbs})")
         elif flag == "--normalization" and value is not None:
             m["norm_type"] = "rmsnorm" if value.lower() == "rmsnorm" else "layernorm"
         elif flag == "--position-embedding-type" and value is not None:
@@ -95,8 +103,16 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             s.update(enable_recompute=True, megatron_recompute=True, megatron_recompute_modules=mods)
     tp, pp, cp = s.get("tp_size", 1), s.get("pp_size", 1), s.get("cp_size", 1)
     if "vp_layers" in extra:
+        if "layer_num" not in m:
+            raise ConfigError("--num-layers-per-virtual-pipeline-stage", "needs --num-layers")
+        try:
+            vp_layers = int(extra["vp_layers"])
+        except ValueError:
+            raise ConfigError("--num-layers-per-virtual-pipeline-stage", f"expected int, got {extra['vp_layers']!r}") from None
+        if vp_layers < 1 or pp < 1:
+            raise ConfigError("--num-layers-per-virtual-pipeline-stage", "must be >= 1")
         per_rank = m["layer_num"] // pp
-        s["interleaving_size"] = max(1, per_rank // int(extra["vp_layers"]))
+        s["interleaving_size"] = max(1, per_rank // vp_layers)
     # default: DP 1 for the dense groups, enough ranks for the expert groups too
     s["world_size"] = world_size or pp * math.lcm(tp * cp, s.get("ep_size", 1) * s.get("etp_size", 1))
     dp = s["world_size"] // (tp * pp * cp)

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from simumax.atomic import write_json_atomic
+from simumax.atomic import ensure_dir, write_json_atomic
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
@@ -61,7 +61,7 @@ def record(jsonl: Path, fp: str) -> None:
 @contextmanager
 def locked(folder: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``folder`` for one search; a second one is refused."""
-    folder.mkdir(parents=True, exist_ok=True)
+    ensure_dir(folder)
     fh: IO[Any] = open(folder / ".search.lock", "w")
     try:
         try:
