@@ -86,3 +86,27 @@ def test_configs_edited_in_place_take_effect() -> None:
     st.pp_size = 3
     with pytest.raises(ConfigError, match="world_size"):  # still broken when used
         perf.analysis_cost()
+
+
+def test_usability_one_command_answers() -> None:
+    """Issue 24's first questions: the version, a job sized by GPUs and global batch, nested
+    --set, time and GPU-hours for a token budget."""
+    from tests.conftest import run_cli
+
+    v = run_cli("--version")
+    assert v.returncode == 0 and v.stdout.startswith("simumax ")
+    base = ["perf", "-m", "llama3-70b", "-y", "h100-sxm-80gb", "-s", "tp1_pp2_dp4_mbs1", "--world-size", "64", "--gbs", "512",
+            "--set", "tp_size=8", "--set", "pp_size=4"]
+    r = run_cli(*base, "--set", "system.accelerator.mem_gbs=96", "--tokens", "1e12", "--gpu-hour-price", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["mem"]["capacity"] == 96 * 2**30
+    t = d["training"]
+    step = d["cost"]["duration_time_per_iter"]
+    steps = 1e12 / (512 * 4096)  # dp 2 x mbs 1 x 256 micro-batches = 512 sequences of 4096 tokens
+    assert t["steps"] == pytest.approx(steps) and t["seconds"] == pytest.approx(steps * step)
+    assert t["gpu_hours"] == pytest.approx(steps * step * 64 / 3600) and t["cost"] == pytest.approx(2 * t["gpu_hours"])
+    assert d["params"]["total"] > 70e9
+    bad = run_cli(*base[:-4], "--gbs", "500")
+    assert bad.returncode == 2 and "--gbs" in bad.stderr
+    assert run_cli(*base[:-4], "--set", "system.accelerator.no_such=1").returncode == 2

@@ -22,6 +22,21 @@ from simumax.errors import ConfigError
 from simumax.report import format as fmt
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Predict LLM training time and memory.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from simumax import __version__
+
+        out_console.print(f"simumax {__version__}", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Predict LLM training time and memory."""
 out_console = Console()
 if not out_console.is_terminal:  # piped or captured: do not squeeze tables to 80 columns
     out_console = Console(width=160)
@@ -37,26 +52,66 @@ def _parse_value(text: str) -> Any:
         return text
 
 
+def _set_path(data: dict[str, Any], path: list[str], value: Any, key: str) -> None:
+    """Set a nested field of a config dump (``accelerator.mem_gbs``); SimuMax's flat network
+    tiers are reached as ``networks.<tier>...``."""
+    node: Any = data
+    for part in path[:-1]:
+        if not isinstance(node, dict) or part not in node:
+            raise ConfigError(key, f"unknown field {part!r}")
+        node = node[part]
+    if not isinstance(node, dict):
+        raise ConfigError(key, f"{path[-2]!r} has no fields")
+    node[path[-1]] = value  # an unknown leaf is refused when the config is validated
+
+
 def apply_overrides(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig, sets: list[str]):
-    upd: dict[str, dict[str, Any]] = {"model": {}, "strategy": {}, "system": {}}
+    """``--set key=value`` (JSON value) on the model, strategy or system; ``model.``,
+    ``strategy.`` or ``system.`` first picks the config, dots go into nested fields."""
+    configs: dict[str, Any] = {"model": model, "strategy": strategy, "system": system}
+    dumps: dict[str, dict[str, Any]] = {}
     for item in sets:
         if "=" not in item:
             raise ConfigError("--set", f"expected key=value, got {item!r}")
         key, value = item.split("=", 1)
-        target, _, field = key.partition(".") if key.split(".", 1)[0] in upd else ("", "", key)
+        target, _, field = key.partition(".") if key.split(".", 1)[0] in configs else ("", "", key)
         if not target:
             owners = [n for n, c in (("model", ModelConfig), ("strategy", StrategyConfig)) if field in c.model_fields]
             if not owners:
                 raise ConfigError(key, "unknown field in model and strategy configs")
             target = owners[0]
-        upd[target][field] = _parse_value(value)
-    if upd["model"]:
-        model = model.with_updates(upd["model"], source="--set")
-    if upd["strategy"]:
-        strategy = strategy.with_updates(upd["strategy"], source="--set")
-    if upd["system"]:
-        system = system.with_updates(upd["system"], source="--set")
-    return model, strategy, system
+        path = field.split(".")
+        if path[0] not in type(configs[target]).model_fields:
+            raise ConfigError(key, f"unknown field of the {target} config")
+        data = dumps.setdefault(target, configs[target].model_dump())
+        _set_path(data, path, _parse_value(value), key)
+    for target, data in dumps.items():
+        configs[target] = type(configs[target]).init_from_dict(data, source="--set")
+    return configs["model"], configs["strategy"], configs["system"]
+
+
+def _job_size(st: StrategyConfig, gbs: int | None) -> StrategyConfig:
+    """``--gbs``: the micro-batch count follows (gbs / (mbs x dp))."""
+    if gbs is not None:
+        per_step = st.micro_batch_size * st.dp_size
+        if gbs < 1 or gbs % per_step:
+            raise ConfigError("--gbs", f"{gbs} must be a positive multiple of micro-batch size x DP = {per_step}")
+        st = st.with_updates({"micro_batch_num": gbs // per_step}, source="--gbs")
+    return st
+
+
+def _training(step: float, band: tuple[float, float] | None, st: StrategyConfig, tokens: float,
+              price: float | None) -> dict[str, Any]:
+    """Time and GPU-hours to train on ``tokens`` at this step time (and its 80 % band)."""
+    steps = tokens / (st.global_batch_size * st.seq_len)
+    seconds = steps * step
+    lo, hi = band or (step, step)
+    gpu_hours = seconds * st.world_size / 3600
+    return {
+        "tokens": tokens, "steps": steps, "seconds": seconds, "days": seconds / 86400,
+        "days_interval": (steps * lo / 86400, steps * hi / 86400), "gpu_hours": gpu_hours,
+        "cost": gpu_hours * price if price is not None else None,
+    }
 
 
 @app.command()
@@ -65,6 +120,10 @@ def perf(
     strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
     system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
     set_: list[str] = SetOpt,
+    world_size: Optional[int] = typer.Option(None, "--world-size", help="GPUs (DP follows from TP x PP x CP)."),
+    gbs: Optional[int] = typer.Option(None, "--gbs", help="Global batch in sequences; the micro-batch count follows."),
+    tokens: Optional[float] = typer.Option(None, "--tokens", help="Training tokens (e.g. 15e12): prints time to train and GPU-hours."),
+    gpu_hour_price: Optional[float] = typer.Option(None, "--gpu-hour-price", help="Price of one GPU-hour, for --tokens."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write compute/mem results, resolved configs and memory/time plots here."),
     plot_format: str = typer.Option("png", "--plot-format", help="png or svg."),
@@ -72,9 +131,20 @@ def perf(
     """Estimate one training iteration: time, MFU, throughput and memory per stage."""
     if plot_format not in ("png", "svg"):
         raise ConfigError("--plot-format", "must be png or svg")
+    if tokens is not None and not (math.isfinite(tokens) and tokens > 0):
+        raise ConfigError("--tokens", f"must be a positive number (got {tokens})")
+    if gpu_hour_price is not None and not (math.isfinite(gpu_hour_price) and gpu_hour_price >= 0):
+        raise ConfigError("--gpu-hour-price", f"must be >= 0 (got {gpu_hour_price})")
+    if world_size is not None:  # with the other overrides, so --set tp_size=8 sees the new world
+        if world_size < 1:
+            raise ConfigError("--world-size", f"must be >= 1 (got {world_size})")
+        set_ = [f"strategy.world_size={world_size}", *set_]
     m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
+    st = _job_size(st, gbs)
     p = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy)
     cost, mem = p.analysis_cost(), p.analysis_mem()
+    params = p.estimate.params
+    training = _training(cost.duration_time_per_iter, cost.duration_time_interval, st, tokens, gpu_hour_price) if tokens else None
     if out is not None:
         from simumax.report.breakdown_plots import plot_memory, plot_time
 
@@ -82,10 +152,22 @@ def perf(
         plot_memory(mem, out / f"memory.{plot_format}", f"{m.model_name} on {sy.sys_name}")
         plot_time(cost, out / f"time.{plot_format}")
     if as_json:
-        out_console.print_json(dumps_finite({"cost": cost.to_dict(), "mem": mem.to_dict()}))
+        payload = {"cost": cost.to_dict(), "mem": mem.to_dict(),
+                   "params": {"total": params.total, "active": params.active, "expert": params.expert}}
+        if training:
+            payload["training"] = training
+        out_console.print_json(dumps_finite(payload))
         return
     out_console.print(fmt.run_title(m.model_name, sy.sys_name, st), style="bold", markup=False)
+    out_console.print(f"parameters: {params.total / 1e9:.2f} B total, {params.active / 1e9:.2f} B active per token", markup=False)
     out_console.print(fmt.summary_table(cost, mem))
+    if training:
+        lo, hi = training["days_interval"]
+        line = (f"{training['tokens']:.3g} tokens: {training['days']:.1f} days (80 %: {lo:.1f}–{hi:.1f}) on "
+                f"{st.world_size} GPUs, {training['gpu_hours']:,.0f} GPU-hours")
+        if training.get("cost") is not None:
+            line += f", {training['cost']:,.0f} at {gpu_hour_price:g} per GPU-hour"
+        out_console.print(line, markup=False)
     out_console.print(fmt.breakdown_table(cost))
     out_console.print(fmt.memory_table(mem))
     oom = fmt.out_of_memory(mem)
