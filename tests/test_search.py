@@ -298,3 +298,16 @@ def test_sigterm_stops_like_sigint(tmp_path) -> None:
     code, err = _interrupt(SIGNAL_SEARCH, tmp_path / "run", signal.SIGTERM, 3)
     assert code == 130, err
     assert all(json.loads(line)["pp"] for line in (tmp_path / "run" / "search.jsonl").read_text().splitlines())
+
+
+def test_cli_search_defaults_come_from_the_base_strategy() -> None:
+    from tests.conftest import run_cli
+
+    r = run_cli("search", "-m", "deepseek-v2-lite", "-s", "ep8_pp1_dp8_mbs1", "-y", "a100_pcie", "--world-size", "8",
+                "--tp", "1", "--pp", "1", "--recompute", "none", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert rows and {row["strategy"]["ep_size"] for row in rows} == {8}  # not ep=1 only
+    tight = run_cli("search", "-m", "llama3-70b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie", "--world-size", "8",
+                    "--tp", "1", "--pp", "1", "--recompute", "none")
+    assert tight.returncode == 0 and "nothing fits" in tight.stderr and "GiB more per GPU" in tight.stderr

@@ -223,13 +223,13 @@ def search(
     global_batch_size: Optional[int] = typer.Option(None, "--gbs", help="Global batch (sequences); default the base strategy's."),
     tp: str = typer.Option("1,2,4,8", "--tp", help="TP sizes to try."),
     pp: Optional[str] = typer.Option(None, "--pp", help="PP sizes to try (default: every pp up to the layer count; uneven first/last stages where layers do not divide)."),
-    vp: str = typer.Option("1", "--vp", help="Virtual pipeline (interleaving) sizes to try."),
-    ep: str = typer.Option("1", "--ep", help="EP sizes to try (MoE)."),
-    etp: str = typer.Option("1", "--etp", help="Expert TP sizes to try (MoE)."),
-    cp: str = typer.Option("1", "--cp", help="CP sizes to try."),
-    mbs: str = typer.Option("1", "--mbs", help="Micro-batch sizes to try (the count follows from --gbs)."),
+    vp: Optional[str] = typer.Option(None, "--vp", help="Virtual pipeline (interleaving) sizes to try (default: the base strategy's)."),
+    ep: Optional[str] = typer.Option(None, "--ep", help="EP sizes to try, MoE (default: the base strategy's)."),
+    etp: Optional[str] = typer.Option(None, "--etp", help="Expert TP sizes to try, MoE (default: the base strategy's)."),
+    cp: Optional[str] = typer.Option(None, "--cp", help="CP sizes to try (default: the base strategy's)."),
+    mbs: Optional[str] = typer.Option(None, "--mbs", help="Micro-batch sizes to try; the count follows from --gbs (default: the base strategy's)."),
     recompute: str = typer.Option("none,selective,full_block", "--recompute", help="Recompute variants: none, selective, selective_norm, selective_mlp, full_block (fewest layers that fit)."),
-    zero: str = typer.Option("1", "--zero", help="ZeRO stages to try (0, 1)."),
+    zero: Optional[str] = typer.Option(None, "--zero", help="ZeRO stages to try, 0 and/or 1 (default: the base strategy's)."),
     schedule: str = typer.Option("auto", "--schedule", help="Pipeline schedules to try: auto (1F1B / interleaved), 1f1b, interleaved, zb, dualpipev."),
     gmi_error: float = typer.Option(0.0, "--gmi-error", help="GiB kept free per GPU."),
     allocated: bool = typer.Option(False, "--allocated", help="Fit allocated bytes, not reserved (allocated / mem_factor)."),
@@ -259,11 +259,13 @@ def search(
         raise ConfigError("--world-size", f"must be >= 1 (got {world_size})")
     m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
     schedules = tuple(None if s == "auto" else s for s in (x.strip() for x in schedule.split(",")) if s)
+    # every dimension not given defaults to the base strategy's value (an EP8 base searches EP8)
+    dim = lambda text, flag, base: tuple(_int_list(text, flag)) if text else (base,)  # noqa: E731
     space = SearchSpace(
         world_size=world_size, global_batch_size=global_batch_size or st.global_batch_size, tp=tuple(_int_list(tp, "--tp")),
-        pp=tuple(_int_list(pp, "--pp")) if pp else None, vp=tuple(_int_list(vp, "--vp")), ep=tuple(_int_list(ep, "--ep")),
-        etp=tuple(_int_list(etp, "--etp")), cp=tuple(_int_list(cp, "--cp")), mbs=tuple(_int_list(mbs, "--mbs")),
-        recompute=tuple(r.strip() for r in recompute.split(",") if r.strip()), zero=tuple(_int_list(zero, "--zero")),
+        pp=tuple(_int_list(pp, "--pp")) if pp else None, vp=dim(vp, "--vp", st.interleaving_size), ep=dim(ep, "--ep", st.ep_size),
+        etp=dim(etp, "--etp", st.etp_size), cp=dim(cp, "--cp", st.cp_size), mbs=dim(mbs, "--mbs", st.micro_batch_size),
+        recompute=tuple(r.strip() for r in recompute.split(",") if r.strip()), zero=dim(zero, "--zero", st.zero_state),
         schedule=schedules,
     )
     jsonl = out / "search.jsonl" if out is not None else None
@@ -291,6 +293,13 @@ def search(
         out_console.print_json(dumps_finite([r.to_dict() for r in rows]))
         return
     out_console.print(fmt.search_table(rows[:top], float(sy.mem_bytes), gmi_error))
+    if rows and not rows[0].fits:
+        short = min(-r.headroom for r in rows)  # headroom = budget - peak
+        err_console.print(
+            f"nothing fits: the closest candidate needs {short / 2**30:.1f} GiB more per GPU than the budget; widen the space "
+            "(--pp, --tp, --ep for MoE, --cp for long sequences, --recompute full_block, --zero 1) or use more GPUs",
+            markup=False, soft_wrap=True,
+        )
     if rows and rows[0].fits:
         from simumax.export.megatron_flags import megatron_flags
 
