@@ -110,3 +110,27 @@ def test_usability_one_command_answers() -> None:
     bad = run_cli(*base[:-4], "--gbs", "500")
     assert bad.returncode == 2 and "--gbs" in bad.stderr
     assert run_cli(*base[:-4], "--set", "system.accelerator.no_such=1").returncode == 2
+
+
+def test_compare_strategies_side_by_side(tmp_path: Path) -> None:
+    from simumax.config.loader import load_model, load_strategy, load_system
+    from simumax.estimate import Estimate
+    from tests.conftest import run_cli
+
+    r = run_cli("compare", "-m", "llama3-8b", "-y", "a100_pcie", "-s", "tp2_pp1_dp4_mbs1", "--vary", "tp_size=4",
+                "--json", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    a, b = d["strategies"]
+    assert a["global_batch_size"] == b["global_batch_size"] == 32  # the first strategy's batch for both
+    # the TP4 variant is the same estimate as TP4 set by hand with the micro-batch count for that batch
+    st = load_strategy("tp2_pp1_dp4_mbs1").with_updates({"tp_size": 4, "micro_batch_num": 16})
+    ref = Estimate(load_model("llama3-8b"), st, load_system("a100_pcie")).cost()
+    assert b["cost"]["duration_time_per_iter"] == pytest.approx(ref.duration_time_per_iter)
+    for part, delta in b["breakdown_delta"].items():
+        assert delta == pytest.approx(b["cost"]["breakdown"].get(part, 0.0) - a["cost"]["breakdown"].get(part, 0.0))
+    assert (tmp_path / "compare.png").stat().st_size > 0 and (tmp_path / "compare.json").exists()
+    text = run_cli("compare", "-m", "llama3-8b", "-y", "a100_pcie", "-s", "tp2_pp1_dp4_mbs1", "-s", "tp1_pp2_dp4_mbs1").stdout
+    assert "tp1_pp2_dp4_mbs1" in text and "iteration time" in text and "tp_comm (ms)" in text
+    one = run_cli("compare", "-m", "llama3-8b", "-y", "a100_pcie", "-s", "tp2_pp1_dp4_mbs1")
+    assert one.returncode == 2 and "--strategy" in one.stderr

@@ -183,6 +183,45 @@ def perf(
 
 
 @app.command()
+def compare(
+    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
+    system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
+    strategy: list[str] = typer.Option([], "--strategy", "-s", help="A strategy to compare (repeat): preset or JSON."),
+    vary: list[str] = typer.Option([], "--vary", help="A variant of the first strategy: key=value[,key=value] (repeat)."),
+    set_: list[str] = SetOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print every strategy's results and breakdown differences as JSON."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write compare.json and compare.png here."),
+    keep_micro_batches: bool = typer.Option(False, "--keep-micro-batches", help="Keep each strategy's micro-batch count "
+                                            "(default: the first strategy's global batch for all, the count derived)."),
+) -> None:
+    """Strategies side by side: time, MFU, tokens/s, memory per stage, and the difference of
+    each breakdown part from the first ("what does TP4 instead of TP2 change"), at the first
+    strategy's global batch."""
+    from simumax.report import compare as cmp
+
+    if not strategy:
+        raise ConfigError("--strategy", "give at least one strategy (and more, or --vary)")
+    specs = [(s_, s_, []) for s_ in strategy] + [(strategy[0], v, [x for x in v.split(",") if x]) for v in vary]
+    if len(specs) < 2:
+        raise ConfigError("--strategy", "needs two or more strategies, or --vary variants of the first")
+    rows = []
+    for spec, label, extra in specs:
+        m, st, sy = apply_overrides(load_model(model), load_strategy(spec), load_system(system), [*set_, *extra])
+        if rows and not keep_micro_batches:
+            st = _job_size(st, rows[0].gbs)
+        p = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy)
+        rows.append(cmp.Compared(Path(label).stem if label.endswith(".json") else label, p.analysis_cost(), p.analysis_mem(),
+                                 st.global_batch_size))
+    if out is not None:
+        write_json_atomic(out / "compare.json", cmp.to_dict(rows))
+        cmp.plot(rows, out / "compare.png")
+    if as_json:
+        out_console.print_json(dumps_finite(cmp.to_dict(rows)))
+        return
+    out_console.print(cmp.table(rows))
+
+
+@app.command()
 def simulate(
     model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
     strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
