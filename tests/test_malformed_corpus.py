@@ -67,7 +67,7 @@ def _run(argv: list[str]) -> tuple[int, str, str]:
 
 def test_corpus_is_large_and_ids_unique() -> None:
     ids = [c["id"] for c in CORPUS]
-    assert len(ids) >= 50 and len(set(ids)) == len(ids)
+    assert len(ids) >= 250 and len(set(ids)) == len(ids)
 
 
 @pytest.mark.parametrize("case", CORPUS, ids=[c["id"] for c in CORPUS])
