@@ -1,7 +1,7 @@
 """Invariants over random legal (model, strategy) pairs: dense and MoE, TP/SP, CP, PP with
 interleaving, ZeRO 0/1, recompute, TE versions, both reference systems.
 
-One hypothesis test draws 500 pairs and checks every property on each (one draw, many
+One hypothesis test draws 1,000 pairs and checks every property on each (one draw, many
 checks: cheaper than one draw per property):
 
 * no exception; every time and byte count finite and positive;
@@ -102,7 +102,7 @@ def _bubble_fraction(model, st, sy) -> float:
     return c.breakdown["bubble"] / c.duration_time_per_iter
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(pairs(), hs.integers(1, 6))
 def test_invariants_hold_on_random_pairs(case, extra_mb) -> None:
     model, st, sy = case
