@@ -76,18 +76,19 @@ def merge_compute(system: dict[str, Any], cal: Any, mem_gib: float | None = None
             ratio = fam.get("bwd_flops_ratio") or SIMUMAX_SDP_BWD_RATIO
             flops *= ratio / MODEL_SDP_BWD_RATIO
         eff = flops / (t.seconds * fam["tflops"] * 1e12)
-        fam.setdefault("accurate_efficient_factor", {})[t.key] = round(eff, 6)
+        # six significant digits (not decimals: a CPU's efficiency against a GPU peak is tiny, never 0)
+        fam.setdefault("accurate_efficient_factor", {})[t.key] = float(f"{eff:.6g}")
         if t.family in new_families:
             new_families[t.family].append(eff)
     for name, effs in new_families.items():  # a new family's fallback: the median measured shape
-        acc["op"][name]["efficient_factor"] = round(statistics.median(effs), 4)
+        acc["op"][name]["efficient_factor"] = float(f"{statistics.median(effs):.4g}")
     if set_fallbacks and "matmul" in new_families and "default" in acc["op"]:
         acc["op"]["default"]["efficient_factor"] = acc["op"]["matmul"]["efficient_factor"]
     for family, fit in cal.bandwidth.items():
         base = acc["bandwidth"].get(family) or acc["bandwidth"].get("default") or {"gbps": cal.hbm_gbps}
         gbps = float(base["gbps"])
         acc["bandwidth"][family] = {
-            "efficient_factor": round(fit.efficiency(gbps), 4), "gbps": gbps, "latency_us": round(fit.latency * 1e6, 3),
+            "efficient_factor": float(f"{fit.efficiency(gbps):.4g}"), "gbps": gbps, "latency_us": round(fit.latency * 1e6, 3),
         }
     return out
 
@@ -111,7 +112,7 @@ def merge_collectives(system: dict[str, Any], tier: str, fits: dict[str, AlphaBe
     gbps = float(t["bandwidth"]["gbps"])
     for op, fit in fits.items():
         spec = t["op"].setdefault(op, dict(collective_tier(1, 0, 0)["op"][op]))
-        spec["efficient_factor"] = round(fit.efficiency(gbps), 4)
+        spec["efficient_factor"] = float(f"{fit.efficiency(gbps):.4g}")
         # the measurement supersedes the base's latencies and fixed DP bandwidths
         spec.pop("fixed_latency_us_by_comm_num", None)
         spec.pop("dp_fixed_bw", None)
