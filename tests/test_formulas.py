@@ -128,3 +128,14 @@ def test_full_recompute_keeps_only_layer_inputs_on_moe_layers() -> None:
     d = Dims.of(m, st)
     middle = est.chunks[1]  # no embedding, no head
     assert est.chunk_walks[middle.vstage].stored == len(middle.layers) * d.act(d.h, local=True)
+
+
+def test_simumax_6nd_flops_leave_out_the_input_embedding() -> None:
+    """SimuMax's mfu_6nd_with_attn: 6 x (parameters but the input embedding) + 6 L s a (dqk + dv)
+    per token: 51.5 GFLOP per token for Llama3-8B at 4096 (54.6 with the embedding)."""
+    m = load_model("llama3-8b").with_updates({"vocab_size": 128256, "padded_vocab_size": False})
+    est = _estimate(m)
+    per_token = est.flops_6nd_with_attn() / (4096 * est.strategy.global_batch_size)
+    params = 8_030_261_248 - 128256 * 4096
+    assert per_token == pytest.approx(6 * params + 6 * 32 * 4096 * 32 * 256)
+    assert round(per_token / 1e9, 1) == 51.5
