@@ -15,6 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.cost.network import NetworkModel
+from simumax.cost.sources import of_ops
+from simumax.graph.ops import Op
 from simumax.config.system import SystemConfig
 from simumax.cost.efficiency import ComputeModel
 from simumax.cost.efficiency_fit import TableFit, baseline, default_curve, parse_key
@@ -77,9 +80,11 @@ def test_sources_measured_fitted_default() -> None:
     assert 0.6 < eff < 0.62
     cm2 = ComputeModel(_one_kernel_system({}))
     assert cm2.compute(g)[1] == pytest.approx(default_curve(parse_key(g.key)[1], 0.7, 132))  # (c)
-    assert cm.log.to_dict()["sources"] == {"matmul": {"measured": 0, "fitted": 1, "default": 0}}
-    assert cm2.log.to_dict()["sources"] == {"matmul": {"measured": 0, "fitted": 0, "default": 1}}
-    assert list(cm2.log.to_dict()["misses"]) == [f"matmul: {g.key}"]  # every unmeasured shape listed
+    assert cm.seconds_and_source(g)[1:] == ("matmul", "fitted")
+    assert cm2.seconds_and_source(g)[1:] == ("matmul", "default")
+    found = of_ops([Op("x", "x", 0, fwd=(g,))], cm2, NetworkModel(_one_kernel_system({}), load_strategy("tp1_pp1_dp8_mbs1")))
+    assert found.to_dict()["sources"] == {"matmul": {"measured": 0, "fitted": 0, "default": 1}}
+    assert list(found.to_dict()["misses"]) == [f"matmul: {g.key}"]  # every unmeasured shape listed
 
 
 def test_estimate_reports_sources() -> None:

@@ -3,15 +3,12 @@
 Efficiency of a shape, in order (cost/efficiency_fit.py): (a) the measured table entry;
 (b) a fit over the family's measured entries (nearest shapes in log space around a
 wave-quantisation / saturation baseline); (c) the default curve: the family's configured
-``efficient_factor`` as the asymptote of that baseline. Every lookup is counted by source,
-and every shape not measured is listed with its key, so a report says which kernels were
-measured, fitted or defaulted.
+``efficient_factor`` as the asymptote of that baseline. Each kernel's source is kept with
+its time; cost/sources.py sums them per estimate (in seconds, every shape not measured
+listed with its key), so a report says which kernels were measured, fitted or defaulted.
 """
 
 from __future__ import annotations
-
-from collections import Counter
-from dataclasses import dataclass, field
 
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
@@ -24,34 +21,15 @@ ComputeKernel = Gemm | GroupGemm | Attention
 SOURCES = ("measured", "fitted", "default")
 
 
-@dataclass(slots=True)
-class LookupLog:
-    hits: Counter[str] = field(default_factory=Counter)  # family -> count of measured entries
-    misses: Counter[str] = field(default_factory=Counter)  # "family: key" -> count (not measured)
-    sources: Counter[str] = field(default_factory=Counter)  # "family/source" -> count
-
-    def to_dict(self) -> dict[str, object]:
-        by_family: dict[str, dict[str, int]] = {}
-        for k, n in sorted(self.sources.items()):
-            fam, src = k.rsplit("/", 1)
-            by_family.setdefault(fam, dict.fromkeys(SOURCES, 0))[src] += n
-        return {
-            "hits": dict(sorted(self.hits.items())),
-            "misses": dict(sorted(self.misses.items())),
-            "sources": by_family,
-        }
-
-
 class ComputeModel:
     """Time of Gemm / Attention / MemBound kernels on one accelerator."""
 
     def __init__(self, system: SystemConfig) -> None:
         self.acc = system.accelerator
-        self.log = LookupLog()
-        # kernel -> (seconds, achieved efficiency, family used, source, key not measured)
+        # kernel -> (seconds, achieved efficiency, family used, source)
         self._cache: dict[object, tuple[float, float, str, str]] = {}
         self._fits: dict[str, TableFit] = {}
-        self._mem_lines: dict[str, tuple[str, float, float]] = {}  # family -> (log key, s/byte, latency)
+        self._mem_lines: dict[str, tuple[str, float, float]] = {}  # family -> (source key, s/byte, latency)
         hbm = self.acc.bandwidth["default"]
         self._hbm_seconds_per_byte = 1.0 / (hbm.gbps * 1e9 * hbm.efficient_factor)
 
@@ -107,28 +85,25 @@ class ComputeModel:
         per_flop8 = 1.0 / (p8 * e8 * wave) + (per_flop16 - math16)
         return 1.0 / (p8 * per_flop8)
 
-    def compute(self, k: ComputeKernel) -> tuple[float, float]:
-        """(seconds, achieved efficiency on model FLOPs) of one GEMM or attention kernel."""
+    def _lookup(self, k: ComputeKernel) -> tuple[float, float, str, str]:
         cached = self._cache.get(k)
         if cached is None:
             cached = self._cache[k] = self._cost(k)
-        t, eff, name, source = cached
-        self.log.sources[f"{name}/{source}"] += 1
-        if source == "measured":
-            self.log.hits[name] += 1
-        else:
-            self.log.misses[f"{name}: {k.key}"] += 1
+        return cached
+
+    def compute(self, k: ComputeKernel) -> tuple[float, float]:
+        """(seconds, achieved efficiency on model FLOPs) of one GEMM or attention kernel."""
+        t, eff, _, _ = self._lookup(k)
         return t, eff
 
     def seconds_and_source(self, k: ComputeKernel) -> tuple[float, str, str]:
-        """(seconds, family used, measured / fitted / default) of a kernel, not logged."""
-        cached = self._cache.get(k)
-        if cached is None:
-            cached = self._cache[k] = self._cost(k)
-        return cached[0], cached[2], cached[3]
+        """(seconds, family used, measured / fitted / default) of a kernel (cost/sources.py
+        sums them per estimate)."""
+        t, _, name, source = self._lookup(k)
+        return t, name, source
 
     def membound_source(self, k: MemBound) -> tuple[str, float]:
-        """("memory/<family>/<measured|default>", seconds) of a bandwidth-bound kernel, not logged."""
+        """("memory/<family>/<measured|default>", seconds) of a bandwidth-bound kernel."""
         key, per_byte, latency = self._mem_line(k.family)
         return key, k.bytes * per_byte + latency
 
@@ -153,14 +128,11 @@ class ComputeModel:
 
     def membound(self, k: MemBound) -> float:
         """Bandwidth-bound kernel: the family's line (bytes / (gbps · eff) + latency, as
-        calibrate fits it) when the system has the family, else the default HBM line;
-        counted as memory/<family> measured or default."""
-        line = self._mem_line(k.family)
-        self.log.sources[line[0]] += 1
-        return k.bytes * line[1] + line[2]
+        calibrate fits it) when the system has the family, else the default HBM line."""
+        return self.membound_source(k)[1]
 
     def _mem_line(self, family: str) -> tuple[str, float, float]:
-        """(log key, seconds per byte, latency) of a memory-bound family."""
+        """(source key, seconds per byte, latency) of a memory-bound family."""
         line = self._mem_lines.get(family)
         if line is None:
             bw = self.acc.bandwidth.get(family)
