@@ -69,8 +69,8 @@ def _linear(
     t = d.tokens if rows is None else rows
     fam = "matmul"
     saved = x
-    fwd_cast: list = []
-    bwd_cast: list = []
+    fwd_cast: list[MemBound] = []
+    bwd_cast: list[MemBound] = []
     if d.fp8 and te:
         # quantize the input (kept in fp8 for the weight gradient) and, in backward, the
         # output gradient, each in both layouts, as the recipe does (graph/fp8.py); the
@@ -79,10 +79,7 @@ def _linear(
         fam = "fp8_matmul"
         x_elems = x[1] / d.act_bytes
         saved = (f"{x[0]}.fp8", fp8.saved_input_bytes(r, x_elems))
-        fwd_cast = [MemBound(f"{name}.quantize_input", fp8.quantize_bytes(r, x_elems, d.act_bytes))]
-        if not d.fp8_weight_caching:
-            fwd_cast.append(MemBound(f"{name}.cast_weight", fp8.weight_cast_bytes(r, k * n, d.act_bytes)))
-        bwd_cast = [MemBound(f"{name}.quantize_grad", fp8.quantize_bytes(r, t * n, d.act_bytes))]
+        fwd_cast, bwd_cast = fp8.linear_casts(r, name, x_elems, t * n, k * n, d.act_bytes, d.fp8_weight_caching)
     # the bias gradient: TE folds it into the weight-gradient GEMM's epilogue (or the fp8
     # cast-transpose); Megatron-Core's own linears reduce the output gradient over tokens
     # (grad_output.sum(0), or the autograd sum behind a fused bias-GeLU / bias-dropout-add)

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from simumax.graph.kernels import MemBound
+
 Fp8RecipeName = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
 FP8_BYTES = 1
 
@@ -76,3 +78,14 @@ def weight_copy_bytes_per_param(r: Fp8Recipe) -> float:
 
 
 AMAX_BYTES_PER_TENSOR = 4.0  # one fp32 amax per FP8 tensor (input, weight, output gradient)
+
+
+def linear_casts(r: Fp8Recipe, name: str, in_elems: float, grad_elems: float, weight_params: float, in_bytes: int,
+                 weight_caching: bool) -> tuple[list[MemBound], list[MemBound]]:
+    """(forward, backward) quantize kernels of one fp8 linear (dense or grouped): its input
+    in forward (and its weights too when they are not cached across micro-batches), its
+    output gradient in backward."""
+    fwd = [MemBound(f"{name}.quantize_input", quantize_bytes(r, in_elems, in_bytes))]
+    if not weight_caching:
+        fwd.append(MemBound(f"{name}.cast_weight", weight_cast_bytes(r, weight_params, in_bytes)))
+    return fwd, [MemBound(f"{name}.quantize_grad", quantize_bytes(r, grad_elems, in_bytes))]

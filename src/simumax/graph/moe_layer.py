@@ -182,15 +182,14 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
     elif fp8 and st.cache_groupgemm_col_fp8_inputs:
         saved = ((f"{x[0]}.fp8_col", fp8_recipe.saved_input_bytes(recipe, x[1] / st.dtype_bytes)),)
     if fp8:  # quantize the input in forward and the output gradient in backward (graph/fp8.py)
-        casts = [MemBound(f"{P}.{name}.quantize_input", fp8_recipe.quantize_bytes(recipe, x[1] / st.dtype_bytes, st.dtype_bytes))]
-        if not st.fp8_weight_caching:
-            casts.append(MemBound(f"{P}.{name}.cast_weight", fp8_recipe.weight_cast_bytes(recipe, ng * k * n, st.dtype_bytes)))
-        fwd = (*casts, *fwd)
-        dgrad = (MemBound(f"{P}.{name}.quantize_grad", fp8_recipe.quantize_bytes(recipe, out_bytes / st.dtype_bytes, st.dtype_bytes)), *dgrad)
+        casts, grad_cast = fp8_recipe.linear_casts(recipe, f"{P}.{name}", x[1] / st.dtype_bytes, out_bytes / st.dtype_bytes,
+                                                   ng * k * n, st.dtype_bytes, st.fp8_weight_caching)
+        fwd, dgrad = (*casts, *fwd), (*grad_cast, *dgrad)
+    params = ng * (k * n + (n if bias else 0))
     return Op(
         name=f"{P}.{name}", module=module, layer=layer, fwd=fwd, bwd_input=dgrad, bwd_weight=wgrad,
         saved=saved, input=(x,), bwd_transient=out_bytes + x[1],
-        params=ng * (k * n + (n if bias else 0)), expert_params=ng * (k * n + (n if bias else 0)), weight_shapes=((n, k),),
+        params=params, expert_params=params, weight_shapes=((n, k),),
     )
 
 
