@@ -264,9 +264,8 @@ class Estimate:
         embedding's parameters (a lookup, no GEMM) not counted; with tied embeddings the
         shared weight stays, for the LM head's GEMM."""
         m, st = self.model, self.strategy
-        lookup = m.padded_vocab(st.tp_size) * m.hidden_size if m.untie_embeddings_and_output_weights else 0
-        if m.position_embedding_type == "learned_absolute":
-            lookup += (m.max_position_embeddings or st.seq_len) * m.hidden_size
+        vocab = m.padded_vocab(st.tp_size) if m.untie_embeddings_and_output_weights else 0
+        lookup = (vocab + m.position_rows(st.seq_len)) * m.hidden_size
         n_params = self.params.active - lookup
         tokens = st.global_batch_size * st.seq_len
         attn_per_token = 6 * m.layer_num * st.seq_len * m.head_num * 2 * m.head_size

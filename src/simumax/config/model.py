@@ -132,6 +132,12 @@ class ModelConfig(ConfigBase):
     def moe_ffn(self) -> int:
         return self.moe_ffn_hidden_size or self.intermediate_size
 
+    def position_rows(self, seq_len: int) -> int:
+        """Rows of the learned position table (0 without one); default the sequence length."""
+        if self.position_embedding_type != "learned_absolute":
+            return 0
+        return self.max_position_embeddings or seq_len
+
     def padded_vocab(self, tp: int) -> int:
         """Vocab rows of the embedding / LM head over all TP ranks (Megatron padding)."""
         if not self.padded_vocab_size:

@@ -91,10 +91,7 @@ class OpSource:
 
     def embedding(self) -> Op:
         if self._embedding is None:
-            pos_rows = 0
-            if self.model.position_embedding_type == "learned_absolute":  # replicated over TP
-                pos_rows = self.model.max_position_embeddings or self.st.seq_len
-            self._embedding = blocks.embedding(self.dims, self.dims.vocab, pos_rows)
+            self._embedding = blocks.embedding(self.dims, self.dims.vocab, self.model.position_rows(self.st.seq_len))
         return self._embedding
 
     def head(self, same_rank_as_embedding: bool) -> list[Op]:
