@@ -43,13 +43,13 @@ def main() -> None:
             if r.skipped:
                 print(f"| {r.id} | skipped: {r.skipped} | | | | | | | |")
                 continue
-            star = "*" if r.mem_measure != "peak_alloc" and r.measured_mem is not None else ""
+            star = "*" if r.mem_measure != "peak_alloc" else ""
             print(
                 f"| {r.id} | {_num(r.predicted_time, 1e3, 1)} | {_num(r.measured_time, 1e3, 1)} | {_pct(r.time_error)} | "
                 f"{_pct(r.reference_time_error)} | {_num(r.predicted_mem, 1 / GIB, 2)}{star} | "
                 f"{_num(r.measured_mem, 1 / GIB, 2)}{star} | {_pct(r.mem_error)} | {_pct(r.reference_mem_error)} |"
             )
-        if any(r.mem_measure != "peak_alloc" and r.measured_mem is not None for r in results):
+        if any(r.mem_measure != "peak_alloc" for r in results):
             print("\n\\* weights + grads + optimizer + stored activations of the first stage (no transient buffers)")
         if len({r.source for r in results}) > 1:
             for source, s in summary_by_source(results).items():

@@ -394,14 +394,13 @@ def validate(
             t.add_row(r.id, "skipped", "", "", "", "", "", "", r.skipped.split(": ", 1)[-1][:40])
             continue
         # memory compared as weights + grads + optimizer + stored activations: marked with *
-        star = "*" if r.mem_measure != "peak_alloc" and r.measured_mem is not None else ""
+        star = "*" if r.mem_measure != "peak_alloc" else ""
         t.add_row(
             r.id, opt(r.predicted_time, fmt.ms), opt(r.measured_time, fmt.ms), pct(r.time_error), pct(r.reference_time_error),
-            opt(r.predicted_mem, fmt.gib) + star if r.measured_mem is not None or r.mem_measure == "peak_alloc" else "-",
-            opt(r.measured_mem, fmt.gib) + star, pct(r.mem_error), pct(r.reference_mem_error),
+            opt(r.predicted_mem, fmt.gib) + star, opt(r.measured_mem, fmt.gib) + star, pct(r.mem_error), pct(r.reference_mem_error),
         )
     out_console.print(t)
-    if any(r.mem_measure != "peak_alloc" and r.measured_mem is not None for r in results):
+    if any(r.mem_measure != "peak_alloc" for r in results):
         out_console.print("* weights + grads + optimizer + stored activations of the first stage (no transient buffers)", markup=False)
 
     def line(label: str, s: dict) -> str:

@@ -116,9 +116,8 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
     ref = case.get("reference_prediction", {})
     real_t = measured.get("iter_time_ms")
     real_t = real_t / 1e3 if real_t is not None else None
-    measure = "peak_alloc" if measured.get("peak_alloc_gib") is not None else (
-        "states_plus_activations" if measured.get("model_states_plus_activations_gib") is not None else "peak_alloc"
-    )
+    bars = measured.get("peak_alloc_gib") is None and measured.get("model_states_plus_activations_gib") is not None
+    measure = "states_plus_activations" if bars else "peak_alloc"
     real_m = measured.get("peak_alloc_gib" if measure == "peak_alloc" else "model_states_plus_activations_gib")
     real_m = real_m * GIB if real_m is not None else None
     ref_t = relative_error(ref.get("iter_time_ms") and ref["iter_time_ms"] / 1e3, real_t)
@@ -185,17 +184,20 @@ def summary(results: list[CaseResult]) -> dict[str, float | int | None]:
     }
 
 
+def _summary_by(results: list[CaseResult], attr: str) -> dict[str, dict[str, float | int | None]]:
+    values = sorted({getattr(r, attr) for r in results if getattr(r, attr)})
+    return {v: summary([r for r in results if getattr(r, attr) == v]) for v in values}
+
+
 def summary_by_family(results: list[CaseResult]) -> dict[str, dict[str, float | int | None]]:
     """``summary`` of the dense and the MoE cases apart (the issues set targets per family)."""
-    families = sorted({r.family for r in results if r.family})
-    return {f: summary([r for r in results if r.family == f]) for f in families}
+    return _summary_by(results, "family")
 
 
 def summary_by_source(results: list[CaseResult]) -> dict[str, dict[str, float | int | None]]:
     """``summary`` per source (``CaseResult.source``): a mechanism must not help one
     source by hurting another."""
-    sources = sorted({r.source for r in results})
-    return {s: summary([r for r in results if r.source == s]) for s in sources}
+    return _summary_by(results, "source")
 
 
 def _ranks(xs: list[float]) -> list[float]:
