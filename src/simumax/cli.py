@@ -321,8 +321,7 @@ def search(
                           else f"interrupted after {len(exc.rows)} rows (use --out to keep them)", soft_wrap=True)
         raise SystemExit(130) from None
     if not rows:
-        pp_list = space.pp or tuple(p for p in range(1, m.layer_num + 1) if world_size % p == 0)
-        if not space.batch_splits(pp_list):
+        if not space.batch_splits(m.layer_num):
             raise ConfigError("--gbs", f"{space.global_batch_size} is not a multiple of mbs x dp for any layout of the space "
                               f"on {world_size} GPUs")
         raise ConfigError("search", "no legal strategy in the space (every candidate breaks a divisibility rule); widen --tp/--pp/--cp/--ep")

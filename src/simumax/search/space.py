@@ -12,11 +12,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from simumax.config.checks import check_compatible
 from simumax.config.model import ModelConfig
-from simumax.config.strategy import StrategyConfig
+from simumax.config.strategy import PipelineSchedule, StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 
@@ -41,7 +41,7 @@ RECOMPUTE_VARIANTS: dict[str, dict[str, Any]] = {
 }
 RECOMPUTE_TYPES = ("none", "selective", "full_block")  # the default: SimuMax's three modes
 ZERO_STAGES = (0, 1)
-SCHEDULES = (None, "1f1b", "interleaved", "zb", "dualpipev")  # None: 1F1B, or interleaved with vp > 1
+SCHEDULES = (None, *get_args(PipelineSchedule))  # None: 1F1B, or interleaved with vp > 1
 ALL_RECOMPUTE = tuple(RECOMPUTE_VARIANTS)
 
 
@@ -81,11 +81,15 @@ class SearchSpace:
             if sched not in SCHEDULES:
                 raise ConfigError("search.schedule", f"unknown schedule {sched!r}; allowed auto, {', '.join(s for s in SCHEDULES if s)}")
 
-    def batch_splits(self, pp_list: tuple[int, ...]) -> bool:
+    def pp_sizes(self, layers: int) -> tuple[int, ...]:
+        """The PP sizes to try: the given ones, else every pp up to the layers dividing the world."""
+        return self.pp or tuple(p for p in range(1, layers + 1) if self.world_size % p == 0)
+
+    def batch_splits(self, layers: int) -> bool:
         """Whether some tp x pp x cp layout and micro-batch size divide the global batch."""
         return any(
             self.world_size % (tp * pp * cp) == 0 and self.global_batch_size % (mbs * (self.world_size // (tp * pp * cp))) == 0
-            for tp, pp, cp, mbs in itertools.product(self.tp, pp_list, self.cp, self.mbs)
+            for tp, pp, cp, mbs in itertools.product(self.tp, self.pp_sizes(layers), self.cp, self.mbs)
         )
 
 
@@ -110,7 +114,7 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
     """(recompute variant, strategy) for every legal strategy of the space, in a
     deterministic order (candidates of one layer family come together)."""
     L = model.layer_num
-    pp_list = space.pp or tuple(p for p in range(1, L + 1) if space.world_size % p == 0)
+    pp_list = space.pp_sizes(L)
     ep_list, etp_list = (space.ep, space.etp) if model.is_moe else ((1,), (1,))
     base_fields = {**base.to_dict(), **space.extra}
     for tp, cp, mbs, rc, pp in itertools.product(space.tp, space.cp, space.mbs, space.recompute, pp_list):
