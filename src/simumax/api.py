@@ -89,8 +89,6 @@ class PerfLLM:
             for name in ("model_config", "strategy_config", "system_config"):
                 if getattr(self, name) is None:
                     raise ConfigError(name, "not configured: call perf.configure(...) first")
-            for cfg in (self.model_config, self.strategy_config, self.system_config):
-                cfg.check()  # type: ignore[union-attr]  # cross-field rules deferred by in-place edits
             self._estimate = Estimate(self.model_config, self.strategy_config, self.system_config)  # type: ignore[arg-type]
             self._built_from = self._fingerprint()
         return self._estimate

@@ -23,6 +23,11 @@ from simumax.report import format as fmt
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Predict LLM training time and memory.")
 
+out_console = Console()
+if not out_console.is_terminal:  # piped or captured: do not squeeze tables to 80 columns
+    out_console = Console(width=160)
+err_console = Console(stderr=True)
+
 
 def _print_version(value: bool) -> None:
     if value:
@@ -37,10 +42,7 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
     """Predict LLM training time and memory."""
-out_console = Console()
-if not out_console.is_terminal:  # piped or captured: do not squeeze tables to 80 columns
-    out_console = Console(width=160)
-err_console = Console(stderr=True)
+
 
 SetOpt = typer.Option([], "--set", help="Override a field: \\[model.|strategy.|system.]key=value (JSON value).")
 

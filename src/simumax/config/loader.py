@@ -25,12 +25,16 @@ def list_presets(kind: str) -> list[str]:
     return sorted(p.name[:-5] for p in _preset_dir(kind).iterdir() if p.name.endswith(".json"))
 
 
-def preset_path(kind: str, name: str) -> Path:
-    """File of a shipped preset (installed package data: a real path for a normal install)."""
+def _preset_entry(kind: str, name: str) -> Any:
     entry = _preset_dir(kind).joinpath(f"{name.removesuffix('.json')}.json")
     if not entry.is_file():
-        raise ConfigError(kind, f"unknown preset {name!r}; known: {', '.join(list_presets(kind))}")
-    return Path(str(entry))
+        raise ConfigError(kind, f"unknown preset {name.removesuffix('.json')!r}; known: {', '.join(list_presets(kind))}")
+    return entry
+
+
+def preset_path(kind: str, name: str) -> Path:
+    """File of a shipped preset (installed package data: a real path for a normal install)."""
+    return Path(str(_preset_entry(kind, name)))
 
 
 def _resolve(kind: str, cls: type[C], spec: C | str | Path | dict[str, Any]) -> C:
@@ -45,10 +49,7 @@ def _resolve(kind: str, cls: type[C], spec: C | str | Path | dict[str, Any]) -> 
     if text.endswith(".json") or path.exists() or "/" in text:
         return cls.init_from_dict(read_json(path), source=text)
     name = text.removesuffix(".json")
-    entry = _preset_dir(kind).joinpath(f"{name}.json")
-    if not entry.is_file():
-        known = ", ".join(list_presets(kind))
-        raise ConfigError(kind, f"unknown preset {name!r}; known: {known}")
+    entry = _preset_entry(kind, name)
     with resources.as_file(entry) as p:
         return cls.init_from_dict(read_json(p), source=f"preset {kind} {name}")
 

@@ -22,15 +22,15 @@ MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
 def _req(cfg: dict[str, Any], key: str, src: str) -> Any:
     if key not in cfg or cfg[key] is None:
         raise ConfigError(key, "required in a Hugging Face config.json for this architecture", src)
-    return _positive_int(cfg, key, src)
+    return cfg[key]
 
 
-def _positive_int(cfg: dict[str, Any], key: str, src: str) -> Any:
-    """Sizes and counts must be positive integers (not strings, booleans or 0)."""
-    v = cfg[key]
-    if key in SIZE_KEYS and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-        raise ConfigError(key, f"must be a positive integer (got {v!r})", src)
-    return v
+def _check_sizes(cfg: dict[str, Any], src: str) -> None:
+    """Sizes and counts present must be positive integers (not strings, booleans or 0)."""
+    for key in SIZE_KEYS:
+        v = cfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(key, f"must be a positive integer (got {v!r})", src)
 
 
 SIZE_KEYS = {
@@ -48,9 +48,7 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
     if arch is None:
         raise ConfigError("architectures", f"unsupported {archs or 'missing'}; known: {', '.join(sorted(DENSE | MOE | MLA))}", source)
     notes: list[str] = []
-    for key in SIZE_KEYS:
-        if cfg.get(key) is not None:
-            _positive_int(cfg, key, source)
+    _check_sizes(cfg, source)
     heads = _req(cfg, "num_attention_heads", source)
     hidden = _req(cfg, "hidden_size", source)
     act = cfg.get("hidden_act", "silu")
