@@ -36,14 +36,14 @@ class Event:
 @dataclass(slots=True)
 class PassCosts:
     """Per virtual stage: seconds of each pass on the compute stream (exposed in-pass
-    communication included), of which EP all-to-all, and the P2P send to the next stage."""
+    communication included), the MoE sub-module times EP pairing overlaps, and the P2P
+    send to the next stage."""
 
     rank: list[int]  # rank of each virtual stage
     dur: dict[tuple[str, int], float]  # (kind, vstage) -> seconds
     # (kind, vstage) -> per MoE layer, in forward order, the sub-module times Megatron's
     # paired 1F1B schedule overlaps (simulate/ep_overlap.py)
     moe_slots: dict[tuple[str, int], list[MoeSlots]] = field(default_factory=dict)
-    wgrad: dict[int, float] = field(default_factory=dict)  # weight-gradient part of B (unsplit)
     p2p: list[float] = field(default_factory=list)  # vstage k -> k+1 (same bytes backward)
 
 

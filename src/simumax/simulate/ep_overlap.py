@@ -22,7 +22,7 @@ take from the GEMMs (their SMs) is the EP tier's ``processor_usage``, applied by
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 MLP_MODULES = frozenset({"expert_fc1", "moe_act", "expert_fc2", "shared_fc1", "shared_act", "shared_fc2", "moe_sum"})
 EP_GROUPS = ("ep", "etp")
@@ -40,12 +40,15 @@ class MoeSlots:
     combine: float = 0.0
 
 
+SLOTS = tuple(f.name for f in fields(MoeSlots))
+
+
 def layer_slots(op_times: list, phases: tuple[str, ...]) -> list[MoeSlots]:
     """Per MoE layer of a chunk (forward order), its slots over ``phases``, from the
     chunk's per-op times (``StageTime.op_times``: (Op, {phase: PhaseTime}), in op order;
     layers of one kind share their op objects, so a layer ends at its ``mlp_add``)."""
     out: list[MoeSlots] = []
-    acc = dict.fromkeys(("attn", "dispatch", "mlp", "mlp_wgrad", "combine"), 0.0)
+    acc = dict.fromkeys(SLOTS, 0.0)
     moe = False
     for op, ph in op_times:
         if op.layer < 0:

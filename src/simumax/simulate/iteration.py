@@ -71,7 +71,6 @@ def pass_costs(est: "Estimate") -> PassCosts:
         if st.overlap_moe_expert_parallel_comm:
             c.moe_slots[(FORWARD, k)] = layer_slots(t.op_times, ("fwd",))
             c.moe_slots[(BACKWARD, k)] = layer_slots(t.op_times, ("recompute", "bwd_input", "bwd_weight"))
-        c.wgrad[k] = 0.0 if split else w
     return c
 
 
