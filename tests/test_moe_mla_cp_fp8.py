@@ -62,7 +62,7 @@ def test_dispatch_all_to_all_volume_padded_to_capacity() -> None:
 def test_dispatch_volume_dropless_with_imbalance() -> None:
     """Mixtral, EP4, dropless: a rank sends tokens * topk rows; the busiest receives
     imbalance x that, and its experts compute imbalance x the balanced rows."""
-    m = load_model("mixtral-8x7b").with_updates({"layer_num": 1})
+    m = load_model("mixtral-8x7b").with_updates({"layer_num": 1, "moe_pad_expert_input_to_capacity": False, "capacity": None})
     base = _est(m, world_size=4, ep_size=4)
     hot = _est(m.with_updates({"moe_load_imbalance": 1.5}), world_size=4, ep_size=4)
     rows, h = 4096 * 2, 4096

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from simumax.config.hardware import datasheet
 from simumax.config.model import ModelConfig
@@ -11,6 +12,10 @@ from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+# the tier names SimuMax's strategy files use; a system without one of them derives the
+# group's tier from the cluster shape instead (cost/network.py)
+SIMUMAX_TIER = re.compile(r"high_intra_node|low_intra_node|intra_node|inter_node|intra_node_pcie_\d+x")
 
 
 def stage_layer_counts(model: ModelConfig, st: StrategyConfig) -> list[int]:
@@ -73,9 +78,9 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
     stage_layer_counts(model, st)
     if st.fp8:
         check_fp8(st, system)
-    for name in ("tp_net", "cp_net", "ep_net", "etp_net", "dp_net", "pp_net"):
+    for name in ("tp_net", "cp_net", "ep_net", "etp_net", "dp_net", "pp_net", "edp_net"):
         tier = getattr(st, name)
-        if tier is not None and tier not in system.networks.tiers:
+        if tier is not None and tier not in system.networks.tiers and not SIMUMAX_TIER.fullmatch(tier):
             raise ConfigError(name, f"unknown network tier {tier!r}; system has {sorted(system.networks.tiers)}")
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
 from simumax.config.base import ConfigBase
+from simumax.config.simumax_fields import model_input
 from simumax.errors import ConfigError
 
 
@@ -88,6 +89,11 @@ class ModelConfig(ConfigBase):
     qk_head_dim: PositiveInt | None = Field(None, description="MLA per-head q/k dim without the rope part.")
     qk_pos_emb_head_dim: PositiveInt | None = Field(None, description="MLA per-head rope dim.")
     v_head_dim: PositiveInt | None = Field(None, description="MLA per-head value dim.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _simumax_input(cls, data: Any) -> Any:
+        return model_input(data, cls.model_fields)
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from simumax.config.base import ConfigBase
+from simumax.config.simumax_fields import strategy_input
 from simumax.errors import ConfigError
 
 MEGATRON_RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe_act", "moe", "shared_experts", "mla_up_proj")
-RecomputeGranularity = Literal["full_block", "selective_recompute"]
+# attn_only / mlp_only / sdp_only: SimuMax's sub-block granularities (graph/recompute.py)
+RecomputeGranularity = Literal["full_block", "selective_recompute", "attn_only", "mlp_only", "sdp_only"]
 PipelineSchedule = Literal["1f1b", "interleaved", "zb", "dualpipev"]
 
 
@@ -48,7 +50,7 @@ class StrategyConfig(ConfigBase):
         False, description="Grouped (expert) linears offload their saved inputs to host memory (no device bytes)."
     )
     # parallel sizes
-    world_size: PositiveInt = Field(1, le=10**7, description="Total accelerators.")
+    world_size: PositiveInt = Field(8, le=10**7, description="Total accelerators (SimuMax's default 8).")
     tp_size: PositiveInt = Field(1, le=65536, description="Tensor parallel size.")
     pp_size: PositiveInt = Field(1, le=65536, description="Pipeline parallel size.")
     cp_size: PositiveInt = Field(1, le=65536, description="Context parallel size.")
@@ -104,10 +106,12 @@ class StrategyConfig(ConfigBase):
     # recompute
     enable_recompute: bool = Field(False, description="Master switch for the recompute fields below.")
     recompute_granularity: RecomputeGranularity | None = Field(
-        None, description="full_block: whole layers; selective_recompute: the *_recompute flags."
+        None, description="full_block: whole layers; selective_recompute: the *_recompute flags; attn_only / mlp_only: "
+        "the attention / MLP sub-block; sdp_only: core attention.",
     )
     recompute_layer_num: int | None = Field(
-        None, ge=0, description="Layers per stage (counted from the first) that recompute; null means all."
+        None, ge=0, description="Layers per stage (counted from the first) that recompute; null means all. Absent with "
+        "full_block / attn_only / mlp_only: 0, SimuMax's default (no layer).",
     )
     attn_recompute: bool = Field(False, description="Selective: recompute core attention.")
     mla_rms_recompute: bool = Field(False, description="Selective: recompute MLA q/kv norms.")
@@ -127,6 +131,7 @@ class StrategyConfig(ConfigBase):
     etp_net: str | None = Field(None, description="Network tier for ETP collectives.")
     dp_net: str | None = Field(None, description="Network tier for DP collectives.")
     pp_net: str | None = Field(None, description="Network tier for PP point-to-point.")
+    edp_net: str | None = Field(None, description="Network tier for expert data-parallel collectives (default dp_net's).")
     pp_comm_async: bool = Field(False, description="SimuMax name for overlap_p2p_comm (either turns it on).")
     # pipeline schedule and overlap (Megatron's option names; all overlap is off by default)
     pp_schedule: PipelineSchedule | None = Field(
@@ -149,6 +154,11 @@ class StrategyConfig(ConfigBase):
         False, description="LM-head weight gradients of all micro-batches run after the last backward (pipeline drain)."
     )
     enable_straggler_model: bool = Field(False, description="SimuMax straggler model (accepted, no effect).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _simumax_input(cls, data: Any) -> Any:
+        return strategy_input(data, cls.model_fields)
 
     @field_validator("megatron_recompute_modules")
     @classmethod
@@ -255,6 +265,8 @@ class StrategyConfig(ConfigBase):
             return "megatron"
         if not self.enable_recompute or self.recompute_granularity is None:
             return "none"
+        if self.recompute_layer_num == 0 and self.recompute_granularity in ("full_block", "attn_only", "mlp_only"):
+            return "none"  # SimuMax's default layer count: no layer recomputes
         return "full_block" if self.recompute_granularity == "full_block" else "selective"
 
     @property

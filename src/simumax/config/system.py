@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field, PositiveFloat, PositiveInt, PrivateAttr, field_validator, model_serializer, model_validator
 
 from simumax.config.base import ConfigBase
+from simumax.config.simumax_fields import system_input
 from simumax.errors import ConfigError
 from simumax.graph.kernels import SIMUMAX_SDP_BWD_RATIO
 
@@ -168,6 +169,11 @@ class SystemConfig(ConfigBase):
         "groups inside it use the intra-node tiers. Default num_per_node.",
     )
     _warned: set[str] = PrivateAttr(default_factory=set)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _simumax_input(cls, data: Any) -> Any:
+        return system_input(data)
 
     def first_warning(self, key: str) -> bool:
         """True the first time ``key`` is asked of this config: a warning about a loaded

@@ -86,7 +86,8 @@ class NetworkModel:
             "ep": (ep, etp),
             "edp": (st.edp_size, ep * etp),
         }
-        overrides = {"tp": st.tp_net, "cp": st.cp_net, "dp": st.dp_net, "pp": st.pp_net, "ep": st.ep_net, "etp": st.etp_net, "edp": st.dp_net}
+        overrides = {"tp": st.tp_net, "cp": st.cp_net, "dp": st.dp_net, "pp": st.pp_net, "ep": st.ep_net, "etp": st.etp_net,
+                     "edp": st.edp_net or st.dp_net}
         self.groups = {g: self._place(g, n, stride, overrides.get(g)) for g, (n, stride) in layout.items()}
         self._cache: dict[Collective, float] = {}
 
@@ -94,9 +95,13 @@ class NetworkModel:
         per_node = self.system.scaleup_size
         span = stride * (n - 1) + 1
         intra = span <= per_node and (per_node % (stride * n) == 0 or stride * n <= per_node)
-        if override:
-            return GroupPlacement(n, stride, override, intra)
         tiers = self.nets.tiers
+        # a named tier picks among the tiers of the group's kind (inside a node or across
+        # nodes); which kind is the cluster shape's, as SimuMax derives its *_net tiers, so a
+        # SimuMax file naming high_intra_node runs on a PCIe system and pp_net inter_node on
+        # one node stays on the node's fabric
+        if override and override in tiers and (override == "inter_node") != intra:
+            return GroupPlacement(n, stride, override, intra)
         if intra:
             if self.nets.intra_with_pcie:
                 width = _next_pow2(span)

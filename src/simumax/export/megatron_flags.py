@@ -71,6 +71,11 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f += ["--recompute-granularity full", "--recompute-method block"]
         n = st.recompute_layer_num
         f.append(_s("recompute_layer_num", n if n is not None else _max_chunk_layers(st, model)))
+    elif mode == "selective" and st.recompute_granularity == "attn_only":
+        raise ConfigError("recompute_granularity", "Megatron has no flag that recomputes the attention sub-block (attn_only)")
+    elif mode == "selective" and st.recompute_granularity in ("mlp_only", "sdp_only"):
+        mods = ["core_attn"] if st.recompute_granularity == "sdp_only" else ["mlp"] + (["moe"] if model is not None and model.is_moe else [])
+        f += ["--recompute-granularity selective"] + (["--recompute-modules " + " ".join(mods)] if mods != ["core_attn"] else [])
     elif mode == "selective":
         f.append("--recompute-granularity selective")
         mods = [m for flag, m in (("attn_recompute", "core_attn"), ("mlp_recompute", "mlp"), ("mlp_rms_recompute", "layernorm")) if getattr(st, flag)]

@@ -7,7 +7,10 @@ Groups (module tags of graph.dense_layer):
   activation and FC2, not the dispatch); mlp_rms_recompute -> the pre-MLP norm;
   mla_rms_recompute -> MLA's q and kv norms;
 * megatron (--recompute-modules): core_attn, mlp, layernorm (both norms), moe_act, moe,
-  shared_experts, mla_up_proj.
+  shared_experts, mla_up_proj;
+* SimuMax's sub-block granularities: attn_only -> the attention sub-block (norm to output
+  projection), mlp_only -> the MLP sub-block (norm to FC2; routing, dispatch and experts on
+  MoE layers), sdp_only -> core attention; they honour ``recompute_layer_num``.
 """
 
 from __future__ import annotations
@@ -31,10 +34,20 @@ MEGATRON_MODULES = {
     "mla_up_proj": [("mla_up", {"mla_up_proj", "mla_rope"})],
 }
 
+SUB_BLOCKS = {
+    "attn_only": [("attn", {"attn_norm", "qkv", "q_down", "mla_q_norm", "kv_down", "mla_kv_norm", "mla_up_proj",
+                            "mla_rope", "rope", "core_attn", "attn_proj"})],
+    "mlp_only": [("mlp", {"mlp_norm", "fc1", "act", "fc2", "router", "dispatch", "expert_fc1", "moe_act", "expert_fc2",
+                          "combine", "shared_fc1", "shared_act", "shared_fc2", "moe_sum"})],
+    "sdp_only": [("attn", {"core_attn"})],
+}
+
 
 def _groups(st: StrategyConfig) -> list[tuple[str, set[str]]]:
     mode = st.recompute_mode
     out: list[tuple[str, set[str]]] = []
+    if mode == "selective" and st.recompute_granularity in SUB_BLOCKS:
+        return list(SUB_BLOCKS[st.recompute_granularity])
     if mode == "selective":
         for flag, groups in SELECTIVE_FLAGS.items():
             if getattr(st, flag):

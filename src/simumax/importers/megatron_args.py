@@ -88,13 +88,19 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         i += step
     if m.get("expert_num"):
         m["model_type"] = "moe"
+        # Megatron is dropless unless told otherwise (SimuMax files default to padding)
+        m.setdefault("moe_pad_expert_input_to_capacity", False)
+        m.setdefault("capacity", None)
     if "kv_head_num" not in m:
         m["kv_head_num"] = m.get("head_num")
     if "vocab_size" not in m:
         raise ConfigError("--vocab-size", "required (Megatron reads it from the tokenizer; pass it explicitly)")
     gran = extra.get("granularity")
     if gran == "full":
+        # Megatron's --recompute-num-layers defaults to 1, which with the uniform method
+        # (or no count) recomputes every layer
         s.update(enable_recompute=True, recompute_granularity="full_block")
+        s.setdefault("recompute_layer_num", None)
     elif gran == "selective":
         mods = extra.get("modules", "core_attn").split()
         if mods == ["core_attn"]:

@@ -1,0 +1,130 @@
+"""SimuMax's JSON files mean what they mean in SimuMax (issue 21, part 3): absent fields take
+SimuMax's defaults, null reads as absent, SimuMax-only fields and values are mapped or named."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.errors import ConfigError
+from simumax.estimate import Estimate
+
+REF = Path(__file__).resolve().parents[2] / "shared" / "reference" / "simumax_configs"
+BASE = {"seq_len": 4096, "micro_batch_size": 1, "micro_batch_num": 4, "tp_size": 2, "enable_sequence_parallel": True}
+
+
+def _est(model: str | dict, system: str = "a100_pcie", layers: int = 2, **strategy) -> Estimate:
+    m = load_model(model).with_updates({"layer_num": layers}) if isinstance(model, str) else load_model(model)
+    return Estimate(m, load_strategy({**BASE, **strategy}), load_system(system))
+
+
+def _t(e: Estimate) -> float:
+    return e.cost().duration_time_per_iter
+
+
+def test_absent_fields_take_simumax_defaults(caplog: pytest.LogCaptureFixture) -> None:
+    assert load_strategy({"seq_len": 4096}).world_size == 8
+    plain = _est("llama3-8b")
+    with caplog.at_level(logging.WARNING):
+        no_count = _est("llama3-8b", enable_recompute=True, recompute_granularity="full_block")
+    assert "recomputes no layer" in caplog.text
+    assert no_count.strategy.recompute_mode == "none" and _t(no_count) == _t(plain)
+    every = _est("llama3-8b", enable_recompute=True, recompute_granularity="full_block", recompute_layer_num=None)
+    two = _est("llama3-8b", enable_recompute=True, recompute_granularity="full_block", recompute_layer_num=2)
+    assert _t(every) == _t(two) > _t(plain)  # null: every layer (2 here)
+    # selective without a count applies to every layer, as Megatron's selective recompute
+    sel = _est("llama3-8b", enable_recompute=True, recompute_granularity="selective_recompute", attn_recompute=True)
+    assert sel.cost().breakdown["recompute"] > 0
+
+
+def test_moe_file_without_padding_fields_pads_to_capacity_one() -> None:
+    d = json.loads((REF / "models" / "mixtral-8x7b.json").read_text())
+    d["layer_num"] = 2
+    implicit = load_model(d)
+    assert implicit.moe_pad_expert_input_to_capacity and implicit.capacity == 1
+    explicit = load_model({**d, "moe_pad_expert_input_to_capacity": True, "capacity": 1})
+    assert implicit == explicit
+    dropless = load_model({**d, "moe_pad_expert_input_to_capacity": False})
+    assert dropless.capacity is None
+    no_type = {k: v for k, v in d.items() if k != "model_type"}
+    assert load_model(no_type).is_moe  # model_type inferred from expert_num
+    st = {**BASE, "tp_size": 1, "ep_size": 4, "world_size": 4}
+    a, b = (Estimate(m, load_strategy(st), load_system("a100_pcie")) for m in (implicit, dropless))
+    assert _t(a) != _t(b)  # the capacity path has its own kernels (router capacity, padding)
+
+
+def test_simumax_only_values_map_onto_ours() -> None:
+    llama = json.loads((REF / "models" / "llama3-8b.json").read_text())
+    assert load_model({**llama, "attention_type": "gqa"}) == load_model(llama)
+    assert load_model({**llama, "vocab_size": 128512, "orig_vocab_size": 128256}).vocab_size == 128256
+    assert load_model({**llama, "group_linear_mode": "parallel"}) == load_model(llama)
+    assert load_strategy({**BASE, "moe_dispatcher_policy": "all2all-seq"}).moe_dispatcher_policy == "all2all"
+    # null on a field that takes none reads as absent
+    assert load_strategy({**BASE, "enable_dropout": None, "mem_factor": None}) == load_strategy(BASE)
+    same = load_strategy({**BASE, "te_grouped_gemm_min_version": "1.9", "order_of_paralielism": "tp-cp-ep-dp-pp",
+                          "account_for_embedding_in_pipeline_split": False, "attention_sparse_ratio": 0.0,
+                          "use_fused_grad_accumulation": True, "use_accm_weight": True})
+    assert same == load_strategy(BASE)
+    with pytest.raises(ConfigError, match="zero_state.*ZeRO-3.*not modelled"):
+        load_strategy({**BASE, "zero_state": 3})
+    with pytest.raises(ConfigError, match="attention_sparse_ratio"):
+        load_strategy({**BASE, "attention_sparse_ratio": 0.5})
+    with pytest.raises(ConfigError, match="account_for_loss_in_pipeline_split"):
+        load_strategy({**BASE, "account_for_loss_in_pipeline_split": True})
+
+
+def test_simumax_system_bookkeeping_fields_load() -> None:
+    d = json.loads((REF / "system" / "a100_pcie.json").read_text())
+    d.update(real_comm_bw={"all_reduce": 10.0}, hit_efficiency=0.9, miss_efficiency=0.5, fixed_latency=10)
+    d["accelerator"]["op"]["sdp_fwd"]["accurate_efficient_factor"] = None
+    s = load_system(d)
+    assert s.accelerator.op["sdp_fwd"].accurate_efficient_factor == {}
+
+
+def test_recompute_sub_block_granularities() -> None:
+    """sdp_only is Megatron's selective (core attention); attn_only recomputes the whole
+    attention sub-block, so more time and fewer saved bytes; mlp_only the MLP sub-block."""
+    kw = {"enable_recompute": True, "recompute_layer_num": 2}
+    sdp = _est("llama3-8b", recompute_granularity="sdp_only", **kw)
+    sel = _est("llama3-8b", recompute_granularity="selective_recompute", attn_recompute=True, **kw)
+    attn = _est("llama3-8b", recompute_granularity="attn_only", **kw)
+    mlp = _est("llama3-8b", recompute_granularity="mlp_only", **kw)
+    assert _t(sdp) == _t(sel)
+    assert _t(attn) > _t(sdp)
+    for e in (attn, mlp):
+        assert e.memory().stages[0].fwd_activation_cache_per_micro_batch < _est("llama3-8b").memory().stages[0].fwd_activation_cache_per_micro_batch
+    assert sdp.memory().stages[0].fwd_activation_cache_per_micro_batch > attn.memory().stages[0].fwd_activation_cache_per_micro_batch
+
+
+def test_network_tiers_follow_the_cluster_shape() -> None:
+    """A SimuMax strategy naming high_intra_node runs on the PCIe system (whose intra-node
+    tiers are intra_node_pcie_<n>x), and pp_net inter_node on one node stays on the node."""
+    plain = _est("llama3-8b", pp_size=2)
+    named = _est("llama3-8b", pp_size=2, tp_net="high_intra_node", pp_net="inter_node", dp_net="inter_node")
+    assert _t(named) == _t(plain)
+    with pytest.raises(ConfigError, match="tp_net: unknown network tier"):
+        _t(_est("llama3-8b", tp_net="nvlink9"))
+    across = _est("llama3-8b", world_size=16, tp_size=8, dp_net="inter_node")  # DP crosses nodes: the NIC tier
+    assert across.network.groups["dp"].tier == "inter_node"
+
+
+def test_simumax_reference_triples_run_or_are_refused_for_a_megatron_rule() -> None:
+    """Every model x strategy of SimuMax's configs on its A100 PCIe system: estimates, or a
+    ConfigError for a split Megatron refuses too (EP on a dense model, uneven pipeline or VPP
+    splits, heads not divisible by TP)."""
+    allowed = ("expert parallelism needs a MoE model", "must split evenly", "must split into", "must be divisible by tp")
+    ok = 0
+    for m, s in itertools.product(sorted((REF / "models").glob("*.json")), sorted((REF / "strategy").glob("*.json"))):
+        try:
+            e = Estimate(load_model(m), load_strategy(s), load_system(REF / "system" / "a100_pcie.json"))
+            assert _t(e) > 0 and e.memory().peak_mem > 0
+            ok += 1
+        except ConfigError as exc:
+            assert any(a in str(exc) for a in allowed), f"{m.name} {s.name}: {exc}"
+    print(f"{ok} of {28 * 12} triples estimate")
+    assert ok >= 249
