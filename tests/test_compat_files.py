@@ -128,3 +128,48 @@ def test_simumax_reference_triples_run_or_are_refused_for_a_megatron_rule() -> N
             assert any(a in str(exc) for a in allowed), f"{m.name} {s.name}: {exc}"
     print(f"{ok} of {28 * 12} triples estimate")
     assert ok >= 249
+
+
+def test_simumax_result_keys_on_our_results() -> None:
+    """analysis_cost() / analysis_mem() are our typed results and answer SimuMax's keys
+    (issue 21 part 4), SI numbers, equal to our own fields."""
+    from simumax import PerfLLM
+    from simumax.report.results import CostResult, MemResult
+
+    perf = PerfLLM()
+    perf.configure(strategy_config=load_strategy("tp1_pp4_vp2_sync_mbs1_mbc8_no_ckpt"), model_config=load_model("llama3-8b"),
+                   system_config=load_system("a100_pcie"))
+    cost, mem = perf.analysis_cost(), perf.analysis_mem()
+    assert isinstance(cost, CostResult) and isinstance(mem, MemResult)
+    assert cost["duration_time_per_iter"] == cost.data["duration_time_per_iter"] == cost.duration_time_per_iter
+    for key in ("mfu", "mfu_6nd_with_attn", "throughput_per_accelerator"):
+        assert cost[key] == getattr(cost, key)
+    assert cost["all_tokens_per_iter"] == 8 * 1 * 4096 * 2  # mbc 8, mbs 1, seq 4096, dp 2
+    assert cost["param_numel_info"]["total"] == perf.estimate.params.total and cost["moe_param_numel"] == 0
+    assert cost["breakdown_result"] == cost.breakdown and len(cost["all_chunk_times"]) == 8  # pp 4 x vp 2 chunks
+    assert cost["flops_info"]["model_flops_per_iter"] == cost.flops_per_iter
+    assert set(mem.keys()) >= {"first_stage", "middle_stage", "last_stage"}
+    first = mem["first_stage"]
+    assert first["peak_mem"] == mem.stages[0].peak_mem and first["memory_reserved_ratio"] == 0.94
+    assert first["peak_activation_mem_in_1F1B"] == mem.stages[0].activation_mem
+    assert "data" not in cost.to_dict()  # our own output keeps our keys
+    perf.strategy_config = load_strategy("tp2_pp1_dp4_mbs1")
+    flat = perf.analysis_mem()
+    assert flat["peak_mem"] == flat.stages[0].peak_mem and "first_stage" not in flat  # pp = 1: flat
+
+
+def test_simumax_tutorial_search_call(tmp_path: Path) -> None:
+    """The tutorial's call: all_search_result={} filled with one list per column, SimuMax's
+    recompute names (its selective search tries three flag sets), dump_path a folder."""
+    from simumax import PerfLLM
+
+    perf = PerfLLM()
+    perf.configure(strategy_config=load_strategy("tp1_pp2_dp4_mbs1"), model_config=load_model("llama2-tiny"),
+                   system_config=load_system("a100_pcie"))
+    result: dict = {}
+    rows = perf.search_best_parallel_strategy_with_recompute(
+        world_size=8, global_batch_size=16, all_search_result=result, tp_search_list=[1, 2], pp_search_list=[1],
+        recompute_search_type=["no_recompute", "full_block", "selective_recompute"], dump_path=tmp_path / "out")
+    assert {r.recompute for r in rows} == {"none", "full_block", "selective", "selective_norm", "selective_mlp"}
+    assert len(result["tp"]) == len(rows) and result["iter_time"][0] == rows[0].iter_time
+    assert {"search_result.csv", "search_result_fits.csv", "search_result.jsonl"} <= {p.name for p in (tmp_path / "out").iterdir()}

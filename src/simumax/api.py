@@ -6,7 +6,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from simumax.atomic import write_json_atomic, write_jsonl_atomic, write_text_atomic  # noqa: F401 (re-exported)
+from simumax.atomic import ensure_dir, write_json_atomic, write_jsonl_atomic, write_text_atomic  # noqa: F401 (re-exported)
+from simumax.compat.results import cost_view, mem_view
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
@@ -18,6 +19,7 @@ from simumax.profiles import ProfileCache
 from simumax.search.evaluate import GIB, SearchRow
 from simumax.search.run import run_search
 from simumax.search.space import RECOMPUTE_TYPES, SearchSpace
+from simumax.search.table import search_csv
 from simumax.simulate.outputs import simulate_to
 
 log = logging.getLogger(__name__)
@@ -96,8 +98,8 @@ class PerfLLM:
     def run_estimate(self) -> "PerfLLM":
         """Build the IR and compute cost and memory (results cached until reconfigured)."""
         est = self._require()
-        self._cost = est.cost()
-        self._mem = est.memory()
+        self._cost = cost_view(est.cost(), est)  # our results, answering SimuMax's keys too
+        self._mem = mem_view(est.memory(), est)
         log.debug("estimate: %.6f s/iter, peak %.3e B", self._cost.duration_time_per_iter, self._mem.peak_mem)
         return self
 
@@ -222,11 +224,19 @@ class PerfLLM:
             zero=tuple(zero_search_list or (st.zero_state,)),
             schedule=tuple(schedule_search_list or (None,)),
         )
+        # SimuMax's dump_path is a folder; ours a JSONL file: a path without a suffix is a folder
+        folder = dump_path is not None and (Path(dump_path).is_dir() or not Path(dump_path).suffix)
+        jsonl = Path(dump_path) / "search_result.jsonl" if folder else (Path(dump_path) if dump_path else None)
+        if folder:
+            ensure_dir(Path(dump_path))
         rows = run_search(
             model, system, st, space, gmi_error=gmi_error, use_reserved_memory=use_reserved_memory, jobs=jobs,
-            executor=executor, jsonl=Path(dump_path) if dump_path else None, resume=resume,
+            executor=executor, jsonl=jsonl, resume=resume,
         )
         self.all_search_result = [r.to_dict() for r in rows]
+        if folder:  # SimuMax's dump_path is a folder of tables: every row, and the fitting ones ranked
+            write_text_atomic(Path(dump_path) / "search_result.csv", search_csv(rows))
+            write_text_atomic(Path(dump_path) / "search_result_fits.csv", search_csv(r for r in rows if r.fits))
         return rows
 
     def search_best_parallel_strategy_with_recompute(
@@ -235,7 +245,7 @@ class PerfLLM:
         gmi_error: float = 0.0,
         micro_batch_size: int | list[int] = 1,
         global_batch_size: int | None = None,
-        all_search_result: list[dict[str, Any]] | None = None,
+        all_search_result: list[dict[str, Any]] | dict[str, list[Any]] | None = None,
         tp_search_list: list[int] | None = None,
         ep_search_list: list[int] | None = None,
         recompute_search_type: str | list[str] | None = None,
@@ -243,18 +253,36 @@ class PerfLLM:
         dump_path: str | Path | None = None,
         pp_search_list: list[int] | None = None,
         jobs: int = 1,
+        verbose: bool = False,
+        use_etp: bool = False,
         **space: Any,
     ) -> list[SearchRow]:
         """As search_best_parallel_strategy over SimuMax's three recompute modes by default
-        (full-block with the fewest layers that fit); rows are also appended to
-        ``all_search_result``. Further keywords as search_best_parallel_strategy."""
+        (full-block with the fewest layers that fit; SimuMax's names ``no_recompute``,
+        ``selective_recompute`` (its three flag sets), ``full_block`` / ``layer_only`` too).
+        ``all_search_result`` gets the rows: appended as dicts to a list, or as one list per
+        column to a dict (SimuMax's form). ``use_etp`` searches the expert-TP sizes of the TP
+        list; ``verbose`` prints the ranked table. Further keywords as
+        search_best_parallel_strategy."""
+        if use_etp and "etp_search_list" not in space:
+            space["etp_search_list"] = list(tp_search_list or (1, 2, 4, 8))
         rows = self.search_best_parallel_strategy(
             world_size, gmi_error, micro_batch_size, global_batch_size, tp_search_list, ep_search_list, pp_search_list,
             recompute_search_type or list(RECOMPUTE_TYPES), space.pop("cp_search_list", None), use_reserved_memory, jobs,
             dump_path, **space,
         )
-        if all_search_result is not None:
+        if isinstance(all_search_result, dict):
+            for row in self.all_search_result:
+                for key, value in row.items():
+                    all_search_result.setdefault(key, []).append(value)
+        elif all_search_result is not None:
             all_search_result.extend(self.all_search_result)
+        if verbose:
+            from rich.console import Console
+
+            from simumax.report.format import search_table
+
+            Console().print(search_table(rows[:20], self._configured()[2].mem_bytes, gmi_error))
         return rows
 
 

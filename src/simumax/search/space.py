@@ -40,6 +40,21 @@ RECOMPUTE_VARIANTS: dict[str, dict[str, Any]] = {
     "full_block": {"enable_recompute": True, "recompute_granularity": "full_block"},
 }
 RECOMPUTE_TYPES = ("none", "selective", "full_block")  # the default: SimuMax's three modes
+# SimuMax's names in recompute_search_type: its selective search tries its three flag sets
+SIMUMAX_RECOMPUTE_NAMES = {
+    "no_recompute": ("none",), "layer_only": ("full_block",),
+    "selective_recompute": ("selective", "selective_norm", "selective_mlp"),
+}
+
+
+def expand_recompute(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Recompute variants of a search list, SimuMax's names mapped onto ours (order kept, once each)."""
+    out: list[str] = []
+    for n in names:
+        for v in SIMUMAX_RECOMPUTE_NAMES.get(n, (n,)):
+            if v not in out:
+                out.append(v)
+    return tuple(out)
 ZERO_STAGES = (0, 1)
 SCHEDULES = (None, *get_args(PipelineSchedule))  # None: 1F1B, or interleaved with vp > 1
 ALL_RECOMPUTE = tuple(RECOMPUTE_VARIANTS)
@@ -72,9 +87,11 @@ class SearchSpace:
                 raise ConfigError(f"search.{name}", f"needs at least one value, all >= {0 if name == 'zero' else 1}; got {values}")
         if self.world_size < 1 or self.global_batch_size < 1:
             raise ConfigError("search.world_size", "world_size and global_batch_size must be >= 1")
+        object.__setattr__(self, "recompute", expand_recompute(self.recompute))
         for r in self.recompute:
             if r not in RECOMPUTE_VARIANTS:
-                raise ConfigError("recompute_search_type", f"unknown recompute type {r!r}; allowed {ALL_RECOMPUTE}")
+                raise ConfigError("recompute_search_type", f"unknown recompute type {r!r}; allowed {ALL_RECOMPUTE} "
+                                  f"or SimuMax's {tuple(SIMUMAX_RECOMPUTE_NAMES)}")
         if any(z not in ZERO_STAGES for z in self.zero):
             raise ConfigError("search.zero", f"ZeRO stages {self.zero}: allowed {ZERO_STAGES}")
         for sched in self.schedule:
