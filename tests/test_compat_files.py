@@ -173,3 +173,53 @@ def test_simumax_tutorial_search_call(tmp_path: Path) -> None:
     assert {r.recompute for r in rows} == {"none", "full_block", "selective", "selective_norm", "selective_mlp"}
     assert len(result["tp"]) == len(rows) and result["iter_time"][0] == rows[0].iter_time
     assert {"search_result.csv", "search_result_fits.csv", "search_result.jsonl"} <= {p.name for p in (tmp_path / "out").iterdir()}
+
+
+def test_simumax_config_methods() -> None:
+    from simumax.core.config import ModelConfig, StrategyConfig
+
+    st = StrategyConfig.read_json_file(str(REF / "strategy" / "tp2_pp1_dp4_mbs1_full_recompute.json"))
+    assert st.parallelism.startswith("tp2_cp1_pp1_dp4") and st.recompute_status == "full_block (12 layers)"
+    assert StrategyConfig.init_from_dict(json.loads(st.to_json_string())) == st
+    s2 = StrategyConfig.init_from_format_strings("tp2_pp2_vp2_dp2_mbs1_gbs32")
+    assert (s2.world_size, s2.micro_batch_num, s2.schedule, s2.dp_size) == (8, 16, "interleaved", 2)
+    with pytest.raises(ConfigError, match="no size"):
+        StrategyConfig.init_from_format_strings("fast")
+    m = ModelConfig.init_from_config_file(REF / "models" / "llama3-8b.json")
+    h, kv, ffn, vocab = 4096, 8 * 128, 14336, 128384  # the file's 128257 padded to a multiple of 128
+    layer = h * (h + 2 * kv) + h * h + 3 * h * ffn + 2 * h
+    assert m.param_numel() == m.activated_param_numel() == 32 * layer + h + 2 * vocab * h
+    # 6N per token for the GEMMs (less the embedding lookup) + causal attention, by hand
+    n_gemm = m.param_numel() - vocab * h
+    attn = 32 * 3 * 2 * 2 * 4096 * 4096 / 2  # layers x (fwd+bwd) x (QK^T, PV) x 2 FLOP x s x h, causal half
+    assert m.flops_per_token(4096) == pytest.approx(6 * n_gemm + attn, rel=0.01)
+    assert m.maybe_pad_vocab_size(8) == 129024
+    st.sanity_check(m)
+    with pytest.raises(ConfigError, match="tp"):
+        StrategyConfig.init_from_format_strings("tp3_dp1").sanity_check(m)
+
+
+def test_simumax_perf_methods(tmp_path: Path) -> None:
+    from simumax import PerfLLM
+
+    perf = PerfLLM()
+    perf.configure(strategy_config=load_strategy("tp1_pp2_dp4_mbs1"), model_config=load_model("llama3-8b").with_updates({"layer_num": 4}),
+                   system_config=load_system("a100_pcie"))
+    assert perf.get_pp_num_layers() == [2, 2]
+    assert perf.get_pp_stage_peak_mem() == [s.peak_mem for s in perf.analysis_mem().stages]
+    assert perf.calculate_1f1b_bubble() == perf.analysis_cost().breakdown["bubble"] > 0
+    net = perf.analysis_net()
+    assert net["pp"]["size"] == 2 and net["dp"]["tier"].startswith("intra_node_pcie")
+    ops = perf.analysis_op_info(stage=0)
+    assert ops[0]["name"] == "embedding" and any(o["module"] == "qkv" and o["flops"]["fwd"] > 0 for o in ops)
+    gemms = perf.analysis_gemm_costs()
+    assert all(g["time"] > 0 and g["source"] in ("measured", "fitted", "default") for g in gemms)
+    assert sum(g["flops"] * g["count"] for g in gemms) > 0
+    trace = perf.export_pp_schedule_trace(tmp_path / "pp")
+    assert Path(trace).is_file()
+    perf.run_estimate(capture_graph=True, save_path=tmp_path / "an")
+    names = {p.name for p in (tmp_path / "an").iterdir()}
+    assert {"base_info.json", "net_info.json", "model_arch.txt", "compute_result.json", "mem_result.json", "op_graph.dot"} <= names
+    assert json.loads((tmp_path / "an" / "base_info.json").read_text())["layers_per_stage"] == [2, 2]
+    assert perf.search_best_recompute_layer_num() == 0  # fits without recompute
+    assert perf.search_best_selective_recompute().recompute.startswith("selective")

@@ -212,10 +212,15 @@ def test_simulate_writes_trace_memory_snapshot_and_gantt(tmp_path) -> None:
     spans = [e for e in trace if e["ph"] == "X"]
     assert {e["pid"] for e in spans} == {0, 1}
     assert {e["args"]["name"] for e in trace if e["name"] == "thread_name"} == {"compute", "comm"}
-    ops = [e for e in spans if e["cat"] == "op"]
+    ops = [e for e in spans if e["args"]["kind"] == "op"]
     assert any(e["name"] == "L0.qkv fwd" and e["args"]["flops"] > 0 for e in ops)
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
-    passes = [e for e in spans if e["cat"] in ("F", "B")]
+    # SimuMax's event fields: cat compute / comm, stream_type, base_name, direction, call_stack
+    assert {e["cat"] for e in spans} == {"compute", "comm"}
+    assert all(e["cat"] == e["args"]["stream_type"] and e["args"]["call_stack"].startswith(f"rank {e['pid']}/") for e in spans)
+    qkv = next(e for e in ops if e["name"] == "L0.qkv fwd")["args"]
+    assert (qkv["base_name"], qkv["direction"]) == ("L0.qkv", "fwd")
+    passes = [e for e in spans if e["args"]["kind"] in ("F", "B")]
     assert len(passes) == 2 * 2 * 4  # ranks x (F, B) x micro-batches
     timeline = json.loads((tmp_path / "memory_timeline_rank0.json").read_text())
     assert timeline["peak_allocated"] == pytest.approx(res.ranks[0].peak_mem)
@@ -225,6 +230,14 @@ def test_simulate_writes_trace_memory_snapshot_and_gantt(tmp_path) -> None:
     assert actions.count("alloc") == actions.count("free_completed") > 0  # every activation freed
     assert all(b["state"] == "active_allocated" for s in snap["segments"] for b in s["blocks"])
     assert (tmp_path / "pipeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    simu = json.loads((tmp_path / "simu_memory_result.json").read_text())  # SimuMax's names
+    assert simu["peak_mem"] == pytest.approx(max(r.peak_mem for r in res.ranks))
+    assert (tmp_path / "simu_memory_viz_snapshot.pickle").read_bytes() == next(tmp_path.glob("memory_snapshot_rank*.pickle")).read_bytes()
+    assert json.loads((tmp_path / "simu_memory_snapshot.json").read_text())["peak_allocated"] == pytest.approx(simu["peak_mem"])
+    merged = PerfLLM().configure(strategy_config=perf.strategy_config, model_config=perf.model_config, system_config="a100_pcie")
+    merged.simulate(tmp_path / "merged", merge_lanes=True, gantt=False)
+    lanes = json.loads((tmp_path / "merged" / "tracing_logs.json").read_text())["traceEvents"]
+    assert {e["tid"] for e in lanes if e["ph"] == "X"} == {0}
 
 
 def test_cli_simulate_schedule_and_bad_schedule(tmp_path) -> None:

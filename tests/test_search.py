@@ -75,13 +75,16 @@ def test_search_respects_memory_budget_and_dumps_jsonl(tmp_path) -> None:
 
 def test_max_micro_batch_size_is_the_largest_that_fits() -> None:
     perf = _perf()
-    m = perf.search_max_micro_batch_size(gmi_error=2)
+    m, peak = perf.search_max_micro_batch_size(gmi_error=2)  # SimuMax's (mbs, peak bytes)
     assert m >= 1
     st = perf.strategy_config
     fits = lambda mbs: Estimate(perf.model_config, st.with_updates({"micro_batch_size": mbs}), perf.system_config).memory().peak_mem_with_reserved <= perf.system_config.mem_bytes - 2 * GIB  # noqa: E731
     assert fits(m) and not fits(m + 1)
-    fixed = perf.search_max_micro_batch_size_fixed_gbs(pp_size=2, dp_size=4, global_batch_size=64, gmi_error=2)
-    assert fixed >= 1 and 16 % fixed == 0
+    assert peak == Estimate(perf.model_config, st.with_updates({"micro_batch_size": m}), perf.system_config).memory().peak_mem_with_reserved
+    mbs, mbc, peaks, times = perf.search_max_micro_batch_size_fixed_gbs(pp_size=2, dp_size=4, global_batch_size=64, gmi_error=2)
+    assert mbs and all(a * b == 16 for a, b in zip(mbs, mbc)) and all(p <= perf.system_config.mem_bytes - 2 * GIB for p in peaks)
+    every = perf.search_max_micro_batch_size_fixed_gbs(pp_size=2, dp_size=4, global_batch_size=64, gmi_error=2, save_all=True)
+    assert every[0] == [1, 2, 4, 8, 16] and every[0][: len(mbs)] == mbs and len(every[3]) == 5
 
 
 def test_megatron_flags() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from simumax.atomic import ensure_dir, write_json_atomic, write_jsonl_atomic, write_text_atomic  # noqa: F401 (re-exported)
+from simumax.compat.perf_methods import SimuMaxPerfMethods
 from simumax.compat.results import cost_view, mem_view
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.config.model import ModelConfig
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 ConfigLike = Any  # a config object, a JSON path or a preset name
 
 
-class PerfLLM:
+class PerfLLM(SimuMaxPerfMethods):
     """Predict one training iteration of a model under a strategy on a system.
 
     >>> perf = PerfLLM()
@@ -95,12 +96,20 @@ class PerfLLM:
             self._built_from = self._fingerprint()
         return self._estimate
 
-    def run_estimate(self) -> "PerfLLM":
-        """Build the IR and compute cost and memory (results cached until reconfigured)."""
+    def run_estimate(self, capture_graph: bool = False, save_path: str | Path | None = None) -> "PerfLLM":
+        """Build the IR and compute cost and memory (results cached until reconfigured).
+        SimuMax's keywords: ``save_path`` also writes analysis() there; ``capture_graph``
+        writes the first stage's op graph as Graphviz DOT (``op_graph.dot``) there."""
         est = self._require()
         self._cost = cost_view(est.cost(), est)  # our results, answering SimuMax's keys too
         self._mem = mem_view(est.memory(), est)
         log.debug("estimate: %.6f s/iter, peak %.3e B", self._cost.duration_time_per_iter, self._mem.peak_mem)
+        if save_path is not None:
+            self.analysis(save_path, console_log=False)
+            if capture_graph:
+                from simumax.compat.graph import SimuONNXGraphBuilder
+
+                write_text_atomic(Path(save_path) / "op_graph.dot", SimuONNXGraphBuilder(self).build(stage=0).to_dot())
         return self
 
     def analysis_cost(self) -> CostResult:
@@ -120,11 +129,38 @@ class PerfLLM:
         """The underlying pipeline (stages, ops, cost models) for inspection."""
         return self._require()
 
-    def analysis(self, save_path: str | Path) -> dict[str, Any]:
-        """Write compute_result.json, mem_result.json and the resolved configs to a folder."""
+    def analysis(self, save_path: str | Path | None = None, console_log: bool = True) -> dict[str, Any]:
+        """SimuMax's analysis: print the summary (``console_log``) and, with ``save_path``,
+        write compute_result.json, mem_result.json, the resolved configs, and SimuMax's
+        base_info.json (sizes, parameters, FLOPs), net_info.json (analysis_net) and
+        model_arch.txt (the op list of every stage) to that folder."""
+        cost_r, mem_r = self.analysis_cost(), self.analysis_mem()
+        cost, mem = cost_r.to_dict(), mem_r.to_dict()
+        if console_log:
+            from rich.console import Console
+
+            from simumax.report import format as fmt
+
+            console = Console()
+            console.print(fmt.summary_table(cost_r, mem_r))
+            console.print(fmt.breakdown_table(cost_r))
+            console.print(fmt.memory_table(mem_r))
+        if save_path is None:
+            return {"cost": cost, "mem": mem}
         out = Path(save_path)
-        cost = self.analysis_cost().to_dict()
-        mem = self.analysis_mem().to_dict()
+        est = self._require()
+        st = est.strategy
+        write_json_atomic(out / "base_info.json", {
+            "model_name": est.model.model_name, "sys_name": est.system.sys_name, "world_size": st.world_size,
+            "tp_size": st.tp_size, "pp_size": st.pp_size, "dp_size": st.dp_size, "cp_size": st.cp_size,
+            "ep_size": st.ep_size, "etp_size": st.etp_size, "interleaving_size": st.interleaving_size,
+            "global_batch_size": st.global_batch_size, "layers_per_stage": self.get_pp_num_layers(),
+            "param_numel_info": cost_r["param_numel_info"], "flops_info": cost_r["flops_info"],  # type: ignore[index]
+        })
+        write_json_atomic(out / "net_info.json", self.analysis_net())
+        write_text_atomic(out / "model_arch.txt", "".join(
+            f"stage {s.index} chunk {s.chunk}: layers {s.layers}\n" + "".join(f"  {o.name} ({o.module})\n" for o in s.ops)
+            for s in est.chunks))
         write_json_atomic(out / "compute_result.json", cost)
         write_json_atomic(out / "mem_result.json", mem)
         write_json_atomic(out / "model_config.json", self.model_config.to_dict())  # type: ignore[union-attr]
@@ -132,52 +168,75 @@ class PerfLLM:
         write_json_atomic(out / "system_config.json", self.system_config.to_dict())  # type: ignore[union-attr]
         return {"cost": cost, "mem": mem}
 
-    def simulate(self, save_path: str | Path | None = None, ops: bool | None = None, gantt: bool = True) -> SimResult:
+    def simulate(self, save_path: str | Path | None = None, ops: bool | None = None, gantt: bool = True,
+                 merge_lanes: bool | None = None) -> SimResult:
         """Event-simulate the iteration with the strategy's schedule and overlap options.
         With ``save_path`` writes tracing_logs.json (Chrome trace: Perfetto,
         chrome://tracing), memory_timeline_rank<r>.json, a memory_viz snapshot pickle
-        of the peak rank and pipeline.png there."""
-        return simulate_to(self._require(), Path(save_path) if save_path is not None else None, ops=ops, gantt=gantt)
+        of the peak rank and pipeline.png there; ``merge_lanes`` draws each rank's compute
+        and communication streams on one lane (SimuMax's option)."""
+        return simulate_to(self._require(), Path(save_path) if save_path is not None else None, ops=ops, gantt=gantt,
+                           merge_lanes=bool(merge_lanes))
 
     # ---- search (names from the SimuMax tutorial) ------------------------------------
     def _configured(self) -> tuple[ModelConfig, StrategyConfig, SystemConfig]:
         self._require()
         return self.model_config, self.strategy_config, self.system_config  # type: ignore[return-value]
 
-    def _fits(self, st: StrategyConfig, gmi_error: float, use_reserved_memory: bool, profiles: ProfileCache) -> bool:
-        """Peak memory (reserved or allocated) of the strategy within capacity - gmi_error GiB."""
+    def _peak(self, st: StrategyConfig, use_reserved_memory: bool, profiles: ProfileCache) -> float:
         model, _, system = self._configured()
         mem = Estimate(model, st, system, profiles).memory()
-        peak = mem.peak_mem_with_reserved if use_reserved_memory else mem.peak_mem
-        return peak <= system.mem_bytes - gmi_error * GIB
+        return mem.peak_mem_with_reserved if use_reserved_memory else mem.peak_mem
 
     def search_max_micro_batch_size(
-        self, gmi_error: float = 0.0, use_reserved_memory: bool = True, max_micro_batch_size: int = 1024
-    ) -> int:
-        """Largest micro_batch_size that fits with the configured strategy (0 if none)."""
+        self, gmi_error: float = 0.0, use_reserved_memory: bool = True, max_micro_batch_size: int = 1024,
+        micro_batch_num: int | None = None,
+    ) -> tuple[int, float]:
+        """SimuMax's form: (largest micro_batch_size that fits with the configured strategy,
+        its peak bytes); (0, peak at mbs 1) when none fits. ``micro_batch_num`` overrides
+        the strategy's."""
         model, st, system = self._configured()
+        if micro_batch_num is not None:
+            st = st.with_updates({"micro_batch_num": micro_batch_num})
         cache = ProfileCache(model, system)
-        fits = lambda m: self._fits(st.with_updates({"micro_batch_size": m}), gmi_error, use_reserved_memory, cache)  # noqa: E731
-        return _largest(fits, 1, max_micro_batch_size)
+        budget = system.mem_bytes - gmi_error * GIB
+        peak = lambda m: self._peak(st.with_updates({"micro_batch_size": m}), use_reserved_memory, cache)  # noqa: E731
+        best = _largest(lambda m: peak(m) <= budget, 1, max_micro_batch_size)
+        return best, peak(max(best, 1))
 
     def search_max_micro_batch_size_fixed_gbs(
-        self, pp_size: int, dp_size: int, global_batch_size: int, gmi_error: float = 0.0, use_reserved_memory: bool = True
-    ) -> int:
-        """Largest micro_batch_size dividing global_batch_size / dp that fits, at the
-        configured tp and cp with pp_size and dp_size (0 if none)."""
+        self, pp_size: int, dp_size: int, global_batch_size: int, gmi_error: float = 0.0, use_reserved_memory: bool = True,
+        save_all: bool = False, verbose: bool = False, memory_utils: float = 1.0,
+    ) -> tuple[list[int], list[int], list[float], list[float]]:
+        """SimuMax's four lists over the micro-batch sizes dividing global_batch_size / dp
+        (at the configured tp and cp with pp_size and dp_size): micro-batch sizes,
+        micro-batch counts, peak bytes, iteration seconds — the ones that fit in
+        ``memory_utils`` of the device less gmi_error GiB, or every size tried with
+        ``save_all``. The last fitting size is the largest (memory grows with mbs)."""
         model, st, system = self._configured()
+        if not 0 < memory_utils <= 1:
+            raise ConfigError("memory_utils", f"must be in (0, 1] (got {memory_utils})")
         cache = ProfileCache(model, system)
         if global_batch_size % dp_size:
             raise ConfigError("global_batch_size", f"must be divisible by dp_size ({dp_size})")
         per_dp = global_batch_size // dp_size
         world = st.tp_size * st.cp_size * pp_size * dp_size
-        best = 0
+        budget = system.mem_bytes * memory_utils - gmi_error * GIB
+        out: tuple[list[int], list[int], list[float], list[float]] = ([], [], [], [])
         for mbs in sorted(d for d in range(1, per_dp + 1) if per_dp % d == 0):
             trial = st.with_updates({"world_size": world, "pp_size": pp_size, "micro_batch_size": mbs, "micro_batch_num": per_dp // mbs})
-            if not self._fits(trial, gmi_error, use_reserved_memory, cache):
+            est = Estimate(model, trial, system, cache)
+            mem = est.memory()
+            peak = mem.peak_mem_with_reserved if use_reserved_memory else mem.peak_mem
+            fits = peak <= budget
+            if fits or save_all:
+                for lst, v in zip(out, (mbs, per_dp // mbs, peak, est.cost().duration_time_per_iter)):
+                    lst.append(v)  # type: ignore[attr-defined]
+            if verbose:  # asked for: SimuMax prints each size it tries
+                print(f"mbs {mbs} x mbc {per_dp // mbs}: peak {peak / GIB:.2f} GiB" + ("" if fits else " (does not fit)"))
+            if not fits and not save_all:
                 break  # memory grows with mbs
-            best = mbs
-        return best
+        return out
 
     def search_best_parallel_strategy(
         self,

@@ -150,7 +150,7 @@ def perf(
     if out is not None:
         from simumax.report.breakdown_plots import plot_memory, plot_time
 
-        p.analysis(out)
+        p.analysis(out, console_log=False)
         plot_memory(mem, out / f"memory.{plot_format}", f"{m.model_name} on {sy.sys_name}")
         plot_time(cost, out / f"time.{plot_format}")
     if as_json:

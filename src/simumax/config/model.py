@@ -6,12 +6,13 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
+from simumax.compat.config_methods import SimuMaxModelMethods
 from simumax.config.base import ConfigBase
 from simumax.config.simumax_fields import model_input
 from simumax.errors import ConfigError
 
 
-class ModelConfig(ConfigBase):
+class ModelConfig(SimuMaxModelMethods, ConfigBase):
     """A decoder-only transformer: dense GPT/Llama, MoE, or MLA attention.
 
     Field names follow SimuMax so its JSON files load unchanged; fields SimuMax lacks

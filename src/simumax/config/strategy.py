@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
+from simumax.compat.config_methods import SimuMaxStrategyMethods
 from simumax.config.base import ConfigBase
 from simumax.config.simumax_fields import strategy_input
 from simumax.errors import ConfigError
@@ -16,7 +17,7 @@ RecomputeGranularity = Literal["full_block", "selective_recompute", "attn_only",
 PipelineSchedule = Literal["1f1b", "interleaved", "zb", "dualpipev"]
 
 
-class StrategyConfig(ConfigBase):
+class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     """How one training iteration is laid out on ``world_size`` accelerators.
 
     Rank order is Megatron's tp-cp-ep-dp-pp (tp fastest). ``dp`` is derived:

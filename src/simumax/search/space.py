@@ -20,7 +20,7 @@ from simumax.config.strategy import PipelineSchedule, StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 
-_NO_RECOMPUTE = {
+NO_RECOMPUTE = {
     "megatron_recompute": False, "megatron_recompute_modules": [], "attn_recompute": False, "mlp_recompute": False,
     "mlp_rms_recompute": False, "mla_rms_recompute": False, "recompute_layer_num": None,
 }
@@ -149,7 +149,7 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
                 "ep_size": ep, "etp_size": etp, "micro_batch_size": mbs, "micro_batch_num": space.global_batch_size // (mbs * dp),
                 "zero_state": zero, "enable_sequence_parallel": tp > 1, "interleaving_size": vp, "pp_schedule": sched,
                 "microbatch_group_size_per_vp_stage": None, "num_layers_in_first_pipeline_stage": first,
-                "num_layers_in_last_pipeline_stage": last, **_NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc],
+                "num_layers_in_last_pipeline_stage": last, **NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc],
             }
             try:
                 st = StrategyConfig.init_from_dict(fields, source="search")

@@ -1,15 +1,18 @@
 """Run the event simulation of one estimate and write what a person looks at:
 ``tracing_logs.json`` (Chrome trace), ``memory_timeline_rank<r>.json``,
-``memory_snapshot_rank<r>.pickle`` (PyTorch memory_viz, the peak-memory rank) and
-``pipeline.png`` (Gantt chart)."""
+``memory_snapshot_rank<r>.pickle`` (PyTorch memory_viz, the peak-memory rank),
+``pipeline.png`` (Gantt chart), and SimuMax's ``simu_memory_result.json``,
+``simu_memory_snapshot.json`` and ``simu_memory_viz_snapshot.pickle``."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
+import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from simumax.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 from simumax.memory.model_states import model_states
@@ -25,7 +28,9 @@ log = logging.getLogger(__name__)
 MAX_OP_EVENTS = 150_000  # above this the trace keeps pass-level events only (file size, speed)
 
 
-def simulate_to(est: "Estimate", out: Path | None, ops: bool | None = None, gantt: bool = True) -> SimResult:
+def simulate_to(
+    est: "Estimate", out: Path | None, ops: bool | None = None, gantt: bool = True, merge_lanes: bool = False
+) -> SimResult:
     """Simulate; with ``out`` write the trace, memory files and Gantt chart there.
     ``ops``: nest per-op events in the trace (default: when they number at most
     MAX_OP_EVENTS)."""
@@ -52,7 +57,7 @@ def simulate_to(est: "Estimate", out: Path | None, ops: bool | None = None, gant
             ops = n_ops <= MAX_OP_EVENTS
             if not ops:
                 log.info("trace: %d op events; writing pass-level events only", n_ops)
-        trace = chrome_trace(est, run, acts, base, ops)
+        trace = chrome_trace(est, run, acts, base, ops, merge_lanes)
         path = out / "tracing_logs.json"
         write_text_atomic(path, json.dumps(trace, separators=(",", ":")))
         files["trace"] = str(path)
@@ -65,6 +70,8 @@ def simulate_to(est: "Estimate", out: Path | None, ops: bool | None = None, gant
         p = out / f"memory_snapshot_rank{top}.pickle"
         write_bytes_atomic(p, lambda f: pickle.dump(snap, f))
         files["memory_snapshot"] = str(p)
+        # SimuMax's names for the same results, which its memory tooling opens
+        files.update(_simumax_memory_files(out, ranks, state_parts, acts, top, p))
         if gantt:
             p = out / "pipeline.png"
             bubble = max(x.bubble_fraction for x in ranks)
@@ -78,3 +85,25 @@ def simulate_to(est: "Estimate", out: Path | None, ops: bool | None = None, gant
         schedule=st.schedule, duration_time_per_iter=run.total,
         closed_form_time_per_iter=est.cost().duration_time_per_iter, ranks=ranks, files=files,
     )
+
+
+def _simumax_memory_files(out: Path, ranks: list[SimRank], parts: list[dict[str, float]], acts: list[Any], top: int,
+                          snapshot: Path) -> dict[str, str]:
+    """simu_memory_result.json (per-rank peaks and model states, bytes),
+    simu_memory_snapshot.json (the peak rank's allocation timeline) and
+    simu_memory_viz_snapshot.pickle (the memory_viz snapshot, linked to ours)."""
+    result = out / "simu_memory_result.json"
+    write_json_atomic(result, {
+        "peak_mem": max(r.peak_mem for r in ranks), "peak_rank": top,
+        "ranks": [{"rank": r.rank, "peak_mem": r.peak_mem, "peak_activation_mem": acts[r.rank].peak, **parts[r.rank]}
+                  for r in ranks],
+    })
+    timeline = out / "simu_memory_snapshot.json"
+    write_json_atomic(timeline, memory_timeline(top, parts[top], acts[top]))
+    viz = out / "simu_memory_viz_snapshot.pickle"
+    viz.unlink(missing_ok=True)
+    try:
+        os.link(snapshot, viz)
+    except OSError:  # no hard links on this filesystem
+        shutil.copyfile(snapshot, viz)
+    return {"simu_memory_result": str(result), "simu_memory_snapshot": str(timeline), "simu_memory_viz_snapshot": str(viz)}
