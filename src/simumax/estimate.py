@@ -31,8 +31,9 @@ from simumax.memory.schedule_walk import RankActivations, walk_schedule
 from simumax.profiles import LayerProfiles, ProfileCache
 from simumax.schedule import SPLIT_BACKWARD
 from simumax.schedule.one_f_one_b import pipeline_time
-from simumax.simulate.engine import PipelineOptions, run_pipeline
+from simumax.simulate.engine import PassCosts, PipelineOptions, PipelineRun
 from simumax.simulate.iteration import IterationRun, pass_costs, simulate_iteration
+from simumax.simulate.steady import steady_pipeline, steady_walk_counts
 from simumax.uncertainty import MEMORY_BAND, TIME_BAND, attribution, unmeasured_share
 
 MEGATRON_MIN_BUCKET = 40_000_000  # elements (Megatron DDP default bucket)
@@ -54,6 +55,7 @@ class Estimate:
     # layer profiles shared with other estimates of this model and system (the search's);
     # None: a private cache. Results are the same either way.
     profiles: ProfileCache | None = field(default=None, repr=False, compare=False)
+    _bucket_cache: dict[int, list[GradBucket]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for cfg in (self.model, self.strategy, self.system):
@@ -129,8 +131,12 @@ class Estimate:
         """Megatron's DDP buckets of one model chunk (each chunk has its own buffers):
         dense gradients reduce over DP x CP, expert gradients over the expert-data-parallel
         group; reduce-scatter + ZeRO-1 all-gather, or all-reduce without ZeRO."""
-        dense = chunk.params - chunk.expert_params
-        return self._buckets(dense, "dp") + self._buckets(chunk.expert_params, "edp")
+        key = chunk.vstage
+        got = self._bucket_cache.get(key)
+        if got is None:
+            dense = chunk.params - chunk.expert_params
+            got = self._bucket_cache[key] = self._buckets(dense, "dp") + self._buckets(chunk.expert_params, "edp")
+        return got
 
     def _buckets(self, params: int, group: str) -> list[GradBucket]:
         st = self.strategy
@@ -294,14 +300,27 @@ class Estimate:
         """End of each rank's last pass (no overlap): the task order on the event engine
         without recording events."""
         opts = PipelineOptions(p2p_overlapped=self.strategy.p2p_overlapped)
-        run = run_pipeline(self.profiles.orders(self.strategy), pass_costs(self), opts, record=False)
-        return run.end
+        return self.steady_pipeline(pass_costs(self), opts).end
+
+    def steady_pipeline(self, costs: PassCosts, opts: PipelineOptions,
+                        params_ready: dict[int, tuple[float, float]] | None = None) -> PipelineRun:
+        """The schedule's end / busy times from its steady state (simulate/steady.py)."""
+        st = self.strategy
+        return steady_pipeline(st, lambda m: self.profiles.orders(st, m), costs, opts, params_ready)
 
     @cached_property
     def iteration(self) -> IterationRun:
-        """The iteration on the event engine (same per-op costs as the closed form),
-        run once and shared by cost() and simulate()."""
+        """The iteration on the event engine with every pass recorded (simulate(): the
+        trace, the memory timelines)."""
         return simulate_iteration(self)
+
+    @cached_property
+    def iteration_times(self) -> IterationRun:
+        """The iteration's times for cost(): the same engine, its pipeline part from the
+        schedule's steady state (equal to ``iteration``'s times; no events)."""
+        if "iteration" in self.__dict__:
+            return self.iteration
+        return simulate_iteration(self, steady=True)
 
     def simulate(self) -> IterationRun:
         return self.iteration
@@ -327,7 +346,7 @@ class Estimate:
             end_bwd = self.pipeline_ends()
             ready, ends = self.step_ends_after(end_bwd)
         else:
-            run = self.simulate()
+            run = self.iteration_times
             end_bwd, ends, ready = run.end_of_backward, run.end, run.norm_ready
         times = self.stage_times
         stage_costs = []
@@ -389,6 +408,17 @@ class Estimate:
         return out
 
     def activation_walks(self, times: IterationRun | None = None) -> list[RankActivations]:
+        """Each rank's activation walk along the schedule; with ``times`` (a simulated
+        iteration) also its timeline. Without, a long schedule is walked over its
+        steady-state form when that gives the same peaks (simulate/steady.py)."""
+        if times is None:
+            counts = steady_walk_counts(self.strategy)
+            if counts is not None:
+                a, b = ([walk_schedule(o, self.chunk_walks, self.w_keep) for o in self.profiles.orders(self.strategy, m)]
+                        for m in counts)
+                if all((x.peak, x.stored_peak, x.in_flight_at_peak, x.peak_task) == (y.peak, y.stored_peak, y.in_flight_at_peak, y.peak_task)
+                       for x, y in zip(a, b)):
+                    return b
         orders = times.orders if times else self.profiles.orders(self.strategy)
         return [
             walk_schedule(orders[r], self.chunk_walks, self.w_keep, times.task_times(r) if times else None)

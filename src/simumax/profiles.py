@@ -157,8 +157,11 @@ class ProfileCache:
         self._plain_layers: dict[tuple[Any, ...], dict[int, list[Op]]] = {}
         self._orders: dict[tuple[Any, ...], RankOrders] = {}
 
-    def orders(self, st: StrategyConfig) -> RankOrders:
-        """The schedule's per-rank task order (shared: callers must not modify it)."""
+    def orders(self, st: StrategyConfig, micro_batch_num: int | None = None) -> RankOrders:
+        """The schedule's per-rank task order (shared: callers must not modify it), for
+        the strategy's micro-batch count or another (the steady-state extrapolation's)."""
+        if micro_batch_num is not None and micro_batch_num != st.micro_batch_num:
+            st = st.model_copy(update={"micro_batch_num": micro_batch_num})
         key = order_key(st)
         o = self._orders.get(key)
         if o is None:

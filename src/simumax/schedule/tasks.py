@@ -10,13 +10,14 @@ that may run together with the next task, a backward of another micro-batch (ste
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 FORWARD, BACKWARD, WEIGHT = "F", "B", "W"
 
 
-@dataclass(frozen=True, slots=True)
-class Task:
+class Task(NamedTuple):
+    """A tuple (cheap to build: a long schedule has millions)."""
+
     kind: str  # F, B or W
     vstage: int  # virtual stage, forward order of the model
     mb: int  # micro-batch

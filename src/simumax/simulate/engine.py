@@ -57,9 +57,10 @@ class PipelineOptions:
 
 @dataclass(slots=True)
 class PipelineRun:
-    events: list[list[Event]]  # per rank, compute and p2p events in start order
+    events: list[list[Event]]  # per rank, compute and p2p events in start order (empty unless recorded)
     end: list[float]  # per rank, end of its last pass
-    last_weight_pass: dict[int, Event]  # vstage -> the last pass producing its weight gradients
+    last_weight_pass: dict[int, tuple[float, float]]  # vstage -> (start, end) of its last weight-gradient pass
+    busy: list[float] = field(default_factory=list)  # per rank, seconds its compute stream ran (blocking sends too)
 
 
 class DeadlockError(RuntimeError):
@@ -78,144 +79,126 @@ def run_pipeline(
     params_ready: dict[int, tuple[float, float]] | None = None,
     record: bool = True,
 ) -> PipelineRun:
-    """Execute every rank's task list. ``params_ready[vstage] = (first, all)``: the
-    stage's first forward starts once its first parameter bucket is gathered and
-    cannot end before the last one is (parameters still being gathered). With
-    ``record`` False only the end times are kept (the estimate's fast path)."""
-    if not record and not opts.pair_overlap and not params_ready:
-        return PipelineRun([[] for _ in orders], _pass_ends(orders, costs, opts.p2p_overlapped), {})
+    """Execute every rank's task list (the one copy of the dependency rules).
+
+    A forward needs the previous virtual stage's forward of its micro-batch, a backward
+    the next stage's backward (the last stage: its own forward), a split weight pass its
+    own backward; each waits for its rank's compute stream. ``params_ready[vstage] =
+    (first, all)``: the stage's first forward starts once its first parameter bucket is
+    gathered and cannot end before the last one is. With ``record`` False no events are
+    built (the estimate's path); end times, busy time and the last weight passes are the
+    same."""
     n_stage = len(costs.rank)
     last = n_stage - 1
     ranks = len(orders)
-    ready: dict[tuple[str, int, int], float] = {}  # output of (kind, vstage, mb) usable by its consumer
+    n_mb = 1 + max((t.mb for t in orders[0]), default=0)  # every rank runs every micro-batch
+    rank_of = costs.rank
+    dur = costs.dur
+    blocking = not opts.p2p_overlapped
+    # seconds of the P2P each pass ends with (0 when the neighbour stage is on the same rank)
+    send_f = [costs.p2p[k] if k < last and rank_of[k + 1] != rank_of[k] else 0.0 for k in range(n_stage)]
+    send_b = [costs.p2p[k - 1] if k > 0 and rank_of[k - 1] != rank_of[k] else 0.0 for k in range(n_stage)]
+    sends = {FORWARD: send_f, BACKWARD: send_b}
+    ready = {kind: [[-1.0] * n_mb for _ in range(n_stage)] for kind in (FORWARD, BACKWARD, WEIGHT)}
+    ready_f, ready_b = ready[FORWARD], ready[BACKWARD]
+    gate = params_ready or {}
+    split = any(t.kind == WEIGHT for t in orders[0])  # the schedule splits every rank's backward or none
     free = [0.0] * ranks
+    busy = [0.0] * ranks
     pos = [0] * ranks
     events: list[list[Event]] = [[] for _ in range(ranks)]
-    last_w: dict[int, Event] = {}
-    gate = params_ready or {}
-    split = any(t.kind == WEIGHT for o in orders for t in o)
+    last_w: dict[int, tuple[float, float]] = {}
+    pairing = opts.pair_overlap
 
-    def dep(t: Task) -> float | None:
+    def dep(t: Task) -> float:
+        k, mb = t.vstage, t.mb
         if t.kind == FORWARD:
-            got = 0.0 if t.vstage == 0 else ready.get((FORWARD, t.vstage - 1, t.mb))
-            if got is not None and t.mb == 0 and t.vstage in gate:
-                got = max(got, gate[t.vstage][0])
+            got = ready_f[k - 1][mb] if k else 0.0
+            if got >= 0.0 and mb == 0 and k in gate:
+                got = max(got, gate[k][0])
             return got
         if t.kind == BACKWARD:
-            src = (FORWARD, last, t.mb) if t.vstage == last else (BACKWARD, t.vstage + 1, t.mb)
-            return ready.get(src)
-        return ready.get((BACKWARD, t.vstage, t.mb))
-
-    def send(t: Task) -> tuple[float, int]:
-        """(seconds, destination rank) of the P2P this pass ends with, if any."""
-        if t.kind == FORWARD and t.vstage < last:
-            dst = costs.rank[t.vstage + 1]
-            return (costs.p2p[t.vstage], dst) if dst != costs.rank[t.vstage] else (0.0, dst)
-        if t.kind == BACKWARD and t.vstage > 0:
-            dst = costs.rank[t.vstage - 1]
-            return (costs.p2p[t.vstage - 1], dst) if dst != costs.rank[t.vstage] else (0.0, dst)
-        return 0.0, -1
+            return ready_f[last][mb] if k == last else ready_b[k + 1][mb]
+        return ready_b[k][mb]
 
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
         for r in range(ranks):
             order = orders[r]
-            while pos[r] < len(order):
-                t = order[pos[r]]
-                group = [t]
-                nxt = order[pos[r] + 1] if pos[r] + 1 < len(order) else None
-                if opts.pair_overlap and t.paired and nxt is not None and nxt.mb != t.mb:
-                    group.append(nxt)
-                deps = [dep(x) for x in group]
-                if any(d is None for d in deps):
+            p, now, used = pos[r], free[r], busy[r]
+            n = len(order)
+            while p < n:
+                t = order[p]
+                kind, k, mb = t.kind, t.vstage, t.mb
+                got = dep(t)
+                if got < 0.0:
                     break
-                start = max([free[r]] + deps)  # type: ignore[arg-type]
-                durs = [costs.dur[(x.kind, x.vstage)] for x in group]
-                work = sum(durs)
+                if not record and not (pairing and t.paired and p + 1 < n and order[p + 1].mb != mb):
+                    # one task, nothing to record: the fast path
+                    start = now if now > got else got
+                    end = start + dur[(kind, k)]
+                    if mb == 0 and kind == FORWARD and k in gate:
+                        end = max(end, gate[k][1])
+                    if kind == WEIGHT or (kind == BACKWARD and not split):
+                        last_w[k] = (start, end)
+                    secs = sends[kind][k] if kind != WEIGHT else 0.0
+                    if secs and blocking:
+                        end += secs
+                        ready[kind][k][mb] = end
+                    else:
+                        ready[kind][k][mb] = end + secs
+                    used += end - start
+                    now = end
+                    p += 1
+                    continue
+                if pairing and t.paired and p + 1 < n and order[p + 1].mb != mb:
+                    group: tuple[Task, ...] = (t, order[p + 1])
+                else:
+                    group = (t,)
                 if len(group) == 2:
+                    got2 = dep(group[1])
+                    if got2 < 0.0:
+                        break
+                    got = max(got, got2)
+                start = now if now > got else got
+                durs = [dur[(x.kind, x.vstage)] for x in group]
+                scale = 1.0
+                if len(group) == 2:
+                    work = durs[0] + durs[1]
                     work -= (1.0 - opts.ep_usage) * _hidden(costs, group[0], group[1], opts.delay_wgrad)
-                scale = work / sum(durs) if sum(durs) > 0 else 1.0
+                    scale = work / (durs[0] + durs[1]) if durs[0] + durs[1] > 0 else 1.0
                 t0 = start
                 for x, d in zip(group, durs):
                     t1 = t0 + d * scale
                     if x.kind == FORWARD and x.mb == 0 and x.vstage in gate:
                         t1 = max(t1, gate[x.vstage][1])
                     if record:
-                        ev = Event(r, "compute", f"{x.kind}{x.vstage} mb{x.mb}", t0, t1, x.kind, x.vstage, x.mb)
-                        events[r].append(ev)
-                        if x.kind == WEIGHT or (x.kind == BACKWARD and not split):
-                            last_w[x.vstage] = ev
+                        events[r].append(Event(r, "compute", f"{x.kind}{x.vstage} mb{x.mb}", t0, t1, x.kind, x.vstage, x.mb))
+                    if x.kind == WEIGHT or (x.kind == BACKWARD and not split):
+                        last_w[x.vstage] = (t0, t1)
                     t0 = t1
+                used += t0 - start
                 end = t0
-                for x in group:  # sends after the pair's compute
-                    secs, dst = send(x)
-                    if dst < 0:
-                        ready[(x.kind, x.vstage, x.mb)] = end
-                        continue
-                    if secs and not opts.p2p_overlapped:
+                for x in group:  # sends after the (pair's) compute
+                    secs = sends[x.kind][x.vstage] if x.kind != WEIGHT else 0.0
+                    if secs and blocking:
                         if record:
                             events[r].append(Event(r, "compute", f"send {x.kind}{x.vstage} mb{x.mb}", end, end + secs, "p2p", x.vstage, x.mb))
                         end += secs
-                        ready[(x.kind, x.vstage, x.mb)] = end
+                        used += secs
+                        ready[x.kind][x.vstage][x.mb] = end
                     else:
                         if secs and record:
                             events[r].append(Event(r, "comm", f"send {x.kind}{x.vstage} mb{x.mb}", end, end + secs, "p2p", x.vstage, x.mb))
-                        ready[(x.kind, x.vstage, x.mb)] = end + secs
-                free[r] = end
-                pos[r] += len(group)
-                remaining -= len(group)
-                progressed = True
-        if not progressed:
-            stuck = {r: order[pos[r]] for r, order in enumerate(orders) if pos[r] < len(order)}
-            raise DeadlockError(f"schedule deadlocks: waiting tasks {stuck}")
-    return PipelineRun(events, free, last_w)
-
-
-def _pass_ends(orders: RankOrders, costs: PassCosts, p2p_overlapped: bool) -> list[float]:
-    """run_pipeline's timing without events, pairing or parameter gates (the estimate's
-    hot path in a search): each rank's end of its last pass. Same rules; the tests hold
-    the two equal."""
-    last = len(costs.rank) - 1
-    n_mb = 1 + max((t.mb for o in orders for t in o), default=0)
-    # per (kind, vstage): compute-stream time (with a blocking send) and extra arrival delay
-    busy: dict[tuple[str, int], float] = {}
-    delay: dict[tuple[str, int], float] = {}
-    for (kind, k), d in costs.dur.items():
-        secs = 0.0
-        if kind == FORWARD and k < last and costs.rank[k + 1] != costs.rank[k]:
-            secs = costs.p2p[k]
-        elif kind == BACKWARD and k > 0 and costs.rank[k - 1] != costs.rank[k]:
-            secs = costs.p2p[k - 1]
-        busy[(kind, k)] = d if p2p_overlapped else d + secs
-        delay[(kind, k)] = secs if p2p_overlapped else 0.0
-    ready = {kind: [[-1.0] * n_mb for _ in costs.rank] for kind in (FORWARD, BACKWARD, WEIGHT)}
-    free = [0.0] * len(orders)
-    pos = [0] * len(orders)
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for r, order in enumerate(orders):
-            p, now = pos[r], free[r]
-            while p < len(order):
-                t = order[p]
-                k, mb = t.vstage, t.mb
-                if t.kind == FORWARD:
-                    got = ready[FORWARD][k - 1][mb] if k else 0.0
-                elif t.kind == BACKWARD:
-                    got = ready[FORWARD][last][mb] if k == last else ready[BACKWARD][k + 1][mb]
-                else:
-                    got = ready[BACKWARD][k][mb]
-                if got < 0.0:
-                    break
-                now = max(now, got) + busy[(t.kind, k)]
-                ready[t.kind][k][mb] = now + delay[(t.kind, k)]
-                p += 1
+                        ready[x.kind][x.vstage][x.mb] = end + secs
+                now = end
+                p += len(group)
             if p != pos[r]:
                 remaining -= p - pos[r]
-                pos[r], free[r] = p, now
+                pos[r], free[r], busy[r] = p, now, used
                 progressed = True
         if not progressed:
             stuck = {r: order[pos[r]] for r, order in enumerate(orders) if pos[r] < len(order)}
             raise DeadlockError(f"schedule deadlocks: waiting tasks {stuck}")
-    return free
+    return PipelineRun(events, free, last_w, busy)

@@ -17,6 +17,7 @@ Overlap model (each option off by default, as in Megatron):
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class IterationRun:
-    orders: RankOrders
+    orders: RankOrders  # empty for the steady-state times (no events)
     events: list[list[Event]]  # per rank, compute and comm
     end_of_backward: list[float]  # per rank: its last pipeline pass ends
     end: list[float]  # per rank: optimizer step (and blocking parameter gathers) done
@@ -74,24 +75,36 @@ def pass_costs(est: "Estimate") -> PassCosts:
     return c
 
 
-def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Total length of the intersection of two sorted lists of disjoint intervals."""
-    i = j = 0
-    tot = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        tot += max(0.0, hi - lo)
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return tot
+class ComputeSpans:
+    """A rank's compute intervals (sorted, disjoint) and their running sums, so the
+    compute time under one communication interval is two bisections, not a scan."""
+
+    def __init__(self, spans: list[tuple[float, float]]) -> None:
+        self.starts = [a for a, _ in spans]
+        self.ends = [b for _, b in spans]
+        self.cum = [0.0]
+        for a, b in spans:
+            self.cum.append(self.cum[-1] + (b - a))
+
+    def _covered(self, x: float) -> float:
+        """Compute seconds before time x."""
+        i = bisect_right(self.starts, x)  # spans starting at or before x
+        if i == 0:
+            return 0.0
+        return self.cum[i - 1] + min(x, self.ends[i - 1]) - self.starts[i - 1]
+
+    def overlap(self, lo: float, hi: float) -> float:
+        return max(0.0, self._covered(hi) - self._covered(lo)) if hi > lo else 0.0
 
 
-def simulate_iteration(est: "Estimate") -> IterationRun:
+def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
+    """The iteration per pipeline rank. ``steady``: the pipeline's times from its steady
+    state (simulate/steady.py) and no events, for cost(); communication that slows
+    compute (a tier's ``processor_usage``) needs the passes' intervals, so then every
+    pass is run."""
     st = est.strategy
     net = est.network
-    orders = est.profiles.orders(st)
+    orders: RankOrders = []  # the full task order: only when every pass is run
     ranks = st.pp_size
     chunks_of = [[c for c in est.chunks if c.index == r] for r in range(ranks)]
     buckets = {c.vstage: est.grad_buckets(c) for c in est.chunks}
@@ -124,7 +137,11 @@ def simulate_iteration(est: "Estimate") -> IterationRun:
         ep_usage=net.tier("ep").processor_usage,
         delay_wgrad=st.delay_wgrad_compute,
     )
-    run = run_pipeline(orders, pass_costs(est), opts, gate)
+    if steady and not any(usage.values()):
+        run = est.steady_pipeline(pass_costs(est), opts, gate)
+    else:
+        orders = est.profiles.orders(st)
+        run = run_pipeline(orders, pass_costs(est), opts, gate)
     deferred = lm_head_wgrad(est) * st.micro_batch_num if st.defer_embedding_wgrad_compute else 0.0
     events, end_bwd, end, busy = [], [], [], []
     grads_done: list[float] = []
@@ -135,21 +152,23 @@ def simulate_iteration(est: "Estimate") -> IterationRun:
         if deferred and r == est.chunks[-1].index:
             evs.append(Event(r, "compute", "lm_head wgrad (deferred)", compute_end, compute_end + deferred, "wgrad"))
             compute_end += deferred
-        busy.append(sum(e.end - e.start for e in evs if e.stream == "compute"))
+        busy.append(run.busy[r] + (compute_end - run.end[r]))
         slow = 0.0
-        compute_iv = [(e.start, e.end) for e in evs if e.stream == "compute"]
+        compute = ComputeSpans([(e.start, e.end) for e in evs if e.stream == "compute"]) if any(usage.values()) else None
         for b_ev in comm[r]:  # gathers at the start
-            slow += usage["dp"] * _overlap([(b_ev.start, b_ev.end)], compute_iv)
+            if compute is not None:
+                slow += usage["dp"] * compute.overlap(b_ev.start, b_ev.end)
         last_pass = {c.vstage: run.last_weight_pass[c.vstage] for c in chunks_of[r]}
-        for c in sorted(chunks_of[r], key=lambda c: last_pass[c.vstage].end):
-            ev = last_pass[c.vstage]
+        for c in sorted(chunks_of[r], key=lambda c: last_pass[c.vstage][1]):
+            w_start, w_end = last_pass[c.vstage]
             for b in buckets[c.vstage]:
-                ready = ev.start + b.ready_fraction * (ev.end - ev.start) if st.overlap_grad_reduce else compute_end
+                ready = w_start + b.ready_fraction * (w_end - w_start) if st.overlap_grad_reduce else compute_end
                 s = max(ready, comm_free[r])
                 comm_free[r] = s + b.reduce
                 red = "reduce_scatter" if st.zero_state >= 1 else "all_reduce"
                 comm[r].append(Event(r, "comm", f"{b.group} {red} grads", s, comm_free[r], "grad_sync", c.vstage))
-                slow += usage[b.group] * _overlap([(s, comm_free[r])], compute_iv)
+                if compute is not None:
+                    slow += usage[b.group] * compute.overlap(s, comm_free[r])
         tied = est.embedding_grad_sync[r]
         if tied:  # after every DP reduce of the rank (finalize_model_grads' order)
             s = max(compute_end, comm_free[r])

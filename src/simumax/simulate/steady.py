@@ -1,0 +1,104 @@
+"""A pipeline schedule's steady state, extrapolated: the estimate costs the same at 8 or
+8,000 micro-batches.
+
+Every schedule here repeats a period once its warm-up is over: 1F1B and ZB-H1 one
+micro-batch (one forward and one backward per rank), interleaved 1F1B one micro-batch
+group (``microbatch_group_size_per_vp_stage``, default pp) through every model chunk. With
+fixed pass costs the engine is a max-plus system, so past the warm-up each extra period
+delays every later pass by the same amount. The estimate runs the schedule at three
+micro-batch counts m0, m0 + g, m0 + 2g (same remainder modulo the period g as the real
+count m, so warm-up and cool-down are the real ones) and takes what it needs — each
+rank's end and busy time, each chunk's last weight-gradient pass — as
+x(m0) + (m - m0) / g * (x(m0 + g) - x(m0)), after checking that the three runs lie on one
+line (equal steps within 1e-9 of the iteration). Where they do not (a warm-up longer than
+m0, a schedule without a period), m0 doubles, and past m the full run is taken.
+``simulate()`` always runs every micro-batch: it draws the trace.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from simumax.config.strategy import StrategyConfig
+from simumax.schedule.tasks import RankOrders
+from simumax.simulate.engine import PassCosts, PipelineOptions, PipelineRun, run_pipeline
+
+log = logging.getLogger(__name__)
+
+REL_TOL = 1e-9  # three runs "on one line": second difference within this share of the time
+
+
+def period(st: StrategyConfig) -> int | None:
+    """Micro-batches per steady-state period of the strategy's schedule (None: not periodic
+    in a form extrapolated here)."""
+    if st.schedule == "interleaved":
+        return st.microbatch_group_size_per_vp_stage or st.pp_size
+    if st.schedule in ("1f1b", "zb"):
+        return 1
+    return None
+
+
+def first_count(st: StrategyConfig, g: int) -> int:
+    """The smallest micro-batch count m0 tried: a 1F1B warm-up's worth (pp; interleaved:
+    one full group), with the real count's remainder modulo the period."""
+    m = st.micro_batch_num
+    rest = m % g
+    if st.schedule == "interleaved" and 0 < rest < st.pp_size:  # outside Megatron's rule for the last group
+        return m  # (no shorter form: the full run)
+    least = st.pp_size if st.schedule != "interleaved" else g
+    return rest + g * max(1, -(-(least - rest) // g))
+
+
+def _vector(run: PipelineRun) -> list[float]:
+    out = list(run.end) + list(run.busy)
+    for k in sorted(run.last_weight_pass):
+        out += run.last_weight_pass[k]
+    return out
+
+
+def _from_vector(x: list[float], ranks: int, vstages: list[int]) -> PipelineRun:
+    end, busy = x[:ranks], x[ranks:2 * ranks]
+    rest = x[2 * ranks:]
+    last_w = {k: (rest[2 * i], rest[2 * i + 1]) for i, k in enumerate(vstages)}
+    return PipelineRun([[] for _ in range(ranks)], end, last_w, busy)
+
+
+def steady_pipeline(
+    st: StrategyConfig,
+    orders_for: Callable[[int], RankOrders],
+    costs: PassCosts,
+    opts: PipelineOptions,
+    params_ready: dict[int, tuple[float, float]] | None = None,
+) -> PipelineRun:
+    """The pipeline's end and busy time per rank and each chunk's last weight-gradient
+    pass, as run_pipeline(record=False) gives for ``st.micro_batch_num`` micro-batches,
+    from three short runs when the schedule is periodic there (else the full run)."""
+    m = st.micro_batch_num
+    g = period(st)
+    m0 = first_count(st, g) if g else m
+    while g and m0 + 2 * g < m:
+        runs = [run_pipeline(orders_for(m0 + i * g), costs, opts, params_ready, record=False) for i in range(3)]
+        # (each run is cheap: about 2 pp + 2 periods of micro-batches)
+        xs = [_vector(r) for r in runs]
+        if len(xs[0]) == len(xs[1]) == len(xs[2]):
+            scale = max(max(abs(v) for v in xs[2]), 1e-30)
+            if all(abs(c - 2 * b + a) <= REL_TOL * scale for a, b, c in zip(*xs)):
+                n = (m - m0) / g
+                x = [a + n * (b - a) for a, b in zip(xs[0], xs[1])]
+                return _from_vector(x, len(runs[0].end), sorted(runs[0].last_weight_pass))
+        log.debug("no steady state at %d micro-batches (period %d); trying %d", m0, g, 2 * m0)
+        m0 = m0 + g * max(1, m0 // g)  # double
+    return run_pipeline(orders_for(m), costs, opts, params_ready, record=False)
+
+
+def steady_walk_counts(st: StrategyConfig) -> tuple[int, int] | None:
+    """Two micro-batch counts, one period apart, whose schedules contain the real one's
+    warm-up, a steady period and its cool-down: the activation walk's peak over the full
+    schedule is the peak over these when the two agree (memory/schedule_walk.py; the
+    steady part repeats the same levels). None: walk the real schedule."""
+    g = period(st)
+    if not g:
+        return None
+    m0 = first_count(st, g)
+    return (m0 + g, m0 + 2 * g) if m0 + 2 * g < st.micro_batch_num else None
