@@ -5,6 +5,9 @@
   <= 4 s (SimuMax: 42 s).
 * Llama3-70B on 1024 GPUs, gbs 1024, the full space: tp 1/2/4/8, every pp, vp 1/2/4,
   cp 1/2, mbs 1/2/4, five recompute variants, ZeRO 0/1: <= 60 s.
+* Llama 3.1 405B on 16,384 GB200 GPUs, gbs 2048 x 8192 tokens, tp 1-8, every pp, vp 1/2/4,
+  cp 1/2, mbs 1/2, recompute none/selective/full, ZeRO 0/1, Megatron's four overlap options
+  on: <= 15 s with --jobs 2.
 
     python benchmarks/bench_search.py [--jobs 2]
 """
@@ -29,6 +32,19 @@ WORKLOADS = {
         SearchSpace(world_size=1024, global_batch_size=1024, tp=(1, 2, 4, 8), vp=(1, 2, 4), cp=(1, 2), mbs=(1, 2, 4),
                     recompute=ALL_RECOMPUTE, zero=(0, 1)),
     ),
+    "llama3.1-405b 16384 GPUs": (
+        "llama3-405b_padding_128", "tp1_pp2_dp4_mbs1", 15.0,
+        SearchSpace(world_size=16384, global_batch_size=2048, tp=(1, 2, 4, 8), vp=(1, 2, 4), cp=(1, 2), mbs=(1, 2),
+                    recompute=("none", "selective", "full_block"), zero=(0, 1)),
+    ),
+}
+# per workload: the system and fixed strategy fields (the 405B job as production runs it:
+# sequence 8192, every Megatron overlap option on, GB200)
+SETUP = {
+    "llama3.1-405b 16384 GPUs": ("gb200-nvl72", {
+        "seq_len": 8192, "overlap_grad_reduce": True, "overlap_param_gather": True, "tp_comm_overlap": True,
+        "overlap_p2p_comm": True,
+    }),
 }
 
 
@@ -37,12 +53,13 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--only", default=None, help="substring of a workload name")
     args = ap.parse_args()
-    system = load_system("a100_pcie")
     print(f"{'workload':24s} {'candidates':>10s} {'fit':>6s} {'seconds':>8s} {'target':>7s}  best")
     for name, (model, strategy, target, space) in WORKLOADS.items():
         if args.only and args.only not in name:
             continue
-        m, st = load_model(model), load_strategy(strategy)
+        sys_name, fields = SETUP.get(name, ("a100_pcie", {}))
+        system = load_system(sys_name)
+        m, st = load_model(model), load_strategy(strategy).with_updates(fields)
         t0 = time.perf_counter()
         rows = run_search(m, system, st, space, gmi_error=4, jobs=args.jobs)
         dt = time.perf_counter() - t0
