@@ -47,13 +47,19 @@ def write_text_atomic(path: Path, text: str) -> None:
     _write_atomic(path, "w", lambda f: f.write(text))
 
 
+def write_stream_atomic(path: Path, fill: Callable[[IO[str]], None]) -> None:
+    """``fill`` writes the text piece by piece to the open file (long traces)."""
+    _write_atomic(path, "w", fill)
+
+
 def write_bytes_atomic(path: Path, fill: Callable[[IO[bytes]], None]) -> None:
     """``fill`` writes the content to the open binary file (pickle.dump, savefig...)."""
     _write_atomic(path, "wb", fill)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    write_text_atomic(path, dumps_finite(data, indent=2) + "\n")
+def write_json_atomic(path: Path, data: Any, compact: bool = False) -> None:
+    """Indented for people; ``compact`` for long machine-read files (the C encoder)."""
+    write_text_atomic(path, dumps_finite(data, indent=None if compact else 2) + "\n")
 
 
 def write_jsonl_atomic(path: Path, rows: list[dict[str, Any]]) -> None:

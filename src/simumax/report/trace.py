@@ -12,8 +12,11 @@ chunk / op).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import json
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Iterable, Iterator
 
+from simumax.atomic import write_stream_atomic
 from simumax.cost.stage_time import PhaseTime, StageTime
 from simumax.schedule import SPLIT_BACKWARD
 from simumax.schedule.tasks import BACKWARD, FORWARD, WEIGHT
@@ -46,41 +49,44 @@ def op_slices(t: StageTime, kind: str, split: bool) -> list[tuple[str, PhaseTime
     return [(f"{o.name} wgrad", ph["bwd_weight"]) for o, ph in reversed(t.op_times) if o.bwd_weight]
 
 
-def _us(seconds: float) -> float:
-    return round(seconds * 1e6, 3)
+def _q(text: str) -> str:
+    """A JSON string literal; the names here are plain ASCII, quoted as they are."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return f'"{text}"'
+    return json.dumps(text)
 
 
-def chrome_trace(
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.3f}"
+
+
+def trace_events(
     est: "Estimate", run: "IterationRun", acts: list["RankActivations"], model_states: list[float], ops: bool,
     merge_lanes: bool = False,
-) -> dict[str, Any]:
+) -> Iterator[str]:
+    """The trace's events as JSON text, one at a time (a long iteration has millions)."""
     split = est.strategy.schedule in SPLIT_BACKWARD
     slices = {
         (kind, k): op_slices(t, kind, split)
         for k, t in enumerate(est.chunk_times) for kind in (FORWARD, BACKWARD, WEIGHT)
     } if ops else {}
-    ev: list[dict[str, Any]] = []
+    lanes = {"compute": 0} if merge_lanes else THREADS
     for r, events in enumerate(run.events):
-        ev.append({"name": "process_name", "ph": "M", "pid": r, "tid": 0, "args": {"name": f"pp rank {r}"}})
-        ev.append({"name": "process_sort_index", "ph": "M", "pid": r, "tid": 0, "args": {"sort_index": r}})
-        lanes = {"compute": 0} if merge_lanes else THREADS
+        yield f'{{"name":"process_name","ph":"M","pid":{r},"tid":0,"args":{{"name":"pp rank {r}"}}}}'
+        yield f'{{"name":"process_sort_index","ph":"M","pid":{r},"tid":0,"args":{{"sort_index":{r}}}}}'
         for name, tid in lanes.items():
-            ev.append({"name": "thread_name", "ph": "M", "pid": r, "tid": tid, "args": {"name": "streams" if merge_lanes else name}})
+            lane = "streams" if merge_lanes else name
+            yield f'{{"name":"thread_name","ph":"M","pid":{r},"tid":{tid},"args":{{"name":"{lane}"}}}}'
         for e in events:
-            args: dict[str, Any] = {"seconds": e.end - e.start}
-            if e.vstage >= 0:
-                args["vstage"] = e.vstage
-            if e.mb >= 0:
-                args["micro_batch"] = e.mb
             base = PASS_NAMES.get(e.kind, e.name)
             label = f"{base} vstage {e.vstage} mb {e.mb}" if e.kind in PASS_NAMES else e.name
             stream = "compute" if e.stream == "compute" else "comm"
-            args.update(kind=e.kind, stream_type=stream, base_name=base, direction=DIRECTIONS.get(e.kind, e.kind),
-                        call_stack=f"rank {r}/vstage {e.vstage}/{base}")
-            ev.append({
-                "name": label, "cat": stream, "ph": "X", "pid": r, "tid": 0 if merge_lanes else THREADS[e.stream],
-                "ts": _us(e.start), "dur": _us(e.end - e.start), "args": args,
-            })
+            ids = (f',"vstage":{e.vstage}' if e.vstage >= 0 else "") + (f',"micro_batch":{e.mb}' if e.mb >= 0 else "")
+            tid = 0 if merge_lanes else THREADS[e.stream]
+            yield (f'{{"name":{_q(label)},"cat":"{stream}","ph":"X","pid":{r},"tid":{tid},"ts":{_us(e.start)},'
+                   f'"dur":{_us(e.end - e.start)},"args":{{"seconds":{e.end - e.start!r}{ids},"kind":{_q(e.kind)},'
+                   f'"stream_type":"{stream}","base_name":{_q(base)},"direction":{_q(DIRECTIONS.get(e.kind, e.kind))},'
+                   f'"call_stack":{_q(f"rank {r}/vstage {e.vstage}/{base}")}}}}}')
             parts = slices.get((e.kind, e.vstage)) if e.stream == "compute" else None
             if parts:
                 whole = sum(p.total for _, p in parts) or 1.0
@@ -90,15 +96,32 @@ def chrome_trace(
                     if p.total <= 0:
                         continue
                     d = p.total * scale
-                    comm = {f"{g}_comm_s": x for g, x in p.comm.items() if x}
+                    comm = "".join(f',"{g}_comm_s":{x!r}' for g, x in p.comm.items() if x)
                     op_name, _, phase = name.rpartition(" ")
-                    ev.append({
-                        "name": name, "cat": "compute", "ph": "X", "pid": r, "tid": 0, "ts": _us(t), "dur": _us(d),
-                        "args": {"flops": p.flops, "bytes": p.bytes, "seconds": d, "micro_batch": e.mb, **comm,
-                                 "kind": "op", "stream_type": "compute", "base_name": op_name, "direction": phase,
-                                 "call_stack": f"rank {r}/vstage {e.vstage}/{op_name}"},
-                    })
+                    yield (f'{{"name":{_q(name)},"cat":"compute","ph":"X","pid":{r},"tid":0,"ts":{_us(t)},"dur":{_us(d)},'
+                           f'"args":{{"flops":{p.flops!r},"bytes":{p.bytes!r},"seconds":{d!r},"micro_batch":{e.mb}{comm},'
+                           f'"kind":"op","stream_type":"compute","base_name":{_q(op_name)},"direction":{_q(phase)},'
+                           f'"call_stack":{_q(f"rank {r}/vstage {e.vstage}/{op_name}")}}}}}')
                     t += d
+        states = model_states[r]
         for t, b in acts[r].timeline:
-            ev.append({"name": "allocated bytes", "ph": "C", "pid": r, "ts": _us(t), "args": {"bytes": model_states[r] + b}})
-    return {"traceEvents": ev, "displayTimeUnit": "ms", "otherData": {"generator": "simumax"}}
+            yield f'{{"name":"allocated bytes","ph":"C","pid":{r},"ts":{_us(t)},"args":{{"bytes":{states + b!r}}}}}'
+
+
+def write_chrome_trace(path: Path, events: Iterable[str]) -> None:
+    """Stream the events into ``path`` (atomically), a few thousand at a time: memory stays
+    bounded whatever the iteration's length."""
+    def fill(f: IO[str]) -> None:
+        f.write('{"displayTimeUnit":"ms","otherData":{"generator":"simumax"},"traceEvents":[\n')
+        chunk: list[str] = []
+        first = True
+        for ev in events:
+            chunk.append(ev)
+            if len(chunk) >= 4096:
+                f.write(("" if first else ",\n") + ",\n".join(chunk))
+                first, chunk = False, []
+        if chunk:
+            f.write(("" if first else ",\n") + ",\n".join(chunk))
+        f.write("\n]}\n")
+
+    write_stream_atomic(path, fill)

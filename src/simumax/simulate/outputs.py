@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pickle
@@ -14,12 +13,12 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simumax.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
+from simumax.atomic import write_bytes_atomic, write_json_atomic
 from simumax.memory.model_states import model_states
 from simumax.report.gantt import plot_gantt
 from simumax.report.memory_trace import memory_snapshot, memory_timeline
 from simumax.report.results import SimRank, SimResult
-from simumax.report.trace import chrome_trace
+from simumax.report.trace import trace_events, write_chrome_trace
 
 if TYPE_CHECKING:
     from simumax.estimate import Estimate
@@ -57,13 +56,12 @@ def simulate_to(
             ops = n_ops <= MAX_OP_EVENTS
             if not ops:
                 log.info("trace: %d op events; writing pass-level events only", n_ops)
-        trace = chrome_trace(est, run, acts, base, ops, merge_lanes)
         path = out / "tracing_logs.json"
-        write_text_atomic(path, json.dumps(trace, separators=(",", ":")))
+        write_chrome_trace(path, trace_events(est, run, acts, base, ops, merge_lanes))
         files["trace"] = str(path)
         for r in range(len(run.end)):
             p = out / f"memory_timeline_rank{r}.json"
-            write_json_atomic(p, memory_timeline(r, state_parts[r], acts[r]))
+            write_json_atomic(p, memory_timeline(r, state_parts[r], acts[r]), compact=True)
             files[f"memory_timeline_rank{r}"] = str(p)
         top = max(range(len(ranks)), key=lambda r: ranks[r].peak_mem)
         snap = memory_snapshot(est, run, top, state_parts[top])
@@ -99,7 +97,7 @@ def _simumax_memory_files(out: Path, ranks: list[SimRank], parts: list[dict[str,
                   for r in ranks],
     })
     timeline = out / "simu_memory_snapshot.json"
-    write_json_atomic(timeline, memory_timeline(top, parts[top], acts[top]))
+    write_json_atomic(timeline, memory_timeline(top, parts[top], acts[top]), compact=True)
     viz = out / "simu_memory_viz_snapshot.pickle"
     viz.unlink(missing_ok=True)
     try:
