@@ -6,10 +6,12 @@ import logging
 import re
 
 from simumax.config.hardware import datasheet
+from simumax.config.layout import virtual_stage_layers
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
+from simumax.graph.placement import virtual_stage_places
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +21,24 @@ SIMUMAX_TIER = re.compile(r"high_intra_node|low_intra_node|intra_node|inter_node
 
 
 def stage_layer_counts(model: ModelConfig, st: StrategyConfig) -> list[int]:
-    """Transformer layers on each pipeline stage (Megatron's uneven first/last rule)."""
+    """Transformer layers on each pipeline rank (all its model chunks)."""
+    out = [0] * st.pp_size
+    for (r, _), n in zip(virtual_stage_places(st), vstage_layer_counts(model, st)):
+        out[r] += n
+    return out
+
+
+def vstage_layer_counts(model: ModelConfig, st: StrategyConfig) -> list[int]:
+    """Transformer layers of each virtual stage (model chunk) in forward order: from the
+    layout, the embedding / loss accounting, or the even / uneven-first-last split
+    (config/layout.py)."""
+    custom = st.pipeline_model_parallel_layout or st.account_for_embedding_in_pipeline_split or st.account_for_loss_in_pipeline_split
+    return virtual_stage_layers(model, st, [] if custom else _rank_split(model, st))
+
+
+def _rank_split(model: ModelConfig, st: StrategyConfig) -> list[int]:
+    """Transformer layers on each pipeline rank (Megatron's uneven first/last rule), each
+    dividing evenly over the rank's model chunks."""
     pp, n = st.pp_size, model.layer_num
     first, last = st.num_layers_in_first_pipeline_stage, st.num_layers_in_last_pipeline_stage
     if pp == 1:

@@ -71,10 +71,6 @@ def strategy_input(data: Any, fields: dict[str, Any]) -> Any:
     sparse = d.pop("attention_sparse_ratio", None)
     if sparse not in (None, 0, 0.0):
         raise ConfigError("attention_sparse_ratio", f"sparse attention is not modelled (got {sparse!r}); use 0")
-    for name in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
-        v = d.pop(name, None)
-        if v:
-            raise ConfigError(name, "counting the embedding / loss as a pipeline layer is not modelled yet; use false")
     for name in ("use_accm_weight", "use_fused_grad_accumulation"):
         v = d.pop(name, None)
         if v is False:

@@ -67,6 +67,16 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     num_layers_in_last_pipeline_stage: PositiveInt | None = Field(
         None, description="Layers on the last PP stage; the rest split evenly."
     )
+    account_for_embedding_in_pipeline_split: bool = Field(
+        False, description="Megatron --account-for-embedding-in-pipeline-split: the embedding counts as a layer in the split."
+    )
+    account_for_loss_in_pipeline_split: bool = Field(
+        False, description="Megatron --account-for-loss-in-pipeline-split: the loss counts as a layer in the split."
+    )
+    pipeline_model_parallel_layout: str | None = Field(
+        None, max_length=10_000, description="Megatron --pipeline-model-parallel-layout: E embedding, t layer, m MTP, L loss, "
+        "| between virtual stages, x*n and (...)*n repeat (e.g. 'Et*3|(tttt|)*14ttmL').",
+    )
     enable_sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (with tp > 1).")
     cp_comm_type: Literal["a2a", "all_gather", "p2p"] = Field("a2a", description="Context-parallel attention scheme.")
     moe_dispatcher_policy: Literal["all2all", "all_gather"] = Field("all2all", description="MoE token dispatcher.")

@@ -31,8 +31,11 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     ]
     if st.sp:
         f.append(switch_flag("s", "enable_sequence_parallel"))
-    uneven = st.num_layers_in_first_pipeline_stage or st.num_layers_in_last_pipeline_stage
-    if st.interleaving_size > 1:
+    uneven = (st.num_layers_in_first_pipeline_stage or st.num_layers_in_last_pipeline_stage or st.pipeline_model_parallel_layout
+              or st.account_for_embedding_in_pipeline_split or st.account_for_loss_in_pipeline_split)
+    if st.pipeline_model_parallel_layout:  # the layout states the virtual stages itself
+        f.append(f"--pipeline-model-parallel-layout '{st.pipeline_model_parallel_layout}'")
+    elif st.interleaving_size > 1:
         if uneven or model is None:
             f.append(_s("interleaving_size", st.interleaving_size))
         else:
@@ -41,6 +44,9 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f.append(_s("num_layers_in_first_pipeline_stage", st.num_layers_in_first_pipeline_stage))
     if st.num_layers_in_last_pipeline_stage:
         f.append(_s("num_layers_in_last_pipeline_stage", st.num_layers_in_last_pipeline_stage))
+    for field in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if getattr(st, field):
+            f.append(switch_flag("s", field))
     if st.cp_size > 1:
         f.append(_s("cp_comm_type", st.cp_comm_type))
     if model is not None and model.is_moe:

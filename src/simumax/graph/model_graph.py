@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from simumax.config.checks import stage_layer_counts
+from simumax.config.checks import vstage_layer_counts
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks, fp8
@@ -103,18 +103,17 @@ class OpSource:
 
 def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSource | None = None) -> list[Stage]:
     """One Stage per virtual stage (model chunk) in forward order: embedding on the first,
-    head + loss on the last. Rank r's layers split evenly over its chunks. As in
+    head + loss on the last; the layers of each from config/layout.py. As in
     Megatron, each chunk is its own TransformerBlock, so ``recompute_layer_num`` counts
     from the first layer of each chunk."""
     src = source or OpSource(model, st)
-    counts = stage_layer_counts(model, st)
-    v = st.chunks_per_rank
+    counts = vstage_layer_counts(model, st)
     places = virtual_stage_places(st)
     p2p = src.dims.act(src.dims.h, local=True)
     out: list[Stage] = []
     first_layer = 0
     for k, (r, chunk) in enumerate(places):
-        n = counts[r] // v
+        n = counts[k]
         stage = Stage(index=r, layers=list(range(first_layer, first_layer + n)), vstage=k, chunk=chunk)
         if k == 0:
             stage.ops.append(src.embedding())

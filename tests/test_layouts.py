@@ -1,0 +1,94 @@
+"""Pipeline layouts (issue 22 part 1): Megatron's layout string, the embedding / loss
+counted in the split, and their flags, against Megatron's semantics by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from simumax.config.checks import stage_layer_counts, vstage_layer_counts
+from simumax.config.layout import expand, parse_layout
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.errors import ConfigError
+from simumax.estimate import Estimate
+from simumax.export.megatron_flags import megatron_flags
+from simumax.importers.megatron_args import parse_megatron_args
+
+
+def test_layout_strings_expand_as_megatron_writes_them() -> None:
+    # DeepSeek-V3 on PP16 (Megatron-Core's MoE model zoo): 3 layers with the embedding,
+    # 14 stages of 4, then 2 layers, the MTP layer and the loss
+    stages = expand("Et*3|(tttt|)*14ttmL")
+    assert stages == ["Ettt"] + ["tttt"] * 14 + ["ttmL"]
+    assert parse_layout("Et*3|(tttt|)*14ttmL", 16, 61, mtp_layers=1) == [3] + [4] * 14 + [2]
+    assert expand("E|((tt|)*2)*2L") == ["E", "tt", "tt", "tt", "tt", "L"]  # nested groups; embedding- and loss-only stages
+    assert expand(" E t | t L ") == ["Et", "tL"]  # spaces are ignored
+
+
+@pytest.mark.parametrize("layout, rule", [
+    ("Ett|ttL|t", "3 stages"),  # wrong stage count
+    ("tEt|tL", "embedding"),
+    ("Ett|tLt", "loss"),
+    ("Ett|tL", "3 transformer layers"),
+    ("Ettx|tL", "unexpected"),
+])
+def test_layout_errors_name_the_rule(layout: str, rule: str) -> None:
+    with pytest.raises(ConfigError, match=rule):
+        parse_layout(layout, 2, 4)
+
+
+def _counts(model: str, layers: int, **st) -> tuple[list[int], list[int]]:
+    m = load_model(model).with_updates({"layer_num": layers})
+    s = load_strategy({"seq_len": 4096, "micro_batch_num": 16, **st})
+    return vstage_layer_counts(m, s), stage_layer_counts(m, s)
+
+
+def test_embedding_and_loss_in_the_split() -> None:
+    """Llama 3.1 405B's 126 layers on PP8 x VP8: 126 + 2 = 128 = 64 x 2, the first virtual
+    stage one layer (+ embedding), the last one layer (+ loss), every other 2 (Megatron's
+    --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)."""
+    per_v, per_rank = _counts("llama3-8b", 126, world_size=64, pp_size=8, interleaving_size=8,
+                              account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    assert per_v[0] == 1 and per_v[-1] == 1 and set(per_v[1:-1]) == {2} and sum(per_v) == 126
+    assert per_rank == [15, 16, 16, 16, 16, 16, 16, 15]  # rank 0 holds vstage 0, rank 7 the last
+    # only the embedding: 32 + 1 over 3 stages
+    per_v, _ = _counts("llama3-8b", 32, world_size=3, pp_size=3, account_for_embedding_in_pipeline_split=True)
+    assert per_v == [10, 11, 11]
+    with pytest.raises(ConfigError, match="must split evenly"):
+        _counts("llama3-8b", 32, world_size=4, pp_size=4, account_for_embedding_in_pipeline_split=True)
+    with pytest.raises(ConfigError, match="cannot be combined"):
+        _counts("llama3-8b", 32, world_size=4, pp_size=4, account_for_loss_in_pipeline_split=True, num_layers_in_first_pipeline_stage=7)
+
+
+def test_layout_drives_the_estimate() -> None:
+    """An embedding-only first stage holds no transformer layer: its forward is the
+    lookup's; the two 3-layer stages cost the same; the last holds 2 layers and the head."""
+    m = load_model("llama3-8b").with_updates({"layer_num": 8})
+    st = load_strategy({"seq_len": 4096, "micro_batch_num": 8, "world_size": 4, "pp_size": 4,
+                        "pipeline_model_parallel_layout": "E|ttt|ttt|ttL"})
+    est = Estimate(m, st, load_system("a100_pcie"))
+    assert [len(s.layers) for s in est.stages] == [0, 3, 3, 2]
+    times = est.rank_pass_times()
+    assert times[0][0] < times[1][0] / 10 and times[1] == pytest.approx(times[2])
+    assert est.memory().stages[0].params == est.stages[0].params
+    with pytest.raises(ConfigError, match="MTP layers"):
+        Estimate(m, st.with_updates({"pipeline_model_parallel_layout": "E|ttt|ttt|ttmL"}), load_system("a100_pcie")).stages
+    with pytest.raises(ConfigError, match="layout states every stage"):
+        load_strategy({**st.to_dict(), "num_layers_in_first_pipeline_stage": 1}) and Estimate(
+            m, st.with_updates({"num_layers_in_first_pipeline_stage": 1}), load_system("a100_pcie")).stages
+
+
+def test_layout_flags_round_trip() -> None:
+    args = ("--num-layers 8 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 11008 --vocab-size 32000 "
+            "--seq-length 4096 --micro-batch-size 1 --pipeline-model-parallel-size 4 "
+            "--pipeline-model-parallel-layout 'E|ttt|ttt|ttL'")
+    model, st, _ = parse_megatron_args(args)
+    assert st.pipeline_model_parallel_layout == "E|ttt|ttt|ttL"
+    flags = " ".join(megatron_flags(st, model))
+    assert "--pipeline-model-parallel-layout 'E|ttt|ttt|ttL'" in flags
+    model2, st2, _ = parse_megatron_args(flags + " --num-layers 8 --hidden-size 4096 --num-attention-heads 32 "
+                                         "--ffn-hidden-size 11008 --vocab-size 32000")
+    assert st2.pipeline_model_parallel_layout == st.pipeline_model_parallel_layout
+    _, acc, _ = parse_megatron_args(args.replace("--pipeline-model-parallel-layout 'E|ttt|ttt|ttL'", "")
+                                    + " --num-layers 10 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split")
+    assert acc.account_for_embedding_in_pipeline_split and acc.account_for_loss_in_pipeline_split
+    assert "--account-for-loss-in-pipeline-split" in " ".join(megatron_flags(acc))
