@@ -92,3 +92,20 @@ def test_layout_flags_round_trip() -> None:
                                     + " --num-layers 10 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split")
     assert acc.account_for_embedding_in_pipeline_split and acc.account_for_loss_in_pipeline_split
     assert "--account-for-loss-in-pipeline-split" in " ".join(megatron_flags(acc))
+
+
+def test_blackwell_ultra_and_pcie_hopper_presets() -> None:
+    """Issue 22 part 5: the added presets load, estimate, and carry their datasheet rows."""
+    from simumax.config.hardware import datasheet
+
+    m = load_model("llama3-8b").with_updates({"layer_num": 2})
+    st = load_strategy({"seq_len": 4096, "world_size": 8, "tp_size": 2, "enable_sequence_parallel": True})
+    times = {}
+    for name in ("b300-sxm-288gb", "gb300-nvl72", "h100-pcie-80gb", "h100-nvl-94gb", "h200-nvl-141gb"):
+        sy = load_system(name)
+        times[name] = Estimate(m, st, sy).cost().duration_time_per_iter
+    assert load_system("gb300-nvl72").num_per_node == 72 and load_system("b300-sxm-288gb").mem_bytes == 288 * 2**30
+    assert datasheet("NVIDIA GB300").bf16_tflops == 2500.0 and datasheet("NVIDIA H100 NVL").hbm_gbps == 3900.0
+    assert datasheet("NVIDIA H100 PCIe").bf16_tflops == 756.0  # the more specific name wins over "H100"
+    # PCIe between the cards: TP2 costs more than on the SXM board with the same compute tables
+    assert times["h100-pcie-80gb"] > times["h100-nvl-94gb"] > times["b300-sxm-288gb"]

@@ -47,10 +47,14 @@ FP8_RECIPES_BY_ARCH = {
 }
 
 DATASHEETS = (
+    Datasheet("H200 NVL", 835.5, 4800.0, 64.0, "hopper"),  # PCIe card; NVLink bridges join 2 or 4
     Datasheet("H200", 989.4, 4800.0, 450.0, "hopper"),
+    Datasheet("H100 NVL", 835.5, 3900.0, 64.0, "hopper"),  # PCIe card, 94 GB; NVLink bridge pairs
     Datasheet("H100 PCIe", 756.0, 2000.0, 64.0, "hopper"),
     Datasheet("H100", 989.4, 3350.0, 450.0, "hopper"),
     Datasheet("H800", 989.4, 3350.0, 200.0, "hopper"),
+    Datasheet("GB300", 2500.0, 8000.0, 900.0, "blackwell"),  # Blackwell Ultra: BF16 / FP8 as GB200, FP4 x1.5
+    Datasheet("B300", 2250.0, 8000.0, 900.0, "blackwell"),
     Datasheet("GB200", 2500.0, 8000.0, 900.0, "blackwell"),
     Datasheet("B200", 2250.0, 8000.0, 900.0, "blackwell"),
     Datasheet("A100-PCIE", 312.0, 1935.0, 32.0, "ampere"),
@@ -112,6 +116,8 @@ class Gpu:
 
 
 NVLINK_EFF = {"all_reduce": 0.80, "all_gather": 0.80, "reduce_scatter": 0.80, "all2all": 0.60, "p2p": 0.80}
+# PCIe Gen5 x16 through the host's switches: nccl-tests bus bandwidth ~ 70 % of 64 GB/s
+PCIE_EFF = {"all_reduce": 0.70, "all_gather": 0.70, "reduce_scatter": 0.70, "all2all": 0.60, "p2p": 0.75}
 XGMI_EFF = {"all_reduce": 0.70, "all_gather": 0.70, "reduce_scatter": 0.70, "all2all": 0.55, "p2p": 0.70}
 NIC_EFF = {"all_reduce": 0.85, "all_gather": 0.85, "reduce_scatter": 0.85, "all2all": 0.70, "p2p": 0.90}
 # Collective latency = fixed per call + per ring step / tree level (cost/network.py; the
@@ -141,6 +147,21 @@ GPUS = (
     Gpu("gb200-nvl72", _sheet("GB200"), 5000.0, 184.0, 148, 72, 100.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
         note="GB200 NVL72: 72 GPUs on one NVLink domain (placed as one node); ConnectX-8 800 Gb/s per GPU to other racks",
         attn_bwd_flops_ratio=2.5),
+    Gpu("b300-sxm-288gb", _sheet("B300"), 4500.0, 288.0, 148, 8, 100.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
+        note="B300 (HGX B300, Blackwell Ultra): 288 GB HBM3e (nominal), ConnectX-8 800 Gb/s per GPU",
+        attn_bwd_flops_ratio=2.5),
+    Gpu("gb300-nvl72", _sheet("GB300"), 5000.0, 288.0, 148, 72, 100.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
+        note="GB300 NVL72: 72 Blackwell Ultra GPUs on one NVLink domain (placed as one node), 288 GB HBM3e (nominal); "
+             "ConnectX-8 800 Gb/s per GPU to other racks", attn_bwd_flops_ratio=2.5),
+    Gpu("h100-pcie-80gb", _sheet("H100 PCIe"), 1513.0, 79.65, 114, 8, 50.0, 0.72, 0.70, 0.93, 0.60, 0.90, PCIE_EFF,
+        note="H100 PCIe: 114 SMs, 350 W, PCIe Gen5 x16 between the cards (no NVLink); 400 Gb/s per GPU",
+        fp8_gemm_eff=H100_FP8_GEMM_EFF),
+    Gpu("h100-nvl-94gb", _sheet("H100 NVL"), 1671.0, 93.0, 132, 8, 50.0, 0.72, 0.70, 0.93, 0.60, 0.90, PCIE_EFF,
+        note="H100 NVL: PCIe card, 94 GB HBM3, 3.9 TB/s; modelled with PCIe Gen5 between cards (its NVLink bridge "
+             "joins pairs only); 400 Gb/s per GPU", fp8_gemm_eff=H100_FP8_GEMM_EFF),
+    Gpu("h200-nvl-141gb", _sheet("H200 NVL"), 1671.0, 140.4, 132, 8, 50.0, 0.74, 0.70, 0.93, 0.62, 0.90, PCIE_EFF,
+        note="H200 NVL: PCIe card, 141 GB HBM3e, 4.8 TB/s; modelled with PCIe Gen5 between cards (its NVLink bridges "
+             "join 2 or 4); 400 Gb/s per GPU", fp8_gemm_eff=H100_FP8_GEMM_EFF),
     Gpu("mi300x", _sheet("MI300X"), 2614.9, 192.0, 304, 8, 50.0, 0.50, 0.40, 0.60, 0.45, 0.80, XGMI_EFF,
         note="MI300X OAM; 7 Infinity Fabric links x 64 GB/s per GPU; 400 Gb/s per GPU"),
 )
