@@ -57,7 +57,7 @@ def test_hf_import_matches_published_parameter_counts(cfg, total, active) -> Non
     assert abs(a - active) <= (0.5 if cfg is not QWEN3_30B_A3B else 1.0) * 10**-digits + 1e-9
 
 
-@pytest.mark.parametrize("cfg,preset", [(DEEPSEEK_V3, "deepseek-v3"), (MIXTRAL_8X7B, "mixtral-8x7b"), (QWEN3_30B_A3B, "qwen3-30b-a3b")])
+@pytest.mark.parametrize("cfg,preset", [(DEEPSEEK_V3, "deepseek-v3-mtp"), (MIXTRAL_8X7B, "mixtral-8x7b"), (QWEN3_30B_A3B, "qwen3-30b-a3b")])
 def test_hf_import_equals_the_shipped_preset(cfg, preset) -> None:
     """Same model, two routes: every estimate-relevant field agrees (names and pure
     defaults aside), so time and memory agree."""
@@ -72,8 +72,8 @@ def test_hf_import_equals_the_shipped_preset(cfg, preset) -> None:
 
 
 def test_hf_notes_and_errors() -> None:
-    _, notes = model_from_hf(DEEPSEEK_V3)
-    assert any("multi-token-prediction" in n for n in notes)
+    model, notes = model_from_hf(DEEPSEEK_V3)
+    assert model.mtp_num_layers == 1 and not any("multi-token-prediction" in n for n in notes)  # modelled now
     _, notes = model_from_hf({**LLAMA3_8B, "architectures": ["Qwen2ForCausalLM"]})
     assert any("bias" in n for n in notes)
     with pytest.raises(ConfigError, match="architectures"):

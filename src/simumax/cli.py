@@ -155,13 +155,14 @@ def perf(
         plot_time(cost, out / f"time.{plot_format}")
     if as_json:
         payload = {"cost": cost.to_dict(), "mem": mem.to_dict(),
-                   "params": {"total": params.total, "active": params.active, "expert": params.expert}}
+                   "params": params.to_dict()}
         if training:
             payload["training"] = training
         out_console.print_json(dumps_finite(payload))
         return
     out_console.print(fmt.run_title(m.model_name, sy.sys_name, st), style="bold", markup=False)
-    out_console.print(f"parameters: {params.total / 1e9:.2f} B total, {params.active / 1e9:.2f} B active per token", markup=False)
+    mtp = f" (+ {params.mtp / 1e9:.2f} B in the MTP block)" if params.mtp else ""
+    out_console.print(f"parameters: {params.total / 1e9:.2f} B total, {params.active / 1e9:.2f} B active per token{mtp}", markup=False)
     out_console.print(fmt.summary_table(cost, mem))
     if training:
         lo, hi = training["days_interval"]

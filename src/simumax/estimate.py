@@ -173,7 +173,8 @@ class Estimate:
         after the data-parallel reduce). 0 elsewhere, untied, or without PP."""
         out = [0.0] * len(self.stages)
         first, last = self.chunks[0].index, self.chunks[-1].index
-        if self.model.untie_embeddings_and_output_weights or first == last:
+        shared = not self.model.untie_embeddings_and_output_weights or self.model.mtp_num_layers > 0  # MTP's copy too
+        if not shared or first == last:
             return out
         d = self.layer_profiles.source.dims
         t = self.network.time(Collective("all_reduce", float(d.vocab * d.h * self.strategy.main_grad_bytes), "pp"))

@@ -79,9 +79,7 @@ def virtual_stage_layers(model: "ModelConfig", st: "StrategyConfig", per_rank: l
         if uneven or emb or loss:
             raise ConfigError(FIELD, "a layout states every stage: drop num_layers_in_first/last_pipeline_stage and "
                               "account_for_*_in_pipeline_split")
-        if "m" in "".join(expand(st.pipeline_model_parallel_layout)):
-            raise ConfigError(FIELD, "MTP layers (m) are not modelled yet")
-        return parse_layout(st.pipeline_model_parallel_layout, n_stages, model.layer_num)
+        return parse_layout(st.pipeline_model_parallel_layout, n_stages, model.layer_num, model.mtp_num_layers)
     if (emb or loss) and uneven:
         raise ConfigError("account_for_embedding_in_pipeline_split",
                           "cannot be combined with num_layers_in_first/last_pipeline_stage (Megatron)")

@@ -84,6 +84,10 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         False, description="Aux-loss-free balancing: a per-expert bias on the routing scores (DeepSeek-V3)."
     )
     moe_z_loss_coeff: float | None = Field(None, gt=0, description="Router z-loss coefficient; absent means none.")
+    mtp_num_layers: int = Field(
+        0, ge=0, le=16, description="Multi-token prediction depths (DeepSeek-V3: 1; Megatron --mtp-num-layers), on the "
+        "last pipeline stage: embedding copy, two norms, 2h->h projection, one transformer layer, shared head, own loss.",
+    )
     # MLA (SimuMax names)
     q_lora_rank: PositiveInt | None = Field(None, description="MLA query low-rank dim; null means full-rank Q.")
     kv_lora_rank: PositiveInt | None = Field(None, description="MLA compressed KV dim.")

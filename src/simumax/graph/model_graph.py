@@ -13,6 +13,7 @@ from simumax.graph.ops import Op, Stage
 from simumax.graph.placement import virtual_stage_places
 from simumax.graph.mla import mla_attention_ops
 from simumax.graph.moe_layer import moe_mlp_ops
+from simumax.graph.mtp import mtp_ops
 from simumax.graph.recompute import is_recomputed, tag_recompute
 
 
@@ -89,6 +90,10 @@ class OpSource:
             ops = self._tagged[layer] = tag_recompute(self.st, plain)
         return ops
 
+    def mtp(self, embedding_on_this_rank: bool) -> list[Op]:
+        """The multi-token-prediction block (graph/mtp.py), its layers unrecomputed."""
+        return mtp_ops(self.model, self.st, self.dims, lambda k: self.layer(k, False), embedding_on_this_rank)
+
     def embedding(self) -> Op:
         if self._embedding is None:
             self._embedding = blocks.embedding(self.dims, self.dims.vocab, self.model.position_rows(self.st.seq_len))
@@ -120,6 +125,8 @@ def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSourc
         for pos, layer in enumerate(stage.layers):
             stage.ops.extend(src.layer(layer, is_recomputed(st, pos)))
         if k == len(places) - 1:
+            if model.mtp_num_layers:
+                stage.ops.extend(src.mtp(embedding_on_this_rank=r == places[0][0]))
             stage.ops.extend(src.head(same_rank_as_embedding=r == places[0][0]))
         amax = _fp8_amax_reduction(st, src.dims, stage.ops, k)
         if amax is not None:

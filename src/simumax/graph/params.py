@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
+from simumax.graph.mtp import MODULE_EMBEDDING as MTP_EMBEDDING
 from simumax.graph.ops import Stage
 
 
@@ -20,20 +21,31 @@ class ParamCount:
     total: int
     expert: int  # routed-expert parameters of all layers
     active: int  # per token: everything except the (E - topk) / E unused routed experts
+    mtp: int = 0  # of total: the multi-token-prediction block's own (it shares embedding and head)
 
     def to_dict(self) -> dict[str, int]:
-        return {"total": self.total, "expert": self.expert, "active": self.active}
+        return {"total": self.total, "expert": self.expert, "active": self.active, "mtp": self.mtp}
 
 
 def count_params(model: ModelConfig, st: StrategyConfig, stages: list[Stage]) -> ParamCount:
-    dense = expert = 0
+    """The model's parameters, each counted once over stages and shards; the MTP block's
+    own (ops of layers past layer_num) apart, as published counts leave them out
+    (DeepSeek-V3: 671B without its MTP module)."""
+    dense = expert = mtp = 0
     for s in stages:
         for o in s.ops:
             non_expert = o.params - o.expert_params
             if o.name == "lm_head" and not model.untie_embeddings_and_output_weights:
                 continue  # tied: the last stage's copy of the embedding weight (counted there)
+            if o.module == MTP_EMBEDDING:
+                continue  # the MTP block's copy of the word embedding
             rep = o.tp_replicated_params
-            dense += (non_expert - rep) * st.tp_size + rep * st.tp_size // (o.tp_copies or st.tp_size)
-            expert += o.expert_params * st.ep_size * st.etp_size
+            n_dense = (non_expert - rep) * st.tp_size + rep * st.tp_size // (o.tp_copies or st.tp_size)
+            n_expert = o.expert_params * st.ep_size * st.etp_size
+            if o.layer >= model.layer_num:
+                mtp += n_dense + n_expert
+                continue
+            dense += n_dense
+            expert += n_expert
     active = dense + (expert * model.topk // model.expert_num if model.is_moe else 0)
-    return ParamCount(total=dense + expert, expert=expert, active=active)
+    return ParamCount(total=dense + expert, expert=expert, active=active, mtp=mtp)

@@ -104,7 +104,7 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         if cfg.get("n_shared_experts"):
             out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * cfg["moe_intermediate_size"]
         if cfg.get("num_nextn_predict_layers"):
-            notes.append(f"{cfg['num_nextn_predict_layers']} multi-token-prediction layer(s) not modelled")
+            out["mtp_num_layers"] = cfg["num_nextn_predict_layers"]
     if out.get("model_type") == "moe":  # HF checkpoints train dropless (SimuMax files default to padding)
         out.setdefault("moe_pad_expert_input_to_capacity", False)
     return ModelConfig.init_from_dict(out, source=source), notes

@@ -1,0 +1,84 @@
+"""Multi-token prediction (DeepSeek-V3; Megatron-Core ``--mtp-num-layers``,
+megatron/core/transformer/multi_token_prediction.py ``MultiTokenPredictionLayer``).
+
+Each MTP depth d predicts the token d + 2 ahead: it looks up the shifted tokens in the
+shared word embedding, normalises that (``enorm``) and the previous depth's hidden state
+(``hnorm``; depth 0 takes the decoder's output), concatenates the two and projects 2h -> h
+(``eh_proj``, column-parallel), runs one transformer layer of the model's kind (MoE for
+DeepSeek-V3), normalises, and computes logits with the shared output head and its own
+cross-entropy loss. The block sits on the last pipeline stage, before the main head, as
+Megatron places it; there the word embedding is a copy whose gradient is all-reduced with
+the first stage's (as tied embeddings are: Estimate.embedding_grad_sync). The layers reuse
+the transformer-layer builder, renamed ``mtp<d>.*`` so their tensors stay their own.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.graph import blocks
+from simumax.graph.dims import Dims
+from simumax.graph.ops import Op, Tensor
+
+MODULE_EMBEDDING = "mtp_embedding"  # the word-embedding copy (not counted again in the model's parameters)
+
+
+def _renamer(layer: int, prefix: str) -> Callable[[str], str]:
+    """Names of transformer layer ``layer``'s ops and tensors -> the MTP depth's."""
+    own, out = f"L{layer}.", f"L{layer + 1}.x"
+
+    def ren(name: str) -> str:
+        if name == out:
+            return prefix + "out"
+        return prefix + name[len(own):] if name.startswith(own) else name
+
+    return ren
+
+
+def _renamed(op: Op, ren: Callable[[str], str]) -> Op:
+    def t(x: Tensor | None) -> Tensor | None:
+        return None if x is None else (ren(x[0]), x[1])
+
+    return op.with_(
+        name=ren(op.name), saved=tuple(t(x) for x in op.saved), input=tuple(t(x) for x in op.input),  # type: ignore[misc]
+        output=t(op.output), also_outputs=tuple(t(x) for x in op.also_outputs),  # type: ignore[misc]
+        recompute_group=ren(op.recompute_group) if op.recompute_group else None,
+    )
+
+
+def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable[[int], list[Op]],
+            embedding_on_this_rank: bool) -> list[Op]:
+    """Every MTP depth's ops for one micro-batch, in forward order. ``layer_ops(k)``: the
+    transformer layer builder (global index k = layer_num + depth, so a MoE model gets a
+    MoE layer); ``embedding_on_this_rank``: the main embedding lives on this rank (no copy)."""
+    out: list[Op] = []
+    act = d.act(d.h, local=True)
+    hidden: Tensor = (f"L{model.layer_num}.x", act)  # the decoder's output
+    rms = model.norm_type == "rmsnorm"
+    for depth in range(model.mtp_num_layers):
+        p = f"mtp{depth}."
+        k = model.layer_num + depth
+        emb = blocks.embedding(d, d.vocab)
+        emb_out: Tensor = (p + "emb", act)
+        out.append(emb.with_(name=p + "embedding", module=MODULE_EMBEDDING, layer=k, output=emb_out,
+                             params=0 if embedding_on_this_rank else emb.params))
+        e_norm: Tensor = (p + "enorm.out", act)
+        h_norm: Tensor = (p + "hnorm.out", act)
+        out.append(blocks.norm(p + "enorm", "mtp_norm", k, d, emb_out, rms=rms).with_(output=e_norm))
+        out.append(blocks.norm(p + "hnorm", "mtp_norm", k, d, hidden, rms=rms).with_(output=h_norm))
+        cat: Tensor = (p + "cat", 2 * act)  # [enorm, hnorm] along the features
+        proj = blocks.column_linear(p + "eh_proj", "mtp_proj", k, d, cat, 2 * d.h, d.h // d.tp)
+        out.append(proj.with_(output=(p + "x", act), input=(cat,)))  # the layer's input, renamed
+        ren = _renamer(k, p)
+        out += [_renamed(o, ren) for o in layer_ops(k)]
+        hidden = (p + "out", act)
+        ln: Tensor = (p + "final_norm.out", act)
+        logits: Tensor = (p + "logits", d.act(d.vocab))
+        out.append(blocks.norm(p + "final_norm", "mtp_norm", k, d, hidden, rms=rms).with_(output=ln))
+        head = blocks.column_linear(p + "lm_head", "lm_head", -1, d, ln, d.h, d.vocab, te=False)
+        out.append(head.with_(output=logits, params=0))  # the shared output head (the main head's weight)
+        loss = blocks.cross_entropy(d, logits, fused=st.cross_entropy_loss_fusion)
+        out.append(loss.with_(name=p + "loss", saved=tuple((p + n if n.startswith("loss.") else n, b) for n, b in loss.saved)))
+    return out
