@@ -92,6 +92,10 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
             raise ConfigError("enable_sequence_parallel", "Megatron requires sequence parallelism for MoE with tp > 1")
     elif st.ep_size > 1:
         raise ConfigError("ep_size", "expert parallelism needs a MoE model")
+    if model.window_size is not None and st.cp_size > 1:
+        raise ConfigError("cp_size", "sliding-window attention (window_size) with context parallelism is not modelled")
+    if model.window_size is not None and (st.use_math_sdp or st.transformer_impl == "local"):
+        raise ConfigError("window_size", "sliding-window attention needs flash attention (TransformerEngine), as in Megatron")
     if st.pp_size > model.layer_num:
         raise ConfigError("pp_size", f"must be <= layer_num ({model.layer_num})")
     stage_layer_counts(model, st)

@@ -84,6 +84,17 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         False, description="Aux-loss-free balancing: a per-expert bias on the routing scores (DeepSeek-V3)."
     )
     moe_z_loss_coeff: float | None = Field(None, gt=0, description="Router z-loss coefficient; absent means none.")
+    window_size: PositiveInt | None = Field(
+        None, le=2**27, description="Sliding-window attention: keys each query attends at most, itself included "
+        "(GPT-OSS 128); flash attention skips the rest. Null: full causal attention.",
+    )
+    window_attn_skip_freq: PositiveInt | None = Field(
+        None, description="With window_size: every N-th layer (1-based) attends the whole sequence (Megatron's "
+        "window_attn_skip_freq; GPT-OSS alternates: 2). Null: every layer is windowed.",
+    )
+    attention_sinks: bool = Field(
+        False, description="GPT-OSS learned attention sinks: one logit per head added to the softmax (head_num parameters per layer)."
+    )
     mtp_num_layers: int = Field(
         0, ge=0, le=16, description="Multi-token prediction depths (DeepSeek-V3: 1; Megatron --mtp-num-layers), on the "
         "last pipeline stage: embedding copy, two norms, 2h->h projection, one transformer layer, shared head, own loss.",
@@ -135,6 +146,14 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         return self
 
     # ---- derived sizes -------------------------------------------------------------
+    def attention_window(self, layer: int) -> int | None:
+        """The sliding window of global layer ``layer`` (0-based), None where it attends everything."""
+        if self.window_size is None:
+            return None
+        if self.window_attn_skip_freq and (layer + 1) % self.window_attn_skip_freq == 0:
+            return None
+        return self.window_size
+
     @property
     def is_moe(self) -> bool:
         return self.model_type == "moe"

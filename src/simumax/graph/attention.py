@@ -70,7 +70,8 @@ def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[floa
 
 
 def flash_attention(
-    name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tensor, out: Tensor, *, qk_dim: int, v_dim: int, kv_heads: int | None = None
+    name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tensor, out: Tensor, *, qk_dim: int, v_dim: int, kv_heads: int | None = None,
+    window: int | None = None, sink_params: int = 0,
 ) -> Op:
     """Flash attention: saves q, k, v, the output and the fp32 log-sum-exp (per CP rank).
 
@@ -80,6 +81,8 @@ def flash_attention(
     the layer."""
     kvh = kv_heads or d.kv_heads
     shape = dict(batch=d.b, seq_len=d.s, head_num=d.heads, kv_head_num=kvh, qk_head_dim=qk_dim, v_head_dim=v_dim)
+    if window is not None and window < d.s:
+        shape["window"] = window
     own = (float(d.tokens * d.heads * qk_dim * d.act_bytes), float(d.tokens * kvh * qk_dim * d.act_bytes),
            float(d.tokens * kvh * v_dim * d.act_bytes))
     out_bytes = float(d.tokens * d.heads * v_dim * d.act_bytes)
@@ -103,6 +106,7 @@ def flash_attention(
         input=(q, k, v),
         fwd_transient=fwd_transient + gathered_kv,
         bwd_transient=bwd_transient + grads + gathered_kv,
+        params=sink_params,
     )
 
 

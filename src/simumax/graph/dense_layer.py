@@ -44,7 +44,9 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
             f"{P}.attn", layer, d, q, k, v, qk_dim=hd, v_dim=hd, dropout=st.enable_dropout, fused_softmax=st.masked_softmax_fusion
         )
     else:
-        core = attention.flash_attention(f"{P}.attn", layer, d, q, k, v, out, qk_dim=hd, v_dim=hd)
+        # GPT-OSS's attention sinks: one learned logit per head in the softmax denominator
+        core = attention.flash_attention(f"{P}.attn", layer, d, q, k, v, out, qk_dim=hd, v_dim=hd,
+                                         window=model.attention_window(layer), sink_params=d.heads if model.attention_sinks else 0)
     ops.append(core.with_(output=out))
     ops.append(blocks.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, out, q_w, d.h, bias=bias))
     ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))

@@ -127,12 +127,20 @@ class Attention:
     causal: bool = True
     qkv_contiguous: bool = True
     kv_seq_len: int | None = None  # keys per query when not seq_len (context-parallel blocks)
+    window: int | None = None  # sliding window: keys each query attends at most, itself included
 
     @property
     def fwd_table_flops(self) -> float:
-        """The forward's FLOPs over the whole (non-causal) score matrix."""
+        """The forward's FLOPs over the whole (non-causal) score matrix; a sliding window
+        scales it by the share of the causal triangle the band covers, so a window kernel
+        costs its work at the efficiency of the causal kernel of its shape (flash attention
+        skips the blocks outside the band)."""
         kv = self.kv_seq_len or self.seq_len
-        return 2.0 * self.batch * self.head_num * self.seq_len * kv * (self.qk_head_dim + self.v_head_dim)
+        full = 2.0 * self.batch * self.head_num * self.seq_len * kv * (self.qk_head_dim + self.v_head_dim)
+        if self.window is None:
+            return full
+        s = self.seq_len
+        return full * window_pairs(s, self.window) / (s * (s + 1) / 2)
 
     def table_flops(self, bwd_ratio: float = MODEL_SDP_BWD_RATIO) -> float:
         return self.fwd_table_flops if self.phase == "fwd" else bwd_ratio * self.fwd_table_flops
@@ -140,6 +148,8 @@ class Attention:
     @property
     def flops(self) -> float:
         s = self.seq_len
+        if self.window is not None:  # table FLOPs already cover the band's (query, key) pairs only
+            return self.table_flops() * (s + 1) / (2 * s)
         frac = (s + 1) / (2 * s) if self.causal else 1.0
         return self.table_flops() * frac
 
@@ -155,6 +165,13 @@ class Attention:
             f"kv_head_num={self.kv_head_num}, qk_head_dim={self.qk_head_dim}, "
             f"v_head_dim={self.v_head_dim}, qkv_contiguous={self.qkv_contiguous}"
         )
+
+
+def window_pairs(s: int, w: int) -> float:
+    """(query, key) pairs of causal attention over s tokens with a window of w keys."""
+    if s <= w:
+        return s * (s + 1) / 2
+    return w * (w + 1) / 2 + (s - w) * w
 
 
 @dataclass(frozen=True, slots=True)
