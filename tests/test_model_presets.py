@@ -1,0 +1,47 @@
+"""Model presets of public benchmark models (issue 22 part 6): parameter counts against the
+totals their authors published, to the published rounding."""
+
+from __future__ import annotations
+
+import pytest
+
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.estimate import Estimate
+
+SYSTEM = load_system("h100-sxm-80gb")
+
+
+def _params(name: str):
+    m = load_model(name)
+    ep = 8 if m.is_moe else 1
+    return m, Estimate(m, load_strategy({"seq_len": 4096, "world_size": 8, "ep_size": ep}), SYSTEM).params
+
+
+@pytest.mark.parametrize("preset, total, digits", [
+    ("llama3.1-8b", 8.03, 2),      # Meta: 8.03 B (Hugging Face model card)
+    ("llama3.1-70b", 70.55, 2),    # 70.55 B
+    ("llama3.1-405b", 405.85, 2),  # 405.85 B; 126 layers, 128256 vocabulary
+    ("qwen3-8b", 8.2, 1),          # Qwen3 report: 8.2 B total
+    ("qwen3-14b", 14.8, 1),        # 14.8 B total
+    ("nemotron-4-340b", 341.0, 1), # NVIDIA: 9.4 B embedding + 331.6 B non-embedding
+    ("kimi-k2", 1.03e3, -1),       # Moonshot: "1 T total" (1.03 T by its config)
+])
+def test_totals(preset: str, total: float, digits: int) -> None:
+    _, p = _params(preset)
+    assert round(p.total / 1e9, digits) == total
+
+
+@pytest.mark.parametrize("preset, non_embedding", [
+    ("qwen3-8b", 6.95), ("qwen3-14b", 13.2),      # Qwen3 report, non-embedding
+    ("nemotron-4-15b", 12.5), ("nemotron-4-340b", 331.6),  # Nemotron-4 reports, non-embedding
+])
+def test_non_embedding_counts(preset: str, non_embedding: float) -> None:
+    m, p = _params(preset)
+    digits = len(str(non_embedding).split(".")[1])
+    assert round((p.total - 2 * m.vocab_size * m.hidden_size) / 1e9, digits) == non_embedding
+
+
+def test_kimi_k2_active() -> None:
+    """Moonshot: 32 B activated (the input embedding, a lookup, left out)."""
+    m, p = _params("kimi-k2")
+    assert round((p.active - m.vocab_size * m.hidden_size) / 1e9) == 32
