@@ -228,10 +228,10 @@ class Estimate:
                 MemBound("optimizer.copy_params", shard * (4 + st.dtype_bytes)),
                 MemBound("optimizer.zero_grad", stage.params * g),
             ]
-            if st.fp8 and st.fp8_weight_caching:
+            if st.low_precision and st.fp8_weight_caching:
                 # the fp8 weight copies are cast once per iteration (in the first micro-batch's
                 # forward, after this step's new weights): counted with the step, per rank
-                r = fp8.recipe(st.fp8_recipe)
+                r = fp8.recipe(st.lp_recipe)
                 after.append(MemBound("fp8.cast_weights", fp8.weight_cast_bytes(r, fp8_weight_params(stage), st.dtype_bytes)))
             out.append((sum(map(cost, before)), sum(map(cost, after))))
         return out
@@ -280,7 +280,8 @@ class Estimate:
 
     def peak_flops(self) -> float:
         ops = self.system.accelerator.op
-        name = "fp8_matmul" if self.strategy.fp8 and "fp8_matmul" in ops else "matmul"
+        lp = f"{fp8.recipe(self.strategy.lp_recipe).family}_matmul" if self.strategy.low_precision else ""
+        name = lp if lp in ops else "matmul"
         return (ops.get(name) or ops["default"]).tflops * 1e12
 
     @property

@@ -101,6 +101,8 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
     stage_layer_counts(model, st)
     if st.fp8:
         check_fp8(st, system)
+    if st.fp4:
+        check_fp4(st, system)
     for name in ("tp_net", "cp_net", "ep_net", "etp_net", "dp_net", "pp_net", "edp_net"):
         tier = getattr(st, name)
         if tier is not None and tier not in system.networks.tiers and not SIMUMAX_TIER.fullmatch(tier):
@@ -131,3 +133,14 @@ def check_fp8(st: StrategyConfig, system: SystemConfig) -> None:
             "fp8_recipe", f"{st.fp8_recipe} needs {'Blackwell' if st.fp8_recipe == 'mxfp8' else 'Hopper or later'}; "
             f"{system.sys_name} is {sheet.match} ({sheet.arch}: {', '.join(sheet.fp8_recipes)})",
         )
+
+
+def check_fp4(st: StrategyConfig, system: SystemConfig) -> None:
+    """FP4 needs an FP4 peak in the system and a device whose tensor cores run the recipe
+    (NVFP4: Blackwell)."""
+    spec = system.accelerator.op.get("fp4_matmul")
+    if spec is None or spec.tflops <= 0:
+        raise ConfigError("fp4", f"system {system.sys_name!r} has no FP4 peak (accelerator.op.fp4_matmul); turn fp4 off")
+    sheet = datasheet(system.sys_name)
+    if sheet is not None and st.fp4_recipe not in sheet.fp8_recipes:
+        raise ConfigError("fp4_recipe", f"{st.fp4_recipe} needs Blackwell; {system.sys_name} is {sheet.match} ({sheet.arch})")

@@ -43,7 +43,7 @@ FP8_RECIPES_BY_ARCH = {
     "ada": ("delayed", "tensorwise"),
     "cdna3": ("delayed", "tensorwise"),
     "hopper": ("delayed", "tensorwise", "blockwise"),
-    "blackwell": ("delayed", "tensorwise", "blockwise", "mxfp8"),
+    "blackwell": ("delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"),
 }
 
 DATASHEETS = (
@@ -101,6 +101,7 @@ class Gpu:
     # asymptote; shapes follow the bf16 family, cost/efficiency.ComputeModel._fp8_from_bf16);
     # None: the bf16 fraction. Devices without fp8 units (fp8_tflops 0) get no fp8 families.
     fp8_gemm_eff: float | None = None
+    fp4_tflops: float = 0.0  # dense FP4 (NVFP4) peak; 0: no fp4 families
 
     @property
     def bf16_tflops(self) -> float:
@@ -143,16 +144,16 @@ GPUS = (
         fp8_gemm_eff=H100_FP8_GEMM_EFF),
     Gpu("b200-sxm-180gb", _sheet("B200"), 4500.0, 179.06, 148, 8, 50.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
         measured_base="b200_bf16_ceperm", note="B200 (HGX/DGX B200); reference measured tables, true memory; 400 Gb/s per GPU",
-        attn_bwd_flops_ratio=2.5),
+        attn_bwd_flops_ratio=2.5, fp4_tflops=9000.0),
     Gpu("gb200-nvl72", _sheet("GB200"), 5000.0, 184.0, 148, 72, 100.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
         note="GB200 NVL72: 72 GPUs on one NVLink domain (placed as one node); ConnectX-8 800 Gb/s per GPU to other racks",
-        attn_bwd_flops_ratio=2.5),
+        attn_bwd_flops_ratio=2.5, fp4_tflops=10000.0),
     Gpu("b300-sxm-288gb", _sheet("B300"), 4500.0, 288.0, 148, 8, 100.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
         note="B300 (HGX B300, Blackwell Ultra): 288 GB HBM3e (nominal), ConnectX-8 800 Gb/s per GPU",
-        attn_bwd_flops_ratio=2.5),
+        attn_bwd_flops_ratio=2.5, fp4_tflops=13500.0),
     Gpu("gb300-nvl72", _sheet("GB300"), 5000.0, 288.0, 148, 72, 100.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
         note="GB300 NVL72: 72 Blackwell Ultra GPUs on one NVLink domain (placed as one node), 288 GB HBM3e (nominal); "
-             "ConnectX-8 800 Gb/s per GPU to other racks", attn_bwd_flops_ratio=2.5),
+             "ConnectX-8 800 Gb/s per GPU to other racks", attn_bwd_flops_ratio=2.5, fp4_tflops=15000.0),
     Gpu("h100-pcie-80gb", _sheet("H100 PCIe"), 1513.0, 79.65, 114, 8, 50.0, 0.72, 0.70, 0.93, 0.60, 0.90, PCIE_EFF,
         note="H100 PCIe: 114 SMs, 350 W, PCIe Gen5 x16 between the cards (no NVLink); 400 Gb/s per GPU",
         fp8_gemm_eff=H100_FP8_GEMM_EFF),
@@ -195,6 +196,9 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
         "sdp_fwd": _family(gpu.bf16_tflops, gpu.attn_fwd_eff, tables.get("sdp_fwd")),
         "sdp_bwd": {**_family(gpu.bf16_tflops, gpu.attn_bwd_eff, tables.get("sdp_bwd")), "bwd_flops_ratio": gpu.attn_bwd_flops_ratio},
     }
+    if gpu.fp4_tflops > 0:  # shapes from bf16, asymptote the bf16 fraction (no public FP4 GEMM survey yet)
+        ops["fp4_matmul"] = _family(gpu.fp4_tflops, gpu.gemm_eff, tables.get("fp4_matmul"))
+        ops["fp4_group_matmul"] = _family(gpu.fp4_tflops, gpu.group_gemm_eff, tables.get("fp4_group_matmul"))
     if gpu.fp8_tflops > 0:
         # fp8 tables are rarely measured: the fp8 families take each shape's efficiency from
         # the bf16 one, with the fp8 asymptote (fp8_gemm_eff; the bf16 fraction when unknown)

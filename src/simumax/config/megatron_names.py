@@ -44,6 +44,7 @@ VALUED: dict[str, tuple[str, str, type]] = {
     "--cp-comm-type": ("s", "cp_comm_type", str),
     "--transformer-impl": ("s", "transformer_impl", str),
     "--fp8-recipe": ("s", "fp8_recipe", str),
+    "--fp4-recipe": ("s", "fp4_recipe", str),
     "--moe-router-score-function": ("m", "moe_router_score_function", str),
     "--moe-router-num-groups": ("m", "moe_router_num_groups", int),
     "--moe-router-group-topk": ("m", "moe_router_group_topk", int),

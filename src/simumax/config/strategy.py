@@ -44,6 +44,14 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         description="FP8: TE casts each weight once per iteration and reuses it across micro-batches (Megatron passes "
         "is_first_microbatch); false: the weights are cast in every micro-batch's forward.",
     )
+    fp4: bool = Field(
+        False, description="FP4 GEMMs in TransformerEngine linears (Megatron --fp4; Blackwell), with the fp4_recipe's "
+        "quantize kernels and scales; instead of fp8, not with it.",
+    )
+    fp4_recipe: Literal["nvfp4"] = Field(
+        "nvfp4", description="TE FP4 recipe (Megatron --fp4-recipe): nvfp4, E2M1 with an E4M3 scale per 16 elements "
+        "(16 x 16 blocks for weights).",
+    )
     cache_groupgemm_col_fp8_inputs: bool = Field(
         False, description="FP8: grouped (expert) linears keep their fp8 column-wise input instead of the bf16 one."
     )
@@ -186,6 +194,8 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
             raise ConfigError(
                 "world_size", f"must be divisible by tp*cp*pp = {denom} (got {self.world_size})"
             )
+        if self.fp8 and self.fp4:
+            raise ConfigError("fp4", "cannot be combined with fp8 (Megatron runs one low-precision recipe)")
         if self.use_math_sdp and self.use_flash_sdp:
             raise ConfigError("use_math_sdp", "cannot be true together with use_flash_sdp")
         if self.interleaving_size > 1 and self.pp_size == 1:
@@ -268,6 +278,16 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     def sp(self) -> bool:
         """Sequence parallelism in effect (it is a no-op at tp == 1)."""
         return self.enable_sequence_parallel and self.tp_size > 1
+
+    @property
+    def low_precision(self) -> bool:
+        """TE linears run low-precision GEMMs (fp8 or fp4)."""
+        return self.fp8 or self.fp4
+
+    @property
+    def lp_recipe(self) -> str:
+        """The low-precision recipe in effect (graph/fp8.RECIPES)."""
+        return self.fp4_recipe if self.fp4 else self.fp8_recipe
 
     @property
     def recompute_mode(self) -> str:

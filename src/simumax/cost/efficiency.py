@@ -36,7 +36,7 @@ class ComputeModel:
     def _family(self, name: str) -> str:
         """The configured family a kernel uses: its own, else (fp8) its bf16 twin, else default."""
         ops = self.acc.op
-        for candidate in (name, name.removeprefix("fp8_")):
+        for candidate in (name, name.removeprefix("fp8_").removeprefix("fp4_")):
             if candidate in ops:
                 return candidate
         return "default"
@@ -58,7 +58,7 @@ class ComputeModel:
         eff = spec.accurate_efficient_factor.get(key)
         if eff is not None:
             return eff, "measured"
-        if name.startswith("fp8_") and not spec.accurate_efficient_factor:
+        if name.startswith(("fp8_", "fp4_")) and not spec.accurate_efficient_factor:
             base = self._family(name[4:])
             eff, src = self._efficiency(base, key)
             if spec.efficient_factor > 0 and base != "default":

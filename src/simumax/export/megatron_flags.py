@@ -68,6 +68,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f.append(switch_flag("s", "dtype", st.dtype))
     if st.fp8:
         f += ["--fp8-format hybrid", _s("fp8_recipe", st.fp8_recipe)]
+    if st.fp4:
+        f += ["--fp4-format e2m1", _s("fp4_recipe", st.fp4_recipe)]
     if st.use_flash_sdp:
         f.append(switch_flag("s", "use_flash_sdp"))
     if st.cross_entropy_loss_fusion:

@@ -76,7 +76,7 @@ def _linear(
         # output gradient, each in both layouts, as the recipe does (graph/fp8.py); the
         # bf16 input is not kept by this op
         r = fp8.recipe(d.fp8_recipe)
-        fam = "fp8_matmul"
+        fam = f"{r.family}_matmul"
         x_elems = x[1] / d.act_bytes
         saved = (f"{x[0]}.fp8", fp8.saved_input_bytes(r, x_elems))
         fwd_cast, bwd_cast = fp8.linear_casts(r, name, x_elems, t * n, k * n, d.act_bytes, d.fp8_weight_caching)

@@ -52,9 +52,9 @@ class Dims:
             ffn=model.intermediate_size // tp,
             vocab=model.padded_vocab(tp) // tp,
             act_bytes=st.dtype_bytes,
-            fp8=st.fp8,
+            fp8=st.low_precision,
             local=st.transformer_impl == "local",
-            fp8_recipe=st.fp8_recipe,
+            fp8_recipe=st.lp_recipe,
             fp8_weight_caching=st.fp8_weight_caching,
         )
 

@@ -17,8 +17,15 @@ Recipes (Megatron ``--fp8-recipe``, TE ``transformer_engine.common.recipe``):
 * ``mxfp8`` (MXFP8BlockScaling, Blackwell): one E8M0 byte scale per 32 elements, computed
   in the cast itself.
 
-Every cast reads the bf16 tensor and writes FP8 in both layouts (row-wise for the forward
-or data-gradient GEMM, column-wise for the weight-gradient GEMM), plus its scales.
+* ``nvfp4`` (NVFP4BlockScaling, Blackwell; Megatron ``--fp4-recipe nvfp4``): E2M1 values
+  (half a byte) with an E4M3 scale per 16 elements of activations and gradients and per
+  16 x 16 block of weights (plus one fp32 scale per tensor); GEMMs in the ``fp4_*``
+  families. The random Hadamard transform TE applies to weight-gradient operands is fused
+  into their cast.
+
+Every cast reads the bf16 tensor and writes the low-precision copy in both layouts
+(row-wise for the forward or data-gradient GEMM, column-wise for the weight-gradient GEMM),
+plus its scales.
 """
 
 from __future__ import annotations
@@ -28,8 +35,7 @@ from typing import Literal
 
 from simumax.graph.kernels import MemBound
 
-Fp8RecipeName = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
-FP8_BYTES = 1
+Fp8RecipeName = Literal["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +45,8 @@ class Fp8Recipe:
     act_scale_bytes: float  # scale bytes per element of an activation / gradient, one layout
     weight_scale_bytes: float  # scale bytes per weight element, one layout
     history_amax: bool  # delayed scaling: amax all-reduce + scale update per fp8_autocast region
+    elem_bytes: float = 1.0  # bytes of one quantized element
+    family: str = "fp8"  # GEMM families fp8_matmul / fp4_matmul (and *_group_matmul)
 
 
 RECIPES: dict[str, Fp8Recipe] = {
@@ -46,6 +54,7 @@ RECIPES: dict[str, Fp8Recipe] = {
     "tensorwise": Fp8Recipe("tensorwise", True, 0.0, 0.0, False),
     "blockwise": Fp8Recipe("blockwise", False, 4.0 / 128, 4.0 / (128 * 128), False),
     "mxfp8": Fp8Recipe("mxfp8", False, 1.0 / 32, 1.0 / 32, False),
+    "nvfp4": Fp8Recipe("nvfp4", False, 1.0 / 16, 1.0 / 256, False, elem_bytes=0.5, family="fp4"),
 }
 
 
@@ -57,24 +66,24 @@ def quantize_bytes(r: Fp8Recipe, elems: float, in_bytes: int) -> float:
     """HBM traffic of casting ``elems`` bf16 elements to FP8 in both layouts: read them
     (twice with current scaling's amax pass), write 2 x 1 B and the scales of both layouts."""
     reads = in_bytes * (2 if r.amax_pass else 1)
-    return elems * (reads + 2 * (FP8_BYTES + r.act_scale_bytes))
+    return elems * (reads + 2 * (r.elem_bytes + r.act_scale_bytes))
 
 
 def weight_cast_bytes(r: Fp8Recipe, params: float, in_bytes: int) -> float:
     """Casting the bf16 weights to their FP8 copies (both layouts)."""
     reads = in_bytes * (2 if r.amax_pass else 1)
-    return params * (reads + 2 * (FP8_BYTES + r.weight_scale_bytes))
+    return params * (reads + 2 * (r.elem_bytes + r.weight_scale_bytes))
 
 
 def saved_input_bytes(r: Fp8Recipe, elems: float) -> float:
     """What a linear keeps of its input for the weight gradient: the column-wise FP8 copy
     and its scales."""
-    return elems * (FP8_BYTES + r.act_scale_bytes)
+    return elems * (r.elem_bytes + r.act_scale_bytes)
 
 
 def weight_copy_bytes_per_param(r: Fp8Recipe) -> float:
     """TE's FP8 weight copies kept between micro-batches: both layouts and their scales."""
-    return 2 * (FP8_BYTES + r.weight_scale_bytes)
+    return 2 * (r.elem_bytes + r.weight_scale_bytes)
 
 
 AMAX_BYTES_PER_TENSOR = 4.0  # one fp32 amax per FP8 tensor (input, weight, output gradient)

@@ -51,7 +51,7 @@ def _fp8_amax_reduction(st: StrategyConfig, d: Dims, ops: list[Op], vstage: int)
     its fp8 tensors (input, weight, output gradient of each fp8 linear: one fp32 each) over
     the amax-reduction group, data x tensor x context parallel; costed on the DP group (the
     widest part of it), or TP without data parallelism."""
-    if not st.fp8 or not fp8.recipe(st.fp8_recipe).history_amax:
+    if not st.low_precision or not fp8.recipe(st.lp_recipe).history_amax:
         return None
     linears = sum(1 for o in ops if o.weight_shapes)
     if not linears:

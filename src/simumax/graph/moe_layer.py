@@ -162,15 +162,15 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
     ng, M = md.local_experts, md.rows_per_expert
     grad = "fp32" if st.main_grad_bytes == 4 else "bf16"
     mode = st.group_linear_mode
-    fp8 = st.fp8
-    recipe = fp8_recipe.recipe(st.fp8_recipe)
+    fp8 = st.low_precision
+    recipe = fp8_recipe.recipe(st.lp_recipe)
     if mode == "grouped":
-        fam, dt = ("fp8_group_matmul", "fp8") if fp8 else ("group_matmul", "bf16")
+        fam, dt = (f"{recipe.family}_group_matmul", recipe.family) if fp8 else ("group_matmul", "bf16")
         fwd: tuple[Kernel, ...] = (GroupGemm(ng, M, n, k, "fwd", grad, dt, fam),)
         dgrad: tuple[Kernel, ...] = (GroupGemm(ng, M, n, k, "bwd_grad_act", grad, dt, fam),)
         wgrad: tuple[Kernel, ...] = (GroupGemm(ng, M, n, k, "bwd_grad_w", grad, dt, fam),)
     else:
-        fam = "fp8_matmul" if fp8 else "matmul"
+        fam = f"{recipe.family}_matmul" if fp8 else "matmul"
         reps, rows = (ng, M) if mode == "serial" else (1, M * ng)
         fwd = (Gemm(rows, k, n, "TN", family=fam),) * reps
         dgrad = (Gemm(rows, n, k, "NN", family=fam),) * reps

@@ -73,6 +73,8 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             step = j - i
         elif flag == "--fp8-format":
             s["fp8"] = True
+        elif flag in ("--fp4-format", "--fp4"):
+            s["fp4"] = True
         elif flag == "--moe-layer-freq" and value is not None:
             pattern = value.strip("[]").replace(" ", "").split(",") if value.startswith("[") else None
             lead = len(pattern) - len("".join(pattern).lstrip("0")) if pattern else 0

@@ -59,8 +59,8 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
         grouped_too = st.te_at_least("2.10")
         shapes = {s for o in stage.ops if grouped_too or not o.expert_params for s in o.weight_shapes}
         te = float(sum(n * k for n, k in shapes) * st.dtype_bytes)
-    if st.fp8:  # TE keeps each fp8 weight in both layouts (1 B each, and the recipe's scales) between micro-batches
-        te += fp8.weight_copy_bytes_per_param(fp8.recipe(st.fp8_recipe)) * fp8_weight_params(stage)
+    if st.low_precision:  # TE keeps each fp8 / fp4 weight in both layouts (and the recipe's scales) between micro-batches
+        te += fp8.weight_copy_bytes_per_param(fp8.recipe(st.lp_recipe)) * fp8_weight_params(stage)
     return ModelStates(
         weights=float(total * st.dtype_bytes),
         grads=float(total * st.main_grad_bytes),
