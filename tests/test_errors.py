@@ -27,7 +27,7 @@ def strategy(**kw):
         ({"megatron_recompute": True, "megatron_recompute_modules": ["nope"]}, "megatron_recompute_modules"),
         ({"tp_size": 8, "pp_size": 1, "seq_len": 4100}, "seq_len"),
         ({"use_math_sdp": True, "use_flash_sdp": True}, "use_math_sdp"),
-        ({"zero_state": 3}, "zero_state"),
+        ({"zero_state": 4}, "zero_state"),
     ],
 )
 def test_strategy_errors_name_the_field(kw, field) -> None:

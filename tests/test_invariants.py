@@ -61,7 +61,7 @@ def pairs(draw):
     st = dict(
         seq_len=seq, micro_batch_size=draw(hs.integers(1, 2)), micro_batch_num=pp * draw(hs.integers(1, 4)),
         world_size=tp * cp * pp * dp, tp_size=tp, cp_size=cp, pp_size=pp, interleaving_size=vp, ep_size=ep, etp_size=etp,
-        enable_sequence_parallel=tp > 1 and draw(hs.booleans()), zero_state=draw(hs.sampled_from([0, 1])),
+        enable_sequence_parallel=tp > 1 and draw(hs.booleans()), zero_state=draw(hs.sampled_from([0, 1, 2, 3])),
         cross_entropy_loss_fusion=draw(hs.booleans()), te_version=draw(hs.sampled_from([None, "2.1", "2.11.0"])),
     )
     rc = draw(hs.sampled_from(["none", "selective", "full_block"]))

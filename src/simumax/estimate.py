@@ -147,6 +147,10 @@ class Estimate:
         n_full, rest = divmod(params, bucket)
 
         def times(elems: int) -> tuple[float, float]:
+            if st.zero_state >= 2:  # gradients reduce-scattered in every backward (graph/sharding.py)
+                # ZeRO-2 gathers the updated parameters once per iteration; ZeRO-3 per layer, per pass
+                gather = self.network.time(Collective("all_gather", elems * st.dtype_bytes, group)) if st.zero_state == 2 else 0.0
+                return 0.0, gather
             if st.zero_state >= 1:
                 return (self.network.time(Collective("reduce_scatter", elems * st.main_grad_bytes, group)),
                         self.network.time(Collective("all_gather", elems * st.dtype_bytes, group)))

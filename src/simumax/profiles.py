@@ -29,6 +29,7 @@ from simumax.cost.stage_time import Coster, PhaseTime, StageTime
 from simumax.graph.model_graph import OpSource
 from simumax.graph.ops import PHASES, Op, Stage
 from simumax.graph.recompute import is_recomputed
+from simumax.graph.sharding import MODULE as SHARDING
 from simumax.memory.activation_walk import WalkResult, walk
 from simumax.schedule import order_key, rank_orders
 from simumax.schedule.tasks import RankOrders
@@ -40,7 +41,8 @@ LAYOUT_FIELDS = frozenset(
         "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "micro_batch_num",
         "zero_state", "recompute_layer_num", "pp_schedule", "dp_net", "pp_net", "overlap_grad_reduce",
         "overlap_param_gather", "overlap_p2p_comm", "pp_comm_async", "ddp_bucket_size",
-        "defer_embedding_wgrad_compute", "mem_factor",
+        "defer_embedding_wgrad_compute", "mem_factor", "account_for_embedding_in_pipeline_split",
+        "account_for_loss_in_pipeline_split", "pipeline_model_parallel_layout",
     }
 )
 LAYER_GROUPS = ("tp", "cp", "ep", "etp")  # the only groups layer ops communicate on
@@ -56,7 +58,11 @@ CHECKPOINT_FIELDS = frozenset(
 
 def family_key(st: StrategyConfig, network: NetworkModel) -> tuple[Any, ...]:
     fields = tuple(sorted((k, repr(v)) for k, v in st.to_dict().items() if k not in LAYOUT_FIELDS))
-    return fields + tuple((g, network.groups[g]) for g in LAYER_GROUPS)
+    groups = LAYER_GROUPS
+    if st.zero_state >= 2:  # ZeRO-2/3 layers carry data-parallel collectives (graph/sharding.py)
+        fields += (("sharding", repr(st.zero_state)),)
+        groups = (*LAYER_GROUPS, "dp", "edp")
+    return fields + tuple((g, network.groups[g]) for g in groups)
 
 
 def _plain_ops_key(family: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -89,7 +95,31 @@ class LayerProfiles:
             out.op_times.append((o, ph))
             for name in PHASES:
                 getattr(out, name).add(ph[name])
+        self._hide_prefetched(out)
         return out
+
+    def _hide_prefetched(self, out: StageTime) -> None:
+        """ZeRO-2/3 collectives (graph/sharding.py) run on the data-parallel stream,
+        prefetched: in each phase they hide under the compute of the ops they came with,
+        which the collective slows by its tier's processor_usage; the rest is exposed."""
+        shard = [ph for o, ph in out.op_times if o.module == SHARDING]
+        if not shard:
+            return
+        usage = self.coster.network.tier("dp").processor_usage
+        for name in PHASES:
+            tot = getattr(out, name)
+            by_group: dict[str, float] = {}
+            for ph in shard:
+                for g, x in ph[name].comm.items():
+                    by_group[g] = by_group.get(g, 0.0) + x
+            comm = sum(by_group.values())
+            hidden = min(comm, tot.compute + tot.membound)
+            if hidden <= 0:
+                continue
+            for g, x in by_group.items():
+                tot.comm[g] -= hidden * x / comm
+            tot.total -= hidden * (1.0 - usage)
+            tot.compute += hidden * usage
 
     def layer_time(self, layer: int, recomputed: bool) -> StageTime:
         """One layer, one micro-batch; layers of one kind (dense / MoE) cost the same."""
@@ -103,7 +133,7 @@ class LayerProfiles:
         """(layer kinds, ops before the layers, ops after them) of a chunk."""
         kinds = tuple((self.model.is_moe_layer(layer), is_recomputed(st, pos)) for pos, layer in enumerate(chunk.layers))
         n_layer_ops = sum(len(self.source.layer(layer, rc)) for layer, (_, rc) in zip(chunk.layers, kinds, strict=True))
-        pre = chunk.ops[:1] if chunk.vstage == 0 else []
+        pre = chunk.ops[: len(self.source.pre_ops())] if chunk.vstage == 0 else []
         post = chunk.ops[len(pre) + n_layer_ops :]
         return kinds, pre, post
 

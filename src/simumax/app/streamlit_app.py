@@ -44,7 +44,7 @@ def _edit_strategy(base: StrategyConfig) -> StrategyConfig:
     mbc = c2.number_input("micro-batches", 1, 4096, base.micro_batch_num, key="mbc")
     seq = st.sidebar.number_input("sequence length", 128, 1 << 20, base.seq_len, step=1024, key="seq")
     rec = st.sidebar.selectbox("recompute", RECOMPUTE, index=RECOMPUTE.index(_recompute_of(base)), key="recompute")
-    zero = st.sidebar.selectbox("ZeRO", (0, 1), index=base.zero_state, key="zero")
+    zero = st.sidebar.selectbox("ZeRO", (0, 1, 2, 3), index=base.zero_state, key="zero")
     upd = {"tp_size": int(tp), "pp_size": int(pp), "ep_size": int(ep), "world_size": int(tp * pp * base.cp_size * dp),
            "micro_batch_size": int(mbs), "micro_batch_num": int(mbc), "seq_len": int(seq), "zero_state": int(zero),
            "interleaving_size": base.interleaving_size if pp > 1 else 1}

@@ -62,9 +62,6 @@ def strategy_input(data: Any, fields: dict[str, Any]) -> Any:
     if d.get("moe_dispatcher_policy") == "all2all-seq":
         # Megatron's alltoall_seq dispatcher: the same all-to-all volume, split along the sequence
         d["moe_dispatcher_policy"] = "all2all"
-    zero = d.get("zero_state")
-    if isinstance(zero, int) and not isinstance(zero, bool) and zero in (2, 3):
-        raise ConfigError("zero_state", f"ZeRO-{zero} (sharded gradients / parameters) is not modelled yet; use 0 or 1")
     order = d.pop("order_of_paralielism", None)
     if order is not None and str(order).lower() not in DEFAULT_RANK_ORDERS:
         _warn("order_of_paralielism", order, "ranks are laid out in Megatron's order tp-cp-ep-dp-pp")

@@ -100,7 +100,11 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         "local expert), merged (one GEMM over all expert rows; an efficiency upper bound).",
     )
     # optimizer / precision
-    zero_state: int = Field(1, ge=0, le=1, description="0: plain DDP all-reduce; 1: distributed optimizer (ZeRO-1).")
+    zero_state: int = Field(
+        1, ge=0, le=3, description="0: plain DDP all-reduce; 1: distributed optimizer (ZeRO-1); 2: gradients sharded too, "
+        "reduce-scattered every micro-batch; 3: parameters too, all-gathered per layer (Megatron-FSDP optim_grads / "
+        "optim_grads_params).",
+    )
     use_fp32_accum_grad: bool = Field(True, description="fp32 main gradients (--accumulate-allreduce-grads-in-fp32).")
     grad_reduce_in_bf16: bool = Field(False, description="Reduce gradients in bf16 (main grads 2 B instead of 4 B).")
     ddp_bucket_size: PositiveInt | None = Field(

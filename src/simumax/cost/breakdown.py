@@ -47,13 +47,16 @@ def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[fl
     idle = max(0.0, end_bwd - busy)
     busy_max = m * max(f + b for f, b in per_stage)
     imbalance = min(idle, max(0.0, busy_max - m * sum(per_stage[crit])))
+    # exposed inside passes on the data-parallel groups (ZeRO-2/3's per-layer collectives)
+    # and after the last pass (gradient reduce, parameter gathers) are one part
+    in_pass_dp = comm.pop("dp", 0.0) + comm.pop("edp", 0.0)
     return {
         **parts,
         **{f"{g}_comm": x for g, x in sorted(comm.items())},
         "pp_p2p": p2p,
         "bubble": idle - imbalance,
         "stage_imbalance": imbalance,
-        "dp_comm": max(0.0, end - end_bwd - optimizer - wait) + gate_wait,
+        "dp_comm": max(0.0, end - end_bwd - optimizer - wait) + gate_wait + in_pass_dp,
         "optimizer": optimizer,
         "optimizer_sync": wait,
     }

@@ -15,6 +15,7 @@ from simumax.graph.mla import mla_attention_ops
 from simumax.graph.moe_layer import moe_mlp_ops
 from simumax.graph.mtp import mtp_ops
 from simumax.graph.recompute import is_recomputed, tag_recompute
+from simumax.graph.sharding import MODULE as SHARDING, with_sharding
 
 
 def _head_ops(model: ModelConfig, st: StrategyConfig, d: Dims, same_rank_as_embedding: bool) -> list[Op]:
@@ -82,27 +83,38 @@ class OpSource:
     def layer(self, layer: int, recomputed: bool) -> list[Op]:
         plain = self._plain.get(layer)
         if plain is None:
-            plain = self._plain[layer] = layer_ops(self.model, self.st, self.dims, layer)
+            own = layer_ops(self.model, self.st, self.dims, layer)
+            plain = self._plain[layer] = with_sharding(f"L{layer}", layer, own, self.st)  # ZeRO-2/3 (graph/sharding.py)
         if not recomputed:
             return plain
         ops = self._tagged.get(layer)
         if ops is None:
-            ops = self._tagged[layer] = tag_recompute(self.st, plain)
+            # a recomputed layer's parameters come with its backward's gather, not again
+            sharded = plain[-1:] if plain[-1].module == SHARDING else []
+            ops = self._tagged[layer] = tag_recompute(self.st, plain[: len(plain) - len(sharded)]) + sharded
         return ops
 
     def mtp(self, embedding_on_this_rank: bool) -> list[Op]:
         """The multi-token-prediction block (graph/mtp.py), its layers unrecomputed."""
-        return mtp_ops(self.model, self.st, self.dims, lambda k: self.layer(k, False), embedding_on_this_rank)
+        ops = mtp_ops(self.model, self.st, self.dims, lambda k: self.layer(k, False), embedding_on_this_rank)
+        own = [o for o in ops if o.module in ("mtp_embedding", "mtp_proj", "mtp_norm")]  # its layers carry their own
+        return with_sharding("mtp", self.model.layer_num, own, self.st)[len(own):] + ops if own else ops
 
     def embedding(self) -> Op:
         if self._embedding is None:
             self._embedding = blocks.embedding(self.dims, self.dims.vocab, self.model.position_rows(self.st.seq_len))
         return self._embedding
 
+    def pre_ops(self) -> list[Op]:
+        """What the first virtual stage runs before its layers: the embedding (and its
+        ZeRO-2/3 collectives)."""
+        return with_sharding("embedding", -1, [self.embedding()], self.st)
+
     def head(self, same_rank_as_embedding: bool) -> list[Op]:
         ops = self._head.get(same_rank_as_embedding)
         if ops is None:
-            ops = self._head[same_rank_as_embedding] = _head_ops(self.model, self.st, self.dims, same_rank_as_embedding)
+            own = _head_ops(self.model, self.st, self.dims, same_rank_as_embedding)
+            ops = self._head[same_rank_as_embedding] = with_sharding("head", -1, own, self.st)
         return ops
 
 
@@ -121,7 +133,7 @@ def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSourc
         n = counts[k]
         stage = Stage(index=r, layers=list(range(first_layer, first_layer + n)), vstage=k, chunk=chunk)
         if k == 0:
-            stage.ops.append(src.embedding())
+            stage.ops.extend(src.pre_ops())
         for pos, layer in enumerate(stage.layers):
             stage.ops.extend(src.layer(layer, is_recomputed(st, pos)))
         if k == len(places) - 1:

@@ -13,7 +13,7 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
 
-IGNORED_VALUED = {"--group-query-attention"}  # switches with no value that need no field
+IGNORED_VALUED = {"--group-query-attention", "--use-megatron-fsdp"}  # switches with no value that need no field (FSDP: its sharding strategy)
 
 
 def parse_megatron_args(text: str | list[str], world_size: int | None = None, name: str = "megatron") -> tuple[ModelConfig, StrategyConfig, list[str]]:
@@ -71,6 +71,11 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
                 j += 1
             extra["modules"] = " ".join(mods)
             step = j - i
+        elif flag == "--data-parallel-sharding-strategy" and value is not None:
+            levels = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+            if value not in levels:
+                raise ConfigError(flag, f"expected one of {', '.join(levels)}, got {value!r}")
+            extra["sharding"] = levels[value]
         elif flag == "--fp8-format":
             s["fp8"] = True
         elif flag in ("--fp4-format", "--fp4"):
@@ -97,6 +102,8 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         m["kv_head_num"] = m.get("head_num")
     if "vocab_size" not in m:
         raise ConfigError("--vocab-size", "required (Megatron reads it from the tokenizer; pass it explicitly)")
+    if "sharding" in extra:  # Megatron-FSDP's --data-parallel-sharding-strategy
+        s["zero_state"] = extra["sharding"]
     gran = extra.get("granularity")
     if gran == "full":
         # Megatron's --recompute-num-layers defaults to 1, which with the uniform method

@@ -44,6 +44,16 @@ def fp8_weight_params(stage: Stage) -> int:
     return sum(o.params for o in stage.ops if o.weight_shapes)
 
 
+def largest_layer_params(stage: Stage) -> int:
+    """Parameters of the stage's largest unit ZeRO-3 gathers at once (graph/sharding.py):
+    a transformer layer, the embedding, or the head with its final norm."""
+    per: dict[object, int] = {}
+    for o in stage.ops:
+        unit = o.layer if o.layer >= 0 else ("embedding" if o.module == "embedding" else "head")
+        per[unit] = per.get(unit, 0) + o.params
+    return max(per.values(), default=0)
+
+
 def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
     """Megatron DDP: bf16 params, main grads (fp32 unless reduced in bf16), optimizer
     sharded over DP (dense) / expert-DP (experts) with the distributed optimizer.
@@ -61,9 +71,15 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
         te = float(sum(n * k for n, k in shapes) * st.dtype_bytes)
     if st.low_precision:  # TE keeps each fp8 / fp4 weight in both layouts (and the recipe's scales) between micro-batches
         te += fp8.weight_copy_bytes_per_param(fp8.recipe(st.lp_recipe)) * fp8_weight_params(stage)
-    return ModelStates(
-        weights=float(total * st.dtype_bytes),
-        grads=float(total * st.main_grad_bytes),
-        optimizer=float(opt),
-        te_buffers=te,
-    )
+    weights = float(total * st.dtype_bytes)
+    grads = float(total * st.main_grad_bytes)
+    if st.zero_state >= 2:
+        # ZeRO-2/3 (Megatron-FSDP): the rank keeps its shard of the main grads plus one
+        # layer's unsharded gradients for the reduce-scatter in flight; ZeRO-3 also its
+        # shard of the parameters plus the current and the prefetched layer unsharded
+        shard = shard_params(st, stage)
+        layer = largest_layer_params(stage)
+        grads = st.main_grad_bytes * (shard + layer)
+        if st.zero_state >= 3:
+            weights = st.dtype_bytes * (shard + 2 * layer)
+    return ModelStates(weights=weights, grads=float(grads), optimizer=float(opt), te_buffers=te)

@@ -55,7 +55,7 @@ def expand_recompute(names: tuple[str, ...]) -> tuple[str, ...]:
             if v not in out:
                 out.append(v)
     return tuple(out)
-ZERO_STAGES = (0, 1)
+ZERO_STAGES = (0, 1, 2, 3)
 SCHEDULES = (None, *get_args(PipelineSchedule))  # None: 1F1B, or interleaved with vp > 1
 ALL_RECOMPUTE = tuple(RECOMPUTE_VARIANTS)
 

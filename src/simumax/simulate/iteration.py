@@ -162,6 +162,8 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         for c in sorted(chunks_of[r], key=lambda c: last_pass[c.vstage][1]):
             w_start, w_end = last_pass[c.vstage]
             for b in buckets[c.vstage]:
+                if not b.reduce:  # ZeRO-2/3: reduced inside every backward
+                    continue
                 ready = w_start + b.ready_fraction * (w_end - w_start) if st.overlap_grad_reduce else compute_end
                 s = max(ready, comm_free[r])
                 comm_free[r] = s + b.reduce

@@ -1,0 +1,53 @@
+"""Sharded data parallelism as an IR pass: the per-layer collectives of ZeRO-2 / ZeRO-3
+(Megatron-FSDP, ``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` /
+``optim_grads_params``; the ZeRO paper's stages 2 and 3).
+
+With gradients sharded (ZeRO-2, 3) a rank cannot keep the full gradient of its layers
+across micro-batches: every micro-batch's backward reduce-scatters each layer's gradient
+into the rank's shard (the main-grad dtype). With parameters sharded too (ZeRO-3) each
+layer's parameters are all-gathered before its forward and again before its backward
+(resharded after forward, FSDP's default). One op per layer (and one for the embedding,
+the head and the MTP block) carries them, after the layer's own ops: its collectives run
+on the data-parallel stream, prefetched, so LayerProfiles hides them under the compute of
+the ops they belong with (cost exposed only where the collective is longer), slowing that
+compute by the tier's ``processor_usage``. Dense parameters shard over DP x CP, expert
+parameters over the expert-data-parallel group. Per step (one micro-batch) ZeRO-3 moves
+3x the parameter bytes (two gathers, one reduce-scatter) where ZeRO-1 moves 2x once per
+iteration (docs/modeling.md)."""
+
+from __future__ import annotations
+
+from simumax.config.strategy import StrategyConfig
+from simumax.graph.kernels import Collective
+from simumax.graph.ops import Op
+
+MODULE = "fsdp"
+
+
+def sharding_op(name: str, layer: int, ops: list[Op], st: StrategyConfig) -> Op | None:
+    """The ZeRO-2/3 collectives of the parameters held by ``ops`` (None below ZeRO-2 or
+    without parameters)."""
+    if st.zero_state < 2:
+        return None
+    dense = sum(o.params - o.expert_params for o in ops)
+    expert = sum(o.expert_params for o in ops)
+    fwd: list[Collective] = []
+    bwd_in: list[Collective] = []
+    bwd_w: list[Collective] = []
+    for params, group in ((dense, "dp"), (expert, "edp")):
+        if params <= 0:
+            continue
+        if st.zero_state >= 3:
+            gather = Collective("all_gather", float(params * st.dtype_bytes), group)
+            fwd.append(gather)
+            bwd_in.append(gather)
+        bwd_w.append(Collective("reduce_scatter", float(params * st.main_grad_bytes), group))
+    if not bwd_w:
+        return None
+    return Op(name=f"{name}.fsdp", module=MODULE, layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd_in), bwd_weight=tuple(bwd_w))
+
+
+def with_sharding(name: str, layer: int, ops: list[Op], st: StrategyConfig) -> list[Op]:
+    """``ops`` followed by their sharding op, if any."""
+    op = sharding_op(name, layer, ops, st)
+    return ops if op is None else [*ops, op]

@@ -1,0 +1,107 @@
+"""ZeRO-2 / ZeRO-3 (Megatron-FSDP optim_grads / optim_grads_params; issue 23 part 1-3):
+memory per level, communication volumes by hand (the ZeRO paper's 2x vs 3x), the
+per-layer collectives hidden under compute, flags and the search."""
+
+from __future__ import annotations
+
+import pytest
+
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.estimate import Estimate
+from simumax.export.megatron_flags import megatron_flags
+from simumax.graph.kernels import Collective
+from simumax.graph.sharding import MODULE
+from simumax.importers.megatron_args import parse_megatron_args
+
+from tests.conftest import run_cli
+
+H100 = load_system("h100-sxm-80gb")
+LLAMA70 = {"seq_len": 4096, "world_size": 64, "tp_size": 4, "enable_sequence_parallel": True, "micro_batch_num": 4,
+           "enable_recompute": True, "recompute_granularity": "full_block", "recompute_layer_num": None}
+
+
+def test_peak_memory_strictly_decreases_with_the_zero_level() -> None:
+    """Llama3-70B on 64 H100, TP4, full recompute (the issue's target)."""
+    m = load_model("llama3-70b")
+    peaks = [Estimate(m, load_strategy({**LLAMA70, "zero_state": z}), H100).memory().peak_mem for z in range(4)]
+    assert peaks[0] > peaks[1] > peaks[2] > peaks[3]
+
+
+def _sharding_bytes(est: Estimate) -> dict[str, float]:
+    out = {"all_gather": 0.0, "reduce_scatter": 0.0}
+    for s in est.chunks:
+        for o in s.ops:
+            if o.module == MODULE:
+                for ph in ("fwd", "bwd_input", "bwd_weight"):
+                    for k in o.kernels(ph):
+                        assert isinstance(k, Collective) and k.group == "dp"
+                        out[k.op] += k.bytes
+    return out
+
+
+def test_communication_volume_by_hand() -> None:
+    """Per micro-batch, ZeRO-3 gathers every parameter twice (forward, and again for the
+    backward after resharding) and reduce-scatters every gradient once: 3x the parameter
+    bytes with bf16 gradients (Rajbhandari et al. 2020, section 7); ZeRO-2 reduce-scatters
+    only; ZeRO-1 moves 2x once per iteration (gradients reduce-scattered, parameters
+    gathered) and nothing per micro-batch."""
+    m = load_model("llama3-8b").with_updates({"layer_num": 4})
+    base = {"seq_len": 4096, "world_size": 8, "micro_batch_num": 2, "use_fp32_accum_grad": False}
+    z3 = Estimate(m, load_strategy({**base, "zero_state": 3}), H100)
+    params = z3.params.total
+    assert _sharding_bytes(z3) == {"all_gather": 2 * 2 * params, "reduce_scatter": 2 * params}  # bf16: 2 B each
+    z2 = Estimate(m, load_strategy({**base, "zero_state": 2}), H100)
+    assert _sharding_bytes(z2) == {"all_gather": 0.0, "reduce_scatter": 2 * params}
+    z1 = Estimate(m, load_strategy({**base, "zero_state": 1}), H100)
+    assert _sharding_bytes(z1) == {"all_gather": 0.0, "reduce_scatter": 0.0}
+    # per iteration: ZeRO-1 reduces and gathers; ZeRO-2 only gathers the updated parameters; ZeRO-3 nothing
+    stage = z1.stages[0]
+    assert z1.dp_reduce_time(stage) > 0 and z1.dp_gather_time(stage) > 0
+    assert z2.dp_reduce_time(stage) == 0 and z2.dp_gather_time(stage) > 0
+    assert z3.dp_reduce_time(stage) == 0 and z3.dp_gather_time(stage) == 0
+
+
+def test_zero3_memory_by_hand() -> None:
+    """ZeRO-3 keeps 1/dp of the bf16 parameters, fp32 main grads and optimizer states, plus
+    the current and the prefetched unit's parameters (bf16) and one unit's gradients; the
+    largest unit of Llama3-8B is its output head (128384 x 4096 + the final norm)."""
+    m = load_model("llama3-8b").with_updates({"layer_num": 4})
+    est = Estimate(m, load_strategy({"seq_len": 4096, "world_size": 8, "zero_state": 3}), H100)
+    st = est.memory().stages[0]
+    layer = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096
+    head = 128384 * 4096 + 4096
+    assert head > layer
+    shard = est.stages[0].params / 8
+    assert st.weights == pytest.approx(2 * (shard + 2 * head))
+    assert st.grads == pytest.approx(4 * (shard + head))
+    assert st.optimizer == pytest.approx(12 * shard)
+
+
+def test_layer_collectives_hide_under_compute() -> None:
+    """On one node the per-layer gathers of a large layer hide under its GEMMs; spread over
+    nodes on a thin fabric they are exposed."""
+    m = load_model("llama3-70b").with_updates({"layer_num": 4})
+    st = {"seq_len": 4096, "world_size": 8, "tp_size": 1, "micro_batch_num": 4, "zero_state": 3}
+    one_node = Estimate(m, load_strategy(st), H100)
+    exposed = lambda e: e.layer_profiles.layer_time(1, False).fwd.comm.get("dp", 0.0)  # noqa: E731  (one layer)
+    assert exposed(one_node) == 0.0
+    # the embedding's gather has only a lookup to hide under: exposed
+    assert sum(t.fwd.comm.get("dp", 0.0) for t in one_node.chunk_times) > 0
+    thin = Estimate(m, load_strategy({**st, "world_size": 64}), H100.with_updates({"nic_gbps": 25.0}))
+    assert exposed(thin) > 0.0
+
+
+def test_flags_and_search() -> None:
+    st = load_strategy({**LLAMA70, "zero_state": 3})
+    flags = " ".join(megatron_flags(st))
+    assert "--use-megatron-fsdp" in flags and "--data-parallel-sharding-strategy optim_grads_params" in flags
+    model = "--num-layers 2 --hidden-size 8192 --num-attention-heads 64 --ffn-hidden-size 28672 --vocab-size 128256 "
+    assert parse_megatron_args(model + flags)[1].zero_state == 3
+    out = run_cli("search", "-m", "llama3-8b", "-s", "tp1_pp1_dp8_mbs1", "-y", "h100-sxm-80gb", "--set", "layer_num=4",
+                  "--world-size", "8", "--gbs", "16", "--zero", "0,1,2,3", "--tp", "1,2", "--pp", "1", "--recompute", "none", "--json")
+    assert out.returncode == 0, out.stderr
+    import json
+
+    rows = json.loads(out.stdout)
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    assert {r["zero"] for r in rows} == {0, 1, 2, 3}
