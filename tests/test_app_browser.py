@@ -88,26 +88,28 @@ def test_app_shows_the_estimate_edits_and_searches(app_url) -> None:
         assert _metric(page, "peak allocated (GiB)") == f"{mem.peak_mem / 2**30:.2f}"
         page.wait_for_function("document.querySelectorAll('[data-testid=\"stImage\"] img').length >= 2", timeout=60_000)  # the plots
 
-        # edit the strategy: TP 2 (world = tp x pp x dp = 2 x 2 x 4)
+        # edit the strategy: TP 2 on the same 8 GPUs (DP 4 -> 2: the job keeps its size)
         tp = page.get_by_label("TP", exact=True)
         tp.fill("2")
         tp.press("Enter")
-        cost2, _ = _expected({"tp_size": 2, "world_size": 16})
+        cost2, _ = _expected(TP2)
+        page.get_by_text("DP = 2").wait_for(timeout=60_000)
         want = f"{cost2.duration_time_per_iter * 1e3:.1f}"
         page.wait_for_function(
             "w => [...document.querySelectorAll('[data-testid=\"stMetric\"]')].some(m => m.innerText.includes(w))", arg=want,
             timeout=60_000)
         assert _metric(page, "iteration time (ms)") == want
 
-        # a small search
-        page.get_by_label("GPUs", exact=True).fill("8")
-        page.get_by_label("GPUs", exact=True).press("Enter")
+        # a small search (the batch set explicitly: the field keeps what it showed first)
+        for label, value in (("GPUs", "8"), ("global batch (sequences)", "32")):
+            page.get_by_label(label, exact=True).fill(value)
+            page.get_by_label(label, exact=True).press("Enter")
         page.get_by_role("button", name="run search").click()
         page.get_by_text("strategies fit").wait_for(timeout=120_000)
         page.get_by_role("button", name="download search (CSV)").wait_for(timeout=60_000)
         page.locator('[data-testid="stDataFrame"]').wait_for(timeout=60_000)  # the grid loads its own script
         page.screenshot(path=str(SHOT), full_page=True)
-        rows = _expected_search({"tp_size": 2, "world_size": 16})
+        rows = _expected_search(TP2)
         assert page.get_by_text(f"{sum(r.fits for r in rows)} of {len(rows)} strategies fit").count() == 1
         with page.expect_download(timeout=60_000) as dl:  # the CLI's search.csv for the same rows
             page.get_by_role("button", name="download search (CSV)").click()
@@ -119,6 +121,59 @@ def test_app_shows_the_estimate_edits_and_searches(app_url) -> None:
         browser.close()
 
 
+def _choose(page, label: str, option: str) -> None:
+    """Pick an option of a Streamlit selectbox by typing it."""
+    page.get_by_label(label).click()
+    page.keyboard.type(option)
+    page.keyboard.press("Enter")
+
+
+def test_app_moe_with_uneven_stages_and_a_moe_search(app_url) -> None:
+    """DeepSeek-V3 (61 layers) on PP2: the split error is plain text and the first-stage
+    control resolves it; then a MoE search on B200 (EP 8/16/32) finds fitting strategies."""
+    from simumax.config.loader import load_model, load_system
+    from simumax.search.run import run_search
+    from simumax.search.space import SearchSpace
+
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        page = browser.new_page(user_agent="simumax-test")
+        page.goto(app_url, wait_until="domcontentloaded")
+        _metric(page, "iteration time (ms)")
+        _choose(page, "model preset", "deepseek-v3")
+        page.get_by_text("must split evenly").wait_for(timeout=60_000)  # as written, no markdown
+        first = page.get_by_label("layers, first stage (0: even)", exact=True)
+        first.fill("30")
+        first.press("Enter")
+        page.get_by_text("deepseek-v3 |").wait_for(timeout=60_000)
+        st = load_strategy("tp1_pp2_dp4_mbs1").with_updates({**APP, "num_layers_in_first_pipeline_stage": 30}, source="test")
+        perf = PerfLLM().configure(strategy_config=st, model_config="deepseek-v3", system_config="a100_pcie")
+        want = f"{perf.analysis_cost().duration_time_per_iter * 1e3:.1f}"
+        assert _metric(page, "iteration time (ms)") == want
+
+        _choose(page, "system preset", "b200-sxm-180gb")
+        page.get_by_text("b200-sxm-180gb |").wait_for(timeout=60_000)
+        for label, value in (("GPUs", "256"), ("global batch (sequences)", "4096"), ("TP sizes", "1,2"), ("EP sizes", "8,16,32")):
+            box = page.get_by_label(label, exact=True)
+            box.fill(value)
+            box.press("Enter")
+        page.get_by_role("button", name="run search").click()
+        page.get_by_text("strategies fit").wait_for(timeout=180_000)
+        space = SearchSpace(world_size=256, global_batch_size=4096, tp=(1, 2), pp=None, vp=(1,), ep=(8, 16, 32), etp=(1,), cp=(1,),
+                            mbs=(1,), recompute=("none", "selective", "full_block"), zero=(1,), schedule=(None,))
+        rows = run_search(load_model("deepseek-v3"), load_system("b200-sxm-180gb"), st, space)
+        fit = sum(r.fits for r in rows)
+        assert fit > 0
+        assert page.get_by_text(f"{fit} of {len(rows)} strategies fit").count() == 1
+        page.screenshot(path=str(SHOT.with_name("simumax_app_moe.png")), full_page=True)
+        browser.close()
+
+
+# what the app's sidebar sets on top of the preset (SP follows TP; even stages are null)
+APP = {"enable_sequence_parallel": False, "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None}
+TP2 = {**APP, "tp_size": 2, "enable_sequence_parallel": True}
+
+
 def _expected_search(updates: dict):
     """The API's search over the app's space (its defaults, TP 1/2/4/8 on 8 GPUs)."""
     from simumax.config.loader import load_model, load_system
@@ -126,6 +181,6 @@ def _expected_search(updates: dict):
     from simumax.search.space import SearchSpace
 
     st = load_strategy("tp1_pp2_dp4_mbs1").with_updates(updates, source="test")
-    space = SearchSpace(world_size=8, global_batch_size=st.global_batch_size, tp=(1, 2, 4, 8), pp=None, vp=(1,), ep=(1,), etp=(1,),
+    space = SearchSpace(world_size=8, global_batch_size=32, tp=(1, 2, 4, 8), pp=None, vp=(1,), ep=(1,), etp=(1,),
                         cp=(1,), mbs=(1,), recompute=("none", "selective", "full_block"), zero=(1,), schedule=(None,))
     return run_search(load_model("llama3-8b"), load_system("a100_pcie"), st, space)

@@ -33,21 +33,34 @@ def _pick(kind: str, default: str, cls):
     return {"model": load_model, "strategy": load_strategy, "system": load_system}[kind](name)
 
 
-def _edit_strategy(base: StrategyConfig) -> StrategyConfig:
+def _edit_strategy(base: StrategyConfig, model: ModelConfig) -> StrategyConfig:
+    """The strategy as the sidebar sets it. The job's size (GPUs) stays as set when TP / PP
+    / CP change: DP is what divides it (a size that does not divide is an error)."""
     st.sidebar.markdown("**strategy**")
+    world = st.sidebar.number_input("GPUs (world size)", 1, 1 << 20, base.world_size, key="world")
     c1, c2 = st.sidebar.columns(2)
     tp = c1.number_input("TP", 1, 64, base.tp_size, key="tp")
-    pp = c2.number_input("PP", 1, 64, base.pp_size, key="pp")
-    dp = c1.number_input("DP", 1, 4096, base.dp_size, key="dp")
-    ep = c2.number_input("EP", 1, 256, base.ep_size, key="ep")
+    pp = c2.number_input("PP", 1, 256, base.pp_size, key="pp")
+    cp = c1.number_input("CP", 1, 64, base.cp_size, key="cp")
+    vp = c2.number_input("VP (chunks per rank)", 1, 64, base.interleaving_size, key="vp")
+    ep = c1.number_input("EP", 1, 1024, base.ep_size, key="ep")
+    etp = c2.number_input("ETP", 1, 64, base.etp_size, key="etp")
     mbs = c1.number_input("micro-batch", 1, 64, base.micro_batch_size, key="mbs")
-    mbc = c2.number_input("micro-batches", 1, 4096, base.micro_batch_num, key="mbc")
+    mbc = c2.number_input("micro-batches", 1, 1 << 16, base.micro_batch_num, key="mbc")
+    first = c1.number_input("layers, first stage (0: even)", 0, 1024, base.num_layers_in_first_pipeline_stage or 0, key="first")
+    last = c2.number_input("layers, last stage (0: even)", 0, 1024, base.num_layers_in_last_pipeline_stage or 0, key="last")
     seq = st.sidebar.number_input("sequence length", 128, 1 << 20, base.seq_len, step=1024, key="seq")
     rec = st.sidebar.selectbox("recompute", RECOMPUTE, index=RECOMPUTE.index(_recompute_of(base)), key="recompute")
     zero = st.sidebar.selectbox("ZeRO", (0, 1, 2, 3), index=base.zero_state, key="zero")
-    upd = {"tp_size": int(tp), "pp_size": int(pp), "ep_size": int(ep), "world_size": int(tp * pp * base.cp_size * dp),
-           "micro_batch_size": int(mbs), "micro_batch_num": int(mbc), "seq_len": int(seq), "zero_state": int(zero),
-           "interleaving_size": base.interleaving_size if pp > 1 else 1}
+    if world % (tp * pp * cp):
+        raise ConfigError("world_size", f"{world} GPUs do not divide into TP x PP x CP = {tp * pp * cp}")
+    st.sidebar.caption(f"DP = {world // (tp * pp * cp)}, global batch = {mbs * mbc * (world // (tp * pp * cp))} sequences")
+    upd = {"tp_size": int(tp), "pp_size": int(pp), "cp_size": int(cp), "ep_size": int(ep), "etp_size": int(etp),
+           "world_size": int(world), "micro_batch_size": int(mbs), "micro_batch_num": int(mbc), "seq_len": int(seq),
+           "zero_state": int(zero), "interleaving_size": int(vp) if pp > 1 else 1, "enable_sequence_parallel": tp > 1,
+           "num_layers_in_first_pipeline_stage": int(first) or None, "num_layers_in_last_pipeline_stage": int(last) or None}
+    if upd["interleaving_size"] == 1 and base.pp_schedule == "interleaved":
+        upd["pp_schedule"] = None
     if rec == "none":
         upd.update(enable_recompute=False)
     elif rec == "selective":
@@ -55,6 +68,12 @@ def _edit_strategy(base: StrategyConfig) -> StrategyConfig:
     else:
         upd.update(enable_recompute=True, recompute_granularity="full_block", recompute_layer_num=None)
     return base.with_updates(upd, source="app")
+
+
+def _plain(text: str) -> str:
+    """Text shown as it is (Streamlit reads messages as markdown: ``ep*etp`` would turn
+    into emphasis)."""
+    return "".join("\\" + ch if ch in "\\`*_{}[]()#+-.!|<>~$" else ch for ch in text)
 
 
 def _recompute_of(s: StrategyConfig) -> str:
@@ -69,11 +88,11 @@ def main() -> None:
         model: ModelConfig = _pick("model", "llama3-8b", ModelConfig)
         base: StrategyConfig = _pick("strategy", "tp1_pp2_dp4_mbs1", StrategyConfig)
         system: SystemConfig = _pick("system", "a100_pcie", SystemConfig)
-        strategy = _edit_strategy(base)
+        strategy = _edit_strategy(base, model)
         perf = PerfLLM().configure(strategy_config=strategy, model_config=model, system_config=system)
         cost, mem = perf.analysis_cost(), perf.analysis_mem()
     except ConfigError as exc:
-        st.error(f"error: {exc}")
+        st.error(_plain(f"error: {exc}"))
         return
     st.caption(fmt.run_title(model.model_name, system.sys_name, strategy))
     oom = fmt.out_of_memory(mem)
@@ -101,32 +120,52 @@ def main() -> None:
 
 def _search(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig) -> None:
     st.subheader("strategy search")
+    st.caption("Each list defaults to the strategy above; the search tries every combination that divides the job.")
     c1, c2, c3 = st.columns(3)
-    world = c1.number_input("GPUs", 1, 1 << 16, strategy.world_size, key="search_world")
-    gbs = c2.number_input("global batch (sequences)", 1, 1 << 20, strategy.global_batch_size, key="search_gbs")
+    world = c1.number_input("GPUs", 1, 1 << 20, strategy.world_size, key="search_world")
+    gbs = c2.number_input("global batch (sequences)", 1, 1 << 24, strategy.global_batch_size, key="search_gbs")
     tps = c3.text_input("TP sizes", "1,2,4,8", key="search_tp")
+    lists = {
+        "EP sizes": ("search_ep", strategy.ep_size), "ETP sizes": ("search_etp", strategy.etp_size),
+        "VP sizes": ("search_vp", strategy.interleaving_size), "CP sizes": ("search_cp", strategy.cp_size),
+        "micro-batch sizes": ("search_mbs", strategy.micro_batch_size), "ZeRO levels": ("search_zero", strategy.zero_state),
+    }
+    cols = st.columns(len(lists))
+    texts = {label: col.text_input(label, str(default), key=key) for col, (label, (key, default)) in zip(cols, lists.items())}
     if not st.button("run search", key="run_search"):
         return
     from simumax.search.run import run_search
     from simumax.search.space import SearchSpace
 
     try:
-        space = SearchSpace(world_size=int(world), global_batch_size=int(gbs), tp=tuple(int(x) for x in tps.split(",") if x.strip()),
-                            pp=None, vp=(1,), ep=(1,), etp=(1,), cp=(1,), mbs=(1,), recompute=RECOMPUTE,
-                            zero=(1,), schedule=(None,))
+        ints = {label: _ints(label, text) for label, text in [("TP sizes", tps), *texts.items()]}
+        space = SearchSpace(world_size=int(world), global_batch_size=int(gbs), tp=ints["TP sizes"], pp=None,
+                            vp=ints["VP sizes"], ep=ints["EP sizes"], etp=ints["ETP sizes"], cp=ints["CP sizes"],
+                            mbs=ints["micro-batch sizes"], recompute=RECOMPUTE, zero=ints["ZeRO levels"], schedule=(None,))
         rows = run_search(model, system, strategy, space)
     except (ConfigError, ValueError) as exc:
-        st.error(f"error: {exc}")
+        st.error(_plain(f"error: {exc}"))
         return
     fit = [r for r in rows if r.fits]
     st.write(f"{len(fit)} of {len(rows)} strategies fit")
-    table = [{"strategy": r.label, "iter ms": round(r.iter_time * 1e3, 1), "MFU": round(r.mfu or 0.0, 3),
+    table = [{"strategy": r.label, "iter ms": round(r.iter_time * 1e3, 1), "MFU": f"{r.mfu or 0.0:.1%}",
               "tokens/s/GPU": round(r.tokens_per_s_per_gpu or 0.0), "peak GiB": round(r.peak_mem / GIB, 2)} for r in fit[:20]]
     st.dataframe(table, key="search_table")
     from simumax.search.table import search_csv
 
     # the CLI's search.csv columns (SI units), every row with its fits flag
     st.download_button("download search (CSV)", search_csv(rows), file_name="search.csv", mime="text/csv", key="dl_search")
+
+
+
+def _ints(label: str, text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(label, f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise ConfigError(label, "needs at least one value")
+    return values
 
 
 main()
