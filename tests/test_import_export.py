@@ -144,3 +144,53 @@ def test_cli_export_json_then_import_and_presets_json(tmp_path) -> None:
     assert json.loads(r.stdout)["cost"]["duration_time_per_iter"] == json.loads(ref.stdout)["cost"]["duration_time_per_iter"]
     names = json.loads(run("presets", "system", "--json").stdout)["system"]
     assert {"h100-sxm-80gb", "b200-sxm-180gb", "a100_pcie"} <= set(names)
+
+
+LAUNCH_SCRIPT = r'''#!/bin/bash
+# a Megatron launch script as people write them
+TP=2
+export PP=4
+GPT_ARGS="
+    --num-layers 32 \
+    --hidden-size 4096 \
+    --num-attention-heads 32 \
+    --seq-length 4096 \
+    --micro-batch-size 1 \
+    --global-batch-size 256
+"
+PARALLEL=(
+  --tensor-model-parallel-size ${TP}
+  --pipeline-model-parallel-size $PP   # pipeline
+)
+torchrun --nproc_per_node 8 pretrain_gpt.py \
+    $GPT_ARGS \
+    "${PARALLEL[@]}" \
+    --vocab-size ${VOCAB:-32000} \
+    --swiglu --recompute-activations \
+    --bf16
+'''
+
+
+def test_import_megatron_launch_script_forms(tmp_path) -> None:
+    """GPT_ARGS="..." over lines, a bash array, ${VAR} / $VAR / ${VAR:-default}, comments and
+    continuations; Megatron's default FFN size (SwiGLU: 2/3 of 4h, down to a multiple of 64)
+    and --recompute-activations (selective core attention)."""
+    from simumax.importers.launch_script import megatron_words
+
+    words = megatron_words(LAUNCH_SCRIPT)
+    assert words[:2] == ["--nproc_per_node", "8"] and "--tensor-model-parallel-size" in words
+    import shlex
+
+    model, st, notes = parse_megatron_args(shlex.join(words), world_size=64)
+    assert (st.tp_size, st.pp_size, st.micro_batch_num) == (2, 4, 32)  # 256 / (1 x DP 8)
+    assert model.vocab_size == 32000 and model.intermediate_size == int(4 * 4096 * 2 / 3 / 64) * 64 == 10880
+    assert st.recompute_mode == "selective" and st.attn_recompute
+    assert any("--ffn-hidden-size" in n for n in notes)
+    script = tmp_path / "train.sh"
+    script.write_text(LAUNCH_SCRIPT)
+    out = run_cli("import", "megatron", "--file", str(script), "--world-size", "64")
+    assert out.returncode == 0, out.stderr
+    bad = tmp_path / "bad.sh"
+    bad.write_text('GPT_ARGS="--num-layers 2\n')  # unbalanced quote: one line, exit 2
+    out = run_cli("import", "megatron", "--file", str(bad))
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "cannot read the script" in out.stderr

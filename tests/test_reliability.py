@@ -183,7 +183,7 @@ def test_cli_bad_files_and_outputs(tmp_path: Path) -> None:
     a_file.write_text("")
     perf = ["perf", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie", "--out"]
     for argv, field in (
-        (["import", "megatron", "--file", str(quotes)], "arguments"),
+        (["import", "megatron", "--file", str(quotes)], "--file"),  # the script cannot be read (importers/launch_script.py)
         (["import", "hf", str(hf_zero)], "num_attention_heads"),
         (["import", "hf", str(hf_str)], "hidden_size"),
         (["validate", str(cases)], "line 1"),

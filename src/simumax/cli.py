@@ -590,9 +590,16 @@ def import_megatron(
     if file is not None:
         if not file.is_file():
             raise ConfigError("--file", f"file not found: {file}")
-        text = " ".join(line.split("#", 1)[0].rstrip("\\ ") for line in file.read_text().splitlines())
-        args = text[text.index("--"):] if "--" in text else text
-    model, strategy, notes = parse_megatron_args(args if isinstance(args, str) else " ".join(args or []), world_size, name)
+        import os
+        import shlex
+
+        from simumax.config.base import read_text
+        from simumax.importers.launch_script import megatron_words
+
+        text = shlex.join(megatron_words(read_text(file, "--file"), dict(os.environ)))
+    else:
+        text = " ".join(args or [])
+    model, strategy, notes = parse_megatron_args(text, world_size, name)
     if out is not None:
         write_json_atomic(out / "model.json", model.to_dict())
         write_json_atomic(out / "strategy.json", strategy.to_dict())

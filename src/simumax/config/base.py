@@ -68,15 +68,21 @@ def parse_json_text(text: str, source: str) -> Any:
         raise ConfigError("json", "nested too deeply", source) from None
 
 
-def read_json(path: str | Path) -> dict[str, Any]:
+def read_text(path: str | Path, what: str = "json") -> str:
+    """A UTF-8 text file, or one ConfigError saying why it cannot be read."""
     p = Path(path)
     check_readable_file(p)
     try:
-        text = p.read_bytes().decode("utf-8")
+        return p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError("json", f"not UTF-8 text (byte {exc.start})", str(p)) from None
+        raise ConfigError(what, f"not UTF-8 text (byte {exc.start})", str(p)) from None
     except OSError as exc:
         raise ConfigError("path", f"cannot read {p}: {exc.strerror}") from None
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    text = read_text(p)
     data = parse_json_text(text, str(p))
     if not isinstance(data, dict):
         raise ConfigError("json", "top level must be an object", str(p))

@@ -76,6 +76,8 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             if value not in levels:
                 raise ConfigError(flag, f"expected one of {', '.join(levels)}, got {value!r}")
             extra["sharding"] = levels[value]
+        elif flag == "--recompute-activations":  # Megatron's alias of selective core-attention recompute
+            extra["granularity"] = "selective"
         elif flag == "--fp8-format":
             s["fp8"] = True
         elif flag in ("--fp4-format", "--fp4"):
@@ -100,6 +102,11 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         m.setdefault("capacity", None)
     if "kv_head_num" not in m:
         m["kv_head_num"] = m.get("head_num")
+    if "intermediate_size" not in m and "hidden_size" in m:
+        # Megatron's default --ffn-hidden-size: 4h, or 2/3 of it rounded down to 64 with SwiGLU
+        h = m["hidden_size"]
+        m["intermediate_size"] = int(4 * h * 2 / 3 / 64) * 64 if m.get("use_swiglu") else 4 * h
+        notes.append(f"--ffn-hidden-size not given: Megatron's default {m['intermediate_size']}")
     if "vocab_size" not in m:
         raise ConfigError("--vocab-size", "required (Megatron reads it from the tokenizer; pass it explicitly)")
     if "sharding" in extra:  # Megatron-FSDP's --data-parallel-sharding-strategy
