@@ -194,3 +194,10 @@ def test_import_megatron_launch_script_forms(tmp_path) -> None:
     bad.write_text('GPT_ARGS="--num-layers 2\n')  # unbalanced quote: one line, exit 2
     out = run_cli("import", "megatron", "--file", str(bad))
     assert out.returncode == 2 and "Traceback" not in out.stderr and "cannot read the script" in out.stderr
+
+
+def test_perf_with_a_hugging_face_config_says_how_to_convert_it(tmp_path) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64}))
+    out = run_cli("perf", "-m", str(cfg), "-s", "tp1_pp1_dp8_mbs1", "-y", "a100_pcie")
+    assert out.returncode == 2 and "simumax import hf" in out.stderr and "Traceback" not in out.stderr

@@ -47,7 +47,10 @@ def _resolve(kind: str, cls: type[C], spec: C | str | Path | dict[str, Any]) -> 
     text = str(spec)
     path = Path(text)
     if text.endswith(".json") or path.exists() or "/" in text:
-        return cls.init_from_dict(read_json(path), source=text)
+        data = read_json(path)
+        if kind == "model" and ("architectures" in data or "num_hidden_layers" in data):
+            raise ConfigError("model", f"{text} is a Hugging Face config.json: convert it with `simumax import hf {text}`")
+        return cls.init_from_dict(data, source=text)
     name = text.removesuffix(".json")
     entry = _preset_entry(kind, name)
     with resources.as_file(entry) as p:
