@@ -668,12 +668,37 @@ def presets(
         out_console.print_json(dumps_finite(payload))
         return
     for k in kinds:
-        if k == "system":
-            out_console.print("[bold]system[/]:")
-            for n in list_presets(k):
-                out_console.print(f"  {n:24s} {preset_provenance(n)}", markup=False)
-        else:
-            out_console.print(f"[bold]{k}[/]: " + ", ".join(list_presets(k)))
+        out_console.print(f"[bold]{k}[/]:")
+        for n in list_presets(k):
+            out_console.print(f"  {n:36s} {_preset_line(k, n)}", markup=False)
+
+
+def _preset_line(kind: str, name: str) -> str:
+    """One line that says what a preset is (its size, its layout, where its numbers come from)."""
+    if kind == "system":
+        from simumax.config.hardware import preset_provenance
+
+        return preset_provenance(name)
+    if kind == "strategy":
+        st = load_strategy(name)
+        parts = [f"tp{st.tp_size} pp{st.pp_size} dp{st.dp_size}"] + ([f"ep{st.ep_size}"] if st.ep_size > 1 else [])
+        parts += [f"{st.world_size} GPUs", f"mbs {st.micro_batch_size} x {st.micro_batch_num}", f"recompute {st.recompute_mode}"]
+        return ", ".join(parts)
+    m = load_model(name)
+    kind_text = f"MoE {m.expert_num} experts top-{m.topk}" if m.is_moe else "dense"
+    origin = " (SimuMax's file as it ships it)" if name in SIMUMAX_MODEL_FILES else ""
+    return f"{kind_text}, {m.layer_num} layers, hidden {m.hidden_size}, vocabulary {m.vocab_size}{origin}"
+
+
+# model presets that are SimuMax's own files, kept unchanged for its users (our presets of the
+# same models carry the published architecture: deepseek-v3, llama3.1-8b, kimi-k2, ...)
+SIMUMAX_MODEL_FILES = frozenset({
+    'aquila2-13b', 'aquila2-34b', 'aquila2-70b', 'aquila2-7b', 'deepseek-16b', 'deepseek-1b', 'deepseek-32b',
+    'deepseekv2', 'deepseekv2-lite', 'deepseekv3', 'gpt3-175b', 'kimi-1T', 'ling-1T', 'llama-33b',
+    'llama2-13b', 'llama2-70b', 'llama2-7b', 'llama2-tiny', 'llama3-405b_padding_128', 'llama3-70b',
+    'llama3-8b', 'megatron-1t', 'megatron-22b', 'megatron-530b', 'mixtral-8x1b', 'mixtral-8x7b', 'moe-8T',
+    'qwen3-32b',
+})
 
 
 @app.command()

@@ -136,7 +136,7 @@ def model_flags(model: ModelConfig) -> list[str]:
                 f.append(switch_flag("m", name) if isinstance(value, bool) else _m(name, value))
         if model.dense_layers:
             pattern = "[" + ",".join(["0"] * model.dense_layers + ["1"] * (model.layer_num - model.dense_layers)) + "]"
-            f.append(f"--moe-layer-freq {pattern}")
+            f.append(f"--moe-layer-freq '{pattern}'")  # quoted for the shell (brackets glob)
     if model.attention_type == "mla":
         f.append(switch_flag("m", "attention_type", "mla"))
         if model.q_lora_rank:
