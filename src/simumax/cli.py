@@ -333,7 +333,7 @@ def search(
     if as_json:
         out_console.print_json(dumps_finite([r.to_dict() for r in rows]))
         return
-    out_console.print(fmt.search_table(rows[:top], float(sy.mem_bytes), gmi_error))
+    out_console.print(fmt.search_table(rows[:top], float(sy.mem_bytes), gmi_error, reserved=not allocated))
     if rows and not rows[0].fits:
         short = min(-r.headroom for r in rows)  # headroom = budget - peak
         err_console.print(

@@ -78,9 +78,11 @@ def memory_table(mem: MemResult) -> Table:
     return t
 
 
-def search_table(rows: list, capacity: float, gmi_error_gib: float) -> Table:
-    t = Table(title=f"best strategies (capacity {capacity / GIB:.0f} GiB, {gmi_error_gib:g} GiB kept free)")
-    for col in ("#", "strategy", "iter ms", "MFU", "tokens/s/GPU", "peak GiB per stage", "headroom GiB"):
+def search_table(rows: list, capacity: float, gmi_error_gib: float, reserved: bool = True) -> Table:
+    """``reserved``: the rows' peaks are reserved bytes (allocated / mem_factor), else allocated."""
+    t = Table(title=f"best strategies (capacity {capacity / GIB:.2f} GiB, {gmi_error_gib:g} GiB kept free)")
+    peak = f"peak {'reserved' if reserved else 'allocated'} GiB per stage"
+    for col in ("#", "strategy", "iter ms", "MFU", "tokens/s/GPU", peak, "headroom GiB"):
         t.add_column(col, justify="left" if col == "strategy" else "right")
     for i, r in enumerate(rows, 1):
         stages = " ".join(f"{x / GIB:.1f}" for x in r.peak_mem_per_stage)
