@@ -105,3 +105,23 @@ def test_flags_and_search() -> None:
     rows = json.loads(out.stdout)
     rows = rows["rows"] if isinstance(rows, dict) else rows
     assert {r["zero"] for r in rows} == {0, 1, 2, 3}
+
+
+def test_hsdp_shards_inside_a_replica_and_all_reduces_across() -> None:
+    """fsdp_replicate_size R: states shard over dp x cp / R ranks; once per iteration the R
+    replicas all-reduce their gradient shards; per micro-batch the layer collectives stay
+    inside the replica."""
+    m = load_model("llama3-70b")
+    full = Estimate(m, load_strategy({**LLAMA70, "zero_state": 3}), H100)
+    hsdp = Estimate(m, load_strategy({**LLAMA70, "zero_state": 3, "fsdp_replicate_size": 2}), H100)
+    assert hsdp.network.groups["dp_shard"].size == 8 and hsdp.network.groups["dp_rep"].size == 2
+    a, b = full.memory().stages[0], hsdp.memory().stages[0]
+    assert b.optimizer == pytest.approx(2 * a.optimizer)  # shards twice as large
+    assert a.peak_mem < b.peak_mem
+    stage = hsdp.stages[0]
+    assert full.dp_reduce_time(stage) == 0 and hsdp.dp_reduce_time(stage) > 0  # the cross-replica all-reduce
+    groups = {k.group for s in hsdp.chunks for o in s.ops if o.module == MODULE for ph in ("fwd", "bwd_weight") for k in o.kernels(ph)}
+    assert groups == {"dp_shard"}
+    assert "--num-distributed-optimizer-instances 2" in " ".join(megatron_flags(hsdp.strategy))
+    with pytest.raises(Exception, match="fsdp_replicate_size"):
+        load_strategy({**LLAMA70, "zero_state": 3, "fsdp_replicate_size": 3})

@@ -146,14 +146,23 @@ class Estimate:
         bucket = st.ddp_bucket_size or max(MEGATRON_MIN_BUCKET, 1_000_000 * size)
         n_full, rest = divmod(params, bucket)
 
+        hsdp = group == "dp" and st.fsdp_replicate_size > 1
+        shard = "dp_shard" if hsdp else group  # HSDP: states shard inside one replica
+
+        def across_replicas(elems: int) -> float:
+            """HSDP: each replica's gradient shard all-reduced with the other replicas'."""
+            if not hsdp:
+                return 0.0
+            return self.network.time(Collective("all_reduce", elems / st.dp_shard_size * st.main_grad_bytes, "dp_rep"))
+
         def times(elems: int) -> tuple[float, float]:
             if st.zero_state >= 2:  # gradients reduce-scattered in every backward (graph/sharding.py)
                 # ZeRO-2 gathers the updated parameters once per iteration; ZeRO-3 per layer, per pass
-                gather = self.network.time(Collective("all_gather", elems * st.dtype_bytes, group)) if st.zero_state == 2 else 0.0
-                return 0.0, gather
+                gather = self.network.time(Collective("all_gather", elems * st.dtype_bytes, shard)) if st.zero_state == 2 else 0.0
+                return across_replicas(elems), gather
             if st.zero_state >= 1:
-                return (self.network.time(Collective("reduce_scatter", elems * st.main_grad_bytes, group)),
-                        self.network.time(Collective("all_gather", elems * st.dtype_bytes, group)))
+                return (self.network.time(Collective("reduce_scatter", elems * st.main_grad_bytes, shard)) + across_replicas(elems),
+                        self.network.time(Collective("all_gather", elems * st.dtype_bytes, shard)))
             return self.network.time(Collective("all_reduce", elems * st.main_grad_bytes, group)), 0.0
 
         full = times(bucket) if n_full else (0.0, 0.0)  # every full bucket costs the same

@@ -61,7 +61,7 @@ def family_key(st: StrategyConfig, network: NetworkModel) -> tuple[Any, ...]:
     groups = LAYER_GROUPS
     if st.zero_state >= 2:  # ZeRO-2/3 layers carry data-parallel collectives (graph/sharding.py)
         fields += (("sharding", repr(st.zero_state)),)
-        groups = (*LAYER_GROUPS, "dp", "edp")
+        groups = (*LAYER_GROUPS, "dp", "edp", "dp_shard")
     return fields + tuple((g, network.groups[g]) for g in groups)
 
 

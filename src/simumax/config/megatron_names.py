@@ -24,6 +24,7 @@ VALUED: dict[str, tuple[str, str, type]] = {
     "--moe-shared-expert-intermediate-size": ("m", "moe_shared_expert_intermediate_size", int),
     "--moe-expert-capacity-factor": ("m", "capacity", float),
     "--mtp-num-layers": ("m", "mtp_num_layers", int),
+    "--num-distributed-optimizer-instances": ("s", "fsdp_replicate_size", int),
     "--q-lora-rank": ("m", "q_lora_rank", int),
     "--kv-lora-rank": ("m", "kv_lora_rank", int),
     "--qk-head-dim": ("m", "qk_head_dim", int),

@@ -105,6 +105,11 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         "reduce-scattered every micro-batch; 3: parameters too, all-gathered per layer (Megatron-FSDP optim_grads / "
         "optim_grads_params).",
     )
+    fsdp_replicate_size: PositiveInt = Field(
+        1, le=65536, description="HSDP: the data-parallel ranks (x CP) split into this many replicas; optimizer states, "
+        "and with ZeRO-2/3 gradients and parameters, shard inside a replica, and the replicas all-reduce their "
+        "gradient shards once per iteration (Megatron --num-distributed-optimizer-instances).",
+    )
     use_fp32_accum_grad: bool = Field(True, description="fp32 main gradients (--accumulate-allreduce-grads-in-fp32).")
     grad_reduce_in_bf16: bool = Field(False, description="Reduce gradients in bf16 (main grads 2 B instead of 4 B).")
     ddp_bucket_size: PositiveInt | None = Field(
@@ -198,6 +203,11 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
             raise ConfigError(
                 "world_size", f"must be divisible by tp*cp*pp = {denom} (got {self.world_size})"
             )
+        if self.fsdp_replicate_size > 1:
+            if self.zero_state < 1:
+                raise ConfigError("fsdp_replicate_size", "replicas of a sharded state need zero_state >= 1")
+            if (self.dp_size * self.cp_size) % self.fsdp_replicate_size:
+                raise ConfigError("fsdp_replicate_size", f"must divide dp x cp ({self.dp_size * self.cp_size})")
         if self.fp8 and self.fp4:
             raise ConfigError("fp4", "cannot be combined with fp8 (Megatron runs one low-precision recipe)")
         if self.use_math_sdp and self.use_flash_sdp:
@@ -268,6 +278,11 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     @property
     def p2p_overlapped(self) -> bool:
         return self.overlap_p2p_comm or self.pp_comm_async
+
+    @property
+    def dp_shard_size(self) -> int:
+        """Ranks one dense state is sharded over: dp x cp, or one HSDP replica of them."""
+        return self.dp_size * self.cp_size // self.fsdp_replicate_size
 
     @property
     def edp_size(self) -> int:

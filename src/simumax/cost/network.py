@@ -81,13 +81,16 @@ class NetworkModel:
             "tp": (tp, 1),
             "cp": (cp, tp),
             "dp": (dp * cp, tp),  # dense gradients reduce over DP x CP (same weights)
+            # HSDP: shards inside one replica (consecutive DP ranks), the replicas across them
+            "dp_shard": (st.dp_shard_size, tp),
+            "dp_rep": (st.fsdp_replicate_size, tp * st.dp_shard_size),
             "pp": (2 if pp > 1 else 1, tp * cp * dp),  # p2p between neighbouring stages
             "etp": (etp, 1),
             "ep": (ep, etp),
             "edp": (st.edp_size, ep * etp),
         }
         overrides = {"tp": st.tp_net, "cp": st.cp_net, "dp": st.dp_net, "pp": st.pp_net, "ep": st.ep_net, "etp": st.etp_net,
-                     "edp": st.edp_net or st.dp_net}
+                     "edp": st.edp_net or st.dp_net, "dp_shard": st.dp_net, "dp_rep": st.dp_net}
         self.groups = {g: self._place(g, n, stride, overrides.get(g)) for g, (n, stride) in layout.items()}
         self._cache: dict[Collective, float] = {}
 

@@ -62,6 +62,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
                 f.append(switch_flag("m", "moe_pad_expert_input_to_capacity"))
     if st.zero_state >= 1:
         f.append(switch_flag("s", "zero_state", 1))
+    if st.fsdp_replicate_size > 1:
+        f.append(_s("fsdp_replicate_size", st.fsdp_replicate_size))
     if st.zero_state >= 2:
         f += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {'optim_grads' if st.zero_state == 2 else 'optim_grads_params'}"]
     if st.use_fp32_accum_grad and not st.grad_reduce_in_bf16:

@@ -34,7 +34,8 @@ def sharding_op(name: str, layer: int, ops: list[Op], st: StrategyConfig) -> Op 
     fwd: list[Collective] = []
     bwd_in: list[Collective] = []
     bwd_w: list[Collective] = []
-    for params, group in ((dense, "dp"), (expert, "edp")):
+    dense_group = "dp_shard" if st.fsdp_replicate_size > 1 else "dp"  # HSDP: inside one replica
+    for params, group in ((dense, dense_group), (expert, "edp")):
         if params <= 0:
             continue
         if st.zero_state >= 3:

@@ -36,7 +36,7 @@ def shard_params(st: StrategyConfig, stage: Stage) -> float:
     if st.zero_state < 1:
         return float(stage.params)
     dense = stage.params - stage.expert_params
-    return dense / (st.dp_size * st.cp_size) + stage.expert_params / st.edp_size
+    return dense / st.dp_shard_size + stage.expert_params / st.edp_size
 
 
 def fp8_weight_params(stage: Stage) -> int:
