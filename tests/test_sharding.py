@@ -125,3 +125,22 @@ def test_hsdp_shards_inside_a_replica_and_all_reduces_across() -> None:
     assert "--num-distributed-optimizer-instances 2" in " ".join(megatron_flags(hsdp.strategy))
     with pytest.raises(Exception, match="fsdp_replicate_size"):
         load_strategy({**LLAMA70, "zero_state": 3, "fsdp_replicate_size": 3})
+
+
+def test_optimizer_cpu_offload_lowers_memory_and_raises_time() -> None:
+    """Megatron's --optimizer-cpu-offload: the offloaded share of fp32 master, m and v leaves
+    the GPU; its step costs the gradients' trip to the host (4 B / param), host Adam over
+    4 + 2 x 12 B / param at host-memory bandwidth, and the bf16 parameters back, by hand."""
+    m = load_model("llama3-70b")
+    base = {**LLAMA70, "zero_state": 1}
+    on = Estimate(m, load_strategy({**base, "optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5}), H100)
+    off = Estimate(m, load_strategy(base), H100)
+    a, b = off.memory().stages[0], on.memory().stages[0]
+    assert b.optimizer == pytest.approx(a.optimizer / 2) and b.peak_mem < a.peak_mem
+    assert on.cost().duration_time_per_iter > off.cost().duration_time_per_iter
+    shard = off.stages[0].params / 16 / 2  # dp 16, half offloaded
+    host = shard * 4 / 50e9 + shard * (4 + 2 * 12) / 77e9 + shard * 2 / 50e9  # h100-sxm-80gb: Gen5 50, host 77 GB/s
+    assert on._offloaded_step(shard) == pytest.approx(host)
+    assert on.optimizer_passes[0][1] > host  # the GPU still steps its half (and zeroes every gradient)
+    flags = " ".join(megatron_flags(on.strategy))
+    assert "--optimizer-cpu-offload" in flags and "--optimizer-offload-fraction 0.5" in flags

@@ -25,7 +25,13 @@ from simumax.graph.ops import Stage
 from simumax.graph.params import ParamCount, count_params
 from simumax.graph import fp8
 from simumax.memory.activation_walk import WalkResult
-from simumax.memory.model_states import fp8_weight_params, model_states, optimizer_bytes_per_param, shard_params
+from simumax.memory.model_states import (
+    device_optimizer_share,
+    fp8_weight_params,
+    model_states,
+    optimizer_bytes_per_param,
+    shard_params,
+)
 from simumax.report.results import CostResult, MemResult, StageCost, StageMemory
 from simumax.memory.schedule_walk import RankActivations, walk_schedule
 from simumax.profiles import LayerProfiles, ProfileCache
@@ -229,7 +235,8 @@ class Estimate:
         cost = self.compute_model.membound
         out = []
         for stage in self.stages:
-            shard = shard_params(st, stage)
+            full_shard = shard_params(st, stage)
+            shard = full_shard * device_optimizer_share(st)  # what the GPU steps itself
             before = [
                 MemBound("optimizer.copy_grads", shard * (g + 4)),
                 MemBound("optimizer.check_finite", stage.params * g),
@@ -246,8 +253,21 @@ class Estimate:
                 # forward, after this step's new weights): counted with the step, per rank
                 r = fp8.recipe(st.lp_recipe)
                 after.append(MemBound("fp8.cast_weights", fp8.weight_cast_bytes(r, fp8_weight_params(stage), st.dtype_bytes)))
-            out.append((sum(map(cost, before)), sum(map(cost, after))))
+            out.append((sum(map(cost, before)), sum(map(cost, after)) + self._offloaded_step(full_shard - shard)))
         return out
+
+    def _offloaded_step(self, params: float) -> float:
+        """Megatron's CPU-offloaded optimizer share (HybridDeviceOptimizer), serially: fp32
+        gradients to the host, Adam there over master, m and v (bound by host memory
+        bandwidth: read grad, master, m, v, write master, m, v), bf16 parameters back."""
+        if params <= 0:
+            return 0.0
+        st, sy = self.strategy, self.system
+        link, host = sy.host_link_gbps * 1e9, sy.host_mem_gbps * 1e9
+        d2h = params * 4 / link
+        adam = params * (4 + 2 * optimizer_bytes_per_param(st)) / host
+        h2d = params * st.dtype_bytes / link
+        return d2h + adam + h2d
 
     def optimizer_time(self, stage: Stage) -> float:
         return sum(self.optimizer_passes[stage.index])

@@ -105,6 +105,13 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         "reduce-scattered every micro-batch; 3: parameters too, all-gathered per layer (Megatron-FSDP optim_grads / "
         "optim_grads_params).",
     )
+    optimizer_cpu_offload: bool = Field(
+        False, description="Megatron --optimizer-cpu-offload: the offloaded share of the optimizer states lives in host "
+        "memory; its step runs on the CPU after the gradients come over the host link and the parameters go back.",
+    )
+    optimizer_offload_fraction: float = Field(
+        1.0, gt=0, le=1, description="Megatron --optimizer-offload-fraction: share of the optimizer offloaded."
+    )
     fsdp_replicate_size: PositiveInt = Field(
         1, le=65536, description="HSDP: the data-parallel ranks (x CP) split into this many replicas; optimizer states, "
         "and with ZeRO-2/3 gradients and parameters, shard inside a replica, and the replicas all-reduce their "

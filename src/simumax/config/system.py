@@ -169,6 +169,14 @@ class SystemConfig(SimuMaxConfigMethods, ConfigBase):
         None, description="GPUs on one scale-up (NVLink / NVSwitch) fabric when it spans more than a node (NVL72: 72); "
         "groups inside it use the intra-node tiers. Default num_per_node.",
     )
+    host_link_gbps: PositiveFloat = Field(
+        25.0, le=1e5, description="GPU <-> host bandwidth per GPU, one direction, GB/s achieved (PCIe Gen4 x16 ~25, "
+        "Gen5 ~50, NVLink-C2C on GH200 / GB200 ~450): optimizer CPU offload moves gradients and parameters over it.",
+    )
+    host_mem_gbps: PositiveFloat = Field(
+        50.0, le=1e5, description="Host memory bandwidth per GPU (the node's DRAM bandwidth / GPUs), GB/s: the offloaded "
+        "optimizer step is bound by it.",
+    )
     _warned: set[str] = PrivateAttr(default_factory=set)
 
     @model_validator(mode="before")

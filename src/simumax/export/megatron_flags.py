@@ -62,6 +62,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
                 f.append(switch_flag("m", "moe_pad_expert_input_to_capacity"))
     if st.zero_state >= 1:
         f.append(switch_flag("s", "zero_state", 1))
+    if st.optimizer_cpu_offload:
+        f += [switch_flag("s", "optimizer_cpu_offload"), _s("optimizer_offload_fraction", st.optimizer_offload_fraction)]
     if st.fsdp_replicate_size > 1:
         f.append(_s("fsdp_replicate_size", st.fsdp_replicate_size))
     if st.zero_state >= 2:

@@ -39,6 +39,11 @@ def shard_params(st: StrategyConfig, stage: Stage) -> float:
     return dense / st.dp_shard_size + stage.expert_params / st.edp_size
 
 
+def device_optimizer_share(st: StrategyConfig) -> float:
+    """Share of the optimizer states kept on the GPU (the rest offloaded to the host)."""
+    return 1.0 - st.optimizer_offload_fraction if st.optimizer_cpu_offload else 1.0
+
+
 def fp8_weight_params(stage: Stage) -> int:
     """Parameters of the stage's TE linears (the ones run as fp8 GEMMs)."""
     return sum(o.params for o in stage.ops if o.weight_shapes)
@@ -63,7 +68,7 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
     grouped (expert) linears do so from 2.10.
     """
     total = stage.params
-    opt = optimizer_bytes_per_param(st) * shard_params(st, stage)
+    opt = optimizer_bytes_per_param(st) * shard_params(st, stage) * device_optimizer_share(st)
     te = 0.0
     if st.te_at_least("2.3"):
         grouped_too = st.te_at_least("2.10")
