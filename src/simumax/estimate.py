@@ -483,8 +483,8 @@ class Estimate:
                     activation_mem=act.peak, stored_activation_mem=act.stored_peak, peak_mem=peak, peak_mem_with_reserved=peak / st.mem_factor,
                     peak_path={
                         "phase": {"F": "fwd", "B": "bwd", "W": "wgrad"}.get(t.kind, "") if t else "",
-                        "op": op, "in_flight": f"{n:g}", "micro_batch": str(t.mb) if t else "",
-                        "vstage": str(t.vstage) if t else "",
+                        "op": op, "in_flight": float(n), "micro_batch": t.mb if t else None,
+                        "vstage": t.vstage if t else None,
                     },
                 )
             )

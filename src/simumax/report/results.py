@@ -70,7 +70,9 @@ class StageMemory(_ToDict):
     stored_activation_mem: float  # most stored activations held between passes (no pass transients)
     peak_mem: float  # allocated
     peak_mem_with_reserved: float  # allocated / mem_factor
-    peak_path: dict[str, str]  # {"phase": "bwd", "op": "L3.fc1", "micro_batch": "..."}
+    # where the peak is: {"phase": "bwd", "op": "L3.fc1", "in_flight": 2.0, "micro_batch": 5, "vstage": 0}
+    # (micro_batch / vstage None when no activation is live)
+    peak_path: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
