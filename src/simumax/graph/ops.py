@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 
 from simumax.graph.kernels import Collective, Kernel
 
@@ -54,7 +54,19 @@ class Op:
         return sum(b for _, b in self.saved)
 
     def with_(self, **kw: object) -> "Op":
-        return replace(self, **kw)
+        """A copy with some fields replaced (dataclasses.replace without its per-call
+        introspection: graph building makes thousands of these)."""
+        unknown = kw.keys() - _OP_FIELD_SET
+        if unknown:
+            raise TypeError(f"Op has no field(s) {sorted(unknown)}")
+        new = object.__new__(Op)
+        for name in _OP_FIELDS:
+            object.__setattr__(new, name, kw[name] if name in kw else getattr(self, name))
+        return new
+
+
+_OP_FIELDS = tuple(f.name for f in fields(Op))
+_OP_FIELD_SET = frozenset(_OP_FIELDS)
 
 
 PHASES = ("fwd", "bwd_input", "bwd_weight", "recompute")
