@@ -49,7 +49,7 @@ def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[fl
     imbalance = min(idle, max(0.0, busy_max - m * sum(per_stage[crit])))
     # exposed inside passes on the data-parallel groups (ZeRO-2/3's per-layer collectives)
     # and after the last pass (gradient reduce, parameter gathers) are one part
-    in_pass_dp = comm.pop("dp", 0.0) + comm.pop("edp", 0.0)
+    in_pass_dp = sum(comm.pop(g, 0.0) for g in ("dp", "edp", "dp_shard"))
     return {
         **parts,
         **{f"{g}_comm": x for g, x in sorted(comm.items())},
