@@ -109,3 +109,20 @@ def test_blackwell_ultra_and_pcie_hopper_presets() -> None:
     assert datasheet("NVIDIA H100 PCIe").bf16_tflops == 756.0  # the more specific name wins over "H100"
     # PCIe between the cards: TP2 costs more than on the SXM board with the same compute tables
     assert times["h100-pcie-80gb"] > times["h100-nvl-94gb"] > times["b300-sxm-288gb"]
+
+
+def test_search_proposes_the_embedding_and_loss_in_the_split() -> None:
+    """Where the layers alone do not divide over p x v virtual stages but with the
+    embedding and the loss counted they do, the search proposes Megatron's accounting:
+    Llama 3.1 405B's 126 layers on PP8 x VP8 (the production layout)."""
+    from simumax.search.run import run_search
+    from simumax.search.space import SearchSpace, accounting_layouts
+
+    assert accounting_layouts(126, 8, 8) == [("E", "L")] and accounting_layouts(128, 8, 8) == []
+    assert accounting_layouts(33, 2, 1) == [("E", ""), ("", "L")]
+    m = load_model("llama3.1-405b")
+    space = SearchSpace(world_size=8192, global_batch_size=2048, tp=(8,), pp=(8,), vp=(8,), cp=(1,), mbs=(1,),
+                        recompute=("none",), zero=(1,))
+    rows = run_search(m, load_system("gb200-nvl72"), load_strategy({"seq_len": 8192, "world_size": 8192}), space)
+    assert [r.label for r in rows] == ["tp8 pp8[E+L] vp8 dp128 ep1 cp1 mbs1 mbc16 zero1 none"]
+    assert rows[0].strategy["account_for_loss_in_pipeline_split"] and rows[0].pipeline_split == "E+L"

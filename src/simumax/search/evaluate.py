@@ -48,6 +48,7 @@ class SearchRow:
     mfu: float | None = None
     tokens_per_s_per_gpu: float | None = None
     strategy: dict[str, Any] | None = None
+    pipeline_split: str = ""  # "E", "L", "E+L": the embedding / loss counted as a layer in the pipeline split
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -63,6 +64,7 @@ class SearchRow:
         """The candidate, unique within a search (the resume key): all but the
         recompute layer count the evaluation found."""
         pp = f"pp{self.pp}" + (f"[{self.first_stage_layers},{self.last_stage_layers}]" if self.first_stage_layers else "")
+        pp += f"[{self.pipeline_split}]" if self.pipeline_split else ""
         vp = f" vp{self.vp}" if self.vp > 1 else ""
         etp = f" etp{self.etp}" if self.etp > 1 else ""
         sched = f" {self.schedule}" if self.schedule not in ("1f1b", "interleaved") else ""
@@ -89,7 +91,10 @@ def _row(rc: str, st: StrategyConfig, *, fits: bool, pruned: bool, per_stage: li
         first_stage_layers=st.num_layers_in_first_pipeline_stage, last_stage_layers=st.num_layers_in_last_pipeline_stage,
         recompute=rc, recompute_layer_num=st.recompute_layer_num if st.recompute_mode == "full_block" else None,
         fits=fits, pruned=pruned, peak_mem=peak, peak_mem_per_stage=tuple(per_stage), headroom=budget - peak,
-        strategy=st.to_dict(), **extra,
+        strategy=st.to_dict(),
+        pipeline_split="+".join(p for p, on in (("E", st.account_for_embedding_in_pipeline_split),
+                                                 ("L", st.account_for_loss_in_pipeline_split)) if on),
+        **extra,
     )
 
 

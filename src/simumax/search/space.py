@@ -139,21 +139,49 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
         if space.world_size % denom:
             continue
         dp = space.world_size // denom
-        for (first, last), vp, ep, etp, sched, zero in itertools.product(
-            pp_layouts(L, pp), space.vp, ep_list, etp_list, space.schedule, space.zero
-        ):
+        for vp, ep, etp, sched, zero in itertools.product(space.vp, ep_list, etp_list, space.schedule, space.zero):
             if (vp > 1 and pp == 1) or space.global_batch_size % (mbs * dp):
                 continue
-            fields = {
-                **base_fields, "world_size": space.world_size, "tp_size": tp, "pp_size": pp, "cp_size": cp,
-                "ep_size": ep, "etp_size": etp, "micro_batch_size": mbs, "micro_batch_num": space.global_batch_size // (mbs * dp),
-                "zero_state": zero, "enable_sequence_parallel": tp > 1, "interleaving_size": vp, "pp_schedule": sched,
-                "microbatch_group_size_per_vp_stage": None, "num_layers_in_first_pipeline_stage": first,
-                "num_layers_in_last_pipeline_stage": last, **NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc],
-            }
-            try:
-                st = StrategyConfig.init_from_dict(fields, source="search")
-                check_compatible(model, st, system)
-            except ConfigError:
-                continue
-            yield rc, st
+            for layout in pp_layouts(L, pp) + accounting_layouts(L, pp, vp):
+                st = _candidate(model, system, {
+                    **base_fields, "world_size": space.world_size, "tp_size": tp, "pp_size": pp, "cp_size": cp,
+                    "ep_size": ep, "etp_size": etp, "micro_batch_size": mbs, "micro_batch_num": space.global_batch_size // (mbs * dp),
+                    "zero_state": zero, "enable_sequence_parallel": tp > 1, "interleaving_size": vp, "pp_schedule": sched,
+                    "microbatch_group_size_per_vp_stage": None, **_layout_fields(layout), **NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc],
+                })
+                if st is not None:
+                    yield rc, st
+
+
+def accounting_layouts(layers: int, pp: int, vp: int) -> list[tuple[str, str]]:
+    """Megatron's embedding / loss counted as a pipeline layer, proposed where the layers
+    alone do not divide over the p x v virtual stages but with them they do (Llama 3.1
+    405B: 126 + 2 over PP8 x VP8)."""
+    stages = pp * vp
+    if pp == 1 or layers % stages == 0:
+        return []
+    out = []
+    for emb, loss in ((True, True), (True, False), (False, True)):
+        total = layers + emb + loss
+        if total % stages == 0 and total // stages >= 2:
+            out.append(("E" if emb else "", "L" if loss else ""))
+    return out
+
+
+def _layout_fields(layout: tuple) -> dict[str, Any]:
+    first, last = layout
+    if isinstance(first, str):  # an accounting layout
+        return {"num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None,
+                "account_for_embedding_in_pipeline_split": first == "E", "account_for_loss_in_pipeline_split": last == "L"}
+    return {"num_layers_in_first_pipeline_stage": first, "num_layers_in_last_pipeline_stage": last,
+            "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False}
+
+
+def _candidate(model: ModelConfig, system: SystemConfig, fields: dict[str, Any]) -> StrategyConfig | None:
+    try:
+        st = StrategyConfig.init_from_dict(fields, source="search")
+        check_compatible(model, st, system)
+    except ConfigError:
+        return None
+    return st
+

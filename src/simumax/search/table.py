@@ -12,7 +12,7 @@ from simumax.search.evaluate import SearchRow
 SEARCH_CSV_COLUMNS = (
     "label", "tp", "pp", "vp", "dp", "cp", "ep", "etp", "mbs", "mbc", "zero", "schedule", "first_stage_layers",
     "last_stage_layers", "recompute", "recompute_layer_num", "fits", "pruned", "iter_time", "mfu", "tokens_per_s_per_gpu",
-    "peak_mem", "headroom",
+    "peak_mem", "headroom", "pipeline_split",
 )
 
 
