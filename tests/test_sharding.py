@@ -144,3 +144,28 @@ def test_optimizer_cpu_offload_lowers_memory_and_raises_time() -> None:
     assert on.optimizer_passes[0][1] > host  # the GPU still steps its half (and zeroes every gradient)
     flags = " ".join(megatron_flags(on.strategy))
     assert "--optimizer-cpu-offload" in flags and "--optimizer-offload-fraction 0.5" in flags
+
+
+def test_torch_fsdp2_memory_and_torchtitan_export() -> None:
+    """FSDP2 as torchtitan runs it: fp32 sharded parameters stepped in place (no separate
+    master), fp32 gradient shards, Adam's two moments: 16 B per parameter / dp, plus bf16
+    copies of the current and prefetched unit; its gradients reduce-scatter in fp32."""
+    from simumax.export.torchtitan import torchtitan_toml
+
+    m = load_model("llama3-8b").with_updates({"layer_num": 4})
+    st = load_strategy({"seq_len": 4096, "world_size": 8, "zero_state": 3, "fsdp_impl": "torch_fsdp2", "use_fp32_accum_grad": False})
+    est = Estimate(m, st, H100)
+    s = est.memory().stages[0]
+    shard = est.stages[0].params / 8
+    head = 128384 * 4096 + 4096  # the largest unit
+    assert s.weights == pytest.approx(4 * shard + 2 * 2 * head)
+    assert s.grads == pytest.approx(4 * (shard + head)) and s.optimizer == pytest.approx(8 * shard)
+    assert _sharding_bytes(est)["reduce_scatter"] == 4 * est.params.total  # fp32, whatever the main-grad dtype
+    with pytest.raises(Exception, match="torch_fsdp2.*zero_state 3"):
+        load_strategy({"seq_len": 4096, "world_size": 8, "zero_state": 2, "fsdp_impl": "torch_fsdp2"})
+    toml = torchtitan_toml(load_strategy({**LLAMA70, "zero_state": 3, "fsdp_replicate_size": 2, "pp_size": 2}))
+    assert "data_parallel_replicate_degree = 2" in toml and "data_parallel_shard_degree = 4" in toml
+    assert "tensor_parallel_degree = 4" in toml and 'mode = "full"' in toml and "pipeline_parallel_degree = 2" in toml
+    assert "local_batch_size = 4" in toml and "pipeline_parallel_microbatch_size = 1" in toml
+    out = run_cli("export", "-m", "llama3-8b", "-s", "tp2_pp1_dp4_mbs1", "--format", "torchtitan")
+    assert out.returncode == 2 and "zero_state" in out.stderr  # ZeRO-1 has no torchtitan form

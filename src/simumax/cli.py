@@ -612,14 +612,26 @@ def export(
     model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
     strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
     set_: list[str] = SetOpt,
-    out: Optional[Path] = typer.Option(None, "--out", help="Also write megatron_flags.txt here."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write megatron_flags.txt (or torchtitan.toml) here."),
     as_json: bool = typer.Option(False, "--json", help="Print the flags as a JSON list."),
+    fmt_: str = typer.Option("megatron", "--format", help="megatron (flags) or torchtitan (a job-config TOML snippet)."),
 ) -> None:
-    """Model + strategy as Megatron-LM flags (the inverse of `import megatron`)."""
+    """Model + strategy as Megatron-LM flags (the inverse of `import megatron`), or as a
+    torchtitan job-config snippet (`--format torchtitan`, FSDP2: zero_state 3)."""
     from simumax.atomic import write_text_atomic
     from simumax.export.megatron_flags import megatron_flags, model_flags
 
+    if fmt_ not in ("megatron", "torchtitan"):
+        raise ConfigError("--format", f"must be megatron or torchtitan (got {fmt_!r})")
     m, st, _ = apply_overrides(load_model(model), load_strategy(strategy), load_system("a100_pcie"), set_)
+    if fmt_ == "torchtitan":
+        from simumax.export.torchtitan import torchtitan_toml
+
+        text = torchtitan_toml(st)
+        if out is not None:
+            write_text_atomic(out / "torchtitan.toml", text)
+        sys.stdout.write(text)
+        return
     flags = model_flags(m) + megatron_flags(st, m)
     if out is not None:
         write_text_atomic(out / "megatron_flags.txt", " \\\n".join(flags) + "\n")

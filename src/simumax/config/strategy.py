@@ -112,6 +112,11 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     optimizer_offload_fraction: float = Field(
         1.0, gt=0, le=1, description="Megatron --optimizer-offload-fraction: share of the optimizer offloaded."
     )
+    fsdp_impl: Literal["megatron_fsdp", "torch_fsdp2"] = Field(
+        "megatron_fsdp", description="With zero_state 2/3: Megatron-FSDP (bf16 parameters, fp32 main grads and master "
+        "copy) or PyTorch FSDP2 as torchtitan runs it (zero_state 3: fp32 sharded parameters, no separate master, "
+        "bf16 gathers, fp32 reduce-scatters).",
+    )
     fsdp_replicate_size: PositiveInt = Field(
         1, le=65536, description="HSDP: the data-parallel ranks (x CP) split into this many replicas; optimizer states, "
         "and with ZeRO-2/3 gradients and parameters, shard inside a replica, and the replicas all-reduce their "
@@ -210,6 +215,8 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
             raise ConfigError(
                 "world_size", f"must be divisible by tp*cp*pp = {denom} (got {self.world_size})"
             )
+        if self.fsdp_impl == "torch_fsdp2" and self.zero_state != 3:
+            raise ConfigError("fsdp_impl", "torch_fsdp2 (fully_shard) shards parameters: it needs zero_state 3")
         if self.fsdp_replicate_size > 1:
             if self.zero_state < 1:
                 raise ConfigError("fsdp_replicate_size", "replicas of a sharded state need zero_state >= 1")

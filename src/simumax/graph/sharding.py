@@ -42,7 +42,8 @@ def sharding_op(name: str, layer: int, ops: list[Op], st: StrategyConfig) -> Op 
             gather = Collective("all_gather", float(params * st.dtype_bytes), group)
             fwd.append(gather)
             bwd_in.append(gather)
-        bwd_w.append(Collective("reduce_scatter", float(params * st.main_grad_bytes), group))
+        grad_bytes = 4 if st.fsdp_impl == "torch_fsdp2" else st.main_grad_bytes  # FSDP2 reduce_dtype fp32 (torchtitan)
+        bwd_w.append(Collective("reduce_scatter", float(params * grad_bytes), group))
     if not bwd_w:
         return None
     return Op(name=f"{name}.fsdp", module=MODULE, layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd_in), bwd_weight=tuple(bwd_w))

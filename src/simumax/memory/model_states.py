@@ -87,4 +87,10 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
         grads = st.main_grad_bytes * (shard + layer)
         if st.zero_state >= 3:
             weights = st.dtype_bytes * (shard + 2 * layer)
+        if st.fsdp_impl == "torch_fsdp2":
+            # torchtitan's FSDP2: the sharded parameters are the fp32 originals (the optimizer
+            # steps them, no separate master); gathers cast to bf16, gradients reduce in fp32
+            weights = FP32 * shard + st.dtype_bytes * 2 * layer
+            grads = FP32 * (shard + layer)
+            opt = ADAM_STATE_BYTES * shard * device_optimizer_share(st)
     return ModelStates(weights=weights, grads=float(grads), optimizer=float(opt), te_buffers=te)
