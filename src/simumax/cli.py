@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -150,12 +151,13 @@ def perf(
     if out is not None:
         from simumax.report.breakdown_plots import plot_memory, plot_time
 
+        t0 = time.time()
         p.analysis(out, console_log=False)
         plot_memory(mem, out / f"memory.{plot_format}", f"{m.model_name} on {sy.sys_name}")
         plot_time(cost, out / f"time.{plot_format}")
+        _say_written(out, t0)
     if as_json:
-        payload = {"cost": cost.to_dict(), "mem": mem.to_dict(),
-                   "params": params.to_dict()}
+        payload = {"cost": cost.to_dict(), "mem": mem.to_dict(), "params": params.to_dict(), "units": JSON_UNITS}
         if training:
             payload["training"] = training
         out_console.print_json(dumps_finite(payload))
@@ -348,6 +350,24 @@ def search(
         out_console.print(" ".join(megatron_flags(StrategyConfig.init_from_dict(rows[0].strategy or {}), m)), markup=False, soft_wrap=True)
 
 
+# what the numbers of `perf --json` are: SI units, and which are per micro-batch
+JSON_UNITS = {
+    "time": "s", "memory": "bytes", "flops": "FLOP", "throughput": "tokens/s per GPU",
+    "per_micro_batch": ["cost.stages[].fwd", "cost.stages[].bwd", "cost.stages[].recompute", "cost.stages[].p2p",
+                        "cost.stages[].comm_exposed", "mem.stages[].fwd_activation_cache_per_micro_batch"],
+    "per_iteration": ["cost.duration_time_per_iter", "cost.breakdown", "cost.stages[].dp_comm", "cost.stages[].optimizer",
+                      "cost.stages[].end_of_backward", "cost.flops_per_iter", "cost.tokens_per_iter"],
+    "peak": ["mem.stages[].peak_mem (allocated)", "mem.stages[].peak_mem_with_reserved (allocated / mem_factor)"],
+}
+
+
+def _say_written(out: Path, since: float) -> None:
+    """One line on stderr naming the files just written to ``out`` (stdout stays the result)."""
+    names = sorted(p.name for p in out.iterdir() if p.is_file() and p.stat().st_mtime >= since - 1)
+    if names:
+        err_console.print(f"wrote {out}: {', '.join(names)}", markup=False, soft_wrap=True)
+
+
 def _write_search_outputs(out: Path, rows: list, model: ModelConfig, system: SystemConfig, budget: float) -> None:
     """CSV, frontier plot, and the best strategy as JSON and as Megatron-LM flags."""
     from simumax.atomic import write_text_atomic
@@ -355,12 +375,14 @@ def _write_search_outputs(out: Path, rows: list, model: ModelConfig, system: Sys
     from simumax.report.frontier import plot_frontier
     from simumax.search.table import search_csv
 
+    t0 = time.time()
     write_text_atomic(out / "search.csv", search_csv(rows))
     plot_frontier(rows, out / "frontier.png", budget, f"{model.model_name} on {system.sys_name}")
     if rows and rows[0].fits:
         best = StrategyConfig.init_from_dict(rows[0].strategy or {})
         write_json_atomic(out / "best_strategy.json", best.to_dict())
         write_text_atomic(out / "best_megatron_flags.txt", " \\\n".join(megatron_flags(best, model)) + "\n")
+    _say_written(out, t0)
 
 
 @app.command()

@@ -38,7 +38,7 @@ def memory_figure(mem: MemResult, title: str = "") -> Any:
     """Stacked bars per stage: the parts of memory_parts, and the device's capacity."""
     plt = pyplot()
     parts = memory_parts(mem)
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(parts) + 3), 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.6 * len(parts) + 4.5), 4.5), dpi=110)
     bottom = [0.0] * len(parts)
     xs = list(range(len(parts)))
     for name in MEMORY_PARTS:
@@ -46,12 +46,23 @@ def memory_figure(mem: MemResult, title: str = "") -> Any:
         if any(vals):
             ax.bar(xs, vals, bottom=bottom, label=name.replace("_", " "), color=COLOURS[name], width=0.7)
             bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.axhline(mem.capacity / GIB, color="black", linestyle="--", linewidth=1, label="device memory")
-    ax.set_xticks(xs, [str(s.stage) for s in mem.stages])
+    cap = mem.capacity / GIB
+    ax.axhline(cap, color="black", linestyle="--", linewidth=1, label="device memory")
+    # a stage whose reserved peak does not fit: its tick label and bar edge in red
+    over = [s.peak_mem_with_reserved > mem.capacity for s in mem.stages]
+    for x, top, bad in zip(xs, bottom, over):
+        if bad:
+            ax.bar([x], [top], width=0.7, fill=False, edgecolor="red", linewidth=2)
+    ax.set_xticks(xs, [f"{s.stage}\nOOM" if bad else str(s.stage) for s, bad in zip(mem.stages, over)])
+    for label, bad in zip(ax.get_xticklabels(), over):
+        if bad:
+            label.set_color("red")
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("GiB (peak allocated)")
     ax.set_title(title or "memory per pipeline stage")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.set_ylim(0, max([cap, *bottom]) * 1.05)
+    # the legend beside the axes: it never covers a bar or the device line
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     return fig
 
