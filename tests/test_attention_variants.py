@@ -50,3 +50,22 @@ def test_gpt_oss_presets_match_the_published_counts(preset: str, total: float, a
     p = Estimate(m, load_strategy({"seq_len": 4096, "world_size": 8, "ep_size": 8}), SYSTEM).params
     assert round(p.total / 1e9, 2) == total
     assert round((p.active - m.vocab_size * m.hidden_size) / 1e9, 2) == active
+
+
+def test_qk_layernorm_by_hand() -> None:
+    """Megatron's --qk-layernorm (Qwen3): 2 x head_size parameters per layer (every TP rank
+    holds them), a pass reading q and k and writing them normalised, and one fp32 rstd per
+    token and head kept for backward."""
+    from simumax.export.megatron_flags import model_flags
+    from simumax.graph.kernels import MemBound
+
+    m = load_model("qwen3-8b").with_updates({"layer_num": 2})
+    st = load_strategy({"seq_len": 4096, "world_size": 8, "tp_size": 2, "enable_sequence_parallel": True})
+    on, off = Estimate(m, st, SYSTEM), Estimate(m.with_updates({"qk_layernorm": False}), st, SYSTEM)
+    assert on.params.total - off.params.total == 2 * 2 * 128
+    op = next(o for o in on.stages[0].ops if o.name == "L0.qk_norm")
+    qk = 4096 * (32 // 2 + 8 // 2) * 128 * 2  # tokens x (q + k heads per rank) x head_dim x bf16
+    assert [k.bytes for k in op.fwd if isinstance(k, MemBound)] == [2 * qk]
+    assert dict(op.saved)["L0.qk_norm.rstd"] == 4096 * (16 + 4) * 4
+    assert on.cost().duration_time_per_iter > off.cost().duration_time_per_iter
+    assert "--qk-layernorm" in model_flags(m)

@@ -65,6 +65,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--moe-router-pre-softmax": ("m", "moe_router_pre_softmax", True),
     "--moe-router-enable-expert-bias": ("m", "moe_router_enable_expert_bias", True),
     "--sequence-parallel": ("s", "enable_sequence_parallel", True),
+    "--qk-layernorm": ("m", "qk_layernorm", True),
     "--optimizer-cpu-offload": ("s", "optimizer_cpu_offload", True),
     "--account-for-embedding-in-pipeline-split": ("s", "account_for_embedding_in_pipeline_split", True),
     "--account-for-loss-in-pipeline-split": ("s", "account_for_loss_in_pipeline_split", True),

@@ -92,6 +92,10 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         None, description="With window_size: every N-th layer (1-based) attends the whole sequence (Megatron's "
         "window_attn_skip_freq; GPT-OSS alternates: 2). Null: every layer is windowed.",
     )
+    qk_layernorm: bool = Field(
+        False, description="Megatron --qk-layernorm (Qwen3, OLMo 2): RMSNorm over each head's q and k before RoPE "
+        "(2 x head_size parameters per layer; memory-bound passes over q and k).",
+    )
     attention_sinks: bool = Field(
         False, description="GPT-OSS learned attention sinks: one logit per head added to the softmax (head_num parameters per layer)."
     )

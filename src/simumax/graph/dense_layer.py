@@ -6,6 +6,7 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph import attention, blocks
 from simumax.graph.dims import Dims
+from simumax.graph.kernels import MemBound
 from simumax.graph.ops import Op
 
 
@@ -35,9 +36,15 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
             output=mixed, **_replicated_kv(model, st, d.h, kv_w, bias)
         ),
     ]
+    rope_in = mixed
+    if model.qk_layernorm:
+        ops.append(_qk_norm(P, layer, d, mixed, q_w + kv_w))
+        rope_in = (f"{P}.qk_norm.out", d.act(q_w + kv_w))
+        if not rotary:
+            q = k = rope_in
     if rotary:
         ops.append(
-            blocks.rope(f"{P}.rope", layer, d, q_w + kv_w, fused=not local, rot_dim=hd).with_(input=(mixed,), output=q, also_outputs=(k,))
+            blocks.rope(f"{P}.rope", layer, d, q_w + kv_w, fused=not local, rot_dim=hd).with_(input=(rope_in,), output=q, also_outputs=(k,))
         )
     if st.use_math_sdp or local:
         core = attention.math_attention(
@@ -51,6 +58,21 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     ops.append(blocks.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, out, q_w, d.h, bias=bias))
     ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))
     return ops
+
+
+def _qk_norm(P: str, layer: int, d: Dims, mixed: tuple[str, float], width: int) -> Op:
+    """Megatron's q_layernorm / k_layernorm (TE RMSNorm over head_dim, per head): read q and
+    k, write them normalised; backward reads them and the gradient. They save their input
+    (the fused QKV buffer, kept anyway) and one fp32 rstd per token and head; every TP rank
+    holds both head_dim-wide weights."""
+    nbytes = d.act(width)
+    rows = d.tokens * (d.heads + d.kv_heads)
+    return Op(
+        name=f"{P}.qk_norm", module="qk_norm", layer=layer,
+        fwd=(MemBound(f"{P}.qk_norm.fwd", 2 * nbytes),), bwd_input=(MemBound(f"{P}.qk_norm.bwd", 3 * nbytes),),
+        saved=(mixed, (f"{P}.qk_norm.rstd", float(rows * 4))), input=(mixed,), output=(f"{P}.qk_norm.out", nbytes),
+        bwd_transient=nbytes, params=2 * d.head_dim, tp_replicated_params=2 * d.head_dim,
+    )
 
 
 def _replicated_kv(model: ModelConfig, st: StrategyConfig, h: int, kv_w: int, bias: bool) -> dict[str, int]:

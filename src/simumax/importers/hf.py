@@ -73,7 +73,7 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
     if cfg.get("attention_bias") or arch == "Qwen2ForCausalLM" or arch == "Qwen2MoeForCausalLM":
         notes.append("q/k/v biases not modelled (a few hidden-size vectors per layer)")
     if cfg.get("qk_norm") or arch.startswith("Qwen3"):
-        notes.append("q/k RMSNorm (Qwen3) not modelled: head-dim weights, a small memory-bound kernel")
+        out["qk_layernorm"] = True  # Qwen3's per-head q / k RMSNorm
     if arch in MOE:
         out["model_type"] = "moe"
         if arch == "MixtralForCausalLM":
