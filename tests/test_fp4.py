@@ -56,3 +56,20 @@ def test_fp4_refusals_and_flags() -> None:
     model = ("--num-layers 2 --hidden-size 8192 --num-attention-heads 64 --ffn-hidden-size 28672 --vocab-size 128256 "
              "--seq-length 4096 --micro-batch-size 1 ")
     assert parse_megatron_args(model + flags)[1].fp4
+
+
+def test_first_and_last_layers_in_bf16() -> None:
+    """Megatron's --first-last-layers-bf16: under fp8 / fp4 the first and last layers keep
+    BF16 GEMMs: no casts, no fp8 weight copies there, slower than all-fp8, faster than none."""
+    m = load_model("llama3-70b").with_updates({"layer_num": 6})
+    st = {**BASE, "fp8": True, "fp8_recipe": "mxfp8", "micro_batch_num": 4}
+    sy = load_system("b200-sxm-180gb")
+    mixed = Estimate(m, load_strategy({**st, "first_last_layers_bf16": True, "num_layers_at_end_in_bf16": 2}), sy)
+    fams = {L: {k.family for o in mixed.stages[0].ops if o.layer == L for k in o.fwd if isinstance(k, Gemm)} for L in range(6)}
+    assert fams == {0: {"matmul"}, 1: {"fp8_matmul"}, 2: {"fp8_matmul"}, 3: {"fp8_matmul"}, 4: {"matmul"}, 5: {"matmul"}}
+    full, bf16 = Estimate(m, load_strategy(st), sy), Estimate(m, load_strategy({**BASE, "micro_batch_num": 4}), sy)
+    t = lambda e: e.cost().duration_time_per_iter  # noqa: E731
+    assert t(full) < t(mixed) < t(bf16)
+    assert mixed.memory().stages[0].te_buffers < full.memory().stages[0].te_buffers
+    flags = " ".join(megatron_flags(mixed.strategy))
+    assert "--first-last-layers-bf16" in flags and "--num-layers-at-end-in-bf16 2" in flags

@@ -123,16 +123,20 @@ class LayerProfiles:
 
     def layer_time(self, layer: int, recomputed: bool) -> StageTime:
         """One layer, one micro-batch; layers of one kind (dense / MoE) cost the same."""
-        key = (self.model.is_moe_layer(layer), recomputed)
+        key = self._kind(layer, recomputed)
         t = self._layer_times.get(key)
         if t is None:
             t = self._layer_times[key] = self._ops_time(self.source.layer(layer, recomputed))
         return t
 
-    def _shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[tuple[bool, bool], ...], list[Op], list[Op]]:
+    def _kind(self, layer: int, recomputed: bool) -> tuple[bool, bool, bool]:
+        """What makes layers cost alike: dense or MoE, recomputed or not, kept in BF16 or not."""
+        return self.model.is_moe_layer(layer), recomputed, self.source.bf16_layer(layer)
+
+    def _shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[tuple[bool, bool, bool], ...], list[Op], list[Op]]:
         """(layer kinds, ops before the layers, ops after them) of a chunk."""
-        kinds = tuple((self.model.is_moe_layer(layer), is_recomputed(st, pos)) for pos, layer in enumerate(chunk.layers))
-        n_layer_ops = sum(len(self.source.layer(layer, rc)) for layer, (_, rc) in zip(chunk.layers, kinds, strict=True))
+        kinds = tuple(self._kind(layer, is_recomputed(st, pos)) for pos, layer in enumerate(chunk.layers))
+        n_layer_ops = sum(len(self.source.layer(layer, kind[1])) for layer, kind in zip(chunk.layers, kinds, strict=True))
         pre = chunk.ops[: len(self.source.pre_ops())] if chunk.vstage == 0 else []
         post = chunk.ops[len(pre) + n_layer_ops :]
         return kinds, pre, post
@@ -140,8 +144,8 @@ class LayerProfiles:
     def chunk_time(self, st: StrategyConfig, chunk: Stage, p2p: float) -> StageTime:
         kinds, pre, post = self._shape(st, chunk)
         out = self._ops_time(pre)
-        for layer, (_, rc) in zip(chunk.layers, kinds, strict=True):
-            out.add(self.layer_time(layer, rc))
+        for layer, kind in zip(chunk.layers, kinds, strict=True):
+            out.add(self.layer_time(layer, kind[1]))
         out.add(self._ops_time(post))
         out.p2p = p2p
         return out

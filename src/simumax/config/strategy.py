@@ -52,6 +52,12 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         "nvfp4", description="TE FP4 recipe (Megatron --fp4-recipe): nvfp4, E2M1 with an E4M3 scale per 16 elements "
         "(16 x 16 blocks for weights).",
     )
+    first_last_layers_bf16: bool = Field(
+        False, description="Megatron --first-last-layers-bf16: with fp8 / fp4, the first and last transformer layers "
+        "keep BF16 GEMMs (num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16 of them).",
+    )
+    num_layers_at_start_in_bf16: int = Field(1, ge=0, le=100_000, description="With first_last_layers_bf16: leading layers in BF16.")
+    num_layers_at_end_in_bf16: int = Field(1, ge=0, le=100_000, description="With first_last_layers_bf16: trailing layers in BF16.")
     cache_groupgemm_col_fp8_inputs: bool = Field(
         False, description="FP8: grouped (expert) linears keep their fp8 column-wise input instead of the bf16 one."
     )

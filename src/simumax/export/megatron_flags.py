@@ -76,6 +76,9 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f += ["--fp8-format hybrid", _s("fp8_recipe", st.fp8_recipe)]
     if st.fp4:
         f += ["--fp4-format e2m1", _s("fp4_recipe", st.fp4_recipe)]
+    if st.low_precision and st.first_last_layers_bf16:
+        f += [switch_flag("s", "first_last_layers_bf16"), _s("num_layers_at_start_in_bf16", st.num_layers_at_start_in_bf16),
+              _s("num_layers_at_end_in_bf16", st.num_layers_at_end_in_bf16)]
     if st.use_flash_sdp:
         f.append(switch_flag("s", "use_flash_sdp"))
     if st.cross_entropy_loss_fusion:

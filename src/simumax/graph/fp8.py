@@ -31,9 +31,12 @@ plus its scales.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from simumax.graph.kernels import MemBound
+
+if TYPE_CHECKING:
+    from simumax.graph.ops import Op
 
 Fp8RecipeName = Literal["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"]
 
@@ -87,6 +90,13 @@ def weight_copy_bytes_per_param(r: Fp8Recipe) -> float:
 
 
 AMAX_BYTES_PER_TENSOR = 4.0  # one fp32 amax per FP8 tensor (input, weight, output gradient)
+
+
+def low_precision_linear(op: "Op") -> bool:
+    """Whether an op is a TE linear running fp8 / fp4 GEMMs (not one kept in BF16)."""
+    return bool(op.weight_shapes) and any(
+        getattr(k, "family", "").startswith(("fp8_", "fp4_")) for k in op.fwd if not isinstance(k, MemBound)
+    )
 
 
 def linear_casts(r: Fp8Recipe, name: str, in_elems: float, grad_elems: float, weight_params: float, in_bytes: int,

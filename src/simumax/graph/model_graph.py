@@ -54,7 +54,7 @@ def _fp8_amax_reduction(st: StrategyConfig, d: Dims, ops: list[Op], vstage: int)
     widest part of it), or TP without data parallelism."""
     if not st.low_precision or not fp8.recipe(st.lp_recipe).history_amax:
         return None
-    linears = sum(1 for o in ops if o.weight_shapes)
+    linears = sum(1 for o in ops if fp8.low_precision_linear(o))
     if not linears:
         return None
     group = "dp" if st.dp_size * st.cp_size > 1 else "tp"
@@ -75,15 +75,26 @@ class OpSource:
         only in which ops they checkpoint (recompute tagging leaves the plain ops as they are)."""
         self.model, self.st = model, st
         self.dims = Dims.of(model, st)
+        # Megatron's --first-last-layers-bf16: those layers are built from the strategy without fp8 / fp4
+        self._st_bf16 = st.model_copy(update={"fp8": False, "fp4": False}) if st.low_precision else st
+        self._dims_bf16 = Dims.of(model, self._st_bf16)
         self._plain: dict[int, list[Op]] = {} if plain is None else plain
         self._tagged: dict[int, list[Op]] = {}
         self._embedding: Op | None = None
         self._head: dict[bool, list[Op]] = {}
 
+    def bf16_layer(self, layer: int) -> bool:
+        """A layer kept in BF16 under an fp8 / fp4 recipe (first_last_layers_bf16)."""
+        st = self.st
+        if not (st.low_precision and st.first_last_layers_bf16):
+            return False
+        return layer < st.num_layers_at_start_in_bf16 or layer >= self.model.layer_num - st.num_layers_at_end_in_bf16
+
     def layer(self, layer: int, recomputed: bool) -> list[Op]:
         plain = self._plain.get(layer)
         if plain is None:
-            own = layer_ops(self.model, self.st, self.dims, layer)
+            bf16 = self.bf16_layer(layer)
+            own = layer_ops(self.model, self._st_bf16 if bf16 else self.st, self._dims_bf16 if bf16 else self.dims, layer)
             plain = self._plain[layer] = with_sharding(f"L{layer}", layer, own, self.st)  # ZeRO-2/3 (graph/sharding.py)
         if not recomputed:
             return plain

@@ -45,8 +45,9 @@ def device_optimizer_share(st: StrategyConfig) -> float:
 
 
 def fp8_weight_params(stage: Stage) -> int:
-    """Parameters of the stage's TE linears (the ones run as fp8 GEMMs)."""
-    return sum(o.params for o in stage.ops if o.weight_shapes)
+    """Parameters of the stage's TE linears run as fp8 / fp4 GEMMs (their low-precision
+    weight copies; layers kept in BF16 have none)."""
+    return sum(o.params for o in stage.ops if fp8.low_precision_linear(o))
 
 
 def largest_layer_params(stage: Stage) -> int:
