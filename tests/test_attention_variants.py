@@ -69,3 +69,23 @@ def test_qk_layernorm_by_hand() -> None:
     assert dict(op.saved)["L0.qk_norm.rstd"] == 4096 * (16 + 4) * 4
     assert on.cost().duration_time_per_iter > off.cost().duration_time_per_iter
     assert "--qk-layernorm" in model_flags(m)
+
+
+def test_attention_output_gate_by_hand() -> None:
+    """Megatron's --attention-output-gate: the QKV GEMM makes heads x head_size more columns
+    (h x q_w more parameters), and one elementwise op multiplies the attention output by the
+    sigmoid of the gate (3 x the output's bytes forward, 5 x backward)."""
+    from simumax.export.megatron_flags import model_flags
+    from simumax.graph.kernels import Gemm, MemBound
+
+    m = load_model("llama3-8b").with_updates({"layer_num": 2, "attention_output_gate": True})
+    st = load_strategy({"seq_len": 4096, "world_size": 8})
+    on, off = Estimate(m, st, SYSTEM), Estimate(m.with_updates({"attention_output_gate": False}), st, SYSTEM)
+    assert on.params.total - off.params.total == 2 * 4096 * 4096
+    ops = {o.name: o for o in on.stages[0].ops}
+    assert next(k for k in ops["L0.qkv"].fwd if isinstance(k, Gemm)).n == 4096 + 2 * 1024 + 4096
+    out = 4096 * 4096 * 2  # tokens x q width x bf16
+    assert [k.bytes for k in ops["L0.attn_gate"].fwd if isinstance(k, MemBound)] == [3 * out]
+    assert ops["L0.attn_proj"].input[0][0] == "L0.attn.gated"
+    assert on.cost().duration_time_per_iter > off.cost().duration_time_per_iter
+    assert "--attention-output-gate" in model_flags(m)

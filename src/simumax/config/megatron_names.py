@@ -68,6 +68,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--moe-router-enable-expert-bias": ("m", "moe_router_enable_expert_bias", True),
     "--sequence-parallel": ("s", "enable_sequence_parallel", True),
     "--qk-layernorm": ("m", "qk_layernorm", True),
+    "--attention-output-gate": ("m", "attention_output_gate", True),
     "--first-last-layers-bf16": ("s", "first_last_layers_bf16", True),
     "--optimizer-cpu-offload": ("s", "optimizer_cpu_offload", True),
     "--account-for-embedding-in-pipeline-split": ("s", "account_for_embedding_in_pipeline_split", True),

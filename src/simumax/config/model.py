@@ -96,6 +96,10 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         False, description="Megatron --qk-layernorm (Qwen3, OLMo 2): RMSNorm over each head's q and k before RoPE "
         "(2 x head_size parameters per layer; memory-bound passes over q and k).",
     )
+    attention_output_gate: bool = Field(
+        False, description="Megatron --attention-output-gate (gated attention, Qwen3-Next): the QKV projection also "
+        "makes a per-head gate; the attention output is multiplied by its sigmoid before the output projection.",
+    )
     attention_sinks: bool = Field(
         False, description="GPT-OSS learned attention sinks: one logit per head added to the softmax (head_num parameters per layer)."
     )

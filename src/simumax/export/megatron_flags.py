@@ -149,8 +149,9 @@ def model_flags(model: ModelConfig) -> list[str]:
         if model.q_lora_rank:
             f.append(_m("q_lora_rank", model.q_lora_rank))
         f += [_m(field, getattr(model, field)) for field in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")]
-    if model.qk_layernorm:
-        f.append(switch_flag("m", "qk_layernorm"))
+    for name in ("qk_layernorm", "attention_output_gate"):
+        if getattr(model, name):
+            f.append(switch_flag("m", name))
     if model.mtp_num_layers:
         f.append(_m("mtp_num_layers", model.mtp_num_layers))
     return f

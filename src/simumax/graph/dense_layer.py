@@ -16,8 +16,9 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     rms = model.norm_type == "rmsnorm"
     hd = d.head_dim
     q_w, kv_w = d.heads * hd, d.kv_heads * hd
+    gate_w = q_w if model.attention_output_gate else 0  # Megatron's gated attention: the QKV GEMM also makes the gate
     ln_out = (f"{P}.attn_norm.out", d.act(d.h, local=True))
-    mixed = (f"{P}.qkv.out", d.act(q_w + 2 * kv_w))
+    mixed = (f"{P}.qkv.out", d.act(q_w + 2 * kv_w + gate_w))
     # q, k, v are views into the fused QKV output, so keeping v (or q, k without RoPE)
     # keeps that whole buffer alive; RoPE writes new q and k tensors
     v = mixed
@@ -32,7 +33,7 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
         # TE adds the QKV bias in the GEMM epilogue; the local linear adds it separately
         # (FC1's bias goes with the fused bias-GeLU/SwiGLU, the row-parallel ones with the
         # fused bias-dropout-add)
-        blocks.column_linear(f"{P}.qkv", "qkv", layer, d, ln_out, d.h, q_w + 2 * kv_w, bias=bias, bias_fused=not local).with_(
+        blocks.column_linear(f"{P}.qkv", "qkv", layer, d, ln_out, d.h, q_w + 2 * kv_w + gate_w, bias=bias, bias_fused=not local).with_(
             output=mixed, **_replicated_kv(model, st, d.h, kv_w, bias)
         ),
     ]
@@ -55,9 +56,27 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
         core = attention.flash_attention(f"{P}.attn", layer, d, q, k, v, out, qk_dim=hd, v_dim=hd,
                                          window=model.attention_window(layer), sink_params=d.heads if model.attention_sinks else 0)
     ops.append(core.with_(output=out))
-    ops.append(blocks.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, out, q_w, d.h, bias=bias))
+    proj_in = out
+    if gate_w:
+        proj_in = (f"{P}.attn.gated", d.act(q_w))
+        ops.append(_output_gate(P, layer, out, mixed, proj_in))
+    ops.append(blocks.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, proj_in, q_w, d.h, bias=bias))
     ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))
     return ops
+
+
+def _output_gate(P: str, layer: int, out: tuple[str, float], mixed: tuple[str, float], gated: tuple[str, float]) -> Op:
+    """Megatron's --attention-output-gate (gated attention, Qwen3-Next): the attention output
+    times sigmoid(gate) before the output projection. Forward reads both, writes the product;
+    backward reads the output gradient, the output and the gate and writes both gradients.
+    It keeps the output (flash attention keeps it anyway) and the gate (a view of the QKV
+    buffer, kept anyway)."""
+    nbytes = out[1]
+    return Op(
+        name=f"{P}.attn_gate", module="attn_gate", layer=layer,
+        fwd=(MemBound(f"{P}.attn_gate.fwd", 3 * nbytes),), bwd_input=(MemBound(f"{P}.attn_gate.bwd", 5 * nbytes),),
+        saved=(out, mixed), input=(out,), output=gated, bwd_transient=nbytes,
+    )
 
 
 def _qk_norm(P: str, layer: int, d: Dims, mixed: tuple[str, float], width: int) -> Op:
