@@ -25,6 +25,8 @@ def _params(name: str):
     ("qwen3-14b", 14.8, 1),        # 14.8 B total
     ("nemotron-4-340b", 341.0, 1), # NVIDIA: 9.4 B embedding + 331.6 B non-embedding
     ("kimi-k2", 1.03e3, -1),       # Moonshot: "1 T total" (1.03 T by its config)
+    ("qwen3-235b-a22b", 235, 0),   # Qwen3 report: 235 B total (22 B activated, below)
+    ("qwen3-32b", 32.8, 1),        # 32.8 B (SimuMax's file)
 ])
 def test_totals(preset: str, total: float, digits: int) -> None:
     _, p = _params(preset)
@@ -45,3 +47,9 @@ def test_kimi_k2_active() -> None:
     """Moonshot: 32 B activated (the input embedding, a lookup, left out)."""
     m, p = _params("kimi-k2")
     assert round((p.active - m.vocab_size * m.hidden_size) / 1e9) == 32
+
+
+def test_qwen3_moe_active() -> None:
+    """Qwen3 report: 235B-A22B activates 22 B per token, 30B-A3B "3.3 B" (3.35 truncated)."""
+    assert round(_params("qwen3-235b-a22b")[1].active / 1e9) == 22
+    assert 3.3 <= _params("qwen3-30b-a3b")[1].active / 1e9 < 3.4
