@@ -12,6 +12,7 @@ from simumax.export.megatron_flags import megatron_flags
 from simumax.graph import fp8
 from simumax.graph.kernels import Gemm, GroupGemm, MemBound
 from simumax.importers.megatron_args import parse_megatron_args
+from tests.conftest import run_cli
 
 BASE = {"seq_len": 4096, "world_size": 8, "tp_size": 8, "enable_sequence_parallel": True, "micro_batch_num": 4}
 
@@ -73,3 +74,14 @@ def test_first_and_last_layers_in_bf16() -> None:
     assert mixed.memory().stages[0].te_buffers < full.memory().stages[0].te_buffers
     flags = " ".join(megatron_flags(mixed.strategy))
     assert "--first-last-layers-bf16" in flags and "--num-layers-at-end-in-bf16 2" in flags
+
+
+def test_naming_the_fp4_recipe_turns_fp4_on() -> None:
+    """`--set fp4_recipe=nvfp4` alone (as one says "with fp4_recipe=nvfp4") runs FP4."""
+    out = run_cli("perf", "-m", "llama3-70b", "-s", "tp8_pp1_dp1_mbs1", "-y", "b200-sxm-180gb", "--set", "layer_num=2",
+                  "--set", "fp4_recipe=nvfp4", "--json")
+    assert out.returncode == 0, out.stderr
+    on = load_strategy({**BASE, "fp4_recipe": "nvfp4"})
+    assert on.fp4_on and on.lp_recipe == "nvfp4" and not load_strategy(BASE).fp4_on
+    bad = run_cli("perf", "-m", "llama3-70b", "-s", "tp8_pp1_dp1_mbs1", "-y", "h100-sxm-80gb", "--set", "fp4_recipe=nvfp4")
+    assert bad.returncode == 2 and "fp4" in bad.stderr

@@ -126,3 +126,11 @@ def test_search_proposes_the_embedding_and_loss_in_the_split() -> None:
     rows = run_search(m, load_system("gb200-nvl72"), load_strategy({"seq_len": 8192, "world_size": 8192}), space)
     assert [r.label for r in rows] == ["tp8 pp8[E+L] vp8 dp128 ep1 cp1 mbs1 mbc16 zero1 none"]
     assert rows[0].strategy["account_for_loss_in_pipeline_split"] and rows[0].pipeline_split == "E+L"
+
+
+def test_uneven_first_last_stages_with_virtual_pipelining() -> None:
+    """Megatron's uneven first / last stages with VPP: each rank's layers split evenly over
+    its chunks, so the first and last ranks' chunks are smaller than the middle ones'."""
+    per_v, per_rank = _counts("llama3-8b", 32, world_size=4, pp_size=4, interleaving_size=2,
+                              num_layers_in_first_pipeline_stage=6, num_layers_in_last_pipeline_stage=6)
+    assert per_rank == [6, 10, 10, 6] and per_v == [3, 5, 5, 3, 3, 5, 5, 3]

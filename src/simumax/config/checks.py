@@ -101,7 +101,7 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
     stage_layer_counts(model, st)
     if st.fp8:
         check_fp8(st, system)
-    if st.fp4:
+    if st.fp4_on:
         check_fp4(st, system)
     for name in ("tp_net", "cp_net", "ep_net", "etp_net", "dp_net", "pp_net", "edp_net"):
         tier = getattr(st, name)
@@ -142,5 +142,5 @@ def check_fp4(st: StrategyConfig, system: SystemConfig) -> None:
     if spec is None or spec.tflops <= 0:
         raise ConfigError("fp4", f"system {system.sys_name!r} has no FP4 peak (accelerator.op.fp4_matmul); turn fp4 off")
     sheet = datasheet(system.sys_name)
-    if sheet is not None and st.fp4_recipe not in sheet.fp8_recipes:
-        raise ConfigError("fp4_recipe", f"{st.fp4_recipe} needs Blackwell; {system.sys_name} is {sheet.match} ({sheet.arch})")
+    if sheet is not None and st.lp_recipe not in sheet.fp8_recipes:
+        raise ConfigError("fp4_recipe", f"{st.lp_recipe} needs Blackwell; {system.sys_name} is {sheet.match} ({sheet.arch})")

@@ -48,9 +48,9 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         False, description="FP4 GEMMs in TransformerEngine linears (Megatron --fp4; Blackwell), with the fp4_recipe's "
         "quantize kernels and scales; instead of fp8, not with it.",
     )
-    fp4_recipe: Literal["nvfp4"] = Field(
-        "nvfp4", description="TE FP4 recipe (Megatron --fp4-recipe): nvfp4, E2M1 with an E4M3 scale per 16 elements "
-        "(16 x 16 blocks for weights).",
+    fp4_recipe: Literal["nvfp4"] | None = Field(
+        None, description="TE FP4 recipe (Megatron --fp4-recipe): nvfp4, E2M1 with an E4M3 scale per 16 elements "
+        "(16 x 16 blocks for weights). Naming a recipe turns fp4 on; fp4 alone uses nvfp4.",
     )
     first_last_layers_bf16: bool = Field(
         False, description="Megatron --first-last-layers-bf16: with fp8 / fp4, the first and last transformer layers "
@@ -228,7 +228,7 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
                 raise ConfigError("fsdp_replicate_size", "replicas of a sharded state need zero_state >= 1")
             if (self.dp_size * self.cp_size) % self.fsdp_replicate_size:
                 raise ConfigError("fsdp_replicate_size", f"must divide dp x cp ({self.dp_size * self.cp_size})")
-        if self.fp8 and self.fp4:
+        if self.fp8 and self.fp4_on:
             raise ConfigError("fp4", "cannot be combined with fp8 (Megatron runs one low-precision recipe)")
         if self.use_math_sdp and self.use_flash_sdp:
             raise ConfigError("use_math_sdp", "cannot be true together with use_flash_sdp")
@@ -321,12 +321,17 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     @property
     def low_precision(self) -> bool:
         """TE linears run low-precision GEMMs (fp8 or fp4)."""
-        return self.fp8 or self.fp4
+        return self.fp8 or self.fp4_on
+
+    @property
+    def fp4_on(self) -> bool:
+        """FP4 linears: ``fp4`` set, or an fp4 recipe named."""
+        return self.fp4 or self.fp4_recipe is not None
 
     @property
     def lp_recipe(self) -> str:
         """The low-precision recipe in effect (graph/fp8.RECIPES)."""
-        return self.fp4_recipe if self.fp4 else self.fp8_recipe
+        return (self.fp4_recipe or "nvfp4") if self.fp4_on else self.fp8_recipe
 
     @property
     def recompute_mode(self) -> str:

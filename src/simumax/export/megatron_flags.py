@@ -74,8 +74,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f.append(switch_flag("s", "dtype", st.dtype))
     if st.fp8:
         f += ["--fp8-format hybrid", _s("fp8_recipe", st.fp8_recipe)]
-    if st.fp4:
-        f += ["--fp4-format e2m1", _s("fp4_recipe", st.fp4_recipe)]
+    if st.fp4_on:
+        f += ["--fp4-format e2m1", _s("fp4_recipe", st.lp_recipe)]
     if st.low_precision and st.first_last_layers_bf16:
         f += [switch_flag("s", "first_last_layers_bf16"), _s("num_layers_at_start_in_bf16", st.num_layers_at_start_in_bf16),
               _s("num_layers_at_end_in_bf16", st.num_layers_at_end_in_bf16)]
