@@ -85,3 +85,12 @@ def test_naming_the_fp4_recipe_turns_fp4_on() -> None:
     assert on.fp4_on and on.lp_recipe == "nvfp4" and not load_strategy(BASE).fp4_on
     bad = run_cli("perf", "-m", "llama3-70b", "-s", "tp8_pp1_dp1_mbs1", "-y", "h100-sxm-80gb", "--set", "fp4_recipe=nvfp4")
     assert bad.returncode == 2 and "fp4" in bad.stderr
+
+
+def test_naming_an_fp8_recipe_turns_fp8_on() -> None:
+    """`--set fp8_recipe=mxfp8`: FP8 with MXFP8 on Blackwell, exit 2 on H100 (no MXFP8)."""
+    args = ["perf", "-m", "llama3-70b", "-s", "tp8_pp1_dp1_mbs1", "--set", "layer_num=2", "--set", "fp8_recipe=mxfp8"]
+    assert run_cli(*args, "-y", "b200-sxm-180gb").returncode == 0
+    bad = run_cli(*args, "-y", "h100-sxm-80gb")
+    assert bad.returncode == 2 and "mxfp8 needs Blackwell" in bad.stderr
+    assert load_strategy({**BASE, "fp8_recipe": "blockwise"}).fp8_on and not load_strategy(BASE).fp8_on

@@ -99,7 +99,7 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
     if st.pp_size > model.layer_num:
         raise ConfigError("pp_size", f"must be <= layer_num ({model.layer_num})")
     stage_layer_counts(model, st)
-    if st.fp8:
+    if st.fp8_on:
         check_fp8(st, system)
     if st.fp4_on:
         check_fp4(st, system)

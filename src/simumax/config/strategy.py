@@ -37,7 +37,8 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] = Field(
         "delayed",
         description="TE FP8 recipe (Megatron --fp8-recipe): delayed scaling, tensorwise current scaling, blockwise "
-        "(1x128 / 128x128 scales, Hopper+) or mxfp8 (Blackwell); sets the quantize kernels, scales and amax reductions.",
+        "(1x128 / 128x128 scales, Hopper+) or mxfp8 (Blackwell); sets the quantize kernels, scales and amax reductions. "
+        "Naming a recipe other than delayed turns fp8 on.",
     )
     fp8_weight_caching: bool = Field(
         True,
@@ -228,7 +229,7 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
                 raise ConfigError("fsdp_replicate_size", "replicas of a sharded state need zero_state >= 1")
             if (self.dp_size * self.cp_size) % self.fsdp_replicate_size:
                 raise ConfigError("fsdp_replicate_size", f"must divide dp x cp ({self.dp_size * self.cp_size})")
-        if self.fp8 and self.fp4_on:
+        if self.fp8_on and self.fp4_on:
             raise ConfigError("fp4", "cannot be combined with fp8 (Megatron runs one low-precision recipe)")
         if self.use_math_sdp and self.use_flash_sdp:
             raise ConfigError("use_math_sdp", "cannot be true together with use_flash_sdp")
@@ -321,7 +322,13 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     @property
     def low_precision(self) -> bool:
         """TE linears run low-precision GEMMs (fp8 or fp4)."""
-        return self.fp8 or self.fp4_on
+        return self.fp8_on or self.fp4_on
+
+    @property
+    def fp8_on(self) -> bool:
+        """FP8 linears: ``fp8`` set, or a recipe other than the default named (``--set
+        fp8_recipe=mxfp8`` means FP8 with that recipe)."""
+        return self.fp8 or self.fp8_recipe != "delayed"
 
     @property
     def fp4_on(self) -> bool:

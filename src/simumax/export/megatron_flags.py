@@ -72,7 +72,7 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f.append(switch_flag("s", "use_fp32_accum_grad"))
     if st.dtype in ("bf16", "fp16"):
         f.append(switch_flag("s", "dtype", st.dtype))
-    if st.fp8:
+    if st.fp8_on:
         f += ["--fp8-format hybrid", _s("fp8_recipe", st.fp8_recipe)]
     if st.fp4_on:
         f += ["--fp4-format e2m1", _s("fp4_recipe", st.lp_recipe)]

@@ -76,7 +76,8 @@ class OpSource:
         self.model, self.st = model, st
         self.dims = Dims.of(model, st)
         # Megatron's --first-last-layers-bf16: those layers are built from the strategy without fp8 / fp4
-        self._st_bf16 = st.model_copy(update={"fp8": False, "fp4": False}) if st.low_precision else st
+        off = {"fp8": False, "fp4": False, "fp8_recipe": "delayed", "fp4_recipe": None}
+        self._st_bf16 = st.model_copy(update=off) if st.low_precision else st
         self._dims_bf16 = Dims.of(model, self._st_bf16)
         self._plain: dict[int, list[Op]] = {} if plain is None else plain
         self._tagged: dict[int, list[Op]] = {}
