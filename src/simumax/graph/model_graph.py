@@ -15,7 +15,7 @@ from simumax.graph.mla import mla_attention_ops
 from simumax.graph.moe_layer import moe_mlp_ops
 from simumax.graph.mtp import mtp_ops
 from simumax.graph.recompute import is_recomputed, tag_recompute
-from simumax.graph.sharding import MODULE as SHARDING, with_sharding
+from simumax.graph.sharding import MODULE as SHARDING, sharding_op, with_sharding
 
 
 def _head_ops(model: ModelConfig, st: StrategyConfig, d: Dims, same_rank_as_embedding: bool) -> list[Op]:
@@ -78,7 +78,7 @@ class OpSource:
         # Megatron's --first-last-layers-bf16: those layers are built from the strategy without fp8 / fp4
         off = {"fp8": False, "fp4": False, "fp8_recipe": "delayed", "fp4_recipe": None}
         self._st_bf16 = st.model_copy(update=off) if st.low_precision else st
-        self._dims_bf16 = Dims.of(model, self._st_bf16)
+        self._dims_bf16 = Dims.of(model, self._st_bf16) if st.low_precision else self.dims
         self._plain: dict[int, list[Op]] = {} if plain is None else plain
         self._tagged: dict[int, list[Op]] = {}
         self._embedding: Op | None = None
@@ -110,7 +110,8 @@ class OpSource:
         """The multi-token-prediction block (graph/mtp.py), its layers unrecomputed."""
         ops = mtp_ops(self.model, self.st, self.dims, lambda k: self.layer(k, False), embedding_on_this_rank)
         own = [o for o in ops if o.module in ("mtp_embedding", "mtp_proj", "mtp_norm")]  # its layers carry their own
-        return with_sharding("mtp", self.model.layer_num, own, self.st)[len(own):] + ops if own else ops
+        shard = sharding_op("mtp", self.model.layer_num, own, self.st)
+        return ops if shard is None else [shard, *ops]
 
     def embedding(self) -> Op:
         if self._embedding is None:

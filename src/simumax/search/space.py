@@ -142,12 +142,14 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
         for vp, ep, etp, sched, zero in itertools.product(space.vp, ep_list, etp_list, space.schedule, space.zero):
             if (vp > 1 and pp == 1) or space.global_batch_size % (mbs * dp):
                 continue
-            for layout in pp_layouts(L, pp) + accounting_layouts(L, pp, vp):
+            splits = [_split_fields(first=f, last=la) for f, la in pp_layouts(L, pp)]
+            splits += [_split_fields(emb=e == "E", loss=lo == "L") for e, lo in accounting_layouts(L, pp, vp)]
+            for split in splits:
                 st = _candidate(model, system, {
                     **base_fields, "world_size": space.world_size, "tp_size": tp, "pp_size": pp, "cp_size": cp,
                     "ep_size": ep, "etp_size": etp, "micro_batch_size": mbs, "micro_batch_num": space.global_batch_size // (mbs * dp),
                     "zero_state": zero, "enable_sequence_parallel": tp > 1, "interleaving_size": vp, "pp_schedule": sched,
-                    "microbatch_group_size_per_vp_stage": None, **_layout_fields(layout), **NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc],
+                    "microbatch_group_size_per_vp_stage": None, **split, **NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc],
                 })
                 if st is not None:
                     yield rc, st
@@ -168,13 +170,11 @@ def accounting_layouts(layers: int, pp: int, vp: int) -> list[tuple[str, str]]:
     return out
 
 
-def _layout_fields(layout: tuple) -> dict[str, Any]:
-    first, last = layout
-    if isinstance(first, str):  # an accounting layout
-        return {"num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None,
-                "account_for_embedding_in_pipeline_split": first == "E", "account_for_loss_in_pipeline_split": last == "L"}
+def _split_fields(first: int | None = None, last: int | None = None, emb: bool = False, loss: bool = False) -> dict[str, Any]:
+    """The strategy fields of one pipeline split: uneven first / last stages, or the
+    embedding / loss counted as layers."""
     return {"num_layers_in_first_pipeline_stage": first, "num_layers_in_last_pipeline_stage": last,
-            "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False}
+            "account_for_embedding_in_pipeline_split": emb, "account_for_loss_in_pipeline_split": loss}
 
 
 def _candidate(model: ModelConfig, system: SystemConfig, fields: dict[str, Any]) -> StrategyConfig | None:

@@ -98,7 +98,7 @@ def run_pipeline(
     # seconds of the P2P each pass ends with (0 when the neighbour stage is on the same rank)
     send_f = [costs.p2p[k] if k < last and rank_of[k + 1] != rank_of[k] else 0.0 for k in range(n_stage)]
     send_b = [costs.p2p[k - 1] if k > 0 and rank_of[k - 1] != rank_of[k] else 0.0 for k in range(n_stage)]
-    sends = {FORWARD: send_f, BACKWARD: send_b}
+    sends = {FORWARD: send_f, BACKWARD: send_b, WEIGHT: [0.0] * n_stage}  # weight passes send nothing
     ready = {kind: [[-1.0] * n_mb for _ in range(n_stage)] for kind in (FORWARD, BACKWARD, WEIGHT)}
     ready_f, ready_b = ready[FORWARD], ready[BACKWARD]
     gate = params_ready or {}
@@ -134,7 +134,8 @@ def run_pipeline(
                 got = dep(t)
                 if got < 0.0:
                     break
-                if not record and not (pairing and t.paired and p + 1 < n and order[p + 1].mb != mb):
+                paired = pairing and t.paired and p + 1 < n and order[p + 1].mb != mb
+                if not record and not paired:
                     # one task, nothing to record: the fast path
                     start = now if now > got else got
                     end = start + dur[(kind, k)]
@@ -142,7 +143,7 @@ def run_pipeline(
                         end = max(end, gate[k][1])
                     if kind == WEIGHT or (kind == BACKWARD and not split):
                         last_w[k] = (start, end)
-                    secs = sends[kind][k] if kind != WEIGHT else 0.0
+                    secs = sends[kind][k]
                     if secs and blocking:
                         end += secs
                         ready[kind][k][mb] = end
@@ -152,10 +153,7 @@ def run_pipeline(
                     now = end
                     p += 1
                     continue
-                if pairing and t.paired and p + 1 < n and order[p + 1].mb != mb:
-                    group: tuple[Task, ...] = (t, order[p + 1])
-                else:
-                    group = (t,)
+                group: tuple[Task, ...] = (t, order[p + 1]) if paired else (t,)
                 if len(group) == 2:
                     got2 = dep(group[1])
                     if got2 < 0.0:
@@ -181,7 +179,7 @@ def run_pipeline(
                 used += t0 - start
                 end = t0
                 for x in group:  # sends after the (pair's) compute
-                    secs = sends[x.kind][x.vstage] if x.kind != WEIGHT else 0.0
+                    secs = sends[x.kind][x.vstage]
                     if secs and blocking:
                         if record:
                             events[r].append(Event(r, "compute", f"send {x.kind}{x.vstage} mb{x.mb}", end, end + secs, "p2p", x.vstage, x.mb))

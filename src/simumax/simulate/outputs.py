@@ -69,7 +69,7 @@ def simulate_to(
         write_bytes_atomic(p, lambda f: pickle.dump(snap, f))
         files["memory_snapshot"] = str(p)
         # SimuMax's names for the same results, which its memory tooling opens
-        files.update(_simumax_memory_files(out, ranks, state_parts, acts, top, p))
+        files.update(_simumax_memory_files(out, ranks, state_parts, acts, top, p, out / f"memory_timeline_rank{top}.json"))
         if gantt:
             p = out / "pipeline.png"
             bubble = max(x.bubble_fraction for x in ranks)
@@ -85,11 +85,20 @@ def simulate_to(
     )
 
 
+def _link(src: Path, dst: Path) -> None:
+    """``dst`` the same file as ``src`` (a hard link; a copy where links are refused)."""
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:  # no hard links on this filesystem
+        shutil.copyfile(src, dst)
+
+
 def _simumax_memory_files(out: Path, ranks: list[SimRank], parts: list[dict[str, float]], acts: list[Any], top: int,
-                          snapshot: Path) -> dict[str, str]:
+                          snapshot: Path, top_timeline: Path) -> dict[str, str]:
     """simu_memory_result.json (per-rank peaks and model states, bytes),
     simu_memory_snapshot.json (the peak rank's allocation timeline) and
-    simu_memory_viz_snapshot.pickle (the memory_viz snapshot, linked to ours)."""
+    simu_memory_viz_snapshot.pickle (the memory_viz snapshot), both linked to our files."""
     result = out / "simu_memory_result.json"
     write_json_atomic(result, {
         "peak_mem": max(r.peak_mem for r in ranks), "peak_rank": top,
@@ -97,11 +106,7 @@ def _simumax_memory_files(out: Path, ranks: list[SimRank], parts: list[dict[str,
                   for r in ranks],
     })
     timeline = out / "simu_memory_snapshot.json"
-    write_json_atomic(timeline, memory_timeline(top, parts[top], acts[top]), compact=True)
+    _link(top_timeline, timeline)
     viz = out / "simu_memory_viz_snapshot.pickle"
-    viz.unlink(missing_ok=True)
-    try:
-        os.link(snapshot, viz)
-    except OSError:  # no hard links on this filesystem
-        shutil.copyfile(snapshot, viz)
+    _link(snapshot, viz)
     return {"simu_memory_result": str(result), "simu_memory_snapshot": str(timeline), "simu_memory_viz_snapshot": str(viz)}
