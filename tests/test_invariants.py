@@ -8,6 +8,9 @@ checks: cheaper than one draw per property):
 * the estimate's iteration time and the event simulation's agree without cross-pass
   overlap, and the 1F1B closed form never undercuts them;
 * full recompute never raises peak memory and never lowers the iteration time;
+* selective recompute (any flag, Megatron module or SimuMax sub-block) never raises peak or
+  stored activation memory — except core-attention recompute under CP a2a, whose checkpoint
+  keeps the pre-all-to-all q, k and the fused QKV buffer (test_cp_a2a_core_attn_checkpoint);
 * more micro-batches never raise the bubble fraction;
 * parameters summed over stages and TP / EP x ETP shards equal the model's count (a hand
   formula for dense models; the unsharded layout's count for MoE);
@@ -102,9 +105,28 @@ def _bubble_fraction(model, st, sy) -> float:
     return c.breakdown["bubble"] / c.duration_time_per_iter
 
 
+SELECTIVE_VARIANTS = [
+    {"enable_recompute": True, "recompute_granularity": "selective_recompute", "attn_recompute": True},
+    {"enable_recompute": True, "recompute_granularity": "selective_recompute", "mlp_recompute": True},
+    {"enable_recompute": True, "recompute_granularity": "selective_recompute", "attn_recompute": True, "mlp_recompute": True,
+     "mlp_rms_recompute": True},
+    {"enable_recompute": True, "recompute_granularity": "attn_only", "recompute_layer_num": None},
+    {"enable_recompute": True, "recompute_granularity": "mlp_only", "recompute_layer_num": 1},
+    {"enable_recompute": True, "recompute_granularity": "sdp_only", "recompute_layer_num": None},
+    *({"megatron_recompute": True, "megatron_recompute_modules": [m]}
+      for m in ("core_attn", "mlp", "layernorm", "moe_act", "moe", "shared_experts")),
+]
+ATTN_CHECKPOINTS = {"attn_recompute", "sdp_only", "core_attn"}
+
+
+def _checkpoints_core_attention(variant: dict) -> bool:
+    names = {k for k, v in variant.items() if v is True} | {variant.get("recompute_granularity")}
+    return bool(names & ATTN_CHECKPOINTS) or "core_attn" in variant.get("megatron_recompute_modules", [])
+
+
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(pairs(), hs.integers(1, 6))
-def test_invariants_hold_on_random_pairs(case, extra_mb) -> None:
+@given(pairs(), hs.integers(1, 6), hs.sampled_from(SELECTIVE_VARIANTS))
+def test_invariants_hold_on_random_pairs(case, extra_mb, selective) -> None:
     model, st, sy = case
     est = Estimate(model, st, sy)
     cost, mem = est.cost(), est.memory()
@@ -132,6 +154,15 @@ def test_invariants_hold_on_random_pairs(case, extra_mb) -> None:
     if st.recompute_mode == "none":
         assert full.memory().peak_mem <= mem.peak_mem
         assert full.cost().duration_time_per_iter >= t
+        # selective recompute frees what its group saved and keeps the group's inputs
+        if not (st.cp_size > 1 and st.cp_comm_type == "a2a" and _checkpoints_core_attention(selective)):
+            try:
+                sel = Estimate(model, st.with_updates(selective), sy).memory()
+            except ConfigError:  # e.g. MoE modules on a dense model
+                sel = None
+            for a, b in zip(sel.stages if sel else [], mem.stages):
+                assert a.peak_mem <= b.peak_mem * (1 + 1e-12), (selective, a.peak_mem, b.peak_mem)
+                assert a.stored_activation_mem <= b.stored_activation_mem * (1 + 1e-12), selective
 
     # more micro-batches: the bubble fraction does not rise
     more = st.with_updates({"micro_batch_num": st.micro_batch_num + extra_mb * st.pp_size})
@@ -193,3 +224,27 @@ def test_breakdown_sums_to_the_iteration_time(case, overlaps, ep_overlap, schedu
     parts = cost.breakdown
     assert all(v >= -1e-12 for v in parts.values()), parts
     assert math.isclose(sum(parts.values()), cost.duration_time_per_iter, rel_tol=1e-9), (sum(parts.values()), cost.duration_time_per_iter, parts)
+
+
+def test_cp_a2a_core_attn_checkpoint_keeps_its_inputs() -> None:
+    """The one selective recompute that raises memory, as Megatron runs it: the core-attention
+    checkpoint (Megatron-Core ``Attention._checkpointed_attention_forward`` ->
+    ``tensor_parallel.checkpoint``) saves its arguments: the RoPE'd q and k and v, a view that
+    keeps the whole fused QKV output alive. Without it, TransformerEngine's CP a2a attention
+    (``AttnFuncWithCPAndQKVOA2A``) saves its own post-all-to-all copies of q, k, v (same sizes)
+    and the fp32 log-sum-exp, and the pre-all-to-all tensors die. Per recomputed layer the
+    checkpoint therefore holds q + k more and the lse less; p2p and all_gather CP save the
+    inputs themselves, so there the checkpoint saves the lse."""
+    sy = SYSTEMS["a100_pcie"]
+    s, cp, h, hd = 1024, 2, 1024, 128
+    for kv in (8, 2):
+        m = ModelConfig(hidden_size=h, head_num=8, kv_head_num=kv, intermediate_size=4096, layer_num=2, vocab_size=4096,
+                        use_swiglu=True, norm_type="rmsnorm")
+        tokens = s // cp
+        q, k, lse = tokens * h * 2, tokens * kv * hd * 2, 8 * tokens * 4
+        for cp_comm, per_layer in (("a2a", q + k - lse), ("p2p", -lse), ("all_gather", -lse)):
+            base = dict(seq_len=s, micro_batch_size=1, micro_batch_num=1, world_size=cp, cp_size=cp, cp_comm_type=cp_comm)
+            none = Estimate(m, StrategyConfig(**base), sy).memory().stages[0]
+            sel = Estimate(m, StrategyConfig(**base, enable_recompute=True, recompute_granularity="selective_recompute",
+                                             attn_recompute=True), sy).memory().stages[0]
+            assert sel.stored_activation_mem - none.stored_activation_mem == 2 * per_layer, (kv, cp_comm)
