@@ -1,5 +1,6 @@
 """Invariants over random legal (model, strategy) pairs: dense and MoE, TP/SP, CP, PP with
-interleaving, ZeRO 0/1, recompute, TE versions, both reference systems.
+interleaving and uneven first / last stages, ZeRO 0-3 (Megatron-FSDP and FSDP2), HSDP,
+optimizer CPU offload, recompute, TE versions, both reference systems.
 
 One hypothesis test draws 1,000 pairs and checks every property on each (one draw, many
 checks: cheaper than one draw per property):
@@ -67,6 +68,17 @@ def pairs(draw):
         enable_sequence_parallel=tp > 1 and draw(hs.booleans()), zero_state=draw(hs.sampled_from([0, 1, 2, 3])),
         cross_entropy_loss_fusion=draw(hs.booleans()), te_version=draw(hs.sampled_from([None, "2.1", "2.11.0"])),
     )
+    # sharded DP, optimizer offload, HSDP and uneven first / last stages (issues 22, 23)
+    if st["zero_state"] >= 1 and draw(hs.booleans()):
+        st.update(optimizer_cpu_offload=True, optimizer_offload_fraction=draw(hs.sampled_from([0.5, 1.0])))
+    if st["zero_state"] >= 1 and dp * cp > 1 and draw(hs.booleans()):
+        st["fsdp_replicate_size"] = draw(hs.sampled_from([r for r in (2, 4) if (dp * cp) % r == 0] or [1]))
+    if st["zero_state"] == 3 and draw(hs.booleans()):
+        st["fsdp_impl"] = "torch_fsdp2"
+    if pp > 1 and vp == 1 and draw(hs.booleans()):
+        fields["layer_num"] += 1  # one stage takes the extra layer (Megatron's uneven first / last stage)
+        per = (fields["layer_num"] - 1) // pp
+        st[draw(hs.sampled_from(["num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"]))] = per + 1
     rc = draw(hs.sampled_from(["none", "selective", "full_block"]))
     if rc == "selective":
         st.update(enable_recompute=True, recompute_granularity="selective_recompute", attn_recompute=True,
@@ -97,7 +109,9 @@ def dense_param_formula(m: ModelConfig) -> int:
 
 def _unsharded(st: StrategyConfig) -> StrategyConfig:
     return st.with_updates({"tp_size": 1, "cp_size": 1, "pp_size": 1, "interleaving_size": 1, "ep_size": 1, "etp_size": 1,
-                            "world_size": 1, "enable_sequence_parallel": False, "seq_len": 512, "micro_batch_num": 1})
+                            "world_size": 1, "enable_sequence_parallel": False, "seq_len": 512, "micro_batch_num": 1,
+                            "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None,
+                            "fsdp_replicate_size": 1})
 
 
 def _bubble_fraction(model, st, sy) -> float:
@@ -176,8 +190,9 @@ def test_invariants_hold_on_random_pairs(case, extra_mb, selective) -> None:
         assert total == dense_param_formula(model)
 
     # ZeRO-1 shards the optimizer over dp x cp (dense) and edp (experts)
-    z1 = Estimate(model, st.with_updates({"zero_state": 1}), sy).memory()
-    z0 = Estimate(model, st.with_updates({"zero_state": 0}), sy).memory()
+    plain = {"optimizer_cpu_offload": False, "fsdp_replicate_size": 1, "fsdp_impl": "megatron_fsdp"}
+    z1 = Estimate(model, st.with_updates({**plain, "zero_state": 1}), sy).memory()
+    z0 = Estimate(model, st.with_updates({**plain, "zero_state": 0}), sy).memory()
     per_param = optimizer_bytes_per_param(st)
     for a, b, stage in zip(z1.stages, z0.stages, est.stages):
         expert = stage.expert_params

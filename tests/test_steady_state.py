@@ -34,8 +34,14 @@ def strategies(draw):
     g = (group or pp) if schedule == "interleaved" else 1
     rest = draw(hs.sampled_from([0, pp])) if schedule == "interleaved" else draw(hs.integers(0, 3))
     m = g * periods + rest
-    layers = pp * vp * draw(hs.integers(1, 2))
+    per = draw(hs.integers(1, 2))
+    layers = pp * vp * per
+    uneven = {}
+    if schedule != "interleaved" and draw(hs.booleans()):  # one stage a layer heavier (Megatron's uneven split)
+        layers += 1
+        uneven = {draw(hs.sampled_from(["num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"])): per + 1}
     st = {
+        **uneven,
         "seq_len": 1024, "micro_batch_size": 1, "micro_batch_num": m, "pp_size": pp, "tp_size": 2,
         "enable_sequence_parallel": True, "interleaving_size": vp, "pp_schedule": schedule,
         "world_size": 2 * pp * draw(hs.sampled_from([1, 2])), "zero_state": draw(hs.sampled_from([0, 1])),
@@ -80,7 +86,7 @@ def test_steady_state_equals_the_full_simulation(case) -> None:
 
 def test_long_schedules_use_short_runs() -> None:
     """A 1F1B job of 4,000 micro-batches is estimated from three runs of a few micro-batches
-    (2 pp + 2), and the walk from two."""
+    (2 pp .. 2 pp + 2) and a check 2 pp + 1 further on, and the walk from two."""
     st = load_strategy({"seq_len": 1024, "micro_batch_num": 4000, "pp_size": 4, "world_size": 4})
     assert steady_walk_counts(st) == (9, 10)
     est = Estimate(DENSE.with_updates({"layer_num": 4}), st, SYSTEM)
@@ -94,7 +100,7 @@ def test_long_schedules_use_short_runs() -> None:
     est.profiles.orders = spy  # type: ignore[method-assign]
     est.cost()
     est.memory()
-    assert max(seen) <= 10
+    assert sorted(set(seen)) == [8, 9, 10, 17]
 
 
 def test_unequal_stages_settle_before_extrapolating() -> None:
@@ -106,4 +112,25 @@ def test_unequal_stages_settle_before_extrapolating() -> None:
         st = load_strategy({"seq_len": 2048, "micro_batch_size": 2, "micro_batch_num": mbc, "world_size": 16, "tp_size": 4,
                             "pp_size": 4, "enable_sequence_parallel": True, "zero_state": 0})
         est = Estimate(m, st, SYSTEM)
+        assert abs(est.cost().duration_time_per_iter - est.simulate().total) <= 1e-9 * est.simulate().total
+
+
+def test_cyclic_steps_and_late_bottlenecks_fall_back_or_settle() -> None:
+    """Two ways three equal steps in a row mislead, both found by the random invariants:
+    (1) a stage one layer heavier keeps its pace from warm-up idle time for ten micro-batches,
+    then sets the period (1.60 -> 1.81 ms per micro-batch): its work per period exceeds the
+    ends' step, so the runs are not taken as settled; (2) async P2P on MoE stages repeats
+    its steps every pp - 1 micro-batches (a, b, b, b, a, ...): the far check sees it. Both
+    equal the full run."""
+    uneven = load_strategy({"seq_len": 512, "micro_batch_num": 12, "world_size": 8, "tp_size": 2, "pp_size": 4,
+                            "num_layers_in_first_pipeline_stage": 2, "zero_state": 0})
+    dense = DENSE.with_updates({"hidden_size": 1024, "head_num": 8, "kv_head_num": 1, "intermediate_size": 512,
+                                "layer_num": 5, "vocab_size": 32768, "use_swiglu": False})
+    moe = MOE.with_updates({"layer_num": 12, "hidden_size": 2048, "head_num": 8, "kv_head_num": 8, "intermediate_size": 8192,
+                            "vocab_size": 4096, "use_swiglu": False, "expert_num": 8, "topk": 2, "moe_ffn_hidden_size": 512,
+                            "dense_layers": 1})
+    cyclic = load_strategy({"seq_len": 2048, "micro_batch_num": 28, "world_size": 8, "pp_size": 4, "ep_size": 2, "zero_state": 0,
+                            "pp_comm_async": True, "overlap_p2p_comm": True})
+    for model, st in ((dense, uneven), (moe, cyclic)):
+        est = Estimate(model, st, SYSTEM)
         assert abs(est.cost().duration_time_per_iter - est.simulate().total) <= 1e-9 * est.simulate().total

@@ -10,8 +10,15 @@ micro-batch counts m0, m0 + g, m0 + 2g (same remainder modulo the period g as th
 count m, so warm-up and cool-down are the real ones; m0 at least two warm-ups,
 2 max(pp, g)) and takes what it needs — each rank's end and busy time, each chunk's last
 weight-gradient pass — as x(m0) + (m - m0) / g * (x(m0 + g) - x(m0)), after checking
-that the three runs lie on one line (equal steps within 1e-9 of the iteration). Where they do not (a warm-up longer than
-m0, a schedule without a period), m0 doubles, and past m the full run is taken.
+that the three runs lie on one line (equal steps within 1e-9 of the iteration) and that no
+rank's work per period exceeds the period (a rank still using warm-up idle time to keep up
+looks periodic but takes over later: PP4 with a first stage one layer heavier kept a
+1.60 ms step up to 10 micro-batches, then 1.81 ms). A per-micro-batch schedule may also
+repeat over several micro-batches (cyclicity > 1: async P2P on MoE stages stepped a, b, ..., b
+every pp - 1), so for 1F1B and ZB a fourth run 2 pp + 1 micro-batches on must fall on the
+same line, else the full run is taken. Where the runs are not on one line (a warm-up longer
+than m0, a schedule without a period), m0 doubles; when the short runs would cost as much
+as the real count, the full run is taken.
 ``simulate()`` always runs every micro-batch: it draws the trace.
 """
 
@@ -81,19 +88,47 @@ def steady_pipeline(
     m = st.micro_batch_num
     g = period(st)
     m0 = first_count(st, g) if g else m
-    while g and m0 + POINTS * g < m:
-        runs = [run_pipeline(orders_for(m0 + i * g), costs, opts, params_ready, record=False) for i in range(POINTS)]
-        xs = [_vector(r) for r in runs]
-        if len({len(x) for x in xs}) == 1:
-            scale = max(max(abs(v) for v in xs[-1]), 1e-30)
-            steps = [[b - a for a, b in zip(x0, x1)] for x0, x1 in zip(xs, xs[1:])]
-            if all(abs(d1 - d0) <= REL_TOL * scale for s0, s1 in zip(steps, steps[1:]) for d0, d1 in zip(s0, s1)):
-                n = (m - m0) / g
-                x = [a + n * d for a, d in zip(xs[0], steps[0])]
-                return _from_vector(x, len(runs[0].end), sorted(runs[0].last_weight_pass))
+    ranks = st.pp_size
+    while g:
+        plan = [m0 + i * g for i in range(POINTS)]
+        check = m0 + (2 * ranks + 1) * g if g == 1 else None
+        if sum(plan) + (check or 0) >= m:
+            break  # the full run is cheaper
+        runs = [run_pipeline(orders_for(k), costs, opts, params_ready, record=False) for k in plan]
+        x = _extrapolate([_vector(r) for r in runs], ranks, g, m - m0)
+        if x is not None and check is not None:
+            # a per-micro-batch schedule may repeat over several micro-batches (async P2P
+            # on MoE stages: steps a, b, b, ..., b every pp - 1): three equal steps in a row
+            # are not enough; a run 2 pp + 1 micro-batches on must lie on the same line
+            far = _vector(run_pipeline(orders_for(check), costs, opts, params_ready, record=False))
+            guess = _extrapolate([_vector(r) for r in runs], ranks, g, check - m0)
+            scale = max(max(abs(v) for v in far), 1e-30)
+            if guess is None or len(guess) != len(far) or any(abs(a - b) > REL_TOL * scale for a, b in zip(guess, far)):
+                log.debug("steps repeat over several micro-batches at %d (period %d): full run", m0, g)
+                break
+        if x is not None:
+            return _from_vector(x, ranks, sorted(runs[0].last_weight_pass))
         log.debug("no steady state at %d micro-batches (period %d); trying %d", m0, g, 2 * m0)
         m0 = m0 + g * max(1, m0 // g)  # double
     return run_pipeline(orders_for(m), costs, opts, params_ready, record=False)
+
+
+def _extrapolate(xs: list[list[float]], ranks: int, g: int, ahead: int) -> list[float] | None:
+    """xs (runs one period apart) carried ``ahead`` micro-batches past the first, when they
+    lie on one line and no rank works more per period than the period; else None."""
+    if len({len(x) for x in xs}) != 1:
+        return None
+    scale = max(max(abs(v) for v in xs[-1]), 1e-30)
+    steps = [[b - a for a, b in zip(x0, x1)] for x0, x1 in zip(xs, xs[1:])]
+    linear = all(abs(d1 - d0) <= REL_TOL * scale for s0, s1 in zip(steps, steps[1:]) for d0, d1 in zip(s0, s1))
+    # in the periodic regime no rank works more per period than the period itself; a rank
+    # whose work per period exceeds the ends' step still has warm-up idle time absorbing it
+    # and becomes the bottleneck later
+    settled = max(steps[-1][ranks:2 * ranks]) <= min(steps[-1][:ranks]) + REL_TOL * scale
+    if not (linear and settled):
+        return None
+    n = ahead / g
+    return [a + n * d for a, d in zip(xs[0], steps[0])]
 
 
 def steady_walk_counts(st: StrategyConfig) -> tuple[int, int] | None:
