@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from simumax.schedule.tasks import BACKWARD, FORWARD, RankOrders, Task
 
+_new = tuple.__new__
+
 
 def schedule_table(mbc: int, v: int, group: int) -> list[tuple[int, int]]:
     """(micro-batch, chunk) for each virtual micro-batch id, as Megatron's get_schedule_table."""
@@ -30,19 +32,17 @@ def order(pp: int, mbc: int, v: int, group: int | None = None, extra_warmup: int
     out = []
     for r in range(pp):
         warm = min((pp - r - 1) * 2 + (v - 1) * group + extra_warmup, total)
-
-        def fwd(k: int, paired: bool = False) -> Task:
-            mb, c = table[k]
-            return Task(FORWARD, c * pp + r, mb, paired=paired)
-
-        def bwd(k: int) -> Task:
-            mb, c = table[k]
-            return Task(BACKWARD, (v - 1 - c) * pp + r, mb)
-
-        tasks = [fwd(k) for k in range(warm)]
+        # tuple.__new__ skips the named tuple's Python-level constructor: a long schedule
+        # builds millions of tasks
+        fwd = [_new(Task, (FORWARD, c * pp + r, mb, False)) for mb, c in table]
+        bwd = [_new(Task, (BACKWARD, (v - 1 - c) * pp + r, mb, False)) for mb, c in table]
+        tasks = fwd[:warm]
         for k in range(total - warm):
-            tasks += [fwd(warm + k, paired=table[warm + k][0] != table[k][0]), bwd(k)]
-        tasks += [bwd(k) for k in range(total - warm, total)]
+            f = fwd[warm + k]
+            if table[warm + k][0] != table[k][0]:  # a backward of another micro-batch follows
+                f = _new(Task, (FORWARD, f[1], f[2], True))
+            tasks.append(f)
+            tasks.append(bwd[k])
+        tasks += bwd[total - warm:]
         out.append(tasks)
     return out
-

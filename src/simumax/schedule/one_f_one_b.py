@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from simumax.schedule.tasks import BACKWARD, FORWARD, RankOrders, Task
 
+_new = tuple.__new__  # skips the named tuple's Python-level constructor (millions of tasks)
+
 
 def order(pp: int, mbc: int, extra_warmup: int = 0) -> RankOrders:
     """``extra_warmup``: forwards run ahead so each steady forward can pair with an
@@ -20,11 +22,12 @@ def order(pp: int, mbc: int, extra_warmup: int = 0) -> RankOrders:
     out = []
     for r in range(pp):
         warm = min(pp - r - 1 + extra_warmup, mbc)
-        tasks = [Task(FORWARD, r, i) for i in range(warm)]
+        tasks = [_new(Task, (FORWARD, r, i, False)) for i in range(warm)]
+        paired = warm > 0  # steady state: a forward and a backward of different micro-batches (pairable)
         for i in range(mbc - warm):
-            # steady state: a forward and a backward of different micro-batches (pairable)
-            tasks += [Task(FORWARD, r, warm + i, paired=warm > 0), Task(BACKWARD, r, i)]
-        tasks += [Task(BACKWARD, r, i) for i in range(mbc - warm, mbc)]
+            tasks.append(_new(Task, (FORWARD, r, warm + i, paired)))
+            tasks.append(_new(Task, (BACKWARD, r, i, False)))
+        tasks += [_new(Task, (BACKWARD, r, i, False)) for i in range(mbc - warm, mbc)]
         out.append(tasks)
     return out
 
