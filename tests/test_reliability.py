@@ -159,7 +159,14 @@ MEGATRON = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads"
     (["import", "megatron", "--", *MEGATRON, "--global-batch-size", "0"], "--global-batch-size"),
     (["import", "megatron", "--", *MEGATRON[2:], "--num-layers-per-virtual-pipeline-stage", "2"], "--num-layers"),
     (["import", "megatron", "--", *MEGATRON[:1], "0", *MEGATRON[2:]], "layer_num"),
-    (["import", "megatron", "--world-size", "2", "--", *MEGATRON, "--tensor-model-parallel-size", "4"], "world_size"),
+    (["import", "megatron", "--world-size", "2", "--", *MEGATRON, "--tensor-model-parallel-size", "4"], "--world-size"),
+    (["import", "megatron", "--world-size", "4", "--", *MEGATRON, "--tensor-model-parallel-size", "8", "--global-batch-size", "8"],
+     "--world-size"),
+    (["import", "megatron", "--world-size", "0", "--", *MEGATRON], "--world-size"),
+    (["import", "megatron", "--", *MEGATRON, "--tensor-model-parallel-size", "0", "--global-batch-size", "8"],
+     "--tensor-model-parallel-size"),
+    (["import", "megatron", "--", *MEGATRON, "--micro-batch-size", "0", "--global-batch-size", "8"], "--micro-batch-size"),
+    (["import", "megatron", "--", *MEGATRON, "--context-parallel-size", "-2"], "--context-parallel-size"),
 ])
 def test_cli_import_megatron_bad_values(argv: list[str], field: str) -> None:
     r = run_cli(*argv)
@@ -194,3 +201,25 @@ def test_cli_bad_files_and_outputs(tmp_path: Path) -> None:
         assert r.returncode == 2 and "Traceback" not in r.stderr, (argv, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and field in lines[0], (argv, lines)
+
+
+def test_bucket_count_bounded_and_totals_exact() -> None:
+    """A model of any size costs the same to estimate: past 1,024 DDP buckets per chunk, full
+    buckets are modelled several at a time; the total reduce / gather time is unchanged
+    (head_size 10**11 used to raise MemoryError building 10**9 buckets)."""
+    from simumax.config.loader import load_model, load_strategy, load_system
+    from simumax.estimate import MAX_MODELLED_BUCKETS, Estimate
+    from simumax.graph.kernels import Collective
+
+    st = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"ddp_bucket_size": 10_000})
+    est = Estimate(load_model("llama3-8b"), st, load_system("a100_pcie"))
+    chunk = est.chunks[0]
+    buckets = est.grad_buckets(chunk)
+    params = chunk.params - chunk.expert_params
+    n_full, rest = divmod(params, 10_000)
+    assert n_full > MAX_MODELLED_BUCKETS and len(buckets) <= MAX_MODELLED_BUCKETS + 2
+    rs = lambda e: est.network.time(Collective("reduce_scatter", e * st.main_grad_bytes, "dp"))  # noqa: E731
+    ag = lambda e: est.network.time(Collective("all_gather", e * st.dtype_bytes, "dp"))  # noqa: E731
+    assert abs(sum(b.reduce for b in buckets) - (n_full * rs(10_000) + rs(rest))) <= 1e-9 * n_full * rs(10_000)
+    assert abs(sum(b.gather for b in buckets) - (n_full * ag(10_000) + ag(rest))) <= 1e-9 * n_full * ag(10_000)
+    assert buckets[-1].ready_fraction == 1.0

@@ -9,6 +9,8 @@ import shlex
 from typing import Any
 
 from simumax.config.megatron_names import SWITCHES, VALUED
+
+SIZE_FIELDS = frozenset({"tp_size", "pp_size", "cp_size", "ep_size", "etp_size", "micro_batch_size"})
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
@@ -123,6 +125,10 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             s.update(enable_recompute=True, recompute_granularity="selective_recompute", attn_recompute=True)
         else:
             s.update(enable_recompute=True, megatron_recompute=True, megatron_recompute_modules=mods)
+    # sizes the world size and the batch split divide by: refuse 0 here, by the flag's name
+    for flag, (kind, field, _) in VALUED.items():
+        if kind == "s" and field in SIZE_FIELDS and field in s and s[field] < 1:
+            raise ConfigError(flag, f"must be >= 1 (got {s[field]})")
     tp, pp, cp = s.get("tp_size", 1), s.get("pp_size", 1), s.get("cp_size", 1)
     if "vp_layers" in extra:
         if "layer_num" not in m:
@@ -136,7 +142,9 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         per_rank = m["layer_num"] // pp
         s["interleaving_size"] = max(1, per_rank // vp_layers)
     # default: DP 1 for the dense groups, enough ranks for the expert groups too
-    s["world_size"] = world_size or pp * math.lcm(tp * cp, s.get("ep_size", 1) * s.get("etp_size", 1))
+    s["world_size"] = world_size if world_size is not None else pp * math.lcm(tp * cp, s.get("ep_size", 1) * s.get("etp_size", 1))
+    if s["world_size"] < 1 or s["world_size"] % (tp * pp * cp):
+        raise ConfigError("--world-size", f"{s['world_size']} GPUs do not split into TP x PP x CP = {tp * pp * cp}")
     dp = s["world_size"] // (tp * pp * cp)
     if gbs is not None:
         mbs = s.get("micro_batch_size", 1)
