@@ -70,6 +70,7 @@ def test_no_infinite_result_and_json_never_has_nan() -> None:
     (["--zero", "5"], "search.zero"), (["--schedule", "gpipe"], "search.schedule"), (["--gbs", "0"], "--gbs"),
     (["--gmi-error", "nan"], "--gmi-error"), (["--gmi-error", "-1"], "--gmi-error"), (["--top", "-1"], "--top"),
     (["--tp", "1", "--pp", "1", "--gbs", "7"], "--gbs"),
+    (["--pp", "0"], "search.pp"), (["--pp", "-3,2"], "search.pp"), (["--ep", "2"], "--ep"), (["--etp", "2"], "--etp"),
 ])
 def test_search_arguments_are_checked(args: list[str], field: str) -> None:
     r = run_cli("search", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie", "--world-size", "8", *args)

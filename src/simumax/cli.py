@@ -303,6 +303,9 @@ def search(
         raise ConfigError("--world-size", f"must be >= 1 (got {world_size})")
     m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
     schedules = tuple(None if s == "auto" else s for s in (x.strip() for x in schedule.split(",")) if s)
+    for flag, text in (("--ep", ep), ("--etp", etp)):
+        if text and not m.is_moe and any(v != 1 for v in _int_list(text, flag)):
+            raise ConfigError(flag, "the model is dense (no experts): expert parallelism does not apply")
     # every dimension not given defaults to the base strategy's value (an EP8 base searches EP8)
     dim = lambda text, flag, base: tuple(_int_list(text, flag)) if text else (base,)  # noqa: E731
     space = SearchSpace(

@@ -85,6 +85,8 @@ class SearchSpace:
             values = getattr(self, name)
             if not values or any(v < (0 if name == "zero" else 1) for v in values):
                 raise ConfigError(f"search.{name}", f"needs at least one value, all >= {0 if name == 'zero' else 1}; got {values}")
+        if self.pp is not None and (not self.pp or min(self.pp) < 1):
+            raise ConfigError("search.pp", f"needs at least one value, all >= 1; got {self.pp}")
         if self.world_size < 1 or self.global_batch_size < 1:
             raise ConfigError("search.world_size", "world_size and global_batch_size must be >= 1")
         object.__setattr__(self, "recompute", expand_recompute(self.recompute))
