@@ -189,6 +189,8 @@ def test_cli_bad_files_and_outputs(tmp_path: Path) -> None:
     cases.write_text('{"id": "x"}\n')
     a_file = tmp_path / "a_file"
     a_file.write_text("")
+    undecodable = tmp_path / "bytes.jsonl"
+    undecodable.write_bytes(b"\xff\xfe{}")
     perf = ["perf", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie", "--out"]
     for argv, field in (
         (["import", "megatron", "--file", str(quotes)], "--file"),  # the script cannot be read (importers/launch_script.py)
@@ -197,6 +199,11 @@ def test_cli_bad_files_and_outputs(tmp_path: Path) -> None:
         (["validate", str(cases)], "line 1"),
         ([*perf, str(a_file)], "is a file"),
         ([*perf, str(a_file / "sub")], "is a file"),
+        (["validate", "/dev/null"], "is a device"),
+        (["validate", str(tmp_path)], "is a directory"),
+        (["import", "hf", str(tmp_path)], "is a directory"),
+        (["import", "megatron", "--file", "/dev/null"], "is a device"),
+        (["validate", str(undecodable)], "not UTF-8"),
     ):
         r = run_cli(*argv)
         assert r.returncode == 2 and "Traceback" not in r.stderr, (argv, r.stderr)

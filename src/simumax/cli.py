@@ -15,6 +15,7 @@ from rich.table import Table
 
 from simumax.api import PerfLLM
 from simumax.atomic import dumps_finite, write_json_atomic
+from simumax.config.base import check_readable_file
 from simumax.config.loader import list_presets, load_model, load_strategy, load_system
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
@@ -613,8 +614,7 @@ def import_megatron(
     if (not args) == (file is None):
         raise ConfigError("args", "give the arguments (after --) or --file, one of them")
     if file is not None:
-        if not file.is_file():
-            raise ConfigError("--file", f"file not found: {file}")
+        check_readable_file(file, "a launch script", "--file")
         import os
         import shlex
 

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from simumax.config.base import check_readable_file, read_text
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
@@ -57,10 +58,9 @@ def relative_error(pred: float | None, real: float | None) -> float | None:
 
 def load_cases(path: str | Path) -> list[dict[str, Any]]:
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError("path", f"file not found: {p}")
+    check_readable_file(p, "a JSONL case file")
     cases = []
-    for i, line in enumerate(p.read_text().splitlines(), 1):
+    for i, line in enumerate(read_text(p, "path").splitlines(), 1):
         if not line.strip():
             continue
         try:

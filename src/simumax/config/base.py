@@ -38,12 +38,12 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def check_readable_file(p: Path) -> None:
+def check_readable_file(p: Path, wanted: str = "a JSON file", field: str = "path") -> None:
     """ConfigError naming what ``p`` is when it is not a regular file."""
     if p.is_file():
         return
     if not p.exists():
-        raise ConfigError("path", f"file not found: {p}")
+        raise ConfigError(field, f"file not found: {p}")
     if p.is_dir():
         kind = "a directory"
     elif p.is_fifo():
@@ -52,7 +52,7 @@ def check_readable_file(p: Path) -> None:
         kind = "a device"
     else:
         kind = "not a regular file"
-    raise ConfigError("path", f"{p} is {kind}, not a JSON file")
+    raise ConfigError(field, f"{p} is {kind}, not {wanted}")
 
 
 def parse_json_text(text: str, source: str) -> Any:

@@ -133,9 +133,7 @@ def _deepseek_routing(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def load_hf_config(path: str | Path, name: str | None = None) -> tuple[ModelConfig, list[str]]:
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError("path", f"file not found: {p}")
-    data = read_json(p)
+    data = read_json(p)  # names a missing file, a directory, a FIFO or a device as such
     if not isinstance(data, dict):
         raise ConfigError("config.json", "expected a JSON object", str(p))
     return model_from_hf(data, name or (p.parent.name if p.name == "config.json" else p.stem), str(p))
