@@ -73,3 +73,51 @@ def test_presets_say_which_are_measured_and_which_derived() -> None:
     assert "a100-sxm-80gb" in text and "derived" in text and "measured" in text
     payload = json.loads(run_cli("presets", "system", "--json").stdout)
     assert set(payload["system_provenance"]) == set(payload["system"])
+
+
+def test_leaf_switches_by_hand() -> None:
+    """Rail-optimised or top-of-rack leaves and their oversubscription (cost/fabric.py)."""
+    from simumax.cost.fabric import leaf_rate_factor, nodes_per_leaf, uplink_share
+
+    y = load_system("h100-sxm-80gb")
+    assert nodes_per_leaf(y) is None and leaf_rate_factor(y, "all2all", 64, 1) == 1.0  # no leaf layer: unchanged
+    rail = y.with_updates({"leaf_radix": 64})
+    tor = rail.with_updates({"rail_optimized": False})
+    assert nodes_per_leaf(rail) == 32 and nodes_per_leaf(tor) == 32 // 8  # 32 down-ports: NIC i of 32 nodes, or 4 nodes
+    rail3 = rail.with_updates({"leaf_oversubscription": 3.0})
+    assert nodes_per_leaf(rail3) == 48 and nodes_per_leaf(rail3.with_updates({"rail_optimized": False})) == 6  # 48 down, 16 up
+    # shares of a leaf's traffic that leave it
+    assert uplink_share("all_reduce", 32, 1, 32) == 0.0  # the ring fits one leaf
+    assert uplink_share("all_reduce", 64, 1, 4) == 1 / 4  # enters and leaves each leaf of 4 nodes once
+    assert uplink_share("all2all", 8, 1, 4) == 4 / 7  # 4 of the 7 other nodes are under other leaves
+    assert uplink_share("p2p", 2, 8, 4) == 1.0 and uplink_share("p2p", 2, 1, 4) == 1 / 4
+    # rate: B min(1, 1 / (o f))
+    tor2 = tor.with_updates({"leaf_oversubscription": 2.0})  # 42 down-ports: 5 nodes per leaf
+    assert nodes_per_leaf(tor2) == 5
+    assert leaf_rate_factor(tor2, "all2all", 8, 1) == 1.0  # f = 3/7 (3 of 7 peers under other leaves), o f = 6/7
+    assert leaf_rate_factor(tor2, "all2all", 16, 1) == 1 / (2 * 11 / 15)  # f = 11/15
+    assert leaf_rate_factor(tor2, "all_reduce", 64, 1) == 1.0  # f = 1/5, o f = 0.4
+    assert leaf_rate_factor(tor2, "p2p", 2, 8) == 0.5  # every pipeline send crosses: half the NIC rate
+
+
+def test_oversubscribed_leaves_slow_cross_leaf_all_to_all_only() -> None:
+    """EP64 over 8 DGX H100 nodes: on 4-node top-of-rack leaves at 4:1, the all-to-all's
+    NIC part runs at 1 / (4 x 4/7) of the NIC rate; on rail-optimised leaves (51 nodes each)
+    it does not leave the leaf."""
+    from simumax.cost.network import ring_bytes
+
+    st = StrategyConfig(seq_len=4096, world_size=64, ep_size=64)
+    base = load_system("h100-sxm-80gb")
+    tor = base.with_updates({"leaf_radix": 64, "leaf_oversubscription": 4.0, "rail_optimized": False})
+    rail = tor.with_updates({"rail_optimized": True})
+    c = Collective("all2all", 64e6, "ep")
+    t0, t_tor, t_rail = (NetworkModel(y, st).time(c) for y in (base, tor, rail))
+    assert t_rail == t0
+    spec = base.networks.tiers["inter_node"]
+    nic = ring_bytes(64e6 * 56 / 64, 2, 1, 0) / (spec.bandwidth.gbps * 1e9 * spec.op["p2p"].efficient_factor)
+    # 6 nodes per leaf (51 down-ports / 8 NICs): f = 2/7, o f = 8/7; only the NIC part's bandwidth term grows
+    assert abs((t_tor - t0) - nic * (4 * 2 / 7 - 1)) <= 1e-12
+    dp = Collective("all_reduce", 1e9, "dp")
+    assert NetworkModel(tor, st).time(dp) == NetworkModel(base, st).time(dp)  # DP = 1 here; nothing to do
+    with pytest.raises(ConfigError, match="leaf_radix"):
+        base.with_updates({"leaf_oversubscription": 2.0})

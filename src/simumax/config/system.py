@@ -169,6 +169,18 @@ class SystemConfig(SimuMaxConfigMethods, ConfigBase):
         None, description="GPUs on one scale-up (NVLink / NVSwitch) fabric when it spans more than a node (NVL72: 72); "
         "groups inside it use the intra-node tiers. Default num_per_node.",
     )
+    rail_optimized: bool = Field(
+        True, description="Scale-out fabric rail-optimised (DGX SuperPOD: NIC i of every node on leaf switch i); false: "
+        "every NIC of a node on one top-of-rack leaf. With leaf_radix it sets how many nodes one leaf serves.",
+    )
+    leaf_radix: PositiveInt | None = Field(
+        None, le=4096, description="Ports of a leaf switch (NDR QM9700: 64). Cross-leaf traffic then shares the leaf's "
+        "uplinks (cost/fabric.py); null: one non-blocking fabric, no leaf layer modelled.",
+    )
+    leaf_oversubscription: float = Field(
+        1.0, ge=1.0, le=64.0, description="Leaf down:up bandwidth ratio (1 non-blocking, 2 for 2:1 ...): traffic leaving a "
+        "leaf gets 1/ratio of the NIC rate when every NIC sends (needs leaf_radix).",
+    )
     host_link_gbps: PositiveFloat = Field(
         25.0, le=1e5, description="GPU <-> host bandwidth per GPU, one direction, GB/s achieved (PCIe Gen4 x16 ~25, "
         "Gen5 ~50, NVLink-C2C on GH200 / GB200 ~450): optimizer CPU offload moves gradients and parameters over it.",
@@ -207,6 +219,8 @@ class SystemConfig(SimuMaxConfigMethods, ConfigBase):
                 self.networks.tiers["inter_node"] = NetworkTier.model_validate(collective_tier(gbps, NIC_FIXED_US, NIC_STEP_US, NIC_EFF))
             else:
                 tier.bandwidth.gbps = gbps
+        if self.leaf_oversubscription != 1.0 and self.leaf_radix is None:
+            raise ConfigError("leaf_oversubscription", "needs leaf_radix (the leaf switch's port count)")
         if self.nvlink_domain is not None and self.nvlink_domain < self.num_per_node:
             raise ConfigError("nvlink_domain", f"must be >= num_per_node ({self.num_per_node})")
         return self

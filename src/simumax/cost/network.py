@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import CollectiveSpec, NetworkTier, SystemConfig
+from simumax.cost.fabric import leaf_rate_factor
 from simumax.errors import ConfigError
 from simumax.graph.kernels import Collective
 
@@ -139,12 +140,14 @@ class NetworkModel:
         self._cache[c] = t
         return t
 
-    def _flat(self, tier_name: str, op: str, nbytes: float, n: int, group: str = "", steps: int | None = None) -> float:
+    def _flat(self, tier_name: str, op: str, nbytes: float, n: int, group: str = "", steps: int | None = None,
+              rate: float = 1.0) -> float:
         """One collective on one tier: SimuMax's α-β formula with its per-op fields;
-        ``steps`` latency steps (default the ring's, see the module docstring)."""
+        ``steps`` latency steps (default the ring's, see the module docstring); ``rate`` the
+        share of the tier's bandwidth the leaf uplinks leave it (cost/fabric.py)."""
         tier = self.nets.tiers[tier_name]
         spec = tier.op.get(op) or DEFAULT_SPECS[op]
-        bw = tier.bandwidth.gbps * 1e9
+        bw = tier.bandwidth.gbps * 1e9 * rate
         eff = spec.efficient_factor if spec.efficient_factor is not None else tier.bandwidth.efficient_factor
         fixed_bw = spec.dp_fixed_bw.get(str(n)) if group in ("dp", "edp") else None
         if fixed_bw:
@@ -186,16 +189,19 @@ class NetworkModel:
         per_node = self.system.scaleup_size
         k = max(1, min(n, per_node // stride)) if stride < per_node else 1
         nodes = max(1, n // k)
+        node_stride = 1 if stride < per_node else stride // per_node
         local = self._intra_tier(k, stride) if k > 1 else None
         op, b = c.op, c.bytes
 
         def across(op_: str, nbytes: float) -> float:
             if nodes <= 1:
                 return 0.0
-            return self._flat("inter_node", op_, nbytes, nodes, c.group, _node_steps(op_, nodes))
+            rate = leaf_rate_factor(self.system, op_, nodes, node_stride)
+            return self._flat("inter_node", op_, nbytes, nodes, c.group, _node_steps(op_, nodes), rate)
 
         if local is None or op == "p2p":
-            return self._flat("inter_node", op, b, n, c.group, _node_steps(op, n))
+            rate = leaf_rate_factor(self.system, op, n, node_stride)
+            return self._flat("inter_node", op, b, n, c.group, _node_steps(op, n), rate)
         if op == "all_reduce":
             return self._flat(local, "reduce_scatter", b, k) + across("all_reduce", b / k) + self._flat(local, "all_gather", b, k)
         if op == "reduce_scatter":
@@ -203,5 +209,6 @@ class NetworkModel:
         if op == "all_gather":
             return across("all_gather", b / k) + self._flat(local, "all_gather", b, k)
         # all2all: remote share through the NICs, local share over the node fabric, in parallel
-        remote = self._flat("inter_node", "p2p", b * (n - k) / n, 2, steps=nodes - 1)
+        rate = leaf_rate_factor(self.system, "all2all", nodes, node_stride)
+        remote = self._flat("inter_node", "p2p", b * (n - k) / n, 2, steps=nodes - 1, rate=rate)
         return max(remote, self._flat(local, "p2p", b * (k - 1) / n, 2))
