@@ -12,6 +12,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from simumax.api import PerfLLM
 from simumax.atomic import dumps_finite, write_json_atomic
@@ -706,8 +707,13 @@ def presets(
         return
     for k in kinds:
         out_console.print(f"[bold]{k}[/]:")
+        # a grid: a long description wraps inside its own column at any terminal width
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True)
+        grid.add_column(overflow="fold")
         for n in list_presets(k):
-            out_console.print(f"  {n:36s} {_preset_line(k, n)}", markup=False)
+            grid.add_row(Text(f"  {n}"), Text(_preset_line(k, n)))
+        out_console.print(grid)
 
 
 def _preset_line(kind: str, name: str) -> str:
@@ -724,6 +730,12 @@ def _preset_line(kind: str, name: str) -> str:
     m = load_model(name)
     kind_text = f"MoE {m.expert_num} experts top-{m.topk}" if m.is_moe else "dense"
     origin = " (SimuMax's file as it ships it)" if name in SIMUMAX_MODEL_FILES else ""
+    twin = SIMUMAX_COUNTERPARTS.get(name)
+    if twin is not None:
+        theirs, ours = m.model_dump(), load_model(twin).model_dump()
+        differ = [k for k in theirs if k != "model_name" and theirs[k] != ours[k]]
+        shown = ", ".join(differ[:4]) + (" ..." if len(differ) > 4 else "")
+        origin = f" (SimuMax's file as it ships it; the published model is {twin}, which differs in {shown})"
     return f"{kind_text}, {m.layer_num} layers, hidden {m.hidden_size}, vocabulary {m.vocab_size}{origin}"
 
 
@@ -736,6 +748,12 @@ SIMUMAX_MODEL_FILES = frozenset({
     'llama3-8b', 'megatron-1t', 'megatron-22b', 'megatron-530b', 'mixtral-8x1b', 'mixtral-8x7b', 'moe-8T',
     'qwen3-32b',
 })
+# SimuMax files of a model we also ship as published (routing, padding, vocabulary as released):
+# not two names for one model, two configurations of it; `presets` says how they differ
+SIMUMAX_COUNTERPARTS = {
+    "deepseekv2": "deepseek-v2", "deepseekv2-lite": "deepseek-v2-lite", "deepseekv3": "deepseek-v3", "kimi-1T": "kimi-k2",
+    "llama3-8b": "llama3.1-8b", "llama3-70b": "llama3.1-70b", "llama3-405b_padding_128": "llama3.1-405b",
+}
 
 
 @app.command()
