@@ -176,7 +176,7 @@ def perf(
             line += f", {training['cost']:,.0f} at {gpu_hour_price:g} per GPU-hour"
         out_console.print(line, markup=False)
     out_console.print(fmt.breakdown_table(cost))
-    out_console.print(fmt.memory_table(mem))
+    out_console.print(fmt.memory_table(mem, out_console.width))
     oom = fmt.out_of_memory(mem)
     if oom:
         out_console.print(f"[red]{oom}[/]")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.table import Table
 
 from simumax.config.strategy import StrategyConfig
@@ -65,24 +66,49 @@ def breakdown_table(cost: CostResult) -> Table:
     return t
 
 
-def memory_table(mem: MemResult) -> Table:
-    t = Table(title="memory per pipeline stage (GiB)")
-    for col in ("stage", "layers", "weights", "grads", "optimizer", "TE buf", "act/mb", "in-flight", "peak", "reserved", "peak at"):
-        t.add_column(col, justify="right" if col not in ("peak at",) else "left")
+def readable(t: Table, text_columns: tuple[int, ...] = ()) -> Table:
+    """Narrow terminals (80 columns): numbers are never cut ("14.…"); headers and the text
+    columns named wrap instead, so every figure stays whole."""
+    for i, col in enumerate(t.columns):
+        if i in text_columns:
+            col.overflow = "fold"
+            col.min_width = min(8, max((len(str(c)) for c in col.cells), default=1))
+            continue
+        cells = [str(c) for c in col.cells]
+        col.min_width = max((len(c) for c in cells), default=1)
+        col.no_wrap = False
+        col.overflow = "fold"  # headers fold; no number is wider than its column
+    return t
+
+
+MEMORY_COLUMNS = (("stage", "st"), ("layers", "L"), ("weights", "wts"), ("grads", "grd"), ("optimizer", "opt"),
+                  ("TE buf", "TE"), ("act/mb", "act"), ("micro-batches in flight", "mb"), ("peak", "peak"), ("reserved", "resv"),
+                  ("peak at", "at"))
+
+
+def memory_table(mem: MemResult, width: int | None = None) -> Table:
+    """``width``: the console's; under 110 columns the headers are abbreviated, with a legend."""
+    narrow = width is not None and width < 110
+    legend = ", ".join(f"{short} {long}" for long, short in MEMORY_COLUMNS if short != long) if narrow else None
+    t = Table(title="memory per pipeline stage (GiB)", caption=legend)
+    if narrow:  # no rules between columns: the figures fit 80 columns whole
+        t.box, t.pad_edge, t.padding = box.SIMPLE_HEAD, False, (0, 1, 0, 0)
+    for long, short in MEMORY_COLUMNS:
+        t.add_column(short if narrow else long, justify="right" if long != "peak at" else "left")
     for s in mem.stages:
         t.add_row(
             str(s.stage), str(s.layers), gib(s.weights), gib(s.grads), gib(s.optimizer), gib(s.te_buffers),
             gib(s.fwd_activation_cache_per_micro_batch), f"{s.peak_path['in_flight']:g}", gib(s.peak_mem),
             gib(s.peak_mem_with_reserved), f"{s.peak_path['phase']} {s.peak_path['op']}",
         )
-    return t
+    return readable(t, text_columns=(10,))
 
 
 def search_table(rows: list, capacity: float, gmi_error_gib: float, reserved: bool = True) -> Table:
     """``reserved``: the rows' peaks are reserved bytes (allocated / mem_factor), else allocated."""
     t = Table(title=f"best strategies (capacity {capacity / GIB:.2f} GiB, {gmi_error_gib:g} GiB kept free)")
     peak = f"peak {'reserved' if reserved else 'allocated'} GiB per stage"
-    for col in ("#", "strategy", "iter ms", "MFU", "tokens/s/GPU", peak, "headroom GiB"):
+    for col in ("#", "strategy", "iter ms", "MFU", "tokens/s per GPU", peak, "headroom GiB"):
         t.add_column(col, justify="left" if col == "strategy" else "right")
     for i, r in enumerate(rows, 1):
         stages = " ".join(f"{x / GIB:.1f}" for x in r.peak_mem_per_stage)
@@ -90,7 +116,7 @@ def search_table(rows: list, capacity: float, gmi_error_gib: float, reserved: bo
             t.add_row(str(i), r.label, f"{r.iter_time * 1e3:.1f}", f"{r.mfu:.1%}", f"{r.tokens_per_s_per_gpu:.0f}", stages, f"{r.headroom / GIB:.1f}")
         else:
             t.add_row(str(i), r.label, "does not fit", "-", "-", stages, f"{r.headroom / GIB:.1f}")
-    return t
+    return readable(t, text_columns=(1, 5))
 
 
 def simulation_table(res: SimResult) -> Table:
