@@ -29,6 +29,7 @@ from simumax.cost.stage_time import Coster, PhaseTime, StageTime
 from simumax.graph.model_graph import OpSource
 from simumax.graph.ops import PHASES, Op, Stage
 from simumax.graph.recompute import is_recomputed
+from simumax.graph.offload import MODULE as OFFLOAD
 from simumax.graph.sharding import MODULE as SHARDING
 from simumax.memory.activation_walk import WalkResult, walk
 from simumax.schedule import order_key, rank_orders
@@ -99,17 +100,22 @@ class LayerProfiles:
         return out
 
     def _hide_prefetched(self, out: StageTime) -> None:
-        """ZeRO-2/3 collectives (graph/sharding.py) run on the data-parallel stream,
-        prefetched: in each phase they hide under the compute of the ops they came with,
-        which the collective slows by its tier's processor_usage; the rest is exposed."""
-        shard = [ph for o, ph in out.op_times if o.module == SHARDING]
-        if not shard:
-            return
-        usage = self.coster.network.tier("dp").processor_usage
+        """Side-stream transfers hide under the compute of the ops they came with, in
+        each phase; the rest is exposed. ZeRO-2/3 collectives (graph/sharding.py) run on
+        the data-parallel stream, prefetched, and slow that compute by the tier's
+        processor_usage; activation offload copies (graph/offload.py) run on the copy
+        engines and take no SMs. The two streams run side by side."""
+        for module, usage in ((SHARDING, None), (OFFLOAD, 0.0)):
+            ops = [ph for o, ph in out.op_times if o.module == module]
+            if ops:
+                self._hide(out, ops, self.coster.network.tier("dp").processor_usage if usage is None else usage)
+
+    @staticmethod
+    def _hide(out: StageTime, side: list[dict[str, PhaseTime]], usage: float) -> None:
         for name in PHASES:
             tot = getattr(out, name)
             by_group: dict[str, float] = {}
-            for ph in shard:
+            for ph in side:
                 for g, x in ph[name].comm.items():
                     by_group[g] = by_group.get(g, 0.0) + x
             comm = sum(by_group.values())
@@ -117,7 +123,7 @@ class LayerProfiles:
             if hidden <= 0:
                 continue
             for g, x in by_group.items():
-                tot.comm[g] -= hidden * x / comm
+                tot.comm[g] -= x if hidden == comm else hidden * x / comm  # exact zero when all hides
             tot.total -= hidden * (1.0 - usage)
             tot.compute += hidden * usage
 

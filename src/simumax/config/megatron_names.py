@@ -71,6 +71,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--attention-output-gate": ("m", "attention_output_gate", True),
     "--first-last-layers-bf16": ("s", "first_last_layers_bf16", True),
     "--optimizer-cpu-offload": ("s", "optimizer_cpu_offload", True),
+    "--fine-grained-activation-offloading": ("s", "fine_grained_activation_offloading", True),
     "--account-for-embedding-in-pipeline-split": ("s", "account_for_embedding_in_pipeline_split", True),
     "--account-for-loss-in-pipeline-split": ("s", "account_for_loss_in_pipeline_split", True),
     "--use-distributed-optimizer": ("s", "zero_state", 1),

@@ -12,6 +12,8 @@ from simumax.config.simumax_fields import strategy_input
 from simumax.errors import ConfigError
 
 MEGATRON_RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe_act", "moe", "shared_experts", "mla_up_proj")
+# Megatron --offload-modules (fine-grained activation offloading; graph/offload.py maps them to ops)
+ACTIVATION_OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
 # attn_only / mlp_only / sdp_only: SimuMax's sub-block granularities (graph/recompute.py)
 RecomputeGranularity = Literal["full_block", "selective_recompute", "attn_only", "mlp_only", "sdp_only"]
 PipelineSchedule = Literal["1f1b", "interleaved", "zb", "dualpipev"]
@@ -169,6 +171,14 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     megatron_recompute_modules: list[str] = Field(
         default_factory=list, description=f"Subset of {MEGATRON_RECOMPUTE_MODULES}."
     )
+    # activation offloading (Megatron --fine-grained-activation-offloading --offload-modules ...)
+    fine_grained_activation_offloading: bool = Field(
+        False, description="Tensors the offload_modules save for backward go to host memory during forward (a D2H copy "
+        "beside the layer's compute) and come back one layer ahead in backward (graph/offload.py).",
+    )
+    offload_modules: list[str] = Field(
+        default_factory=list, description=f"With fine_grained_activation_offloading: subset of {ACTIVATION_OFFLOAD_MODULES}."
+    )
     # memory
     mem_factor: float = Field(0.94, gt=0, le=1, description="allocated / reserved ratio of the caching allocator.")
     # networks: tier names from the system config; null picks by group placement
@@ -206,6 +216,14 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     @classmethod
     def _simumax_input(cls, data: Any) -> Any:
         return strategy_input(data, cls.model_fields)
+
+    @field_validator("offload_modules")
+    @classmethod
+    def _offload_modules(cls, v: list[str]) -> list[str]:
+        for m in v:
+            if m not in ACTIVATION_OFFLOAD_MODULES:
+                raise ConfigError("offload_modules", f"unknown module {m!r}; allowed {ACTIVATION_OFFLOAD_MODULES}")
+        return v
 
     @field_validator("megatron_recompute_modules")
     @classmethod
@@ -275,6 +293,9 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
                 raise ConfigError("overlap_moe_expert_parallel_comm", "cannot be combined with full recompute (Megatron)")
         if self.delay_wgrad_compute and not self.overlap_moe_expert_parallel_comm:
             raise ConfigError("delay_wgrad_compute", "needs overlap_moe_expert_parallel_comm")
+        if self.fine_grained_activation_offloading != bool(self.offload_modules):
+            raise ConfigError("offload_modules", "fine_grained_activation_offloading and offload_modules go together "
+                              "(Megatron: --fine-grained-activation-offloading --offload-modules core_attn ...)")
         if self.megatron_recompute and not self.megatron_recompute_modules:
             raise ConfigError("megatron_recompute_modules", "must name at least one module when megatron_recompute is true")
         return self

@@ -129,6 +129,10 @@ class NetworkModel:
         cached = self._cache.get(c)
         if cached is not None:
             return cached
+        if c.group == "offload":  # activation offload copies: the GPU's host link (graph/offload.py)
+            t = c.bytes / (self.system.host_link_gbps * 1e9)
+            self._cache[c] = t
+            return t
         place = self.groups[c.group]
         n = place.size
         if n <= 1 or c.bytes <= 0:

@@ -101,6 +101,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     elif mode == "megatron":
         f += ["--recompute-granularity selective", "--recompute-modules " + " ".join(st.megatron_recompute_modules)]
     f += [switch_flag("s", field) for field in OVERLAP_FIELDS if getattr(st, field)]
+    if st.fine_grained_activation_offloading:
+        f += [switch_flag("s", "fine_grained_activation_offloading"), "--offload-modules " + " ".join(st.offload_modules)]
     return f
 
 

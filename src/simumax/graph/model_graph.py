@@ -15,6 +15,7 @@ from simumax.graph.mla import mla_attention_ops
 from simumax.graph.moe_layer import moe_mlp_ops
 from simumax.graph.mtp import mtp_ops
 from simumax.graph.recompute import is_recomputed, tag_recompute
+from simumax.graph.offload import MODULE as OFFLOAD, with_offload
 from simumax.graph.sharding import MODULE as SHARDING, sharding_op, with_sharding
 
 
@@ -96,14 +97,17 @@ class OpSource:
         if plain is None:
             bf16 = self.bf16_layer(layer)
             own = layer_ops(self.model, self._st_bf16 if bf16 else self.st, self._dims_bf16 if bf16 else self.dims, layer)
-            plain = self._plain[layer] = with_sharding(f"L{layer}", layer, own, self.st)  # ZeRO-2/3 (graph/sharding.py)
+            # activation offload (graph/offload.py), then ZeRO-2/3 (graph/sharding.py)
+            plain = self._plain[layer] = with_sharding(f"L{layer}", layer, with_offload(f"L{layer}", layer, own, self.st), self.st)
         if not recomputed:
             return plain
         ops = self._tagged.get(layer)
         if ops is None:
-            # a recomputed layer's parameters come with its backward's gather, not again
-            sharded = plain[-1:] if plain[-1].module == SHARDING else []
-            ops = self._tagged[layer] = tag_recompute(self.st, plain[: len(plain) - len(sharded)]) + sharded
+            # a recomputed layer's parameters come with its backward's gather, not again;
+            # its checkpointed ops save nothing to offload
+            sharded = [o for o in plain if o.module == SHARDING]
+            own = [o for o in plain if o.module not in (SHARDING, OFFLOAD)]
+            ops = self._tagged[layer] = with_offload(f"L{layer}", layer, tag_recompute(self.st, own), self.st) + sharded
         return ops
 
     def mtp(self, embedding_on_this_rank: bool) -> list[Op]:

@@ -43,6 +43,7 @@ class Op:
     tp_copies: int = 0  # ranks holding each replicated parameter (0: every TP rank)
     weight_shapes: tuple[tuple[int, int], ...] = ()  # TE linear weights on this rank
     recompute_group: str | None = None
+    offloads: tuple[Tensor, ...] = ()  # activation offload op (graph/offload.py): the layer's tensors moved to host
 
     def kernels(self, phase: str) -> tuple[Kernel, ...]:
         if phase == "recompute":

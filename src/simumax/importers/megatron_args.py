@@ -65,13 +65,16 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             s["moe_dispatcher_policy"] = "all_gather" if value == "allgather" else "all2all"
         elif flag == "--recompute-granularity" and value is not None:
             extra["granularity"] = value
-        elif flag == "--recompute-modules":
+        elif flag in ("--recompute-modules", "--offload-modules"):
             mods = []
             j = i + 1
             while j < len(tokens) and not tokens[j].startswith("--"):
                 mods.append(tokens[j])
                 j += 1
-            extra["modules"] = " ".join(mods)
+            if flag == "--offload-modules":
+                s["offload_modules"] = mods
+            else:
+                extra["modules"] = " ".join(mods)
             step = j - i
         elif flag == "--data-parallel-sharding-strategy" and value is not None:
             levels = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}

@@ -3,7 +3,9 @@
 Tensors are tracked by name, so a tensor several ops keep counts once. Recompute
 groups keep only their inputs between forward and backward; in backward the group's
 tensors come back (re-run forward) just before its last op's backward and are released
-op by op like any saved tensor.
+op by op like any saved tensor. Offloaded tensors (graph/offload.py) leave at their
+layer's offload op in forward and come back in backward at the offload op of the layer
+after theirs (prefetched one layer ahead; at their own for the chunk's last layer).
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ def walk(ops: list[Op]) -> WalkResult:
     for name, i in first_use.items():
         release.setdefault(i, []).append(name)
 
+    offload_at = [i for i, o in enumerate(ops) if o.offloads]
+    reload_at: dict[int, list[tuple[str, float]]] = {}
+    for k, i in enumerate(offload_at):  # in backward, the layer after brings this one's back
+        at = offload_at[k + 1] if k + 1 < len(offload_at) else i
+        reload_at.setdefault(at, []).extend(ops[i].offloads)
+
     # forward
     live: dict[str, float] = {}
     live_total = 0.0
@@ -89,6 +97,8 @@ def walk(ops: list[Op]) -> WalkResult:
         here = live_total + o.fwd_transient + extra
         if here > fwd_peak:
             fwd_peak, fwd_op = here, o.name
+        for name, _ in o.offloads:  # copied to the host while the layer ran: freed
+            live_total -= live.pop(name, 0.0)
     stored = live_total
 
     # backward: a group's tensors come back before the first backward that needs them
@@ -103,6 +113,10 @@ def walk(ops: list[Op]) -> WalkResult:
     bwd_peak, bwd_op = 0.0, ""
     for i in range(len(ops) - 1, -1, -1):
         o = ops[i]
+        for name, nbytes in reload_at.get(i, ()):
+            if name not in live:
+                live[name] = nbytes
+                live_total += nbytes
         for gid in last_of_group.get(i, ()):
             for name, nbytes in dropped[gid].items():
                 if name in saved_names and name not in live:
