@@ -314,3 +314,25 @@ def test_cli_search_defaults_come_from_the_base_strategy() -> None:
     tight = run_cli("search", "-m", "llama3-70b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie", "--world-size", "8",
                     "--tp", "1", "--pp", "1", "--recompute", "none")
     assert tight.returncode == 0 and "nothing fits" in tight.stderr and "GiB more per GPU" in tight.stderr
+
+
+def test_search_offload_dimension() -> None:
+    """--offload tries host offloading as a dimension: every variant appears in the rows,
+    labelled; optimizer offload needs the distributed optimizer (ZeRO >= 1) as in Megatron;
+    offloading never raises a candidate's memory."""
+    from simumax.config.loader import load_model, load_strategy, load_system
+    from simumax.search.run import run_search
+    from simumax.search.space import SearchSpace
+
+    m, y = load_model("llama3.1-70b"), load_system("h100-sxm-80gb")
+    base = load_strategy("tp1_pp2_dp4_mbs1")
+    space = SearchSpace(world_size=16, global_batch_size=64, tp=(8,), pp=(2,), recompute=("none",), zero=(0, 1),
+                        offload=("none", "optimizer", "activations", "both"))
+    rows = run_search(m, y, base, space)
+    seen = {(r.zero, r.offload) for r in rows}
+    assert seen == {(0, "none"), (0, "activations"), (1, "none"), (1, "optimizer"), (1, "activations"), (1, "both")}
+    by = {(r.zero, r.offload): r for r in rows}
+    assert all(by[(z, o)].peak_mem <= by[(z, "none")].peak_mem for z, o in seen)
+    assert "offload:both" in by[(1, "both")].label and "offload" not in by[(1, "none")].label
+    with pytest.raises(ConfigError, match="search.offload"):
+        SearchSpace(world_size=16, global_batch_size=64, offload=("disk",))

@@ -44,6 +44,7 @@ LAYOUT_FIELDS = frozenset(
         "overlap_param_gather", "overlap_p2p_comm", "pp_comm_async", "ddp_bucket_size",
         "defer_embedding_wgrad_compute", "mem_factor", "account_for_embedding_in_pipeline_split",
         "account_for_loss_in_pipeline_split", "pipeline_model_parallel_layout",
+        "optimizer_cpu_offload", "optimizer_offload_fraction",  # the step and model states, not the layers
     }
 )
 LAYER_GROUPS = ("tp", "cp", "ep", "etp")  # the only groups layer ops communicate on

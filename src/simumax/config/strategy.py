@@ -293,6 +293,8 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
                 raise ConfigError("overlap_moe_expert_parallel_comm", "cannot be combined with full recompute (Megatron)")
         if self.delay_wgrad_compute and not self.overlap_moe_expert_parallel_comm:
             raise ConfigError("delay_wgrad_compute", "needs overlap_moe_expert_parallel_comm")
+        if self.optimizer_cpu_offload and self.zero_state < 1:
+            raise ConfigError("optimizer_cpu_offload", "needs the distributed optimizer (zero_state >= 1), as Megatron")
         if self.fine_grained_activation_offloading != bool(self.offload_modules):
             raise ConfigError("offload_modules", "fine_grained_activation_offloading and offload_modules go together "
                               "(Megatron: --fine-grained-activation-offloading --offload-modules core_attn ...)")

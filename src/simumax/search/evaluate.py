@@ -49,6 +49,7 @@ class SearchRow:
     tokens_per_s_per_gpu: float | None = None
     strategy: dict[str, Any] | None = None
     pipeline_split: str = ""  # "E", "L", "E+L": the embedding / loss counted as a layer in the pipeline split
+    offload: str = "none"  # what goes to host memory: none, optimizer, activations, both
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -68,14 +69,21 @@ class SearchRow:
         vp = f" vp{self.vp}" if self.vp > 1 else ""
         etp = f" etp{self.etp}" if self.etp > 1 else ""
         sched = f" {self.schedule}" if self.schedule not in ("1f1b", "interleaved") else ""
+        off = f" offload:{self.offload}" if self.offload != "none" else ""
         return (
             f"tp{self.tp} {pp}{vp} dp{self.dp} ep{self.ep}{etp} cp{self.cp} mbs{self.mbs} mbc{self.mbc} "
-            f"zero{self.zero}{sched} {self.recompute}"
+            f"zero{self.zero}{sched} {self.recompute}{off}"
         )
 
     @property
     def label(self) -> str:
         return self.key + (f"({self.recompute_layer_num})" if self.recompute_layer_num else "")
+
+
+def offload_name(st: StrategyConfig) -> str:
+    """none, optimizer, activations or both (search.space.OFFLOAD_VARIANTS)."""
+    names = [n for n, on in (("optimizer", st.optimizer_cpu_offload), ("activations", st.fine_grained_activation_offloading)) if on]
+    return "both" if len(names) == 2 else (names[0] if names else "none")
 
 
 def candidate_key(rc: str, st: StrategyConfig) -> str:
@@ -94,6 +102,7 @@ def _row(rc: str, st: StrategyConfig, *, fits: bool, pruned: bool, per_stage: li
         strategy=st.to_dict(),
         pipeline_split="+".join(p for p, on in (("E", st.account_for_embedding_in_pipeline_split),
                                                  ("L", st.account_for_loss_in_pipeline_split)) if on),
+        offload=offload_name(st),
         **extra,
     )
 

@@ -2,7 +2,8 @@
 
 Dimensions: tp, pp (uneven first/last stages where the layers do not divide), vp, cp,
 ep, etp, micro-batch size (the micro-batch count follows from the global batch), the
-recompute variant, the ZeRO stage and the pipeline schedule. Each candidate is a full
+recompute variant, the ZeRO stage, the pipeline schedule and what is offloaded to the host
+(OFFLOAD_VARIANTS; by default the base strategy's offload settings are kept). Each candidate is a full
 ``StrategyConfig``; full_block candidates leave ``recompute_layer_num`` to the evaluator,
 which finds the fewest layers that fit.
 """
@@ -55,6 +56,18 @@ def expand_recompute(names: tuple[str, ...]) -> tuple[str, ...]:
             if v not in out:
                 out.append(v)
     return tuple(out)
+# name -> strategy fields: offloading the optimizer states (Megatron --optimizer-cpu-offload)
+# and / or the activations attention and the experts save (--fine-grained-activation-offloading)
+NO_OFFLOAD = {"optimizer_cpu_offload": False, "optimizer_offload_fraction": 1.0,
+              "fine_grained_activation_offloading": False, "offload_modules": []}
+ACTIVATIONS_OFFLOADED = {"fine_grained_activation_offloading": True,
+                         "offload_modules": ["core_attn", "attn_proj", "expert_fc1", "moe_act"]}
+OFFLOAD_VARIANTS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "optimizer": {"optimizer_cpu_offload": True},
+    "activations": ACTIVATIONS_OFFLOADED,
+    "both": {"optimizer_cpu_offload": True, **ACTIVATIONS_OFFLOADED},
+}
 ZERO_STAGES = (0, 1, 2, 3)
 SCHEDULES = (None, *get_args(PipelineSchedule))  # None: 1F1B, or interleaved with vp > 1
 ALL_RECOMPUTE = tuple(RECOMPUTE_VARIANTS)
@@ -78,6 +91,7 @@ class SearchSpace:
     recompute: tuple[str, ...] = RECOMPUTE_TYPES
     zero: tuple[int, ...] = (1,)
     schedule: tuple[str | None, ...] = (None,)  # None: 1F1B, or interleaved when vp > 1
+    offload: tuple[str, ...] = ("none",)  # OFFLOAD_VARIANTS
     extra: dict = field(default_factory=dict)  # fixed strategy fields (seq_len, dtype, ...)
 
     def __post_init__(self) -> None:
@@ -85,6 +99,11 @@ class SearchSpace:
             values = getattr(self, name)
             if not values or any(v < (0 if name == "zero" else 1) for v in values):
                 raise ConfigError(f"search.{name}", f"needs at least one value, all >= {0 if name == 'zero' else 1}; got {values}")
+        for o in self.offload:
+            if o not in OFFLOAD_VARIANTS:
+                raise ConfigError("search.offload", f"unknown offload {o!r}; allowed {', '.join(OFFLOAD_VARIANTS)}")
+        if not self.offload:
+            raise ConfigError("search.offload", "needs at least one value")
         if self.pp is not None and (not self.pp or min(self.pp) < 1):
             raise ConfigError("search.pp", f"needs at least one value, all >= 1; got {self.pp}")
         if self.world_size < 1 or self.global_batch_size < 1:
@@ -141,17 +160,19 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
         if space.world_size % denom:
             continue
         dp = space.world_size // denom
-        for vp, ep, etp, sched, zero in itertools.product(space.vp, ep_list, etp_list, space.schedule, space.zero):
+        for vp, ep, etp, sched, zero, off in itertools.product(space.vp, ep_list, etp_list, space.schedule, space.zero,
+                                                               space.offload):
             if (vp > 1 and pp == 1) or space.global_batch_size % (mbs * dp):
                 continue
             splits = [_split_fields(first=f, last=la) for f, la in pp_layouts(L, pp)]
             splits += [_split_fields(emb=e == "E", loss=lo == "L") for e, lo in accounting_layouts(L, pp, vp)]
+            offload = {**NO_OFFLOAD, **OFFLOAD_VARIANTS[off]} if space.offload != ("none",) else {}
             for split in splits:
                 st = _candidate(model, system, {
                     **base_fields, "world_size": space.world_size, "tp_size": tp, "pp_size": pp, "cp_size": cp,
                     "ep_size": ep, "etp_size": etp, "micro_batch_size": mbs, "micro_batch_num": space.global_batch_size // (mbs * dp),
                     "zero_state": zero, "enable_sequence_parallel": tp > 1, "interleaving_size": vp, "pp_schedule": sched,
-                    "microbatch_group_size_per_vp_stage": None, **split, **NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc],
+                    "microbatch_group_size_per_vp_stage": None, **split, **NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc], **offload,
                 })
                 if st is not None:
                     yield rc, st
