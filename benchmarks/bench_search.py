@@ -7,7 +7,8 @@
   cp 1/2, mbs 1/2/4, five recompute variants, ZeRO 0/1: <= 60 s.
 * Llama 3.1 405B on 16,384 GB200 GPUs, gbs 2048 x 8192 tokens, tp 1-8, every pp, vp 1/2/4,
   cp 1/2, mbs 1/2, recompute none/selective/full, ZeRO 0/1, Megatron's four overlap options
-  on: <= 15 s with --jobs 2.
+  on: <= 15 s with --jobs 2; and with ZeRO 0-3 and host offload (none / optimizer /
+  activations / both) in the space: <= 60 s.
 
     python benchmarks/bench_search.py [--jobs 2]
 """
@@ -37,6 +38,12 @@ WORKLOADS = {
         SearchSpace(world_size=16384, global_batch_size=2048, tp=(1, 2, 4, 8), vp=(1, 2, 4), cp=(1, 2), mbs=(1, 2),
                     recompute=("none", "selective", "full_block"), zero=(0, 1)),
     ),
+    "llama3.1-405b 16384 GPUs, ZeRO 0-3 + offload": (
+        "llama3-405b_padding_128", "tp1_pp2_dp4_mbs1", 60.0,
+        SearchSpace(world_size=16384, global_batch_size=2048, tp=(1, 2, 4, 8), vp=(1, 2, 4), cp=(1, 2), mbs=(1, 2),
+                    recompute=("none", "selective", "full_block"), zero=(0, 1, 2, 3),
+                    offload=("none", "optimizer", "activations", "both")),
+    ),
 }
 # per workload: the system and fixed strategy fields (the 405B job as production runs it:
 # sequence 8192, every Megatron overlap option on, GB200)
@@ -46,6 +53,7 @@ SETUP = {
         "overlap_p2p_comm": True,
     }),
 }
+SETUP["llama3.1-405b 16384 GPUs, ZeRO 0-3 + offload"] = SETUP["llama3.1-405b 16384 GPUs"]
 
 
 def main() -> None:

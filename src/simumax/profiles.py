@@ -48,12 +48,14 @@ LAYOUT_FIELDS = frozenset(
     }
 )
 LAYER_GROUPS = ("tp", "cp", "ep", "etp")  # the only groups layer ops communicate on
-# Strategy fields that only choose which ops are checkpointed (graph.recompute): families
-# differing in these share their plain layer ops.
+# Strategy fields that only choose the passes over a layer's own ops: which are checkpointed
+# (graph.recompute), what is offloaded (graph.offload); families differing in these share
+# their plain layer ops.
 CHECKPOINT_FIELDS = frozenset(
     {
         "enable_recompute", "recompute_granularity", "attn_recompute", "mla_rms_recompute", "mlp_recompute",
         "mlp_rms_recompute", "megatron_recompute", "megatron_recompute_modules",
+        "fine_grained_activation_offloading", "offload_modules",
     }
 )
 
@@ -68,7 +70,8 @@ def family_key(st: StrategyConfig, network: NetworkModel) -> tuple[Any, ...]:
 
 
 def _plain_ops_key(family: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(item for item in family if item[0] not in CHECKPOINT_FIELDS)
+    """The family key without what only the passes read (the ZeRO-2/3 sharding too)."""
+    return tuple(item for item in family if item[0] not in CHECKPOINT_FIELDS and item[0] not in ("sharding", "dp", "edp", "dp_shard"))
 
 
 @dataclass

@@ -15,8 +15,8 @@ from simumax.graph.mla import mla_attention_ops
 from simumax.graph.moe_layer import moe_mlp_ops
 from simumax.graph.mtp import mtp_ops
 from simumax.graph.recompute import is_recomputed, tag_recompute
-from simumax.graph.offload import MODULE as OFFLOAD, with_offload
-from simumax.graph.sharding import MODULE as SHARDING, sharding_op, with_sharding
+from simumax.graph.offload import with_offload
+from simumax.graph.sharding import sharding_op, with_sharding
 
 
 def _head_ops(model: ModelConfig, st: StrategyConfig, d: Dims, same_rank_as_embedding: bool) -> list[Op]:
@@ -72,8 +72,9 @@ class OpSource:
     """
 
     def __init__(self, model: ModelConfig, st: StrategyConfig, plain: dict[int, list[Op]] | None = None) -> None:
-        """``plain``: un-checkpointed layer ops to share with sources whose strategies differ
-        only in which ops they checkpoint (recompute tagging leaves the plain ops as they are)."""
+        """``plain``: each layer's own ops, to share with sources whose strategies differ only
+        in the passes applied on top (which ops are checkpointed, what is offloaded, ZeRO-2/3
+        collectives): the passes leave the plain ops as they are."""
         self.model, self.st = model, st
         self.dims = Dims.of(model, st)
         # Megatron's --first-last-layers-bf16: those layers are built from the strategy without fp8 / fp4
@@ -81,7 +82,7 @@ class OpSource:
         self._st_bf16 = st.model_copy(update=off) if st.low_precision else st
         self._dims_bf16 = Dims.of(model, self._st_bf16) if st.low_precision else self.dims
         self._plain: dict[int, list[Op]] = {} if plain is None else plain
-        self._tagged: dict[int, list[Op]] = {}
+        self._passes: dict[tuple[int, bool], list[Op]] = {}
         self._embedding: Op | None = None
         self._head: dict[bool, list[Op]] = {}
 
@@ -93,21 +94,19 @@ class OpSource:
         return layer < st.num_layers_at_start_in_bf16 or layer >= self.model.layer_num - st.num_layers_at_end_in_bf16
 
     def layer(self, layer: int, recomputed: bool) -> list[Op]:
-        plain = self._plain.get(layer)
-        if plain is None:
-            bf16 = self.bf16_layer(layer)
-            own = layer_ops(self.model, self._st_bf16 if bf16 else self.st, self._dims_bf16 if bf16 else self.dims, layer)
-            # activation offload (graph/offload.py), then ZeRO-2/3 (graph/sharding.py)
-            plain = self._plain[layer] = with_sharding(f"L{layer}", layer, with_offload(f"L{layer}", layer, own, self.st), self.st)
-        if not recomputed:
-            return plain
-        ops = self._tagged.get(layer)
+        """The layer's ops: its own (shared with sources that differ only in the passes
+        below), checkpointed when ``recomputed`` (graph/recompute.py), then the activation
+        offload op (graph/offload.py) and the ZeRO-2/3 collectives (graph/sharding.py)."""
+        ops = self._passes.get((layer, recomputed))
         if ops is None:
-            # a recomputed layer's parameters come with its backward's gather, not again;
-            # its checkpointed ops save nothing to offload
-            sharded = [o for o in plain if o.module == SHARDING]
-            own = [o for o in plain if o.module not in (SHARDING, OFFLOAD)]
-            ops = self._tagged[layer] = with_offload(f"L{layer}", layer, tag_recompute(self.st, own), self.st) + sharded
+            own = self._plain.get(layer)
+            if own is None:
+                bf16 = self.bf16_layer(layer)
+                own = self._plain[layer] = layer_ops(self.model, self._st_bf16 if bf16 else self.st,
+                                                     self._dims_bf16 if bf16 else self.dims, layer)
+            body = tag_recompute(self.st, own) if recomputed else own
+            ops = self._passes[(layer, recomputed)] = with_sharding(f"L{layer}", layer, with_offload(f"L{layer}", layer, body, self.st),
+                                                                    self.st)
         return ops
 
     def mtp(self, embedding_on_this_rank: bool) -> list[Op]:
