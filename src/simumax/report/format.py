@@ -81,19 +81,21 @@ def readable(t: Table, text_columns: tuple[int, ...] = ()) -> Table:
     return t
 
 
-MEMORY_COLUMNS = (("stage", "st"), ("layers", "L"), ("weights", "wts"), ("grads", "grd"), ("optimizer", "opt"),
-                  ("TE buf", "TE"), ("act/mb", "act"), ("micro-batches in flight", "mb"), ("peak", "peak"), ("reserved", "resv"),
-                  ("peak at", "at"))
+# (header, header under 110 columns, what the short one stands for)
+MEMORY_COLUMNS = (("stage", "st", "stage"), ("layers", "L", "layers"), ("weights", "wts", "weights"), ("grads", "grd", "grads"),
+                  ("optimizer", "opt", "optimizer"), ("TE buf", "TE", "TE buffers"), ("act/mb", "act", "activations per micro-batch"),
+                  ("in-flight", "mb", "micro-batches in flight"), ("peak", "peak", "peak"), ("reserved", "resv", "reserved"),
+                  ("peak at", "at", "peak at"))
 
 
 def memory_table(mem: MemResult, width: int | None = None) -> Table:
     """``width``: the console's; under 110 columns the headers are abbreviated, with a legend."""
     narrow = width is not None and width < 110
-    legend = ", ".join(f"{short} {long}" for long, short in MEMORY_COLUMNS if short != long) if narrow else None
+    legend = ", ".join(f"{short} {meaning}" for long, short, meaning in MEMORY_COLUMNS if short != long) if narrow else None
     t = Table(title="memory per pipeline stage (GiB)", caption=legend)
     if narrow:  # no rules between columns: the figures fit 80 columns whole
         t.box, t.pad_edge, t.padding = box.SIMPLE_HEAD, False, (0, 1, 0, 0)
-    for long, short in MEMORY_COLUMNS:
+    for long, short, _ in MEMORY_COLUMNS:
         t.add_column(short if narrow else long, justify="right" if long != "peak at" else "left")
     for s in mem.stages:
         t.add_row(
