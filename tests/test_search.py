@@ -336,3 +336,18 @@ def test_search_offload_dimension() -> None:
     assert "offload:both" in by[(1, "both")].label and "offload" not in by[(1, "none")].label
     with pytest.raises(ConfigError, match="search.offload"):
         SearchSpace(world_size=16, global_batch_size=64, offload=("disk",))
+
+
+def test_search_hsdp_replicas_dimension() -> None:
+    """--replicas tries HSDP replica counts (fsdp_replicate_size) where they divide dp x cp
+    and the state is sharded (ZeRO >= 1); rows say hsdpR."""
+    from simumax.config.loader import load_model, load_strategy, load_system
+    from simumax.search.run import run_search
+    from simumax.search.space import SearchSpace
+
+    space = SearchSpace(world_size=128, global_batch_size=128, tp=(8,), pp=(1,), recompute=("full_block",), zero=(0, 1, 3),
+                        replicas=(1, 2, 4))
+    rows = run_search(load_model("llama3.1-70b"), load_system("h100-sxm-80gb"), load_strategy("tp1_pp2_dp4_mbs1"), space)
+    assert {(r.zero, r.replicas) for r in rows} == {(0, 1), (1, 1), (1, 2), (1, 4), (3, 1), (3, 2), (3, 4)}
+    assert all(("hsdp" in r.label) == (r.replicas > 1) for r in rows)
+    assert all(r.strategy["fsdp_replicate_size"] == r.replicas for r in rows)

@@ -276,6 +276,7 @@ def search(
     mbs: Optional[str] = typer.Option(None, "--mbs", help="Micro-batch sizes to try; the count follows from --gbs (default: the base strategy's)."),
     recompute: str = typer.Option("none,selective,full_block", "--recompute", help="Recompute variants: none, selective, selective_norm, selective_mlp, full_block (fewest layers that fit)."),
     zero: Optional[str] = typer.Option(None, "--zero", help="ZeRO stages to try, 0 to 3 (default: the base strategy's)."),
+    replicas: Optional[str] = typer.Option(None, "--replicas", help="HSDP replica counts to try (fsdp_replicate_size: shard inside a replica, all-reduce across; ZeRO >= 1; default: the base strategy's)."),
     offload: Optional[str] = typer.Option(None, "--offload", help="What to offload to host memory, to try: none, optimizer, activations (attention and expert inputs), both (default: the base strategy's settings)."),
     schedule: str = typer.Option("auto", "--schedule", help="Pipeline schedules to try: auto (1F1B / interleaved), 1f1b, interleaved, zb, dualpipev."),
     gmi_error: float = typer.Option(0.0, "--gmi-error", help="GiB kept free per GPU."),
@@ -317,6 +318,7 @@ def search(
         etp=dim(etp, "--etp", st.etp_size), cp=dim(cp, "--cp", st.cp_size), mbs=dim(mbs, "--mbs", st.micro_batch_size),
         recompute=tuple(r.strip() for r in recompute.split(",") if r.strip()), zero=dim(zero, "--zero", st.zero_state),
         schedule=schedules, offload=tuple(o.strip() for o in offload.split(",") if o.strip()) if offload else ("none",),
+        replicas=tuple(_int_list(replicas, "--replicas")) if replicas else (1,),
     )
     jsonl = out / "search.jsonl" if out is not None else None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

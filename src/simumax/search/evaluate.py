@@ -50,6 +50,7 @@ class SearchRow:
     strategy: dict[str, Any] | None = None
     pipeline_split: str = ""  # "E", "L", "E+L": the embedding / loss counted as a layer in the pipeline split
     offload: str = "none"  # what goes to host memory: none, optimizer, activations, both
+    replicas: int = 1  # HSDP replicas (fsdp_replicate_size)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -64,20 +65,25 @@ class SearchRow:
     def key(self) -> str:
         """The candidate, unique within a search (the resume key): all but the
         recompute layer count the evaluation found."""
+        return self._text(with_count=False)
+
+    @property
+    def label(self) -> str:
+        return self._text(with_count=True)
+
+    def _text(self, with_count: bool) -> str:
         pp = f"pp{self.pp}" + (f"[{self.first_stage_layers},{self.last_stage_layers}]" if self.first_stage_layers else "")
         pp += f"[{self.pipeline_split}]" if self.pipeline_split else ""
         vp = f" vp{self.vp}" if self.vp > 1 else ""
         etp = f" etp{self.etp}" if self.etp > 1 else ""
         sched = f" {self.schedule}" if self.schedule not in ("1f1b", "interleaved") else ""
+        hsdp = f" hsdp{self.replicas}" if self.replicas > 1 else ""
+        count = f"({self.recompute_layer_num})" if with_count and self.recompute_layer_num else ""
         off = f" offload:{self.offload}" if self.offload != "none" else ""
         return (
             f"tp{self.tp} {pp}{vp} dp{self.dp} ep{self.ep}{etp} cp{self.cp} mbs{self.mbs} mbc{self.mbc} "
-            f"zero{self.zero}{sched} {self.recompute}{off}"
+            f"zero{self.zero}{hsdp}{sched} {self.recompute}{count}{off}"
         )
-
-    @property
-    def label(self) -> str:
-        return self.key + (f"({self.recompute_layer_num})" if self.recompute_layer_num else "")
 
 
 def offload_name(st: StrategyConfig) -> str:
@@ -102,7 +108,7 @@ def _row(rc: str, st: StrategyConfig, *, fits: bool, pruned: bool, per_stage: li
         strategy=st.to_dict(),
         pipeline_split="+".join(p for p, on in (("E", st.account_for_embedding_in_pipeline_split),
                                                  ("L", st.account_for_loss_in_pipeline_split)) if on),
-        offload=offload_name(st),
+        offload=offload_name(st), replicas=st.fsdp_replicate_size,
         **extra,
     )
 

@@ -2,8 +2,9 @@
 
 Dimensions: tp, pp (uneven first/last stages where the layers do not divide), vp, cp,
 ep, etp, micro-batch size (the micro-batch count follows from the global batch), the
-recompute variant, the ZeRO stage, the pipeline schedule and what is offloaded to the host
-(OFFLOAD_VARIANTS; by default the base strategy's offload settings are kept). Each candidate is a full
+recompute variant, the ZeRO stage, the pipeline schedule, what is offloaded to the host
+(OFFLOAD_VARIANTS) and the HSDP replica count (by default the base strategy's offload and
+replica settings are kept). Each candidate is a full
 ``StrategyConfig``; full_block candidates leave ``recompute_layer_num`` to the evaluator,
 which finds the fewest layers that fit.
 """
@@ -92,10 +93,11 @@ class SearchSpace:
     zero: tuple[int, ...] = (1,)
     schedule: tuple[str | None, ...] = (None,)  # None: 1F1B, or interleaved when vp > 1
     offload: tuple[str, ...] = ("none",)  # OFFLOAD_VARIANTS
+    replicas: tuple[int, ...] = (1,)  # HSDP: fsdp_replicate_size (shard inside, replicate across; ZeRO >= 1)
     extra: dict = field(default_factory=dict)  # fixed strategy fields (seq_len, dtype, ...)
 
     def __post_init__(self) -> None:
-        for name in ("tp", "vp", "ep", "etp", "cp", "mbs", "zero"):
+        for name in ("tp", "vp", "ep", "etp", "cp", "mbs", "zero", "replicas"):
             values = getattr(self, name)
             if not values or any(v < (0 if name == "zero" else 1) for v in values):
                 raise ConfigError(f"search.{name}", f"needs at least one value, all >= {0 if name == 'zero' else 1}; got {values}")
@@ -160,9 +162,9 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
         if space.world_size % denom:
             continue
         dp = space.world_size // denom
-        for vp, ep, etp, sched, zero, off in itertools.product(space.vp, ep_list, etp_list, space.schedule, space.zero,
-                                                               space.offload):
-            if (vp > 1 and pp == 1) or space.global_batch_size % (mbs * dp):
+        for vp, ep, etp, sched, zero, off, rep in itertools.product(space.vp, ep_list, etp_list, space.schedule, space.zero,
+                                                                    space.offload, space.replicas):
+            if (vp > 1 and pp == 1) or space.global_batch_size % (mbs * dp) or (rep > 1 and (zero < 1 or (dp * cp) % rep)):
                 continue
             splits = [_split_fields(first=f, last=la) for f, la in pp_layouts(L, pp)]
             splits += [_split_fields(emb=e == "E", loss=lo == "L") for e, lo in accounting_layouts(L, pp, vp)]
@@ -173,6 +175,7 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
                     "ep_size": ep, "etp_size": etp, "micro_batch_size": mbs, "micro_batch_num": space.global_batch_size // (mbs * dp),
                     "zero_state": zero, "enable_sequence_parallel": tp > 1, "interleaving_size": vp, "pp_schedule": sched,
                     "microbatch_group_size_per_vp_stage": None, **split, **NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc], **offload,
+                    **({"fsdp_replicate_size": rep} if space.replicas != (1,) else {}),
                 })
                 if st is not None:
                     yield rc, st
