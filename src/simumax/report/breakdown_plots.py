@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from simumax.report.figure import pyplot, save_figure
+from simumax.report.figure import pyplot, save_figure, styled
 from simumax.report.format import GIB
 from simumax.report.results import CostResult, MemResult
 
@@ -34,6 +34,7 @@ def plot_time(cost: CostResult, path: Path, title: str = "") -> None:
     save_figure(time_figure(cost, title), path)
 
 
+@styled
 def memory_figure(mem: MemResult, title: str = "") -> Any:
     """Stacked bars per stage: the parts of memory_parts, and the device's capacity."""
     plt = pyplot()
@@ -62,11 +63,12 @@ def memory_figure(mem: MemResult, title: str = "") -> Any:
     ax.set_title(title or "memory per pipeline stage")
     ax.set_ylim(0, max([cap, *bottom]) * 1.05)
     # the legend beside the axes: it never covers a bar or the device line
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     return fig
 
 
+@styled
 def time_figure(cost: CostResult, title: str = "") -> Any:
     """Horizontal bars: the critical rank's time per breakdown part."""
     plt = pyplot()
@@ -77,7 +79,7 @@ def time_figure(cost: CostResult, title: str = "") -> Any:
     ax.barh(names, vals, color="#4c72b0")
     total = cost.duration_time_per_iter * 1e3
     for y, v in enumerate(vals):
-        ax.text(v, y, f" {v:.1f} ms ({v / total:.0%})", va="center", fontsize=8)
+        ax.text(v, y, f" {v:.1f} ms ({v / total:.0%})", va="center")
     ax.set_xlabel("ms per iteration (critical rank)")
     ax.set_xlim(0, max(vals) * 1.35 if vals else 1)
     ax.set_title(title or f"time breakdown: {total:.1f} ms per iteration, MFU {cost.mfu:.1%}")

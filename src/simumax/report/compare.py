@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from simumax.report.figure import pyplot, save_figure
+from simumax.report.figure import pyplot, save_figure, styled
 from simumax.report.format import GIB, ms
 from simumax.report.results import CostResult, MemResult
 
@@ -65,6 +65,7 @@ def table(rows: list[Compared]) -> Table:
     return t
 
 
+@styled
 def figure(rows: list[Compared]) -> Any:
     """Stacked bars: each strategy's critical-rank time by breakdown part."""
     plt = pyplot()
@@ -78,10 +79,10 @@ def figure(rows: list[Compared]) -> Any:
         if any(vals):
             ax.bar(xs, vals, bottom=bottom, label=part.replace("_", " "), color=cmap(i % 20), width=0.6)
             bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_xticks(xs, [r.label for r in rows], rotation=15, ha="right", fontsize=8)
+    ax.set_xticks(xs, [r.label for r in rows], rotation=15, ha="right")
     ax.set_ylabel("ms per iteration (critical rank)")
     ax.set_title("time by part")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     return fig
 

@@ -1,10 +1,13 @@
-"""matplotlib plumbing shared by the report plots: a headless pyplot, and an atomic save."""
+"""matplotlib plumbing shared by the report plots: a headless pyplot, one font size for
+every plot (CLI files and the web app alike), and an atomic save."""
 
 from __future__ import annotations
 
+import functools
 import io
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from simumax.atomic import write_bytes_atomic
 
@@ -17,6 +20,24 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+FONT_SIZE = 8  # titles, axis labels, ticks, legends and annotations of every plot
+BAR_LABEL_SIZE = 6  # the only exception: micro-batch numbers inside Gantt bars, which must fit the bar
+STYLE = {key: FONT_SIZE for key in ("font.size", "axes.titlesize", "axes.labelsize", "xtick.labelsize", "ytick.labelsize",
+                                    "legend.fontsize", "figure.titlesize")}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def styled(fn: F) -> F:
+    """Build the figure under the shared style (one font size throughout)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with pyplot().rc_context(STYLE):
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def save_figure(fig: Any, path: Path, fmt: str | None = None) -> None:

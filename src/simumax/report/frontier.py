@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from simumax.report.figure import pyplot, save_figure
+from simumax.report.figure import pyplot, save_figure, styled
 from simumax.report.format import GIB
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ def pareto_frontier(rows: Sequence["SearchRow"]) -> list["SearchRow"]:
     return out
 
 
+@styled
 def plot_frontier(rows: Sequence["SearchRow"], path: Path, capacity: float, title: str) -> None:
     plt = pyplot()
     fit = [r for r in rows if r.fits]
@@ -43,12 +44,12 @@ def plot_frontier(rows: Sequence["SearchRow"], path: Path, capacity: float, titl
                 linewidth=1.2, label="frontier")
         best = max(fit, key=lambda r: r.tokens_per_s_per_gpu or 0.0)
         ax.scatter([best.peak_mem / GIB], [best.tokens_per_s_per_gpu], marker="*", s=160, color="black", zorder=3)
-        ax.text(0.01, 0.98, f"fastest: {best.label}", transform=ax.transAxes, va="top", fontsize=8)
+        ax.text(0.01, 0.98, f"fastest: {best.label}", transform=ax.transAxes, va="top")
     ax.axvline(capacity / GIB, color="#E45756", linestyle="--", linewidth=1, label="memory budget")
     ax.set_xlabel("peak memory per GPU (GiB, max over stages)")
     ax.set_ylabel("tokens / s / GPU")
     ax.set_title(f"{title}: {len(fit)} of {len(rows)} strategies fit")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(loc="lower right")
     fig.tight_layout()
     save_figure(fig, path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from simumax.report.figure import pyplot, save_figure
+from simumax.report.figure import BAR_LABEL_SIZE, pyplot, save_figure, styled
 
 if TYPE_CHECKING:
     from simumax.simulate.iteration import IterationRun
@@ -20,6 +20,7 @@ LABELS = {
 }
 
 
+@styled
 def plot_gantt(run: "IterationRun", path: Path, title: str) -> None:
     """The whole iteration; past 96 passes per rank (bars too thin to label) two more
     panels zoom on the warm-up and the cool-down, where the schedule's shape is, with each
@@ -42,9 +43,9 @@ def plot_gantt(run: "IterationRun", path: Path, title: str) -> None:
     for ax, (t0, t1, name) in zip(axes[:, 0], windows):
         edge = 0.3 if (t1 - t0) < total or n_passes <= 400 else 0.0  # white separators only while bars are wide
         used |= _draw(ax, run, t0, t1, labels=not zoom or name != "whole iteration", chunks=chunks, edge=edge)
-        ax.set_title(title if name == "whole iteration" else name, fontsize=10)
+        ax.set_title(title if name == "whole iteration" else name)
     handles = [Patch(color=COLORS[k], label=LABELS[k]) for k in COLORS if k in used]
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
     fig.tight_layout(rect=(0, 0.35 / (panel_h * len(windows)), 1, 1))
     save_figure(fig, path, path.suffix.lstrip(".") or "png")
 
@@ -65,7 +66,7 @@ def _draw(ax, run: "IterationRun", t0: float, t1: float, *, labels: bool, chunks
             if labels and not comm and e.mb >= 0 and (e.end - e.start) > width * 0.012:
                 text = f"{e.mb}" + (f"/c{e.vstage // ranks}" if chunks and e.vstage >= 0 else "")
                 ax.text((max(e.start, t0) + min(e.end, t1)) / 2 * 1e3, y + 0.19, text, ha="center", va="center",
-                        fontsize=6, color="white", clip_on=True)
+                        fontsize=BAR_LABEL_SIZE, color="white", clip_on=True)
         for (kind, comm), spans in bars.items():
             used.add(kind)
             height, base = (0.25, y - 0.42) if comm else (0.62, y - 0.12)
