@@ -137,3 +137,27 @@ def test_ranking_within_groups(name: str) -> None:
           f"regret mean {r['mean_regret']:.2%} max {r['max_regret']:.2%}")
     assert len(r["groups"]) >= 5
     assert r["mean_spearman"] >= 0.9 and r["max_regret"] <= 0.02
+
+
+def test_runs_whose_record_does_not_fit_are_flagged(tmp_path) -> None:
+    """A case that ran but whose recorded strategy needs more than the GPU in the memory model
+    is marked: its record misses a memory setting or the model over-predicts. A measured peak
+    above the capacity says the system file understates the GPU instead: not marked."""
+    import json
+
+    from simumax.validate import run_case
+
+    from tests.conftest import run_cli
+
+    from simumax.config.loader import load_model, load_strategy
+
+    case = {"id": "x/llama3-70b_tp1", "system": "a100_pcie", "model": load_model("llama3-70b").to_dict(),
+            "strategy": load_strategy("tp1_pp2_dp4_mbs1").to_dict(), "measured": {"iter_time_ms": 1000.0}}
+    root = tmp_path
+    assert run_case(case, root).record_does_not_fit
+    assert not run_case({**case, "measured": {"iter_time_ms": 1000.0, "peak_alloc_gib": 200.0}}, root).record_does_not_fit
+    assert not run_case({**case, "model": load_model("llama2-tiny").to_dict()}, root).record_does_not_fit
+    f = tmp_path / "cases.jsonl"
+    f.write_text(json.dumps(case) + "\n")
+    r = run_cli("validate", str(f))
+    assert r.returncode == 0 and "x/llama3-70b_tp1†" in r.stdout and "record misses a memory-saving setting" in r.stdout

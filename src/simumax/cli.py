@@ -428,12 +428,16 @@ def validate(
         # memory compared as weights + grads + optimizer + stored activations: marked with *
         star = "*" if r.mem_measure != "peak_alloc" else ""
         t.add_row(
-            r.id, opt(r.predicted_time, fmt.ms), opt(r.measured_time, fmt.ms), pct(r.time_error), pct(r.reference_time_error),
+            r.id + ("†" if r.record_does_not_fit else ""), opt(r.predicted_time, fmt.ms), opt(r.measured_time, fmt.ms), pct(r.time_error), pct(r.reference_time_error),
             opt(r.predicted_mem, fmt.gib) + star, opt(r.measured_mem, fmt.gib) + star, pct(r.mem_error), pct(r.reference_mem_error),
         )
     out_console.print(t)
     if any(r.mem_measure != "peak_alloc" for r in results):
         out_console.print("* weights + grads + optimizer + stored activations of the first stage (no transient buffers)", markup=False)
+    if any(r.record_does_not_fit for r in results):
+        out_console.print("† ran, but the recorded strategy does not fit the GPU in the memory model (reserved bytes): its "
+                          "record misses a memory-saving setting (recompute, fp8 parameters, offload) or the model "
+                          "over-predicts its memory; its time is compared as recorded", markup=False)
 
     def line(label: str, s: dict) -> str:
         text = (

@@ -37,6 +37,11 @@ class CaseResult:
     # question with different strategies: what a search must rank
     group: str = ""
     time_band: tuple[float, float] | None = None  # the prediction's 80 % band, seconds
+    # the run happened, but its recorded strategy does not fit the GPU in the memory model
+    # (reserved bytes) while its measured peak, if any, does: the record misses a memory
+    # setting or the model over-predicts (a measured peak above capacity says the system
+    # file understates the GPU instead: not flagged)
+    record_does_not_fit: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,13 +133,16 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
         cost = est.cost() if real_t is not None else None
         t = cost.duration_time_per_iter if cost else None
         band = cost.duration_time_interval if cost else None
-        mem = est.memory().peak_mem if measure == "peak_alloc" else states_plus_stored_activations(est)
+        memory = est.memory()
+        mem = memory.peak_mem if measure == "peak_alloc" else states_plus_stored_activations(est)
     except ConfigError as exc:
         return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc), source=source, mem_measure=measure, group=group)
     family = "moe" if est.model.is_moe else "dense"
     return CaseResult(
         case["id"], real_t, t, relative_error(t, real_t), ref_t, real_m, mem, relative_error(mem, real_m), ref_m,
         family=family, source=source, mem_measure=measure, group=group, time_band=band,
+        record_does_not_fit=(real_t is not None and not memory.fits
+                             and (real_m is None or real_m / est.strategy.mem_factor <= memory.capacity)),
     )
 
 
