@@ -377,7 +377,10 @@ class Estimate:
         end_bwd = list(pipe.end_per_rank)
         return end_bwd, self.step_ends_after(end_bwd)[1]
 
-    def cost(self) -> CostResult:
+    def cost(self, band: bool = True) -> CostResult:
+        """The iteration's time, MFU, throughput and breakdown; ``band``: with the 80 % bands
+        and the kernel-source attribution they come from (uncertainty.py), which a search,
+        ranking by the point estimate only, skips."""
         st = self.strategy
         per_stage = self.rank_pass_times()
         dp_t = [self.dp_comm_time(s) for s in self.stages]
@@ -409,10 +412,10 @@ class Estimate:
         world = st.world_size
         tokens = st.global_batch_size * st.seq_len
         peak = self.peak_flops()
-        u = unmeasured_share(attribution(self))
-        lo, hi = TIME_BAND.interval(total, u)
         mfu = flops / (total * world * peak)
         tput = tokens / total / world
+        u = unmeasured_share(attribution(self)) if band else None
+        lo, hi = TIME_BAND.interval(total, u) if u is not None else (total, total)
         return CostResult(
             duration_time_per_iter=total,
             mfu=mfu,
@@ -423,10 +426,10 @@ class Estimate:
             tokens_per_iter=tokens,
             breakdown=breakdown,
             stages=stage_costs,
-            efficiency_lookups=self.kernel_sources.to_dict(),
-            duration_time_interval=(lo, hi),
-            mfu_interval=(mfu * total / hi, mfu * total / lo),
-            throughput_interval=(tput * total / hi, tput * total / lo),
+            efficiency_lookups=self.kernel_sources.to_dict() if band else {},
+            duration_time_interval=(lo, hi) if band else None,
+            mfu_interval=(mfu * total / hi, mfu * total / lo) if band else None,
+            throughput_interval=(tput * total / hi, tput * total / lo) if band else None,
             unmeasured_share=u,
         )
 

@@ -145,6 +145,14 @@ class LayerProfiles:
 
     def _shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[tuple[bool, bool, bool], ...], list[Op], list[Op]]:
         """(layer kinds, ops before the layers, ops after them) of a chunk."""
+        cached = chunk.shape_cache
+        if cached is not None and cached[0] is self and len(chunk.ops) == cached[2]:
+            return cached[1]
+        shape = self._compute_shape(st, chunk)
+        chunk.shape_cache = (self, shape, len(chunk.ops))
+        return shape
+
+    def _compute_shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[tuple[bool, bool, bool], ...], list[Op], list[Op]]:
         kinds = tuple(self._kind(layer, is_recomputed(st, pos)) for pos, layer in enumerate(chunk.layers))
         n_layer_ops = sum(len(self.source.layer(layer, kind[1])) for layer, kind in zip(chunk.layers, kinds, strict=True))
         pre = chunk.ops[: len(self.source.pre_ops())] if chunk.vstage == 0 else []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 from dataclasses import dataclass, field, fields
 
 from simumax.graph.kernels import Collective, Kernel
@@ -87,6 +88,9 @@ class Stage:
     # (op count, params, expert params) when last summed: a search reads the sums of each
     # stage many times; ops are only ever appended, so a changed count means "sum again"
     _sums: tuple[int, int, int] = field(default=(-1, 0, 0), repr=False, compare=False)
+    # (profiles that computed it, its shape): profiles.LayerProfiles._shape of this chunk,
+    # read three times per estimate (times, sources, walk)
+    shape_cache: tuple[Any, Any, int] | None = field(default=None, repr=False, compare=False)
 
     def _param_sums(self) -> tuple[int, int]:
         n, params, experts = self._sums

@@ -156,7 +156,7 @@ def evaluate(
     fits = max(per_stage) <= budget and all(math.isfinite(x) for x in per_stage)
     if not fits:
         return _row(rc, est.strategy, fits=False, pruned=False, per_stage=per_stage, budget=budget)
-    cost = est.cost()
+    cost = est.cost(band=False)  # ranked by the point estimate: no band needed
     return _row(
         rc, est.strategy, fits=True, pruned=False, per_stage=per_stage, budget=budget,
         iter_time=cost.duration_time_per_iter, mfu=cost.mfu, tokens_per_s_per_gpu=cost.throughput_per_accelerator,
