@@ -458,16 +458,12 @@ class Estimate:
         if times is None:
             counts = steady_walk_counts(self.strategy)
             if counts is not None:
-                a, b = ([walk_schedule(o, self.chunk_walks, self.w_keep) for o in self.profiles.orders(self.strategy, m)]
-                        for m in counts)
+                a, b = (self.profiles.schedule_walks(self.strategy, m, self.chunk_walks, self.w_keep) for m in counts)
                 if all((x.peak, x.stored_peak, x.in_flight_at_peak, x.peak_task) == (y.peak, y.stored_peak, y.in_flight_at_peak, y.peak_task)
                        for x, y in zip(a, b)):
                     return b
-        orders = times.orders if times else self.profiles.orders(self.strategy)
-        return [
-            walk_schedule(orders[r], self.chunk_walks, self.w_keep, times.task_times(r) if times else None)
-            for r in range(len(orders))
-        ]
+            return self.profiles.schedule_walks(self.strategy, self.strategy.micro_batch_num, self.chunk_walks, self.w_keep)
+        return [walk_schedule(o, self.chunk_walks, self.w_keep, times.task_times(r)) for r, o in enumerate(times.orders)]
 
     def memory(self) -> MemResult:
         st = self.strategy

@@ -32,6 +32,7 @@ from simumax.graph.recompute import is_recomputed
 from simumax.graph.offload import MODULE as OFFLOAD
 from simumax.graph.sharding import MODULE as SHARDING
 from simumax.memory.activation_walk import WalkResult, walk
+from simumax.memory.schedule_walk import RankActivations, walk_schedule
 from simumax.schedule import order_key, rank_orders
 from simumax.schedule.tasks import RankOrders
 
@@ -206,6 +207,7 @@ class ProfileCache:
         self.model, self.system = model, system
         self.compute = ComputeModel(system)
         self._families: dict[tuple[Any, ...], LayerProfiles] = {}
+        self._schedule_walks: dict[tuple[Any, ...], list[RankActivations]] = {}
         self._plain_layers: dict[tuple[Any, ...], dict[int, list[Op]]] = {}
         self._orders: dict[tuple[Any, ...], RankOrders] = {}
 
@@ -219,6 +221,20 @@ class ProfileCache:
         if o is None:
             o = self._orders[key] = rank_orders(st)
         return o
+
+    def schedule_walks(self, st: StrategyConfig, micro_batch_num: int, walks: dict[int, WalkResult],
+                       w_keep: dict[int, float]) -> list[RankActivations]:
+        """Each rank's activation walk along the schedule (shared: callers must not modify
+        it). It reads only the order and each chunk's stored / peak bytes, so strategies
+        that differ elsewhere (ZeRO, optimizer offload, DP) reuse it."""
+        if micro_batch_num != st.micro_batch_num:
+            st = st.model_copy(update={"micro_batch_num": micro_batch_num})
+        key = (order_key(st), tuple(sorted((v, w.stored, w.fwd_peak, w.bwd_peak) for v, w in walks.items())),
+               tuple(sorted(w_keep.items())))
+        hit = self._schedule_walks.get(key)
+        if hit is None:
+            hit = self._schedule_walks[key] = [walk_schedule(o, walks, w_keep) for o in self.orders(st)]
+        return hit
 
     def family(self, st: StrategyConfig, network: NetworkModel) -> LayerProfiles:
         key = family_key(st, network)
