@@ -303,7 +303,13 @@ class Estimate:
 
     @cached_property
     def params(self) -> ParamCount:
-        return count_params(self.model, self.strategy, self.stages)
+        """The model's parameter count: the same for every layout of one layer family, so
+        counted once per family (the ops carry the shards; the sum over stages does not
+        depend on how the layers are split)."""
+        fam = self.layer_profiles
+        if fam.param_count is None:
+            fam.param_count = count_params(self.model, self.strategy, self.stages)
+        return fam.param_count
 
     def flops_6nd_with_attn(self) -> float:
         """SimuMax's convention: 6 x active params x tokens + non-causal attention, the input

@@ -28,6 +28,7 @@ from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import Coster, PhaseTime, StageTime
 from simumax.graph.model_graph import OpSource
 from simumax.graph.ops import PHASES, Op, Stage
+from simumax.graph.params import ParamCount
 from simumax.graph.recompute import is_recomputed
 from simumax.graph.offload import MODULE as OFFLOAD
 from simumax.graph.sharding import MODULE as SHARDING
@@ -82,6 +83,7 @@ class LayerProfiles:
     model: ModelConfig
     source: OpSource  # built from the first strategy of the family seen
     coster: Coster
+    param_count: ParamCount | None = None  # Estimate.params: layout-independent within a family
     _layer_times: dict[tuple[bool, bool], StageTime] = field(default_factory=dict)
     _op_times: dict[int, dict[str, PhaseTime]] = field(default_factory=dict)
     _walks: dict[tuple[Any, ...], tuple[WalkResult, int, int]] = field(default_factory=dict)

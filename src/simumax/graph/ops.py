@@ -91,6 +91,7 @@ class Stage:
     # (profiles that computed it, its shape): profiles.LayerProfiles._shape of this chunk,
     # read three times per estimate (times, sources, walk)
     shape_cache: tuple[Any, Any, int] | None = field(default=None, repr=False, compare=False)
+    largest_unit: tuple[int, int] = field(default=(-1, 0), repr=False, compare=False)  # (op count, params): model_states
 
     def _param_sums(self) -> tuple[int, int]:
         n, params, experts = self._sums

@@ -52,7 +52,17 @@ def fp8_weight_params(stage: Stage) -> int:
 
 def largest_layer_params(stage: Stage) -> int:
     """Parameters of the stage's largest unit ZeRO-3 gathers at once (graph/sharding.py):
-    a transformer layer, the embedding, or the head with its final norm."""
+    a transformer layer, the embedding, or the head with its final norm (kept on the stage
+    while its op count is unchanged: a search reads it for every stage many times)."""
+    n, largest = stage.largest_unit
+    if n == len(stage.ops):
+        return largest
+    largest = _largest_unit(stage)
+    stage.largest_unit = (len(stage.ops), largest)
+    return largest
+
+
+def _largest_unit(stage: Stage) -> int:
     per: dict[object, int] = {}
     for o in stage.ops:
         unit = o.layer if o.layer >= 0 else ("embedding" if o.module == "embedding" else "head")
