@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
 from simumax.compat.config_methods import SimuMaxStrategyMethods
 from simumax.config.base import ConfigBase
@@ -217,20 +217,13 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     def _simumax_input(cls, data: Any) -> Any:
         return strategy_input(data, cls.model_fields)
 
-    @field_validator("offload_modules")
+    @field_validator("offload_modules", "megatron_recompute_modules")
     @classmethod
-    def _offload_modules(cls, v: list[str]) -> list[str]:
+    def _modules(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        allowed = ACTIVATION_OFFLOAD_MODULES if info.field_name == "offload_modules" else MEGATRON_RECOMPUTE_MODULES
         for m in v:
-            if m not in ACTIVATION_OFFLOAD_MODULES:
-                raise ConfigError("offload_modules", f"unknown module {m!r}; allowed {ACTIVATION_OFFLOAD_MODULES}")
-        return v
-
-    @field_validator("megatron_recompute_modules")
-    @classmethod
-    def _modules(cls, v: list[str]) -> list[str]:
-        for m in v:
-            if m not in MEGATRON_RECOMPUTE_MODULES:
-                raise ConfigError("megatron_recompute_modules", f"unknown module {m!r}; allowed {MEGATRON_RECOMPUTE_MODULES}")
+            if m not in allowed:
+                raise ConfigError(str(info.field_name), f"unknown module {m!r}; allowed {allowed}")
         return v
 
     @model_validator(mode="after")
