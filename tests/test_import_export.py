@@ -201,3 +201,31 @@ def test_perf_with_a_hugging_face_config_says_how_to_convert_it(tmp_path) -> Non
     cfg.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64}))
     out = run_cli("perf", "-m", str(cfg), "-s", "tp1_pp1_dp8_mbs1", "-y", "a100_pcie")
     assert out.returncode == 2 and "simumax import hf" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_rotary_base_and_context_length_travel_with_the_flags(tmp_path) -> None:
+    """RoPE base and max positions: read from HF (rope_theta), carried by the published
+    presets, exported as --rotary-base / --max-position-embeddings (whole numbers as such)
+    and read back."""
+    import json
+
+    from simumax.config.loader import load_model
+    from simumax.export.megatron_flags import model_flags
+    from simumax.importers.hf import load_hf_config
+    from simumax.importers.megatron_args import parse_megatron_args
+
+    m = load_model("llama3.1-8b")
+    assert (m.rotary_base, m.max_position_embeddings) == (500000, 131072)
+    flags = " ".join(model_flags(m))
+    assert "--rotary-base 500000" in flags and "--max-position-embeddings 131072" in flags
+    assert "--rotary-base 1000000" in " ".join(model_flags(load_model("qwen3-8b")))
+    back, _, _ = parse_megatron_args(flags + " --seq-length 4096", world_size=1)
+    assert back.rotary_base == 500000 and back.max_position_embeddings == 131072
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_attention_heads": 32,
+                               "num_key_value_heads": 8, "intermediate_size": 14336, "num_hidden_layers": 32,
+                               "vocab_size": 128256, "rope_theta": 500000.0, "max_position_embeddings": 131072}))
+    hf, _ = load_hf_config(cfg)
+    assert hf.rotary_base == 500000 and hf.max_position_embeddings == 131072
+    assert load_model("gpt3-175b").rotary_base is None  # learned positions: nothing to export
+    assert "--rotary-base" not in " ".join(model_flags(load_model("llama3-8b")))  # SimuMax's file: Megatron's default

@@ -18,6 +18,7 @@ VALUED: dict[str, tuple[str, str, type]] = {
     "--vocab-size": ("m", "vocab_size", int),
     "--make-vocab-size-divisible-by": ("m", "make_vocab_size_divisible_by", int),
     "--max-position-embeddings": ("m", "max_position_embeddings", int),
+    "--rotary-base": ("m", "rotary_base", float),
     "--num-experts": ("m", "expert_num", int),
     "--moe-router-topk": ("m", "topk", int),
     "--moe-ffn-hidden-size": ("m", "moe_ffn_hidden_size", int),
@@ -97,7 +98,10 @@ _SWITCH_OF = {(target, field, value): flag for flag, (target, field, value) in S
 
 def valued_flag(target: str, field: str, value: Any) -> str:
     """``--flag value`` for a model (m) or strategy (s) field."""
-    text = f"{value:g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        text = str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:g}"  # 1000000, not 1e+06
+    else:
+        text = str(value)
     return f"{_FLAG_OF[(target, field)]} {text}"
 
 

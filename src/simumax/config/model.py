@@ -45,6 +45,10 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
     max_position_embeddings: PositiveInt | None = Field(
         None, description="Rows of the learned position table; default the strategy's seq_len."
     )
+    rotary_base: float | None = Field(
+        None, gt=0, le=1e12, description="RoPE base (Megatron --rotary-base; HF rope_theta): Llama 3 500000, Qwen3 1000000; "
+        "null is Megatron's 10000. It changes no cost; exported with the Megatron flags.",
+    )
     untie_embeddings_and_output_weights: bool = Field(
         True, description="Separate LM-head weight (Llama); false ties it to the input embedding."
     )

@@ -129,6 +129,8 @@ def model_flags(model: ModelConfig) -> list[str]:
         f += ["--group-query-attention", _m("kv_head_num", model.kv_head_num)]
     if model.max_position_embeddings:
         f.append(_m("max_position_embeddings", model.max_position_embeddings))
+    if model.rotary_base is not None and model.position_embedding_type == "rope":
+        f.append(_m("rotary_base", model.rotary_base))
     if model.use_swiglu:
         f.append(switch_flag("m", "use_swiglu"))
     if model.untie_embeddings_and_output_weights:

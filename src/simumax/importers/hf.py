@@ -68,6 +68,8 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
     }
     if cfg.get("max_position_embeddings"):
         out["max_position_embeddings"] = cfg["max_position_embeddings"]
+    if cfg.get("rope_theta"):
+        out["rotary_base"] = float(cfg["rope_theta"])
     if act not in ("silu", "swish"):
         notes.append(f"hidden_act {act!r}: modelled as an ungated GeLU MLP")
     if cfg.get("attention_bias") or arch == "Qwen2ForCausalLM" or arch == "Qwen2MoeForCausalLM":
