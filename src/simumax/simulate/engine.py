@@ -109,6 +109,7 @@ def run_pipeline(
     events: list[list[Event]] = [[] for _ in range(ranks)]
     last_w: dict[int, tuple[float, float]] = {}
     pairing = opts.pair_overlap
+    dur_of = {kind: [dur.get((kind, k), 0.0) for k in range(n_stage)] for kind in (FORWARD, BACKWARD, WEIGHT)}
 
     def dep(t: Task) -> float:
         k, mb = t.vstage, t.mb
@@ -131,14 +132,22 @@ def run_pipeline(
             while p < n:
                 t = order[p]
                 kind, k, mb = t.kind, t.vstage, t.mb
-                got = dep(t)
+                # dep(t), inlined: this loop runs once per task of every schedule run
+                if kind == FORWARD:
+                    got = ready_f[k - 1][mb] if k else 0.0
+                    if got >= 0.0 and mb == 0 and k in gate:
+                        got = max(got, gate[k][0])
+                elif kind == BACKWARD:
+                    got = ready_f[last][mb] if k == last else ready_b[k + 1][mb]
+                else:
+                    got = ready_b[k][mb]
                 if got < 0.0:
                     break
                 paired = pairing and t.paired and p + 1 < n and order[p + 1].mb != mb
                 if not record and not paired:
                     # one task, nothing to record: the fast path
                     start = now if now > got else got
-                    end = start + dur[(kind, k)]
+                    end = start + dur_of[kind][k]
                     if mb == 0 and kind == FORWARD and k in gate:
                         end = max(end, gate[k][1])
                     if kind == WEIGHT or (kind == BACKWARD and not split):
