@@ -77,3 +77,18 @@ def test_config_docs_are_current() -> None:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert (ROOT / "docs" / "configs.md").read_text() == mod.render(), "run python docs/make_config_docs.py"
+
+
+def test_preset_names_in_any_spelling() -> None:
+    """Case and _ / - do not matter in preset names (one spelling per preset); an unknown name
+    suggests the nearest ones."""
+    import pytest
+
+    from simumax.config.loader import load_model, load_system
+    from simumax.errors import ConfigError
+
+    assert load_system("H100_SXM_80GB").sys_name == load_system("h100-sxm-80gb").sys_name
+    assert load_model("deepseek_v3").model_name == "deepseek-v3"
+    assert load_model("deepseekv3").model_name == "deepseek_v3"  # SimuMax's file keeps its own name
+    with pytest.raises(ConfigError, match="did you mean llama3-70b, llama3-8b"):
+        load_model("llama3-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,11 +26,23 @@ def list_presets(kind: str) -> list[str]:
     return sorted(p.name[:-5] for p in _preset_dir(kind).iterdir() if p.name.endswith(".json"))
 
 
+def _canonical(name: str) -> str:
+    """One spelling for preset names: case and _ / - do not matter (H100_SXM_80GB, deepseek_v3)."""
+    return name.lower().replace("_", "-")
+
+
 def _preset_entry(kind: str, name: str) -> Any:
-    entry = _preset_dir(kind).joinpath(f"{name.removesuffix('.json')}.json")
-    if not entry.is_file():
-        raise ConfigError(kind, f"unknown preset {name.removesuffix('.json')!r}; known: {', '.join(list_presets(kind))}")
-    return entry
+    name = name.removesuffix(".json")
+    entry = _preset_dir(kind).joinpath(f"{name}.json")
+    if entry.is_file():
+        return entry
+    known = list_presets(kind)
+    same = [k for k in known if _canonical(k) == _canonical(name)]
+    if len(same) == 1:  # another spelling of one preset's name
+        return _preset_dir(kind).joinpath(f"{same[0]}.json")
+    close = difflib.get_close_matches(_canonical(name), [_canonical(k) for k in known], n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(k for k in known if _canonical(k) in close)}?" if close else ""
+    raise ConfigError(kind, f"unknown preset {name!r}{hint} (known: {', '.join(known)})")
 
 
 def preset_path(kind: str, name: str) -> Path:
