@@ -348,7 +348,8 @@ def search(
         short = min(-r.headroom for r in rows)  # headroom = budget - peak
         err_console.print(
             f"nothing fits: the closest candidate needs {short / 2**30:.1f} GiB more per GPU than the budget; widen the space "
-            "(--pp, --tp, --ep for MoE, --cp for long sequences, --recompute full_block, --zero 1) or use more GPUs",
+            "(--pp, --tp, --ep for MoE, --cp for long sequences, --recompute full_block, --zero 1,2,3, "
+            "--offload optimizer,activations) or use more GPUs",
             markup=False, soft_wrap=True,
         )
     if rows and rows[0].fits:

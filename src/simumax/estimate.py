@@ -150,6 +150,19 @@ class Estimate:
         size = self.network.groups[group].size
         if size <= 1 or params <= 0:
             return []
+        # what the buckets depend on: shared through the profile cache (a search asks the
+        # same chunk sizes of the same groups for many layouts)
+        groups = self.network.groups
+        key = (params, group, st.ddp_bucket_size, st.zero_state, st.fsdp_replicate_size, st.dp_shard_size,
+               st.main_grad_bytes, st.dtype_bytes, groups[group], groups["dp_shard"], groups["dp_rep"])
+        hit = self.profiles.grad_buckets.get(key)
+        if hit is None:
+            hit = self.profiles.grad_buckets[key] = self._new_buckets(params, group)
+        return hit
+
+    def _new_buckets(self, params: int, group: str) -> list[GradBucket]:
+        st = self.strategy
+        size = self.network.groups[group].size
         bucket = st.ddp_bucket_size or max(MEGATRON_MIN_BUCKET, 1_000_000 * size)
         n_full, rest = divmod(params, bucket)
 
