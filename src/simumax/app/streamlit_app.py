@@ -132,6 +132,10 @@ def _search(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig) 
     }
     cols = st.columns(len(lists))
     texts = {label: col.text_input(label, str(default), key=key) for col, (label, (key, default)) in zip(cols, lists.items())}
+    from simumax.search.space import OFFLOAD_VARIANTS
+
+    offload = st.multiselect("host offload (optimizer states, activations) to try", list(OFFLOAD_VARIANTS), default=["none"],
+                             key="search_offload")
     if not st.button("run search", key="run_search"):
         return
     from simumax.search.run import run_search
@@ -141,7 +145,8 @@ def _search(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig) 
         ints = {label: _ints(label, text) for label, text in [("TP sizes", tps), *texts.items()]}
         space = SearchSpace(world_size=int(world), global_batch_size=int(gbs), tp=ints["TP sizes"], pp=None,
                             vp=ints["VP sizes"], ep=ints["EP sizes"], etp=ints["ETP sizes"], cp=ints["CP sizes"],
-                            mbs=ints["micro-batch sizes"], recompute=RECOMPUTE, zero=ints["ZeRO levels"], schedule=(None,))
+                            mbs=ints["micro-batch sizes"], recompute=RECOMPUTE, zero=ints["ZeRO levels"], schedule=(None,),
+                            offload=tuple(offload))
         rows = run_search(model, system, strategy, space)
     except (ConfigError, ValueError) as exc:
         st.error(_plain(f"error: {exc}"))
