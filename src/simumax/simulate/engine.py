@@ -111,16 +111,23 @@ def run_pipeline(
     pairing = opts.pair_overlap
     dur_of = {kind: [dur.get((kind, k), 0.0) for k in range(n_stage)] for kind in (FORWARD, BACKWARD, WEIGHT)}
 
-    def dep(t: Task) -> float:
-        k, mb = t.vstage, t.mb
-        if t.kind == FORWARD:
-            got = ready_f[k - 1][mb] if k else 0.0
-            if got >= 0.0 and mb == 0 and k in gate:
-                got = max(got, gate[k][0])
-            return got
-        if t.kind == BACKWARD:
-            return ready_f[last][mb] if k == last else ready_b[k + 1][mb]
-        return ready_b[k][mb]
+    # the dependency rules as a table: the ready times a pass waits on, by (kind, stage) —
+    # a forward the previous stage's forward (none on the first), a backward the next
+    # stage's backward (the last stage: its own forward), a weight pass its own backward
+    started = [0.0] * n_mb
+    waits_on = {
+        FORWARD: [ready_f[k - 1] if k else started for k in range(n_stage)],
+        BACKWARD: [ready_f[last] if k == last else ready_b[k + 1] for k in range(n_stage)],
+        WEIGHT: [ready_b[k] for k in range(n_stage)],
+    }
+
+    def dep(kind: str, k: int, mb: int) -> float:
+        """When the pass may start (< 0: not yet); a stage's first forward also waits for
+        its first parameter bucket."""
+        got = waits_on[kind][k][mb]
+        if mb == 0 and kind == FORWARD and k in gate and got >= 0.0:
+            got = max(got, gate[k][0])
+        return got
 
     remaining = sum(len(o) for o in orders)
     while remaining:
@@ -132,15 +139,7 @@ def run_pipeline(
             while p < n:
                 t = order[p]
                 kind, k, mb = t.kind, t.vstage, t.mb
-                # dep(t), inlined: this loop runs once per task of every schedule run
-                if kind == FORWARD:
-                    got = ready_f[k - 1][mb] if k else 0.0
-                    if got >= 0.0 and mb == 0 and k in gate:
-                        got = max(got, gate[k][0])
-                elif kind == BACKWARD:
-                    got = ready_f[last][mb] if k == last else ready_b[k + 1][mb]
-                else:
-                    got = ready_b[k][mb]
+                got = dep(kind, k, mb)
                 if got < 0.0:
                     break
                 paired = pairing and t.paired and p + 1 < n and order[p + 1].mb != mb
@@ -164,7 +163,7 @@ def run_pipeline(
                     continue
                 group: tuple[Task, ...] = (t, order[p + 1]) if paired else (t,)
                 if len(group) == 2:
-                    got2 = dep(group[1])
+                    got2 = dep(group[1].kind, group[1].vstage, group[1].mb)
                     if got2 < 0.0:
                         break
                     got = max(got, got2)
