@@ -95,27 +95,27 @@ def steady_pipeline(
         if sum(plan) + (check or 0) >= m:
             break  # the full run is cheaper
         runs = [run_pipeline(orders_for(k), costs, opts, params_ready, record=False) for k in plan]
-        x = _extrapolate([_vector(r) for r in runs], ranks, g, m - m0)
-        if x is not None and check is not None:
+        line = _steady_line([_vector(r) for r in runs], ranks)
+        if line is not None and check is not None:
             # a per-micro-batch schedule may repeat over several micro-batches (async P2P
             # on MoE stages: steps a, b, b, ..., b every pp - 1): three equal steps in a row
             # are not enough; a run 2 pp + 1 micro-batches on must lie on the same line
             far = _vector(run_pipeline(orders_for(check), costs, opts, params_ready, record=False))
-            guess = _extrapolate([_vector(r) for r in runs], ranks, g, check - m0)
+            guess = _at(line, (check - m0) / g)
             scale = max(max(abs(v) for v in far), 1e-30)
-            if guess is None or len(guess) != len(far) or any(abs(a - b) > REL_TOL * scale for a, b in zip(guess, far)):
+            if len(guess) != len(far) or any(abs(a - b) > REL_TOL * scale for a, b in zip(guess, far)):
                 log.debug("steps repeat over several micro-batches at %d (period %d): full run", m0, g)
                 break
-        if x is not None:
-            return _from_vector(x, ranks, sorted(runs[0].last_weight_pass))
+        if line is not None:
+            return _from_vector(_at(line, (m - m0) / g), ranks, sorted(runs[0].last_weight_pass))
         log.debug("no steady state at %d micro-batches (period %d); trying %d", m0, g, 2 * m0)
         m0 = m0 + g * max(1, m0 // g)  # double
     return run_pipeline(orders_for(m), costs, opts, params_ready, record=False)
 
 
-def _extrapolate(xs: list[list[float]], ranks: int, g: int, ahead: int) -> list[float] | None:
-    """xs (runs one period apart) carried ``ahead`` micro-batches past the first, when they
-    lie on one line and no rank works more per period than the period; else None."""
+def _steady_line(xs: list[list[float]], ranks: int) -> tuple[list[float], list[float]] | None:
+    """(first run, step per period) of runs one period apart, when they lie on one line
+    and no rank works more per period than the period; else None."""
     if len({len(x) for x in xs}) != 1:
         return None
     scale = max(max(abs(v) for v in xs[-1]), 1e-30)
@@ -127,8 +127,13 @@ def _extrapolate(xs: list[list[float]], ranks: int, g: int, ahead: int) -> list[
     settled = max(steps[-1][ranks:2 * ranks]) <= min(steps[-1][:ranks]) + REL_TOL * scale
     if not (linear and settled):
         return None
-    n = ahead / g
-    return [a + n * d for a, d in zip(xs[0], steps[0])]
+    return xs[0], steps[0]
+
+
+def _at(line: tuple[list[float], list[float]], periods: float) -> list[float]:
+    """The line ``periods`` periods past its first run."""
+    first, step = line
+    return [a + periods * d for a, d in zip(first, step)]
 
 
 def steady_walk_counts(st: StrategyConfig) -> tuple[int, int] | None:
