@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from simumax.config.checks import check_compatible
 from simumax.config.model import ModelConfig
@@ -433,8 +434,15 @@ class Estimate:
         peak = self.peak_flops()
         mfu = flops / (total * world * peak)
         tput = tokens / total / world
-        u = unmeasured_share(attribution(self)) if band else None
-        lo, hi = TIME_BAND.interval(total, u) if u is not None else (total, total)
+        bands: dict[str, Any] = {}
+        if band:
+            u = unmeasured_share(attribution(self))
+            lo, hi = TIME_BAND.interval(total, u)
+            bands = dict(
+                efficiency_lookups=self.kernel_sources.to_dict(), duration_time_interval=(lo, hi),
+                mfu_interval=(mfu * total / hi, mfu * total / lo), throughput_interval=(tput * total / hi, tput * total / lo),
+                unmeasured_share=u,
+            )
         return CostResult(
             duration_time_per_iter=total,
             mfu=mfu,
@@ -445,11 +453,7 @@ class Estimate:
             tokens_per_iter=tokens,
             breakdown=breakdown,
             stages=stage_costs,
-            efficiency_lookups=self.kernel_sources.to_dict() if band else {},
-            duration_time_interval=(lo, hi) if band else None,
-            mfu_interval=(mfu * total / hi, mfu * total / lo) if band else None,
-            throughput_interval=(tput * total / hi, tput * total / lo) if band else None,
-            unmeasured_share=u,
+            **bands,
         )
 
     @cached_property
