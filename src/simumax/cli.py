@@ -253,9 +253,14 @@ def simulate(
             out_console.print(f"{what}: {path}")
 
 
+def _str_list(text: str) -> tuple[str, ...]:
+    """A comma-separated option's items, stripped, empty ones dropped."""
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
 def _int_list(text: str, name: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        return [int(x) for x in _str_list(text)]
     except ValueError:
         raise ConfigError(name, f"expected comma-separated integers, got {text!r}") from None
 
@@ -306,7 +311,7 @@ def search(
     if world_size < 1:
         raise ConfigError("--world-size", f"must be >= 1 (got {world_size})")
     m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
-    schedules = tuple(None if s == "auto" else s for s in (x.strip() for x in schedule.split(",")) if s)
+    schedules = tuple(None if s == "auto" else s for s in _str_list(schedule))
     for flag, text in (("--ep", ep), ("--etp", etp)):
         if text and not m.is_moe and any(v != 1 for v in _int_list(text, flag)):
             raise ConfigError(flag, "the model is dense (no experts): expert parallelism does not apply")
@@ -316,8 +321,8 @@ def search(
         world_size=world_size, global_batch_size=global_batch_size or st.global_batch_size, tp=tuple(_int_list(tp, "--tp")),
         pp=tuple(_int_list(pp, "--pp")) if pp else None, vp=dim(vp, "--vp", st.interleaving_size), ep=dim(ep, "--ep", st.ep_size),
         etp=dim(etp, "--etp", st.etp_size), cp=dim(cp, "--cp", st.cp_size), mbs=dim(mbs, "--mbs", st.micro_batch_size),
-        recompute=tuple(r.strip() for r in recompute.split(",") if r.strip()), zero=dim(zero, "--zero", st.zero_state),
-        schedule=schedules, offload=tuple(o.strip() for o in offload.split(",") if o.strip()) if offload else ("none",),
+        recompute=_str_list(recompute), zero=dim(zero, "--zero", st.zero_state),
+        schedule=schedules, offload=_str_list(offload) if offload else ("none",),
         replicas=tuple(_int_list(replicas, "--replicas")) if replicas else (1,),
     )
     jsonl = out / "search.jsonl" if out is not None else None

@@ -50,6 +50,7 @@ LAYOUT_FIELDS = frozenset(
     }
 )
 LAYER_GROUPS = ("tp", "cp", "ep", "etp")  # the only groups layer ops communicate on
+SHARDING_GROUPS = ("dp", "edp", "dp_shard")  # and, under ZeRO-2/3, these (graph/sharding.py)
 # Strategy fields that only choose the passes over a layer's own ops: which are checkpointed
 # (graph.recompute), what is offloaded (graph.offload); families differing in these share
 # their plain layer ops.
@@ -67,13 +68,13 @@ def family_key(st: StrategyConfig, network: NetworkModel) -> tuple[Any, ...]:
     groups = LAYER_GROUPS
     if st.zero_state >= 2:  # ZeRO-2/3 layers carry data-parallel collectives (graph/sharding.py)
         fields += (("sharding", repr(st.zero_state)),)
-        groups = (*LAYER_GROUPS, "dp", "edp", "dp_shard")
+        groups = (*LAYER_GROUPS, *SHARDING_GROUPS)
     return fields + tuple((g, network.groups[g]) for g in groups)
 
 
 def _plain_ops_key(family: tuple[Any, ...]) -> tuple[Any, ...]:
     """The family key without what only the passes read (the ZeRO-2/3 sharding too)."""
-    return tuple(item for item in family if item[0] not in CHECKPOINT_FIELDS and item[0] not in ("sharding", "dp", "edp", "dp_shard"))
+    return tuple(item for item in family if item[0] not in CHECKPOINT_FIELDS and item[0] not in ("sharding", *SHARDING_GROUPS))
 
 
 @dataclass
