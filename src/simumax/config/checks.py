@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 from simumax.config.hardware import datasheet
 from simumax.config.layout import virtual_stage_layers
@@ -109,15 +110,21 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
             raise ConfigError(name, f"unknown network tier {tier!r}; system has {sorted(system.networks.tiers)}")
 
 
+def _low_precision_peak(system: SystemConfig, family: str) -> Any:
+    """The system's ``<family>_matmul`` spec; ConfigError naming the field when it has no peak."""
+    spec = system.accelerator.op.get(f"{family}_matmul")
+    if spec is None or spec.tflops <= 0:
+        raise ConfigError(family, f"system {system.sys_name!r} has no {family.upper()} peak (accelerator.op.{family}_matmul); "
+                          f"turn {family} off")
+    return spec
+
+
 def check_fp8(st: StrategyConfig, system: SystemConfig) -> None:
     """FP8 needs an FP8 peak in the system, and a device whose tensor cores run the recipe.
 
     A system file may claim an FP8 peak for a device without FP8 units (SimuMax's
     ``a100_pcie`` gives 624 TFLOP/s): it runs as the file says, with one warning per system."""
-    ops = system.accelerator.op
-    spec = ops.get("fp8_matmul")
-    if spec is None or spec.tflops <= 0:
-        raise ConfigError("fp8", f"system {system.sys_name!r} has no FP8 peak (accelerator.op.fp8_matmul); turn fp8 off")
+    spec = _low_precision_peak(system, "fp8")
     sheet = datasheet(system.sys_name)
     if sheet is None:
         return
@@ -138,9 +145,7 @@ def check_fp8(st: StrategyConfig, system: SystemConfig) -> None:
 def check_fp4(st: StrategyConfig, system: SystemConfig) -> None:
     """FP4 needs an FP4 peak in the system and a device whose tensor cores run the recipe
     (NVFP4: Blackwell)."""
-    spec = system.accelerator.op.get("fp4_matmul")
-    if spec is None or spec.tflops <= 0:
-        raise ConfigError("fp4", f"system {system.sys_name!r} has no FP4 peak (accelerator.op.fp4_matmul); turn fp4 off")
+    _low_precision_peak(system, "fp4")
     sheet = datasheet(system.sys_name)
     if sheet is not None and st.lp_recipe not in sheet.fp8_recipes:
         raise ConfigError("fp4_recipe", f"{st.lp_recipe} needs Blackwell; {system.sys_name} is {sheet.match} ({sheet.arch})")
