@@ -134,3 +134,37 @@ def test_compare_strategies_side_by_side(tmp_path: Path) -> None:
     assert "tp1_pp2_dp4_mbs1" in text and "iteration time" in text and "tp_comm (ms)" in text
     one = run_cli("compare", "-m", "llama3-8b", "-y", "a100_pcie", "-s", "tp2_pp1_dp4_mbs1")
     assert one.returncode == 2 and "--strategy" in one.stderr
+
+
+def test_system_queries_by_hand() -> None:
+    """SimuMax's SystemConfig.real_comm_bw / compute_op_accuracy_time / miss_efficiency,
+    derived by hand from the preset's fields."""
+    from simumax.config.loader import load_system
+    from simumax.errors import ConfigError
+
+    h100 = load_system("h100-sxm-80gb")  # NVLink tier: 450 GB/s, all-reduce eff 0.8, 2 us per ring step + 8 us per call
+    size, n = 2.0**30, 8
+    moved = size * 2 * (n - 1) / n  # NCCL's bus bytes of an all-reduce
+    t = moved / (450e9 * 0.8) + (2 * (n - 1) * 2.0 + 8.0) * 1e-6
+    assert h100.real_comm_bw("all_reduce", size, n) == pytest.approx(moved / t, rel=1e-12)
+    # a named tier of the same kind: 8 ranks on the NICs, flat ring: 50 GB/s, eff 0.85, 5 us x 7 + 20 us
+    t_ib = size * 7 / 8 / (50e9 * 0.85) + (7 * 5.0 + 20.0) * 1e-6
+    assert h100.real_comm_bw("all_gather", size, 8, net="inter_node") == pytest.approx(size * 7 / 8 / t_ib, rel=1e-12)
+    assert h100.real_comm_bw("all_reduce", 1e3, 8) < h100.real_comm_bw("all_reduce", 1e9, 8)  # latency-bound small calls
+
+    a100 = load_system("a100_pcie")
+    table = a100.accelerator.op["matmul"].accurate_efficient_factor
+    key, eff = next(iter(table.items()))
+    peak = a100.accelerator.op["matmul"].tflops * 1e12
+    assert a100.compute_op_accuracy_time("matmul", key, 1e12) == pytest.approx(1e12 / (peak * eff), rel=1e-12)
+    # a key the table holds: what its neighbours would give without it, not the entry itself
+    miss = a100.miss_efficiency("matmul", key)
+    assert miss != eff and 0.5 * eff < miss < 1.5 * eff
+    # a key the table lacks: the efficiency the estimate uses for it
+    other = key.replace("m=4096", "m=4000")
+    assert other not in table
+    assert a100.compute_op_accuracy_time("matmul", other, 1e12) == pytest.approx(1e12 / (peak * a100.miss_efficiency("matmul", other)))
+    for bad in (lambda: a100.real_comm_bw("broadcast", 1e6, 8), lambda: a100.real_comm_bw("all_reduce", 1e6, 0),
+                lambda: a100.real_comm_bw("all_reduce", 1e6, 8, net="nvlink9"), lambda: a100.miss_efficiency("gemm", key)):
+        with pytest.raises(ConfigError):
+            bad()

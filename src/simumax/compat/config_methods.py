@@ -119,3 +119,69 @@ class SimuMaxModelMethods(SimuMaxConfigMethods):
 
     def set_vocab_size(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size  # type: ignore[attr-defined]
+
+
+class SimuMaxSystemMethods(SimuMaxConfigMethods):
+    """SimuMax's SystemConfig queries, answered by the one cost model (cost/efficiency.py,
+    cost/network.py). Seconds and bytes per second."""
+
+    def _op_spec(self, op_name: str) -> Any:
+        ops = self.accelerator.op  # type: ignore[attr-defined]
+        if op_name not in ops:
+            raise ConfigError("op_name", f"{op_name!r} is not a kernel family of this system ({', '.join(sorted(ops))})")
+        return ops[op_name]
+
+    def compute_op_accuracy_time(self, op_name: str, key: str, flops: float) -> float:
+        """Seconds of a kernel of family ``op_name`` (``matmul``, ``sdp_fwd`` ...) with table
+        key ``key`` doing ``flops`` FLOPs in the table's convention: the measured
+        efficiency when the table holds the key, else the fitted or default one."""
+        from simumax.cost.efficiency import ComputeModel
+
+        spec = self._op_spec(op_name)
+        if flops < 0:
+            raise ConfigError("flops", f"must be >= 0 (got {flops})")
+        eff, _, _ = ComputeModel(self).efficiency(op_name, key)  # type: ignore[arg-type]
+        return flops / (spec.tflops * 1e12 * eff)
+
+    def miss_efficiency(self, op_name: str, key: str) -> float:
+        """The efficiency ``key`` gets when the table misses it: fitted from the other
+        measured shapes (the key's own entry left out) or the family's default curve."""
+        from simumax.cost.efficiency import ComputeModel
+        from simumax.cost.efficiency_fit import TableFit, default_curve, parse_key
+
+        spec = self._op_spec(op_name)
+        table = spec.accurate_efficient_factor
+        if key not in table:
+            return ComputeModel(self).efficiency(op_name, key)[0]  # type: ignore[arg-type]
+        sm = self.accelerator.sm_count  # type: ignore[attr-defined]
+        fitted = TableFit({k: v for k, v in table.items() if k != key}, sm).predict(key)
+        return fitted if fitted is not None else default_curve(parse_key(key)[1], spec.efficient_factor, sm)
+
+    def real_comm_bw(self, comm_type: str, size: float, comm_num: int, net: str | None = None) -> float:
+        """Bus bandwidth (bytes/s, NCCL's definition) a ``comm_type`` collective of ``size``
+        bytes over ``comm_num`` consecutive ranks achieves in the network model, latency
+        included: as one ring on the tier ``net`` if named, else on what the group's
+        placement picks (inside a node / across nodes, hierarchical when it spans nodes)."""
+        from simumax.config.strategy import StrategyConfig
+        from simumax.cost.network import DEFAULT_SPECS, NetworkModel, ring_bytes, tier_time
+        from simumax.graph.kernels import Collective
+
+        if comm_type not in DEFAULT_SPECS:
+            raise ConfigError("comm_type", f"{comm_type!r} is not one of {', '.join(DEFAULT_SPECS)}")
+        if not isinstance(comm_num, int) or comm_num < 1:
+            raise ConfigError("comm_num", f"must be an integer >= 1 (got {comm_num!r})")
+        if size <= 0:
+            raise ConfigError("size", f"must be > 0 bytes (got {size})")
+        tiers = self.networks.tiers  # type: ignore[attr-defined]
+        if net is not None and net not in tiers:
+            raise ConfigError("net", f"{net!r} is not a tier of this system ({', '.join(sorted(tiers))})")
+        if comm_num == 1 and comm_type != "p2p":
+            return float("inf")  # nothing crosses a link
+        if net is not None:
+            t = tier_time(tiers[net], comm_type, float(size), comm_num)
+        else:
+            group = StrategyConfig.init_from_dict({"seq_len": 4096, "world_size": comm_num, "tp_size": comm_num},
+                                                  source="real_comm_bw")
+            t = NetworkModel(self, group).time(Collective(comm_type, float(size), "tp"))  # type: ignore[arg-type]
+        spec = DEFAULT_SPECS[comm_type]
+        return ring_bytes(float(size), comm_num, spec.scale, spec.offset) / t

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field, PositiveFloat, PositiveInt, PrivateAttr, field_validator, model_serializer, model_validator
 
-from simumax.compat.config_methods import SimuMaxConfigMethods
+from simumax.compat.config_methods import SimuMaxSystemMethods
 from simumax.config.base import ConfigBase
 from simumax.config.simumax_fields import system_input
 from simumax.errors import ConfigError
@@ -150,7 +150,7 @@ class NetworksConfig(ConfigBase):
         return {"intra_with_pcie": out["intra_with_pcie"], **out["tiers"]}
 
 
-class SystemConfig(SimuMaxConfigMethods, ConfigBase):
+class SystemConfig(SimuMaxSystemMethods, ConfigBase):
     """One node type: ``num_per_node`` accelerators and the networks joining them."""
 
     sys_name: str = Field("system", description="Name shown in reports.")

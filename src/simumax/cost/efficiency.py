@@ -70,6 +70,13 @@ class ComputeModel:
             return fitted, "fitted"
         return default_curve(parse_key(key)[1], spec.efficient_factor, self.acc.sm_count), "default"
 
+    def efficiency(self, family: str, key: str) -> tuple[float, str, str]:
+        """(efficiency, family used, measured / fitted / default) of a shape key in the
+        table convention, for a kernel family name as configured (``matmul``, ``sdp_fwd`` ...)."""
+        name = self._family(family)
+        eff, source = self._efficiency(name, key)
+        return eff, name, source
+
     def _fp8_from_bf16(self, p8: float, e8: float, p16: float, e16_asym: float, e16: float, key: str) -> float:
         """An fp8 GEMM's efficiency (against the fp8 peak ``p8``) from the bf16 one of the
         same shape: the bf16 time splits into the math a full wave of tiles runs at the bf16

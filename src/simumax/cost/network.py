@@ -72,6 +72,28 @@ def _next_pow2(x: int) -> int:
     return p
 
 
+def tier_time(tier: NetworkTier, op: str, nbytes: float, n: int, dp_group: bool = False, steps: int | None = None,
+              rate: float = 1.0) -> float:
+    """One collective of n ranks on one tier: SimuMax's α-β formula with its per-op fields;
+    ``dp_group`` lets the op's ``dp_fixed_bw`` apply; ``steps`` latency steps (default the
+    ring's, see the module docstring); ``rate`` the share of the tier's bandwidth the leaf
+    uplinks leave it (cost/fabric.py)."""
+    spec = tier.op.get(op) or DEFAULT_SPECS[op]
+    bw = tier.bandwidth.gbps * 1e9 * rate
+    eff = spec.efficient_factor if spec.efficient_factor is not None else tier.bandwidth.efficient_factor
+    fixed_bw = spec.dp_fixed_bw.get(str(n)) if dp_group else None
+    if fixed_bw:
+        bw, eff = fixed_bw * 1e9, 1.0
+    fixed = spec.fixed_latency_us_by_comm_num.get(str(n), spec.fixed_latency_us)
+    if spec.latency_us is None:  # the tier's latency is a per-call default
+        per_step, fixed = 0.0, fixed + tier.bandwidth.latency_us
+    else:
+        per_step = spec.latency_us
+    if steps is None:
+        steps = ring_steps(op, n, spec.scale, spec.offset)
+    return ring_bytes(nbytes, n, spec.scale, spec.offset) / (bw * eff) + (steps * per_step + fixed) * 1e-6
+
+
 class NetworkModel:
     def __init__(self, system: SystemConfig, st: StrategyConfig) -> None:
         self.system = system
@@ -146,24 +168,7 @@ class NetworkModel:
 
     def _flat(self, tier_name: str, op: str, nbytes: float, n: int, group: str = "", steps: int | None = None,
               rate: float = 1.0) -> float:
-        """One collective on one tier: SimuMax's α-β formula with its per-op fields;
-        ``steps`` latency steps (default the ring's, see the module docstring); ``rate`` the
-        share of the tier's bandwidth the leaf uplinks leave it (cost/fabric.py)."""
-        tier = self.nets.tiers[tier_name]
-        spec = tier.op.get(op) or DEFAULT_SPECS[op]
-        bw = tier.bandwidth.gbps * 1e9 * rate
-        eff = spec.efficient_factor if spec.efficient_factor is not None else tier.bandwidth.efficient_factor
-        fixed_bw = spec.dp_fixed_bw.get(str(n)) if group in ("dp", "edp") else None
-        if fixed_bw:
-            bw, eff = fixed_bw * 1e9, 1.0
-        fixed = spec.fixed_latency_us_by_comm_num.get(str(n), spec.fixed_latency_us)
-        if spec.latency_us is None:  # the tier's latency is a per-call default
-            per_step, fixed = 0.0, fixed + tier.bandwidth.latency_us
-        else:
-            per_step = spec.latency_us
-        if steps is None:
-            steps = ring_steps(op, n, spec.scale, spec.offset)
-        return ring_bytes(nbytes, n, spec.scale, spec.offset) / (bw * eff) + (steps * per_step + fixed) * 1e-6
+        return tier_time(self.nets.tiers[tier_name], op, nbytes, n, group in ("dp", "edp"), steps, rate)
 
     def _intra_tier(self, k: int, stride: int) -> str | None:
         """The tier a group of k ranks at this stride inside one node would use."""
