@@ -169,3 +169,101 @@ def test_torch_fsdp2_memory_and_torchtitan_export() -> None:
     assert "local_batch_size = 4" in toml and "pipeline_parallel_microbatch_size = 1" in toml
     out = run_cli("export", "-m", "llama3-8b", "-s", "tp2_pp1_dp4_mbs1", "--format", "torchtitan")
     assert out.returncode == 2 and "zero_state" in out.stderr  # ZeRO-1 has no torchtitan form
+
+
+def _ds(zero: int, **extra: object) -> Estimate:
+    m = load_model("llama3-8b").with_updates({"layer_num": 4})
+    st = {"seq_len": 4096, "world_size": 8, "micro_batch_num": 2, "zero_state": zero, "fsdp_impl": "deepspeed", **extra}
+    return Estimate(m, load_strategy(st), H100)
+
+
+def test_deepspeed_zero_memory_by_hand() -> None:
+    """DeepSpeed ZeRO with bf16, per the ZeRO paper's count (2 B parameters, 2 B gradients,
+    12 B fp32 master + Adam moments; Rajbhandari et al. SC'20 Fig. 1): stage 1 keeps
+    2 + 2 + 12/N, stage 2 2 + 2/N + 12/N, stage 3 (2 + 2 + 12)/N per parameter, plus the
+    reduce bucket(s) (two with overlap_comm) and, at stage 3, the unit being run and what
+    the prefetcher has gathered ahead."""
+    head = 128384 * 4096 + 4096  # the largest unit (output layer + final norm)
+    z1 = _ds(1)
+    psi = z1.stages[0].params
+    s1 = z1.memory().stages[0]
+    assert (s1.weights, s1.grads, s1.optimizer) == pytest.approx((2 * psi, 2 * psi, 12 * psi / 8))
+    bucket = min(500_000_000, psi)
+    s2 = _ds(2).memory().stages[0]
+    assert (s2.weights, s2.grads, s2.optimizer) == pytest.approx((2 * psi, 2 * (psi / 8 + bucket), 12 * psi / 8))
+    s2o = _ds(2, ds_overlap_comm=True).memory().stages[0]
+    assert s2o.grads == pytest.approx(2 * (psi / 8 + 2 * bucket))  # a second bucket fills while one reduces
+    s3 = _ds(3, ds_reduce_bucket_size=10**8).memory().stages[0]  # overlap_comm on by default at stage 3
+    assert s3.weights == pytest.approx(2 * (psi / 8 + head + 5 * 10**7))
+    assert (s3.grads, s3.optimizer) == pytest.approx((2 * (psi / 8 + 2 * 10**8), 12 * psi / 8))
+
+
+def test_deepspeed_reduce_in_bf16_exposed_without_overlap_comm() -> None:
+    """Gradients reduce in the model dtype (2 B) every micro-batch from stage 2; without
+    overlap_comm (DeepSpeed's default below stage 3) the reduce runs on the compute stream
+    and is exposed, with it it hides under the backward like Megatron-FSDP's."""
+    from simumax.graph.sharding import SYNC_MODULE
+
+    plain, overlapped = _ds(2), _ds(2, ds_overlap_comm=True)
+    reduces = [k for s in plain.chunks for o in s.ops if o.module == SYNC_MODULE for k in o.kernels("bwd_weight")]
+    assert sum(k.bytes for k in reduces) == 2 * plain.params.total and all(k.op == "reduce_scatter" for k in reduces)
+    assert _sharding_bytes(overlapped) == {"all_gather": 0.0, "reduce_scatter": 2 * plain.params.total}
+    exposed = sum(plain.network.time(k) for k in reduces) * 2  # two micro-batches
+    # exposed: every reduce, then the parameter all-gather after the step
+    assert plain.cost().breakdown["dp_comm"] == pytest.approx(exposed + plain.dp_gather_time(plain.stages[0]), rel=1e-9)
+    assert overlapped.cost().breakdown["dp_comm"] < plain.cost().breakdown["dp_comm"] - exposed / 2
+    assert _ds(3).strategy.ds_overlap and not _ds(1).strategy.ds_overlap
+
+
+def test_deepspeed_refusals_and_exports() -> None:
+    import json
+
+    from simumax.errors import ConfigError
+    from simumax.export.deepspeed import deepspeed_config
+
+    base = {"seq_len": 4096, "world_size": 16, "fsdp_impl": "deepspeed"}
+    for bad, field in (({"zero_state": 0}, "fsdp_impl"), ({"zero_state": 2, "pp_size": 2}, "pp_size"),
+                       ({"zero_state": 3, "ep_size": 2}, "ep_size"), ({"zero_state": 1, "fsdp_replicate_size": 2}, "fsdp_replicate_size")):
+        with pytest.raises(ConfigError, match=field):
+            load_strategy({**base, **bad})
+    st = load_strategy({**base, "zero_state": 3, "micro_batch_num": 4, "optimizer_cpu_offload": True,
+                        "optimizer_offload_fraction": 0.5})
+    cfg = deepspeed_config(st)
+    assert cfg["train_batch_size"] == 64 and cfg["gradient_accumulation_steps"] == 4 and cfg["bf16"] == {"enabled": True}
+    assert cfg["zero_optimization"]["stage"] == 3 and cfg["zero_optimization"]["overlap_comm"] is True
+    assert cfg["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True, "ratio": 0.5}
+    with pytest.raises(ConfigError, match="fsdp_impl"):
+        deepspeed_config(load_strategy({**base, "fsdp_impl": "megatron_fsdp", "zero_state": 2}))
+    out = run_cli("export", "-m", "llama3-8b", "-s", "tp1_pp1_dp8_mbs1", "--format", "deepspeed",
+                  "--set", "fsdp_impl=deepspeed", "--set", "zero_state=2")
+    assert out.returncode == 0 and json.loads(out.stdout)["zero_optimization"]["overlap_comm"] is False
+    # Megatron-DeepSpeed flags round-trip through the importer
+    flags = megatron_flags(load_strategy({**base, "zero_state": 2}), load_model("llama3-8b"))
+    assert "--zero-stage 2" in flags and "--use-megatron-fsdp" not in flags
+    _, back, _ = parse_megatron_args("--num-layers 2 --hidden-size 256 --num-attention-heads 4 --vocab-size 1000 "
+                                     "--seq-length 512 --deepspeed --deepspeed_config ds.json --zero-stage 3")
+    assert back.fsdp_impl == "deepspeed" and back.zero_state == 3
+
+
+def test_search_over_sharded_dp_implementations() -> None:
+    """`search --fsdp` tries each implementation where it runs: FSDP2 only at ZeRO-3,
+    DeepSpeed at ZeRO 1-3 and never with PP at ZeRO-2/3."""
+    import json
+
+    out = run_cli("search", "-m", "llama3-8b", "-s", "tp1_pp1_dp8_mbs1", "-y", "h100-sxm-80gb", "--set", "layer_num=4",
+                  "--world-size", "8", "--gbs", "16", "--zero", "1,2,3", "--tp", "1", "--pp", "1,2", "--recompute", "none",
+                  "--fsdp", "megatron_fsdp,torch_fsdp2,deepspeed", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    seen = {(r["fsdp"], r["zero"], r["pp"]) for r in rows}
+    assert ("torch_fsdp2", 3, 1) in seen and not any(f == "torch_fsdp2" and z < 3 for f, z, _ in seen)
+    assert {("deepspeed", z, 1) for z in (1, 2, 3)} <= seen and ("deepspeed", 1, 2) in seen
+    assert not any(f == "deepspeed" and z >= 2 and pp > 1 for f, z, pp in seen)
+    from simumax.search.evaluate import SearchRow
+
+    labels = {SearchRow.from_dict(r).label for r in rows}
+    assert any("zero3/deepspeed" in t for t in labels) and any(" zero2 " in t for t in labels)  # Megatron's unmarked
+    bad = run_cli("search", "-m", "llama3-8b", "-s", "tp1_pp1_dp8_mbs1", "-y", "h100-sxm-80gb", "--world-size", "8",
+                  "--fsdp", "zero_infinity")
+    assert bad.returncode == 2 and "search.fsdp" in bad.stderr

@@ -282,6 +282,7 @@ def search(
     recompute: str = typer.Option("none,selective,full_block", "--recompute", help="Recompute variants: none, selective, selective_norm, selective_mlp, full_block (fewest layers that fit)."),
     zero: Optional[str] = typer.Option(None, "--zero", help="ZeRO stages to try, 0 to 3 (default: the base strategy's)."),
     replicas: Optional[str] = typer.Option(None, "--replicas", help="HSDP replica counts to try (fsdp_replicate_size: shard inside a replica, all-reduce across; ZeRO >= 1; default: the base strategy's)."),
+    fsdp: Optional[str] = typer.Option(None, "--fsdp", help="Sharded-DP implementations to try: megatron_fsdp, torch_fsdp2 (ZeRO-3 only), deepspeed (ZeRO 1-3; default: the base strategy's)."),
     offload: Optional[str] = typer.Option(None, "--offload", help="What to offload to host memory, to try: none, optimizer, activations (attention and expert inputs), both (default: the base strategy's settings)."),
     schedule: str = typer.Option("auto", "--schedule", help="Pipeline schedules to try: auto (1F1B / interleaved), 1f1b, interleaved, zb, dualpipev."),
     gmi_error: float = typer.Option(0.0, "--gmi-error", help="GiB kept free per GPU."),
@@ -324,6 +325,7 @@ def search(
         recompute=_str_list(recompute), zero=dim(zero, "--zero", st.zero_state),
         schedule=schedules, offload=_str_list(offload) if offload else ("none",),
         replicas=tuple(_int_list(replicas, "--replicas")) if replicas else (1,),
+        fsdp=tuple(_str_list(fsdp)) if fsdp else (None,),
     )
     jsonl = out / "search.jsonl" if out is not None else None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -651,24 +653,31 @@ def export(
     model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
     strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
     set_: list[str] = SetOpt,
-    out: Optional[Path] = typer.Option(None, "--out", help="Also write megatron_flags.txt (or torchtitan.toml) here."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write megatron_flags.txt (torchtitan.toml, ds_config.json) here."),
     as_json: bool = typer.Option(False, "--json", help="Print the flags as a JSON list."),
-    fmt_: str = typer.Option("megatron", "--format", help="megatron (flags) or torchtitan (a job-config TOML snippet)."),
+    fmt_: str = typer.Option("megatron", "--format", help="megatron (flags), torchtitan (a job-config TOML snippet) or "
+                             "deepspeed (a ds_config.json)."),
 ) -> None:
-    """Model + strategy as Megatron-LM flags (the inverse of `import megatron`), or as a
-    torchtitan job-config snippet (`--format torchtitan`, FSDP2: zero_state 3)."""
+    """Model + strategy as Megatron-LM flags (the inverse of `import megatron`), as a
+    torchtitan job-config snippet (`--format torchtitan`, FSDP2: zero_state 3), or as a
+    DeepSpeed config (`--format deepspeed`, fsdp_impl deepspeed)."""
     from simumax.atomic import write_text_atomic
     from simumax.export.megatron_flags import megatron_flags, model_flags
 
-    if fmt_ not in ("megatron", "torchtitan"):
-        raise ConfigError("--format", f"must be megatron or torchtitan (got {fmt_!r})")
+    if fmt_ not in ("megatron", "torchtitan", "deepspeed"):
+        raise ConfigError("--format", f"must be megatron, torchtitan or deepspeed (got {fmt_!r})")
     m, st, _ = apply_overrides(load_model(model), load_strategy(strategy), load_system("a100_pcie"), set_)
-    if fmt_ == "torchtitan":
-        from simumax.export.torchtitan import torchtitan_toml
+    if fmt_ != "megatron":
+        if fmt_ == "torchtitan":
+            from simumax.export.torchtitan import torchtitan_toml
 
-        text = torchtitan_toml(st)
+            name, text = "torchtitan.toml", torchtitan_toml(st)
+        else:
+            from simumax.export.deepspeed import deepspeed_config
+
+            name, text = "ds_config.json", json.dumps(deepspeed_config(st), indent=2) + "\n"
         if out is not None:
-            write_text_atomic(out / "torchtitan.toml", text)
+            write_text_atomic(out / name, text)
         sys.stdout.write(text)
         return
     flags = model_flags(m) + megatron_flags(st, m)

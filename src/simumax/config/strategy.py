@@ -9,6 +9,7 @@ from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_
 from simumax.compat.config_methods import SimuMaxStrategyMethods
 from simumax.config.base import ConfigBase
 from simumax.config.simumax_fields import strategy_input
+from simumax.config.strategy_rules import check_rules
 from simumax.errors import ConfigError
 
 MEGATRON_RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe_act", "moe", "shared_experts", "mla_up_proj")
@@ -121,10 +122,21 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     optimizer_offload_fraction: float = Field(
         1.0, gt=0, le=1, description="Megatron --optimizer-offload-fraction: share of the optimizer offloaded."
     )
-    fsdp_impl: Literal["megatron_fsdp", "torch_fsdp2"] = Field(
-        "megatron_fsdp", description="With zero_state 2/3: Megatron-FSDP (bf16 parameters, fp32 main grads and master "
-        "copy) or PyTorch FSDP2 as torchtitan runs it (zero_state 3: fp32 sharded parameters, no separate master, "
-        "bf16 gathers, fp32 reduce-scatters).",
+    fsdp_impl: Literal["megatron_fsdp", "torch_fsdp2", "deepspeed"] = Field(
+        "megatron_fsdp", description="The sharded data-parallel implementation. megatron_fsdp (zero_state 2/3): bf16 "
+        "parameters, fp32 main grads and master copy; torch_fsdp2 (zero_state 3, torchtitan): fp32 sharded parameters, "
+        "no separate master, bf16 gathers, fp32 reduce-scatters; deepspeed (zero_state 1-3, DeepSpeed ZeRO with bf16): "
+        "gradients kept and reduced in bf16, reduced every micro-batch from stage 2, in ds_reduce_bucket_size buckets.",
+    )
+    ds_overlap_comm: bool | None = Field(
+        None, description="DeepSpeed zero_optimization.overlap_comm: gradient reduces overlap the backward (two reduce "
+        "buckets); null: DeepSpeed's default, true at stage 3, false below.",
+    )
+    ds_reduce_bucket_size: PositiveInt = Field(
+        500_000_000, le=10**12, description="DeepSpeed zero_optimization.reduce_bucket_size, elements (default 5e8).",
+    )
+    ds_prefetch_bucket_size: PositiveInt = Field(
+        50_000_000, le=10**12, description="DeepSpeed stage3_prefetch_bucket_size, elements gathered ahead (default 5e7).",
     )
     fsdp_replicate_size: PositiveInt = Field(
         1, le=65536, description="HSDP: the data-parallel ranks (x CP) split into this many replicas; optimizer states, "
@@ -228,71 +240,7 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
 
     @model_validator(mode="after")
     def _check(self) -> "StrategyConfig":
-        denom = self.tp_size * self.cp_size * self.pp_size
-        if self.world_size % denom:
-            raise ConfigError(
-                "world_size", f"must be divisible by tp*cp*pp = {denom} (got {self.world_size})"
-            )
-        if self.fsdp_impl == "torch_fsdp2" and self.zero_state != 3:
-            raise ConfigError("fsdp_impl", "torch_fsdp2 (fully_shard) shards parameters: it needs zero_state 3")
-        if self.fsdp_replicate_size > 1:
-            if self.zero_state < 1:
-                raise ConfigError("fsdp_replicate_size", "replicas of a sharded state need zero_state >= 1")
-            if (self.dp_size * self.cp_size) % self.fsdp_replicate_size:
-                raise ConfigError("fsdp_replicate_size", f"must divide dp x cp ({self.dp_size * self.cp_size})")
-        if self.fp8_on and self.fp4_on:
-            raise ConfigError("fp4", "cannot be combined with fp8 (Megatron runs one low-precision recipe)")
-        if self.use_math_sdp and self.use_flash_sdp:
-            raise ConfigError("use_math_sdp", "cannot be true together with use_flash_sdp")
-        if self.interleaving_size > 1 and self.pp_size == 1:
-            raise ConfigError("interleaving_size", "virtual pipeline needs pp_size > 1")
-        if self.enable_sequence_parallel and self.tp_size > 1 and self.seq_len % (self.tp_size * self.cp_size):
-            raise ConfigError("seq_len", f"must be divisible by tp*cp = {self.tp_size * self.cp_size} with sequence parallelism")
-        if self.cp_size > 1 and self.seq_len % (2 * self.cp_size):
-            raise ConfigError("seq_len", f"must be divisible by 2*cp = {2 * self.cp_size} for context parallelism")
-        if (self.ep_size * self.etp_size) > 1 and (self.dp_size * self.cp_size * self.tp_size) % (self.ep_size * self.etp_size):
-            raise ConfigError(
-                "ep_size", f"ep*etp ({self.ep_size * self.etp_size}) must divide tp*cp*dp ({self.dp_size * self.cp_size * self.tp_size})"
-            )
-        sched = self.schedule
-        if sched == "interleaved" and self.interleaving_size == 1:
-            raise ConfigError("pp_schedule", "interleaved needs interleaving_size > 1")
-        if sched != "interleaved" and self.interleaving_size > 1:
-            raise ConfigError("pp_schedule", f"{sched} takes no interleaving_size (got {self.interleaving_size})")
-        if sched == "interleaved":
-            group = self.microbatch_group_size_per_vp_stage or self.pp_size
-            if not self.pp_size <= group <= self.micro_batch_num:
-                raise ConfigError(
-                    "microbatch_group_size_per_vp_stage",
-                    f"must lie in [pp_size={self.pp_size}, micro_batch_num={self.micro_batch_num}] (got {group})",
-                )
-            rest = self.micro_batch_num % group
-            if 0 < rest < self.pp_size:
-                raise ConfigError(
-                    "micro_batch_num", f"remainder modulo the VPP micro-batch group ({group}) must be 0 or >= pp_size (got {rest})"
-                )
-        if sched == "dualpipev" and self.pp_size == 1:
-            raise ConfigError("pp_schedule", "dualpipev needs pp_size > 1")
-        if sched == "dualpipev" and self.micro_batch_num < 2 * self.pp_size:
-            raise ConfigError("micro_batch_num", f"dualpipev needs at least 2*pp_size = {2 * self.pp_size} micro-batches")
-        if self.overlap_moe_expert_parallel_comm:
-            if self.ep_size == 1:
-                raise ConfigError("overlap_moe_expert_parallel_comm", "needs expert parallelism (ep_size > 1)")
-            if self.pp_size > 1 and sched not in ("interleaved", "dualpipev"):
-                raise ConfigError(
-                    "overlap_moe_expert_parallel_comm", "with pp_size > 1 needs the interleaved (or dualpipev) schedule, as Megatron"
-                )
-            if self.recompute_mode == "full_block":
-                raise ConfigError("overlap_moe_expert_parallel_comm", "cannot be combined with full recompute (Megatron)")
-        if self.delay_wgrad_compute and not self.overlap_moe_expert_parallel_comm:
-            raise ConfigError("delay_wgrad_compute", "needs overlap_moe_expert_parallel_comm")
-        if self.optimizer_cpu_offload and self.zero_state < 1:
-            raise ConfigError("optimizer_cpu_offload", "needs the distributed optimizer (zero_state >= 1), as Megatron")
-        if self.fine_grained_activation_offloading != bool(self.offload_modules):
-            raise ConfigError("offload_modules", "fine_grained_activation_offloading and offload_modules go together "
-                              "(Megatron: --fine-grained-activation-offloading --offload-modules core_attn ...)")
-        if self.megatron_recompute and not self.megatron_recompute_modules:
-            raise ConfigError("megatron_recompute_modules", "must name at least one module when megatron_recompute is true")
+        check_rules(self)
         return self
 
     # ---- derived ----------------------------------------------------------------------
@@ -368,7 +316,14 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         return "full_block" if self.recompute_granularity == "full_block" else "selective"
 
     @property
+    def ds_overlap(self) -> bool:
+        """DeepSpeed's overlap_comm as it resolves: true at stage 3 unless set."""
+        return self.zero_state == 3 if self.ds_overlap_comm is None else self.ds_overlap_comm
+
+    @property
     def main_grad_bytes(self) -> int:
+        if self.fsdp_impl == "deepspeed":  # DeepSpeed keeps and reduces gradients in the model dtype
+            return self.dtype_bytes
         if self.grad_reduce_in_bf16 or not self.use_fp32_accum_grad:
             return 2
         return 4

@@ -16,7 +16,7 @@ from simumax.graph.moe_layer import moe_mlp_ops
 from simumax.graph.mtp import mtp_ops
 from simumax.graph.recompute import is_recomputed, tag_recompute
 from simumax.graph.offload import with_offload
-from simumax.graph.sharding import sharding_op, with_sharding
+from simumax.graph.sharding import sharding_ops, with_sharding
 
 
 def _head_ops(model: ModelConfig, st: StrategyConfig, d: Dims, same_rank_as_embedding: bool) -> list[Op]:
@@ -113,8 +113,7 @@ class OpSource:
         """The multi-token-prediction block (graph/mtp.py), its layers unrecomputed."""
         ops = mtp_ops(self.model, self.st, self.dims, lambda k: self.layer(k, False), embedding_on_this_rank)
         own = [o for o in ops if o.module in ("mtp_embedding", "mtp_proj", "mtp_norm")]  # its layers carry their own
-        shard = sharding_op("mtp", self.model.layer_num, own, self.st)
-        return ops if shard is None else [shard, *ops]
+        return [*sharding_ops("mtp", self.model.layer_num, own, self.st), *ops]
 
     def embedding(self) -> Op:
         if self._embedding is None:

@@ -22,13 +22,15 @@ from simumax.graph.kernels import Collective
 from simumax.graph.ops import Op
 
 MODULE = "fsdp"
+SYNC_MODULE = "fsdp_sync"  # collectives on the compute stream (exposed)
 
 
-def sharding_op(name: str, layer: int, ops: list[Op], st: StrategyConfig) -> Op | None:
-    """The ZeRO-2/3 collectives of the parameters held by ``ops`` (None below ZeRO-2 or
-    without parameters)."""
+def sharding_ops(name: str, layer: int, ops: list[Op], st: StrategyConfig) -> list[Op]:
+    """The ZeRO-2/3 collectives of the parameters held by ``ops``: one prefetched op (none
+    below ZeRO-2 or without parameters), and for DeepSpeed without ``overlap_comm`` a
+    second, exposed one with the gradient reduce, which then runs on the compute stream."""
     if st.zero_state < 2:
-        return None
+        return []
     dense = sum(o.params - o.expert_params for o in ops)
     expert = sum(o.expert_params for o in ops)
     fwd: list[Collective] = []
@@ -45,11 +47,18 @@ def sharding_op(name: str, layer: int, ops: list[Op], st: StrategyConfig) -> Op 
         grad_bytes = 4 if st.fsdp_impl == "torch_fsdp2" else st.main_grad_bytes  # FSDP2 reduce_dtype fp32 (torchtitan)
         bwd_w.append(Collective("reduce_scatter", float(params * grad_bytes), group))
     if not bwd_w:
-        return None
-    return Op(name=f"{name}.fsdp", module=MODULE, layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd_in), bwd_weight=tuple(bwd_w))
+        return []
+    out = []
+    exposed = st.fsdp_impl == "deepspeed" and not st.ds_overlap
+    if fwd or not exposed:
+        out.append(Op(name=f"{name}.fsdp", module=MODULE, layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd_in),
+                      bwd_weight=() if exposed else tuple(bwd_w)))
+    if exposed:  # DeepSpeed's reduce on the compute stream when its bucket fills (overlap_comm off)
+        out.append(Op(name=f"{name}.grad_reduce", module=SYNC_MODULE, layer=layer, bwd_weight=tuple(bwd_w)))
+    return out
 
 
 def with_sharding(name: str, layer: int, ops: list[Op], st: StrategyConfig) -> list[Op]:
     """``ops`` followed by their sharding op, if any."""
-    op = sharding_op(name, layer, ops, st)
-    return ops if op is None else [*ops, op]
+    extra = sharding_ops(name, layer, ops, st)
+    return [*ops, *extra] if extra else ops  # the plain list itself: passes without sharding share it

@@ -15,7 +15,7 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
 
-IGNORED_VALUED = {"--group-query-attention", "--use-megatron-fsdp"}  # switches with no value that need no field (FSDP: its sharding strategy)
+IGNORED_VALUED = {"--group-query-attention", "--use-megatron-fsdp", "--deepspeed_config"}  # flags that need no field (FSDP: its sharding strategy; DeepSpeed: its config file)
 
 
 def parse_megatron_args(text: str | list[str], world_size: int | None = None, name: str = "megatron") -> tuple[ModelConfig, StrategyConfig, list[str]]:
@@ -81,6 +81,12 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             if value not in levels:
                 raise ConfigError(flag, f"expected one of {', '.join(levels)}, got {value!r}")
             extra["sharding"] = levels[value]
+        elif flag == "--zero-stage" and value is not None:  # Megatron-DeepSpeed
+            if value not in ("0", "1", "2", "3"):
+                raise ConfigError(flag, f"expected 0, 1, 2 or 3, got {value!r}")
+            extra["ds_zero"] = value
+        elif flag == "--deepspeed":
+            extra["deepspeed"] = "1"
         elif flag == "--recompute-activations":  # Megatron's alias of selective core-attention recompute
             extra["granularity"] = "selective"
         elif flag == "--fp8-format":
@@ -116,6 +122,9 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         raise ConfigError("--vocab-size", "required (Megatron reads it from the tokenizer; pass it explicitly)")
     if "sharding" in extra:  # Megatron-FSDP's --data-parallel-sharding-strategy
         s["zero_state"] = extra["sharding"]
+    if "deepspeed" in extra and int(extra.get("ds_zero", "0")) >= 1:  # ZeRO from the DeepSpeed config
+        s.update(fsdp_impl="deepspeed", zero_state=int(extra["ds_zero"]))
+        notes.append("--deepspeed: ZeRO stage from --zero-stage; the rest of ds_config.json keeps DeepSpeed's defaults")
     gran = extra.get("granularity")
     if gran == "full":
         # Megatron's --recompute-num-layers defaults to 1, which with the uniform method

@@ -98,6 +98,8 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
         grads = st.main_grad_bytes * (shard + layer)
         if st.zero_state >= 3:
             weights = st.dtype_bytes * (shard + 2 * layer)
+        if st.fsdp_impl == "deepspeed":
+            weights, grads = deepspeed_states(st, stage, shard, layer)
         if st.fsdp_impl == "torch_fsdp2":
             # torchtitan's FSDP2: the sharded parameters are the fp32 originals (the optimizer
             # steps them, no separate master); gathers cast to bf16, gradients reduce in fp32
@@ -105,3 +107,22 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
             grads = FP32 * (shard + layer)
             opt = ADAM_STATE_BYTES * shard * device_optimizer_share(st)
     return ModelStates(weights=weights, grads=float(grads), optimizer=float(opt), te_buffers=te)
+
+
+def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, layer: int) -> tuple[float, float]:
+    """(weights, gradients) of DeepSpeed ZeRO-2/3 with bf16 (the ZeRO paper's 2 + 2 + 12
+    bytes per parameter, Rajbhandari et al. SC'20 Fig. 1, and its buffers).
+
+    Gradients: the rank's partition in the model dtype (``grads_in_partition`` /
+    ``grad_partitions_flat_buffer``) plus the contiguous reduce bucket(s) the backward
+    fills, ``reduce_bucket_size`` elements, two with ``overlap_comm`` (one fills while the
+    other reduces). ZeRO-2 keeps every parameter; ZeRO-3 its partition plus the module
+    being run and what the prefetcher has gathered ahead (``stage3_prefetch_bucket_size``
+    elements, at most the next unit)."""
+    b = st.dtype_bytes
+    bucket = min(st.ds_reduce_bucket_size, stage.params) * (2 if st.ds_overlap else 1)
+    grads = b * (shard + bucket)
+    weights = float(stage.params * b)
+    if st.zero_state >= 3:
+        weights = b * (shard + layer + min(st.ds_prefetch_bucket_size, layer))
+    return weights, grads

@@ -51,6 +51,7 @@ class SearchRow:
     pipeline_split: str = ""  # "E", "L", "E+L": the embedding / loss counted as a layer in the pipeline split
     offload: str = "none"  # what goes to host memory: none, optimizer, activations, both
     replicas: int = 1  # HSDP replicas (fsdp_replicate_size)
+    fsdp: str = "megatron_fsdp"  # sharded-DP implementation (fsdp_impl)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -80,9 +81,10 @@ class SearchRow:
         hsdp = f" hsdp{self.replicas}" if self.replicas > 1 else ""
         count = f"({self.recompute_layer_num})" if with_count and self.recompute_layer_num else ""
         off = f" offload:{self.offload}" if self.offload != "none" else ""
+        impl = f"/{self.fsdp}" if self.fsdp != "megatron_fsdp" else ""  # Megatron's is the default at every level
         return (
             f"tp{self.tp} {pp}{vp} dp{self.dp} ep{self.ep}{etp} cp{self.cp} mbs{self.mbs} mbc{self.mbc} "
-            f"zero{self.zero}{hsdp}{sched} {self.recompute}{count}{off}"
+            f"zero{self.zero}{impl}{hsdp}{sched} {self.recompute}{count}{off}"
         )
 
 
@@ -108,7 +110,7 @@ def _row(rc: str, st: StrategyConfig, *, fits: bool, pruned: bool, per_stage: li
         strategy=st.to_dict(),
         pipeline_split="+".join(p for p, on in (("E", st.account_for_embedding_in_pipeline_split),
                                                  ("L", st.account_for_loss_in_pipeline_split)) if on),
-        offload=offload_name(st), replicas=st.fsdp_replicate_size,
+        offload=offload_name(st), replicas=st.fsdp_replicate_size, fsdp=st.fsdp_impl,
         **extra,
     )
 

@@ -59,6 +59,7 @@ def expand_recompute(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 # name -> strategy fields: offloading the optimizer states (Megatron --optimizer-cpu-offload)
 # and / or the activations attention and the experts save (--fine-grained-activation-offloading)
+FSDP_IMPLS = (None, "megatron_fsdp", "torch_fsdp2", "deepspeed")  # StrategyConfig.fsdp_impl
 NO_OFFLOAD = {"optimizer_cpu_offload": False, "optimizer_offload_fraction": 1.0,
               "fine_grained_activation_offloading": False, "offload_modules": []}
 ACTIVATIONS_OFFLOADED = {"fine_grained_activation_offloading": True,
@@ -94,6 +95,7 @@ class SearchSpace:
     schedule: tuple[str | None, ...] = (None,)  # None: 1F1B, or interleaved when vp > 1
     offload: tuple[str, ...] = ("none",)  # OFFLOAD_VARIANTS
     replicas: tuple[int, ...] = (1,)  # HSDP: fsdp_replicate_size (shard inside, replicate across; ZeRO >= 1)
+    fsdp: tuple[str | None, ...] = (None,)  # sharded-DP implementations (fsdp_impl); None: the base strategy's
     extra: dict = field(default_factory=dict)  # fixed strategy fields (seq_len, dtype, ...)
 
     def __post_init__(self) -> None:
@@ -117,6 +119,9 @@ class SearchSpace:
                                   f"or SimuMax's {tuple(SIMUMAX_RECOMPUTE_NAMES)}")
         if any(z not in ZERO_STAGES for z in self.zero):
             raise ConfigError("search.zero", f"ZeRO stages {self.zero}: allowed {ZERO_STAGES}")
+        for impl in self.fsdp:
+            if impl not in FSDP_IMPLS:
+                raise ConfigError("search.fsdp", f"unknown implementation {impl!r}; allowed {', '.join(i for i in FSDP_IMPLS if i)}")
         for sched in self.schedule:
             if sched not in SCHEDULES:
                 raise ConfigError("search.schedule", f"unknown schedule {sched!r}; allowed auto, {', '.join(s for s in SCHEDULES if s)}")
@@ -162,8 +167,8 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
         if space.world_size % denom:
             continue
         dp = space.world_size // denom
-        for vp, ep, etp, sched, zero, off, rep in itertools.product(space.vp, ep_list, etp_list, space.schedule, space.zero,
-                                                                    space.offload, space.replicas):
+        for vp, ep, etp, sched, zero, off, rep, impl in itertools.product(space.vp, ep_list, etp_list, space.schedule, space.zero,
+                                                                          space.offload, space.replicas, space.fsdp):
             if (vp > 1 and pp == 1) or space.global_batch_size % (mbs * dp) or (rep > 1 and (zero < 1 or (dp * cp) % rep)):
                 continue
             splits = [_split_fields(first=f, last=la) for f, la in pp_layouts(L, pp)]
@@ -176,6 +181,7 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
                     "zero_state": zero, "enable_sequence_parallel": tp > 1, "interleaving_size": vp, "pp_schedule": sched,
                     "microbatch_group_size_per_vp_stage": None, **split, **NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc], **offload,
                     **({"fsdp_replicate_size": rep} if space.replicas != (1,) else {}),
+                    **({"fsdp_impl": impl} if impl else {}),
                 })
                 if st is not None:
                     yield rc, st

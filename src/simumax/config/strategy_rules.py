@@ -1,0 +1,101 @@
+"""The rules between a strategy's fields (a broken one is a ConfigError naming the field):
+divisibility of the parallel sizes, combinations Megatron-LM / TransformerEngine /
+DeepSpeed refuse, schedule and recompute consistency."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from simumax.errors import ConfigError
+
+if TYPE_CHECKING:
+    from simumax.config.strategy import StrategyConfig
+
+
+def check_rules(st: "StrategyConfig") -> None:
+    denom = st.tp_size * st.cp_size * st.pp_size
+    if st.world_size % denom:
+        raise ConfigError("world_size", f"must be divisible by tp*cp*pp = {denom} (got {st.world_size})")
+    _check_sharding(st)
+    if st.fp8_on and st.fp4_on:
+        raise ConfigError("fp4", "cannot be combined with fp8 (Megatron runs one low-precision recipe)")
+    if st.use_math_sdp and st.use_flash_sdp:
+        raise ConfigError("use_math_sdp", "cannot be true together with use_flash_sdp")
+    if st.interleaving_size > 1 and st.pp_size == 1:
+        raise ConfigError("interleaving_size", "virtual pipeline needs pp_size > 1")
+    if st.enable_sequence_parallel and st.tp_size > 1 and st.seq_len % (st.tp_size * st.cp_size):
+        raise ConfigError("seq_len", f"must be divisible by tp*cp = {st.tp_size * st.cp_size} with sequence parallelism")
+    if st.cp_size > 1 and st.seq_len % (2 * st.cp_size):
+        raise ConfigError("seq_len", f"must be divisible by 2*cp = {2 * st.cp_size} for context parallelism")
+    if (st.ep_size * st.etp_size) > 1 and (st.dp_size * st.cp_size * st.tp_size) % (st.ep_size * st.etp_size):
+        raise ConfigError(
+            "ep_size", f"ep*etp ({st.ep_size * st.etp_size}) must divide tp*cp*dp ({st.dp_size * st.cp_size * st.tp_size})"
+        )
+    _check_schedule(st)
+    if st.overlap_moe_expert_parallel_comm:
+        if st.ep_size == 1:
+            raise ConfigError("overlap_moe_expert_parallel_comm", "needs expert parallelism (ep_size > 1)")
+        if st.pp_size > 1 and st.schedule not in ("interleaved", "dualpipev"):
+            raise ConfigError(
+                "overlap_moe_expert_parallel_comm", "with pp_size > 1 needs the interleaved (or dualpipev) schedule, as Megatron"
+            )
+        if st.recompute_mode == "full_block":
+            raise ConfigError("overlap_moe_expert_parallel_comm", "cannot be combined with full recompute (Megatron)")
+    if st.delay_wgrad_compute and not st.overlap_moe_expert_parallel_comm:
+        raise ConfigError("delay_wgrad_compute", "needs overlap_moe_expert_parallel_comm")
+    if st.optimizer_cpu_offload and st.zero_state < 1:
+        raise ConfigError("optimizer_cpu_offload", "needs the distributed optimizer (zero_state >= 1), as Megatron")
+    if st.fine_grained_activation_offloading != bool(st.offload_modules):
+        raise ConfigError("offload_modules", "fine_grained_activation_offloading and offload_modules go together "
+                          "(Megatron: --fine-grained-activation-offloading --offload-modules core_attn ...)")
+    if st.megatron_recompute and not st.megatron_recompute_modules:
+        raise ConfigError("megatron_recompute_modules", "must name at least one module when megatron_recompute is true")
+
+
+def _check_sharding(st: "StrategyConfig") -> None:
+    if st.fsdp_impl == "torch_fsdp2" and st.zero_state != 3:
+        raise ConfigError("fsdp_impl", "torch_fsdp2 (fully_shard) shards parameters: it needs zero_state 3")
+    if st.fsdp_impl == "deepspeed":
+        _check_deepspeed(st)
+    if st.fsdp_replicate_size > 1:
+        if st.zero_state < 1:
+            raise ConfigError("fsdp_replicate_size", "replicas of a sharded state need zero_state >= 1")
+        if (st.dp_size * st.cp_size) % st.fsdp_replicate_size:
+            raise ConfigError("fsdp_replicate_size", f"must divide dp x cp ({st.dp_size * st.cp_size})")
+
+
+def _check_deepspeed(st: "StrategyConfig") -> None:
+    """What DeepSpeed's ZeRO refuses (or runs as something not modelled here)."""
+    if st.zero_state < 1:
+        raise ConfigError("fsdp_impl", "deepspeed models ZeRO stages 1-3 (zero_state >= 1)")
+    if st.zero_state >= 2 and st.pp_size > 1:
+        raise ConfigError("pp_size", "DeepSpeed's pipeline engine runs ZeRO-1 only (ZeRO-2/3 are incompatible with "
+                          "pipeline parallelism)")
+    if st.zero_state == 3 and st.ep_size > 1:
+        raise ConfigError("ep_size", "DeepSpeed-MoE does not run with ZeRO-3")
+    if st.fsdp_replicate_size > 1:
+        raise ConfigError("fsdp_replicate_size", "DeepSpeed's hierarchical sharding (MiCS / ZeRO++ hpZ) is not modelled")
+
+
+def _check_schedule(st: "StrategyConfig") -> None:
+    sched = st.schedule
+    if sched == "interleaved" and st.interleaving_size == 1:
+        raise ConfigError("pp_schedule", "interleaved needs interleaving_size > 1")
+    if sched != "interleaved" and st.interleaving_size > 1:
+        raise ConfigError("pp_schedule", f"{sched} takes no interleaving_size (got {st.interleaving_size})")
+    if sched == "interleaved":
+        group = st.microbatch_group_size_per_vp_stage or st.pp_size
+        if not st.pp_size <= group <= st.micro_batch_num:
+            raise ConfigError(
+                "microbatch_group_size_per_vp_stage",
+                f"must lie in [pp_size={st.pp_size}, micro_batch_num={st.micro_batch_num}] (got {group})",
+            )
+        rest = st.micro_batch_num % group
+        if 0 < rest < st.pp_size:
+            raise ConfigError(
+                "micro_batch_num", f"remainder modulo the VPP micro-batch group ({group}) must be 0 or >= pp_size (got {rest})"
+            )
+    if sched == "dualpipev" and st.pp_size == 1:
+        raise ConfigError("pp_schedule", "dualpipev needs pp_size > 1")
+    if sched == "dualpipev" and st.micro_batch_num < 2 * st.pp_size:
+        raise ConfigError("micro_batch_num", f"dualpipev needs at least 2*pp_size = {2 * st.pp_size} micro-batches")
