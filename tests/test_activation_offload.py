@@ -90,3 +90,46 @@ def test_flags_checked_and_round_trip() -> None:
     assert st.fine_grained_activation_offloading and st.offload_modules == ["core_attn", "attn_proj"]
     assert "--fine-grained-activation-offloading" in megatron_flags(_offloading("core_attn"))
     assert "--offload-modules core_attn" in megatron_flags(_offloading("core_attn"))
+
+
+def test_te_layer_offload_moves_every_activation_of_the_first_layers() -> None:
+    """TransformerEngine's layer offload (Megatron --cpu-offloading --cpu-offloading-num-layers
+    N): everything layers 0..N-1 save for backward goes to the host, the rest stays; the
+    stored bytes per micro-batch drop by exactly those layers' saved bytes, and the copies
+    cost host-link time like the fine-grained offload's."""
+    from simumax.memory.activation_walk import walk
+
+    st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"seq_len": 8192, "micro_batch_num": 8})
+    te = st.with_updates({"cpu_offloading": True, "cpu_offloading_num_layers": 3})
+    ops_te, ops_plain = Estimate(MODEL, te, SYSTEM).chunks[0].ops, Estimate(MODEL, st, SYSTEM).chunks[0].ops
+    offloading = [o for o in ops_te if o.module == MODULE]
+    assert [o.layer for o in offloading] == [0, 1, 2]
+    layer0 = [o for o in ops_plain if o.layer == 0]
+    saved = dict(t for o in layer0 for t in o.saved)
+    assert dict(offloading[0].offloads) == saved  # every tensor of the layer
+    assert walk(ops_plain).stored - walk(ops_te).stored == pytest.approx(3 * sum(saved.values()))
+    assert Estimate(MODEL, te, SYSTEM).network.time(offloading[0].fwd[0]) == pytest.approx(
+        sum(saved.values()) / (SYSTEM.host_link_gbps * 1e9))
+    # layers 3.. cost as before, layers 0..2 pay what their copies do not hide
+    t_te, t_plain = Estimate(MODEL, te, SYSTEM).cost(), Estimate(MODEL, st, SYSTEM).cost()
+    assert t_te.duration_time_per_iter > t_plain.duration_time_per_iter and t_te.breakdown["offload_comm"] > 0
+
+
+def test_te_layer_offload_refusals_and_flags() -> None:
+    st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"seq_len": 8192})
+    on = {"cpu_offloading": True, "cpu_offloading_num_layers": 2}
+    for bad, field in (({"cpu_offloading": True}, "cpu_offloading_num_layers"),
+                       ({**on, "pp_size": 2}, "cpu_offloading"),
+                       ({**on, "enable_recompute": True, "recompute_granularity": "full_block", "recompute_layer_num": None},
+                        "cpu_offloading"),
+                       ({**on, "fine_grained_activation_offloading": True, "offload_modules": ["core_attn"]}, "cpu_offloading")):
+        with pytest.raises(ConfigError, match=field):
+            st.with_updates(bad)
+    with pytest.raises(ConfigError, match="cpu_offloading_num_layers"):
+        Estimate(MODEL, st.with_updates({**on, "cpu_offloading_num_layers": 32}), SYSTEM).cost()
+    flags = megatron_flags(st.with_updates(on))
+    assert "--cpu-offloading" in flags and "--cpu-offloading-num-layers 2" in flags
+    args = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 2048 --vocab-size 32000 "
+            "--cpu-offloading --cpu-offloading-num-layers 2 --micro-batch-size 1")
+    _, back, _ = parse_megatron_args(args, world_size=1)
+    assert back.cpu_offloading and back.cpu_offloading_num_layers == 2

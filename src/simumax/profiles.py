@@ -54,11 +54,12 @@ SHARDING_GROUPS = ("dp", "edp", "dp_shard")  # and, under ZeRO-2/3, these (graph
 # Strategy fields that only choose the passes over a layer's own ops: which are checkpointed
 # (graph.recompute), what is offloaded (graph.offload); families differing in these share
 # their plain layer ops.
+LayerKind = tuple[bool, bool, bool, bool]  # LayerProfiles._kind
 CHECKPOINT_FIELDS = frozenset(
     {
         "enable_recompute", "recompute_granularity", "attn_recompute", "mla_rms_recompute", "mlp_recompute",
         "mlp_rms_recompute", "megatron_recompute", "megatron_recompute_modules",
-        "fine_grained_activation_offloading", "offload_modules",
+        "fine_grained_activation_offloading", "offload_modules", "cpu_offloading", "cpu_offloading_num_layers",
     }
 )
 
@@ -85,10 +86,10 @@ class LayerProfiles:
     source: OpSource  # built from the first strategy of the family seen
     coster: Coster
     param_count: ParamCount | None = None  # Estimate.params: layout-independent within a family
-    _layer_times: dict[tuple[bool, bool], StageTime] = field(default_factory=dict)
+    _layer_times: dict[LayerKind, StageTime] = field(default_factory=dict)
     _op_times: dict[int, dict[str, PhaseTime]] = field(default_factory=dict)
     _walks: dict[tuple[Any, ...], tuple[WalkResult, int, int]] = field(default_factory=dict)
-    _layer_sources: dict[tuple[bool, bool], KernelSources] = field(default_factory=dict)
+    _layer_sources: dict[LayerKind, KernelSources] = field(default_factory=dict)
 
     def op_time(self, o: Op) -> dict[str, PhaseTime]:
         # ops are the source's own objects, alive as long as the family: id() is stable
@@ -143,11 +144,12 @@ class LayerProfiles:
             t = self._layer_times[key] = self._ops_time(self.source.layer(layer, recomputed))
         return t
 
-    def _kind(self, layer: int, recomputed: bool) -> tuple[bool, bool, bool]:
-        """What makes layers cost alike: dense or MoE, recomputed or not, kept in BF16 or not."""
-        return self.model.is_moe_layer(layer), recomputed, self.source.bf16_layer(layer)
+    def _kind(self, layer: int, recomputed: bool) -> LayerKind:
+        """What makes layers cost alike: dense or MoE, recomputed or not, kept in BF16 or
+        not, its activations offloaded by TE's layer offload or not."""
+        return self.model.is_moe_layer(layer), recomputed, self.source.bf16_layer(layer), self.source.te_offloaded(layer)
 
-    def _shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[tuple[bool, bool, bool], ...], list[Op], list[Op]]:
+    def _shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[LayerKind, ...], list[Op], list[Op]]:
         """(layer kinds, ops before the layers, ops after them) of a chunk."""
         cached = chunk.shape_cache
         if cached is not None and cached[0] is self and len(chunk.ops) == cached[2]:
@@ -156,7 +158,7 @@ class LayerProfiles:
         chunk.shape_cache = (self, shape, len(chunk.ops))
         return shape
 
-    def _compute_shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[tuple[bool, bool, bool], ...], list[Op], list[Op]]:
+    def _compute_shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[LayerKind, ...], list[Op], list[Op]]:
         kinds = tuple(self._kind(layer, is_recomputed(st, pos)) for pos, layer in enumerate(chunk.layers))
         n_layer_ops = sum(len(self.source.layer(layer, kind[1])) for layer, kind in zip(chunk.layers, kinds, strict=True))
         pre = chunk.ops[: len(self.source.pre_ops())] if chunk.vstage == 0 else []

@@ -97,6 +97,8 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
         raise ConfigError("cp_size", "sliding-window attention (window_size) with context parallelism is not modelled")
     if model.window_size is not None and (st.use_math_sdp or st.transformer_impl == "local"):
         raise ConfigError("window_size", "sliding-window attention needs flash attention (TransformerEngine), as in Megatron")
+    if st.cpu_offloading and st.cpu_offloading_num_layers >= model.layer_num:
+        raise ConfigError("cpu_offloading_num_layers", f"must be fewer than the model's layers ({model.layer_num}), as Megatron")
     if st.pp_size > model.layer_num:
         raise ConfigError("pp_size", f"must be <= layer_num ({model.layer_num})")
     stage_layer_counts(model, st)

@@ -188,6 +188,15 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         False, description="Tensors the offload_modules save for backward go to host memory during forward (a D2H copy "
         "beside the layer's compute) and come back one layer ahead in backward (graph/offload.py).",
     )
+    cpu_offloading: bool = Field(
+        False, description="Megatron --cpu-offloading (TransformerEngine's layer CPU offload): every tensor the first "
+        "cpu_offloading_num_layers layers save for backward goes to host memory during forward and comes back one layer "
+        "ahead in backward (Megatron: pp 1, no recompute).",
+    )
+    cpu_offloading_num_layers: int = Field(
+        0, ge=0, le=100_000, description="Megatron --cpu-offloading-num-layers: the layers (from the first) whose "
+        "activations are offloaded; fewer than the model's layers.",
+    )
     offload_modules: list[str] = Field(
         default_factory=list, description=f"With fine_grained_activation_offloading: subset of {ACTIVATION_OFFLOAD_MODULES}."
     )

@@ -48,6 +48,8 @@ def check_rules(st: "StrategyConfig") -> None:
     if st.fine_grained_activation_offloading != bool(st.offload_modules):
         raise ConfigError("offload_modules", "fine_grained_activation_offloading and offload_modules go together "
                           "(Megatron: --fine-grained-activation-offloading --offload-modules core_attn ...)")
+    if st.cpu_offloading:
+        _check_cpu_offloading(st)
     if st.megatron_recompute and not st.megatron_recompute_modules:
         raise ConfigError("megatron_recompute_modules", "must name at least one module when megatron_recompute is true")
 
@@ -99,3 +101,15 @@ def _check_schedule(st: "StrategyConfig") -> None:
         raise ConfigError("pp_schedule", "dualpipev needs pp_size > 1")
     if sched == "dualpipev" and st.micro_batch_num < 2 * st.pp_size:
         raise ConfigError("micro_batch_num", f"dualpipev needs at least 2*pp_size = {2 * st.pp_size} micro-batches")
+
+
+def _check_cpu_offloading(st: "StrategyConfig") -> None:
+    """Megatron's TransformerConfig refuses these with --cpu-offloading."""
+    if st.cpu_offloading_num_layers < 1:
+        raise ConfigError("cpu_offloading_num_layers", "must be >= 1 with cpu_offloading (the layers offloaded)")
+    if st.pp_size > 1:
+        raise ConfigError("cpu_offloading", "Megatron has no CPU offloading with pipeline parallelism (pp_size 1)")
+    if st.recompute_mode != "none":
+        raise ConfigError("cpu_offloading", "Megatron's CPU offloading does not work with activation recomputation")
+    if st.fine_grained_activation_offloading:
+        raise ConfigError("cpu_offloading", "use one activation offload: cpu_offloading or fine_grained_activation_offloading")

@@ -104,6 +104,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     elif mode == "megatron":
         f += ["--recompute-granularity selective", "--recompute-modules " + " ".join(st.megatron_recompute_modules)]
     f += [switch_flag("s", field) for field in OVERLAP_FIELDS if getattr(st, field)]
+    if st.cpu_offloading:
+        f += [switch_flag("s", "cpu_offloading"), _s("cpu_offloading_num_layers", st.cpu_offloading_num_layers)]
     if st.fine_grained_activation_offloading:
         f += [switch_flag("s", "fine_grained_activation_offloading"), "--offload-modules " + " ".join(st.offload_modules)]
     return f

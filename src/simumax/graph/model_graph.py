@@ -93,6 +93,10 @@ class OpSource:
             return False
         return layer < st.num_layers_at_start_in_bf16 or layer >= self.model.layer_num - st.num_layers_at_end_in_bf16
 
+    def te_offloaded(self, layer: int) -> bool:
+        """A layer whose activations TE's layer offload moves to the host (cpu_offloading)."""
+        return self.st.cpu_offloading and layer < self.st.cpu_offloading_num_layers
+
     def layer(self, layer: int, recomputed: bool) -> list[Op]:
         """The layer's ops: its own (shared with sources that differ only in the passes
         below), checkpointed when ``recomputed`` (graph/recompute.py), then the activation

@@ -1,5 +1,8 @@
-"""Fine-grained activation offloading as an IR pass (Megatron-Core
-``--fine-grained-activation-offloading --offload-modules ...``).
+"""Activation offloading as an IR pass: Megatron-Core's fine-grained offloading
+(``--fine-grained-activation-offloading --offload-modules ...``) and TransformerEngine's
+layer offload (``--cpu-offloading --cpu-offloading-num-layers N``: TE's
+``get_cpu_offload_context``, whose AsyncDoubleBufferGroupOffloadHandler offloads every
+activation the first N layers save and reloads layer i while layer i + 1 runs backward).
 
 The tensors the named modules save for backward are copied to pinned host memory on a
 side stream while the layer's forward runs, and their GPU copies are freed; in backward
@@ -38,16 +41,19 @@ OFFLOAD_OPS = {
 }
 
 
-def offloaded_tensors(ops: list[Op], st: StrategyConfig) -> tuple[Tensor, ...]:
-    """The layer's saved tensors that leave the GPU: kept only by offloaded, un-checkpointed ops."""
+def offloaded_tensors(ops: list[Op], st: StrategyConfig, layer: int = -1) -> tuple[Tensor, ...]:
+    """The layer's saved tensors that leave the GPU: kept only by offloaded, un-checkpointed
+    ops. TE's layer offload (``cpu_offloading``) takes every op of the first
+    ``cpu_offloading_num_layers`` layers."""
+    every = st.cpu_offloading and 0 <= layer < st.cpu_offloading_num_layers
     modules = set().union(*(OFFLOAD_OPS[m] for m in st.offload_modules)) if st.fine_grained_activation_offloading else set()
-    if not modules:
+    if not (modules or every):
         return ()
     moved: dict[str, float] = {}
     stay: set[str] = set()
     for o in ops:
         for name, nbytes in o.saved:
-            if o.module in modules and not o.recompute_group:
+            if (every or o.module in modules) and not o.recompute_group:
                 moved[name] = nbytes
             else:
                 stay.add(name)
@@ -56,7 +62,7 @@ def offloaded_tensors(ops: list[Op], st: StrategyConfig) -> tuple[Tensor, ...]:
 
 def offload_op(name: str, layer: int, ops: list[Op], st: StrategyConfig) -> Op | None:
     """The layer's offload op (None when nothing leaves the GPU)."""
-    tensors = offloaded_tensors(ops, st)
+    tensors = offloaded_tensors(ops, st, layer)
     if not tensors:
         return None
     nbytes = float(sum(b for _, b in tensors))

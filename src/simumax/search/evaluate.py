@@ -90,7 +90,8 @@ class SearchRow:
 
 def offload_name(st: StrategyConfig) -> str:
     """none, optimizer, activations or both (search.space.OFFLOAD_VARIANTS)."""
-    names = [n for n, on in (("optimizer", st.optimizer_cpu_offload), ("activations", st.fine_grained_activation_offloading)) if on]
+    activations = st.fine_grained_activation_offloading or st.cpu_offloading
+    names = [n for n, on in (("optimizer", st.optimizer_cpu_offload), ("activations", activations)) if on]
     return "both" if len(names) == 2 else (names[0] if names else "none")
 
 

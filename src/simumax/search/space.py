@@ -61,7 +61,8 @@ def expand_recompute(names: tuple[str, ...]) -> tuple[str, ...]:
 # and / or the activations attention and the experts save (--fine-grained-activation-offloading)
 FSDP_IMPLS = (None, "megatron_fsdp", "torch_fsdp2", "deepspeed")  # StrategyConfig.fsdp_impl
 NO_OFFLOAD = {"optimizer_cpu_offload": False, "optimizer_offload_fraction": 1.0,
-              "fine_grained_activation_offloading": False, "offload_modules": []}
+              "fine_grained_activation_offloading": False, "offload_modules": [],
+              "cpu_offloading": False, "cpu_offloading_num_layers": 0}
 ACTIVATIONS_OFFLOADED = {"fine_grained_activation_offloading": True,
                          "offload_modules": ["core_attn", "attn_proj", "expert_fc1", "moe_act"]}
 OFFLOAD_VARIANTS: dict[str, dict[str, Any]] = {
