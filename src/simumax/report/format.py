@@ -24,8 +24,8 @@ def run_title(model_name: str, sys_name: str, st: StrategyConfig) -> str:
     sizes = [f"tp{st.tp_size}", f"pp{st.pp_size}"]
     sizes += [f"{k}{v}" for k, v in (("vp", st.interleaving_size), ("cp", st.cp_size), ("ep", st.ep_size), ("etp", st.etp_size)) if v > 1]
     sizes += [f"dp{st.dp_size}", f"mbs{st.micro_batch_size}", f"mbc{st.micro_batch_num}"]
-    if st.zero_state:
-        sizes.append(f"zero{st.zero_state}")
+    if st.zero_state:  # the implementation unless Megatron's own (as search rows label it)
+        sizes.append(f"zero{st.zero_state}" + (f"/{st.fsdp_impl}" if st.fsdp_impl != "megatron_fsdp" else ""))
     if st.recompute_mode != "none":
         sizes.append(f"recompute={st.recompute_mode}")
     return f"{model_name} | {sys_name} | {' '.join(sizes)}"
