@@ -229,3 +229,27 @@ def test_rotary_base_and_context_length_travel_with_the_flags(tmp_path) -> None:
     assert hf.rotary_base == 500000 and hf.max_position_embeddings == 131072
     assert load_model("gpt3-175b").rotary_base is None  # learned positions: nothing to export
     assert "--rotary-base" not in " ".join(model_flags(load_model("llama3-8b")))  # SimuMax's file: Megatron's default
+
+
+def test_megatron_defaults_for_flags_left_out() -> None:
+    """A GPT launch line names no architecture switches: Megatron's defaults are LayerNorm,
+    learned absolute positions, linear biases, tied embeddings and 0.1 dropout, each said in
+    a note where a script might not expect it; a Llama line names them all."""
+    gpt = "--num-layers 2 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --vocab-size 50257"
+    m, s, notes = parse_megatron_args(gpt, world_size=1)
+    assert (m.norm_type, m.position_embedding_type, m.add_bias_linear, m.untie_embeddings_and_output_weights) == (
+        "layernorm", "learned_absolute", True, False)
+    assert s.enable_dropout and m.intermediate_size == 4096
+    assert {n.split(" not given")[0] for n in notes} >= {"--normalization", "--position-embedding-type",
+                                                         "--attention-dropout / --hidden-dropout", "--ffn-hidden-size"}
+    llama = (gpt + " --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --swiglu "
+             "--untie-embeddings-and-output-weights --attention-dropout 0.0 --hidden-dropout 0")
+    m, s, notes = parse_megatron_args(llama, world_size=1)
+    assert (m.norm_type, m.position_embedding_type, m.add_bias_linear, m.untie_embeddings_and_output_weights) == (
+        "rmsnorm", "rope", False, True)
+    assert not s.enable_dropout and notes == ["--ffn-hidden-size not given: Megatron's default 2688"]
+    # dropout travels both ways
+    on = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"enable_dropout": True})
+    assert parse_megatron_args(gpt.split() + megatron_flags(on), world_size=8)[1].enable_dropout
+    with pytest.raises(ConfigError, match="--hidden-dropout"):
+        parse_megatron_args(gpt + " --hidden-dropout x")

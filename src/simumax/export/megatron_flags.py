@@ -84,6 +84,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
               _s("num_layers_at_end_in_bf16", st.num_layers_at_end_in_bf16)]
     if st.use_flash_sdp:
         f.append(switch_flag("s", "use_flash_sdp"))
+    p = "0.1" if st.enable_dropout else "0.0"  # Megatron's defaults are 0.1: said either way
+    f += [f"--attention-dropout {p}", f"--hidden-dropout {p}"]
     if st.cross_entropy_loss_fusion:
         f.append(switch_flag("s", "cross_entropy_loss_fusion"))
     mode = st.recompute_mode

@@ -18,6 +18,16 @@ from simumax.errors import ConfigError
 IGNORED_VALUED = {"--group-query-attention", "--use-megatron-fsdp", "--deepspeed_config"}  # flags that need no field (FSDP: its sharding strategy; DeepSpeed: its config file)
 
 
+# flag, model field, Megatron-LM's default when the flag is left out (megatron/training/
+# arguments.py), and the note that says so (none for the ones every GPT script leaves out)
+MEGATRON_DEFAULTS = (
+    ("--normalization", "norm_type", "layernorm", "LayerNorm"),
+    ("--position-embedding-type", "position_embedding_type", "learned_absolute", "learned_absolute"),
+    ("--disable-bias-linear", "add_bias_linear", True, ""),
+    ("--untie-embeddings-and-output-weights", "untie_embeddings_and_output_weights", False, ""),
+)
+
+
 def parse_megatron_args(text: str | list[str], world_size: int | None = None, name: str = "megatron") -> tuple[ModelConfig, StrategyConfig, list[str]]:
     """(model, strategy, notes). ``world_size`` defaults to the smallest that holds the
     parallel sizes with DP 1 (the launcher, not the arguments, decides it)."""
@@ -25,7 +35,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         tokens = shlex.split(text if isinstance(text, str) else " ".join(text))
     except ValueError as exc:  # unbalanced quotes
         raise ConfigError("arguments", f"cannot split the command line ({exc})") from None
-    m: dict[str, Any] = {"model_name": name, "norm_type": "rmsnorm", "position_embedding_type": "rope"}
+    m: dict[str, Any] = {"model_name": name}
     s: dict[str, Any] = {"use_flash_sdp": False, "zero_state": 0, "moe_permute_fusion": False, "group_linear_mode": "serial"}
     notes: list[str] = []
     gbs = None
@@ -81,6 +91,11 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             if value not in levels:
                 raise ConfigError(flag, f"expected one of {', '.join(levels)}, got {value!r}")
             extra["sharding"] = levels[value]
+        elif flag in ("--attention-dropout", "--hidden-dropout") and value is not None:
+            try:
+                extra[flag] = str(float(value))
+            except ValueError:
+                raise ConfigError(flag, f"expected float, got {value!r}") from None
         elif flag == "--zero-stage" and value is not None:  # Megatron-DeepSpeed
             if value not in ("0", "1", "2", "3"):
                 raise ConfigError(flag, f"expected 0, 1, 2 or 3, got {value!r}")
@@ -106,6 +121,15 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         elif flag.startswith("--") and flag not in IGNORED_VALUED:
             notes.append(f"ignored {flag}")
         i += step
+    for flag, field, value, text in MEGATRON_DEFAULTS:  # flags left out mean what Megatron makes of them
+        if field not in m:
+            m[field] = value
+            if text:
+                notes.append(f"{flag} not given: Megatron's default {text}")
+    dropout = [float(extra.get(f, "0.1")) for f in ("--attention-dropout", "--hidden-dropout")]
+    s["enable_dropout"] = any(p > 0 for p in dropout)
+    if "--attention-dropout" not in extra and "--hidden-dropout" not in extra:
+        notes.append("--attention-dropout / --hidden-dropout not given: Megatron's default 0.1 (dropout on)")
     if m.get("expert_num"):
         m["model_type"] = "moe"
         # Megatron is dropless unless told otherwise (SimuMax files default to padding)
