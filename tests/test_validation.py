@@ -161,3 +161,21 @@ def test_runs_whose_record_does_not_fit_are_flagged(tmp_path) -> None:
     f.write_text(json.dumps(case) + "\n")
     r = run_cli("validate", str(f))
     assert r.returncode == 0 and "x/llama3-70b_tp1†" in r.stdout and "record misses a memory-saving setting" in r.stdout
+
+
+@needs_shared
+@pytest.mark.parametrize("name", ["a100_pcie_megatron.jsonl", "b200_megatron.jsonl"])
+def test_agrees_with_simumax_on_its_own_files(name: str) -> None:
+    """Issue 21's drop-in target: on SimuMax's own config files, iteration time within
+    ±10 % and peak memory within ±3 % of SimuMax's output. Both files record SimuMax
+    v1.2's error on every run, so its prediction is real × (1 + its error)."""
+    results = [r for r in run_file(VALIDATION / name) if r.reference_time_error is not None]
+    assert len(results) >= 18
+    time_gap = [r.predicted_time / (r.measured_time * (1 + r.reference_time_error)) - 1 for r in results]
+    mem_gap = [r.predicted_mem / (r.measured_mem * (1 + r.reference_mem_error)) - 1 for r in results
+               if r.reference_mem_error is not None]
+    print(f"\n{name}: vs SimuMax over {len(results)} runs: time max |gap| {max(map(abs, time_gap)):.2%}, "
+          f"memory max |gap| {max(map(abs, mem_gap)):.2%} ({len(mem_gap)} runs)")
+    assert len(mem_gap) == len(results)
+    assert max(map(abs, time_gap)) <= 0.10
+    assert max(map(abs, mem_gap)) <= 0.03
