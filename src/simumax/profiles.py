@@ -54,7 +54,7 @@ SHARDING_GROUPS = ("dp", "edp", "dp_shard")  # and, under ZeRO-2/3, these (graph
 # Strategy fields that only choose the passes over a layer's own ops: which are checkpointed
 # (graph.recompute), what is offloaded (graph.offload); families differing in these share
 # their plain layer ops.
-LayerKind = tuple[bool, bool, bool, bool]  # LayerProfiles._kind
+LayerKind = tuple[bool, bool, bool, bool, int | None]  # LayerProfiles._kind
 CHECKPOINT_FIELDS = frozenset(
     {
         "enable_recompute", "recompute_granularity", "attn_recompute", "mla_rms_recompute", "mlp_recompute",
@@ -146,8 +146,10 @@ class LayerProfiles:
 
     def _kind(self, layer: int, recomputed: bool) -> LayerKind:
         """What makes layers cost alike: dense or MoE, recomputed or not, kept in BF16 or
-        not, its activations offloaded by TE's layer offload or not."""
-        return self.model.is_moe_layer(layer), recomputed, self.source.bf16_layer(layer), self.source.te_offloaded(layer)
+        not, its activations offloaded by TE's layer offload or not, its attention window
+        (gpt-oss alternates sliding-window and full-attention layers)."""
+        return (self.model.is_moe_layer(layer), recomputed, self.source.bf16_layer(layer), self.source.te_offloaded(layer),
+                self.model.attention_window(layer))
 
     def _shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[LayerKind, ...], list[Op], list[Op]]:
         """(layer kinds, ops before the layers, ops after them) of a chunk."""
@@ -169,7 +171,12 @@ class LayerProfiles:
         kinds, pre, post = self._shape(st, chunk)
         out = self._ops_time(pre)
         for layer, kind in zip(chunk.layers, kinds, strict=True):
-            out.add(self.layer_time(layer, kind[1]))
+            t = self.layer_time(layer, kind[1])
+            n = len(out.op_times)
+            out.add(t)
+            # the kind's costs under this layer's own ops (names and layer index in traces and op tables)
+            own = self.source.layer(layer, kind[1])
+            out.op_times[n:] = [(o, ph) for o, (_, ph) in zip(own, t.op_times, strict=True)]
         out.add(self._ops_time(post))
         out.p2p = p2p
         return out
