@@ -52,6 +52,8 @@ def pairs(draw):
         use_swiglu=draw(hs.booleans()), norm_type=draw(hs.sampled_from(["rmsnorm", "layernorm"])),
         add_bias_linear=draw(hs.booleans()), untie_embeddings_and_output_weights=draw(hs.booleans()),
     )
+    if cp == 1 and draw(hs.integers(0, 3)) == 0:  # sliding-window layers, every layer or alternating (gpt-oss)
+        fields.update(window_size=draw(hs.sampled_from([64, 256])), window_attn_skip_freq=draw(hs.sampled_from([None, 2, 3])))
     ep = etp = 1
     if moe:
         experts = draw(hs.sampled_from([4, 8, 16]))
@@ -164,6 +166,15 @@ def test_invariants_hold_on_random_pairs(case, extra_mb, selective) -> None:
     for s in mem.stages:
         assert math.isfinite(s.peak_mem_with_reserved) and s.peak_mem > s.model_mem > 0
         assert s.fwd_activation_cache_per_micro_batch > 0 and s.params > 0
+
+    # layers share costs only with layers of their kind: a chunk costs what its own ops do
+    if st.zero_state < 2 and not (st.fine_grained_activation_offloading or st.cpu_offloading):
+        lp = est.layer_profiles
+        for chunk, ct in zip(est.chunks, est.chunk_times):
+            own = lp._ops_time(chunk.ops)
+            for phase in ("fwd", "bwd_input", "bwd_weight", "recompute"):
+                assert math.isclose(getattr(own, phase).total, getattr(ct, phase).total, rel_tol=1e-9, abs_tol=1e-15), phase
+            assert [o.name for o, _ in ct.op_times] == [o.name for o in chunk.ops]
 
     # analytic pipeline = event simulation (no overlap options are drawn); the textbook
     # closed form is exact for 1F1B unless an earlier stage is the bottleneck, where the
