@@ -99,3 +99,17 @@ def test_checkpoint_fields_leave_the_plain_ops_unchanged(model) -> None:
         for v in variants:
             st = base.with_updates(v)
             assert layer_ops(model, st, Dims.of(model, st), layer) == want
+
+
+def test_shared_cache_with_fp8_amax_and_mtp_over_layouts() -> None:
+    """Each chunk's fp8 amax all-reduce runs on the DP group, whose size changes with the
+    layout, and the MTP block's own ops are the chunk's: shared through a search's cache
+    over PP sizes they still cost what fresh estimates give (they did not: the family
+    costed the amax on its first layout's DP group, 0.02-0.2 % off)."""
+    model = load_model("deepseek-v3-mtp").with_updates({"layer_num": 8})
+    h100 = load_system("h100-sxm-80gb")
+    base = load_strategy("ep8_pp1_dp8_mbs1").with_updates({"world_size": 64, "seq_len": 2048, "fp8": True, "micro_batch_num": 8})
+    shared = ProfileCache(model, h100)
+    for pp in (1, 2, 4, 8, 2, 1):
+        st = base.with_updates({"pp_size": pp})
+        assert _results(Estimate(model, st, h100, shared)) == _results(Estimate(model, st, h100)), pp

@@ -26,6 +26,7 @@ from simumax.cost.network import NetworkModel
 from simumax.cost import sources
 from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import Coster, PhaseTime, StageTime
+from simumax.graph import fp8
 from simumax.graph.model_graph import OpSource
 from simumax.graph.ops import PHASES, Op, Stage
 from simumax.graph.params import ParamCount
@@ -70,6 +71,8 @@ def family_key(st: StrategyConfig, network: NetworkModel) -> tuple[Any, ...]:
     if st.zero_state >= 2:  # ZeRO-2/3 layers carry data-parallel collectives (graph/sharding.py)
         fields += (("sharding", repr(st.zero_state)),)
         groups = (*LAYER_GROUPS, *SHARDING_GROUPS)
+    elif st.low_precision and fp8.recipe(st.lp_recipe).history_amax:
+        groups = (*LAYER_GROUPS, "dp")  # each chunk's fp8 amax all-reduce runs on DP (graph/model_graph.py)
     return fields + tuple((g, network.groups[g]) for g in groups)
 
 
@@ -87,16 +90,17 @@ class LayerProfiles:
     coster: Coster
     param_count: ParamCount | None = None  # Estimate.params: layout-independent within a family
     _layer_times: dict[LayerKind, StageTime] = field(default_factory=dict)
-    _op_times: dict[int, dict[str, PhaseTime]] = field(default_factory=dict)
+    _op_times: dict[int, tuple[Op, dict[str, PhaseTime]]] = field(default_factory=dict)
     _walks: dict[tuple[Any, ...], tuple[WalkResult, int, int]] = field(default_factory=dict)
     _layer_sources: dict[LayerKind, KernelSources] = field(default_factory=dict)
 
     def op_time(self, o: Op) -> dict[str, PhaseTime]:
-        # ops are the source's own objects, alive as long as the family: id() is stable
-        t = self._op_times.get(id(o))
-        if t is None:
-            t = self._op_times[id(o)] = self.coster.op(o)
-        return t
+        # keyed by identity; the op is kept with its time, so a freed op's id, reused by a
+        # new op (a chunk's own amax reduction, the MTP block's), cannot return its time
+        hit = self._op_times.get(id(o))
+        if hit is None or hit[0] is not o:
+            hit = self._op_times[id(o)] = (o, self.coster.op(o))
+        return hit[1]
 
     def _ops_time(self, ops: list[Op]) -> StageTime:
         out = StageTime(PhaseTime(), PhaseTime(), PhaseTime(), PhaseTime(), 0.0)

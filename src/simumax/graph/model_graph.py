@@ -47,7 +47,7 @@ def layer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int) -> li
     return a + m
 
 
-def _fp8_amax_reduction(st: StrategyConfig, d: Dims, ops: list[Op], vstage: int) -> Op | None:
+def _fp8_amax_reduction(st: StrategyConfig, linears: int, vstage: int) -> Op | None:
     """Delayed scaling: at the end of each forward and backward of an fp8_autocast region
     (Megatron wraps each TransformerBlock, i.e. model chunk) TE all-reduces the amaxes of
     its fp8 tensors (input, weight, output gradient of each fp8 linear: one fp32 each) over
@@ -55,7 +55,6 @@ def _fp8_amax_reduction(st: StrategyConfig, d: Dims, ops: list[Op], vstage: int)
     widest part of it), or TP without data parallelism."""
     if not st.low_precision or not fp8.recipe(st.lp_recipe).history_amax:
         return None
-    linears = sum(1 for o in ops if fp8.low_precision_linear(o))
     if not linears:
         return None
     group = "dp" if st.dp_size * st.cp_size > 1 else "tp"
@@ -85,6 +84,8 @@ class OpSource:
         self._passes: dict[tuple[int, bool], list[Op]] = {}
         self._embedding: Op | None = None
         self._head: dict[bool, list[Op]] = {}
+        self._mtp: dict[bool, list[Op]] = {}
+        self._amax: dict[tuple[int, int], Op | None] = {}
 
     def bf16_layer(self, layer: int) -> bool:
         """A layer kept in BF16 under an fp8 / fp4 recipe (first_last_layers_bf16)."""
@@ -115,9 +116,21 @@ class OpSource:
 
     def mtp(self, embedding_on_this_rank: bool) -> list[Op]:
         """The multi-token-prediction block (graph/mtp.py), its layers unrecomputed."""
-        ops = mtp_ops(self.model, self.st, self.dims, lambda k: self.layer(k, False), embedding_on_this_rank)
-        own = [o for o in ops if o.module in ("mtp_embedding", "mtp_proj", "mtp_norm")]  # its layers carry their own
-        return [*sharding_ops("mtp", self.model.layer_num, own, self.st), *ops]
+        ops = self._mtp.get(embedding_on_this_rank)
+        if ops is None:
+            ops = mtp_ops(self.model, self.st, self.dims, lambda k: self.layer(k, False), embedding_on_this_rank)
+            own = [o for o in ops if o.module in ("mtp_embedding", "mtp_proj", "mtp_norm")]  # its layers carry their own
+            ops = self._mtp[embedding_on_this_rank] = [*sharding_ops("mtp", self.model.layer_num, own, self.st), *ops]
+        return ops
+
+    def amax_reduction(self, ops: list[Op], vstage: int) -> Op | None:
+        """The fp8 amax all-reduce of a chunk holding ``ops`` (one op per linear count and
+        chunk position: estimates of one family share it)."""
+        linears = sum(1 for o in ops if fp8.low_precision_linear(o)) if self.st.low_precision else 0
+        key = (linears, vstage)
+        if key not in self._amax:
+            self._amax[key] = _fp8_amax_reduction(self.st, linears, vstage)
+        return self._amax[key]
 
     def embedding(self) -> Op:
         if self._embedding is None:
@@ -159,7 +172,7 @@ def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSourc
             if model.mtp_num_layers:
                 stage.ops.extend(src.mtp(embedding_on_this_rank=r == places[0][0]))
             stage.ops.extend(src.head(same_rank_as_embedding=r == places[0][0]))
-        amax = _fp8_amax_reduction(st, src.dims, stage.ops, k)
+        amax = src.amax_reduction(stage.ops, k)
         if amax is not None:
             stage.ops.append(amax)
         stage.p2p_bytes = p2p if k < len(places) - 1 else 0.0
