@@ -351,3 +351,15 @@ def test_search_hsdp_replicas_dimension() -> None:
     assert {(r.zero, r.replicas) for r in rows} == {(0, 1), (1, 1), (1, 2), (1, 4), (3, 1), (3, 2), (3, 4)}
     assert all(("hsdp" in r.label) == (r.replicas > 1) for r in rows)
     assert all(r.strategy["fsdp_replicate_size"] == r.replicas for r in rows)
+
+
+def test_empty_search_says_which_rule_stopped_it() -> None:
+    """A space with no legal candidate names the rule its candidates broke most, and a
+    space with no layout of the world size says so instead of blaming the batch."""
+    from tests.conftest import run_cli
+
+    out = run_cli("search", "-m", "llama3-8b", "-s", "tp1_pp1_dp8_mbs1", "-y", "h100-sxm-80gb", "--world-size", "8",
+                  "--tp", "1", "--pp", "2", "--zero", "2", "--fsdp", "deepspeed")
+    assert out.returncode == 2 and "pp_size: DeepSpeed's pipeline engine runs ZeRO-1 only" in out.stderr
+    out = run_cli("search", "-m", "llama3-8b", "-s", "tp1_pp1_dp8_mbs1", "-y", "h100-sxm-80gb", "--world-size", "8", "--tp", "3")
+    assert out.returncode == 2 and "--world-size: 8 is not a multiple of tp x pp x cp" in out.stderr

@@ -11,6 +11,8 @@ which finds the fewest layers that fit.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -156,9 +158,11 @@ def pp_layouts(layers: int, pp: int) -> list[tuple[int | None, int | None]]:
     return out
 
 
-def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, space: SearchSpace) -> Iterator[tuple[str, StrategyConfig]]:
+def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, space: SearchSpace,
+               refused: Counter[str] | None = None) -> Iterator[tuple[str, StrategyConfig]]:
     """(recompute variant, strategy) for every legal strategy of the space, in a
-    deterministic order (candidates of one layer family come together)."""
+    deterministic order (candidates of one layer family come together); ``refused``
+    counts the rules the others break ("field: rule")."""
     L = model.layer_num
     pp_list = space.pp_sizes(L)
     ep_list, etp_list = (space.ep, space.etp) if model.is_moe else ((1,), (1,))
@@ -176,7 +180,7 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
             splits += [_split_fields(emb=e == "E", loss=lo == "L") for e, lo in accounting_layouts(L, pp, vp)]
             offload = {**NO_OFFLOAD, **OFFLOAD_VARIANTS[off]} if space.offload != ("none",) else {}
             for split in splits:
-                st = _candidate(model, system, {
+                st = _candidate(model, system, refused, {
                     **base_fields, "world_size": space.world_size, "tp_size": tp, "pp_size": pp, "cp_size": cp,
                     "ep_size": ep, "etp_size": etp, "micro_batch_size": mbs, "micro_batch_num": space.global_batch_size // (mbs * dp),
                     "zero_state": zero, "enable_sequence_parallel": tp > 1, "interleaving_size": vp, "pp_schedule": sched,
@@ -210,11 +214,13 @@ def _split_fields(first: int | None = None, last: int | None = None, emb: bool =
             "account_for_embedding_in_pipeline_split": emb, "account_for_loss_in_pipeline_split": loss}
 
 
-def _candidate(model: ModelConfig, system: SystemConfig, fields: dict[str, Any]) -> StrategyConfig | None:
+def _candidate(model: ModelConfig, system: SystemConfig, refused: Counter[str] | None, fields: dict[str, Any]) -> StrategyConfig | None:
     try:
         st = StrategyConfig.init_from_dict(fields, source="search")
         check_compatible(model, st, system)
-    except ConfigError:
+    except ConfigError as exc:
+        if refused is not None:
+            refused[f"{exc.field}: {exc.rule}"] += 1
         return None
     return st
 
