@@ -44,10 +44,17 @@ def strategies(draw):
         **uneven,
         "seq_len": 1024, "micro_batch_size": 1, "micro_batch_num": m, "pp_size": pp, "tp_size": 2,
         "enable_sequence_parallel": True, "interleaving_size": vp, "pp_schedule": schedule,
-        "world_size": 2 * pp * draw(hs.sampled_from([1, 2])), "zero_state": draw(hs.sampled_from([0, 1])),
+        "world_size": 2 * pp * draw(hs.sampled_from([1, 2])), "zero_state": draw(hs.sampled_from([0, 1, 2, 3])),
         "microbatch_group_size_per_vp_stage": group,
         **{o: draw(hs.booleans()) for o in OVERLAPS},
     }
+    # sharded DP and offloading ride on the layers' passes: the period holds them too
+    if st["zero_state"] == 1 and draw(hs.booleans()):
+        st["fsdp_impl"] = "deepspeed"
+    if st["zero_state"] >= 1 and draw(hs.integers(0, 3)) == 0:
+        st["optimizer_cpu_offload"] = True
+    if draw(hs.integers(0, 3)) == 0:
+        st.update(fine_grained_activation_offloading=True, offload_modules=["core_attn", "attn_proj"])
     if moe:
         st["ep_size"] = 2
         if schedule == "interleaved" or pp == 1:
