@@ -14,13 +14,14 @@ import streamlit as st
 from simumax.api import PerfLLM
 from simumax.config.loader import list_presets, load_model, load_strategy, load_system
 from simumax.config.model import ModelConfig
-from simumax.config.strategy import StrategyConfig
+from simumax.config.strategy import FSDP_IMPLS, StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 from simumax.report import format as fmt
 from simumax.report.format import GIB
 
 RECOMPUTE = ("none", "selective", "full_block")
+
 
 
 def _pick(kind: str, default: str, cls):
@@ -52,12 +53,15 @@ def _edit_strategy(base: StrategyConfig, model: ModelConfig) -> StrategyConfig:
     seq = st.sidebar.number_input("sequence length", 128, 1 << 20, base.seq_len, step=1024, key="seq")
     rec = st.sidebar.selectbox("recompute", RECOMPUTE, index=RECOMPUTE.index(_recompute_of(base)), key="recompute")
     zero = st.sidebar.selectbox("ZeRO", (0, 1, 2, 3), index=base.zero_state, key="zero")
+    impl = st.sidebar.selectbox("sharded DP implementation (ZeRO >= 1)", FSDP_IMPLS, index=FSDP_IMPLS.index(base.fsdp_impl),
+                                key="fsdp_impl")
     if world % (tp * pp * cp):
         raise ConfigError("world_size", f"{world} GPUs do not divide into TP x PP x CP = {tp * pp * cp}")
     st.sidebar.caption(f"DP = {world // (tp * pp * cp)}, global batch = {mbs * mbc * (world // (tp * pp * cp))} sequences")
     upd = {"tp_size": int(tp), "pp_size": int(pp), "cp_size": int(cp), "ep_size": int(ep), "etp_size": int(etp),
            "world_size": int(world), "micro_batch_size": int(mbs), "micro_batch_num": int(mbc), "seq_len": int(seq),
-           "zero_state": int(zero), "interleaving_size": int(vp) if pp > 1 else 1, "enable_sequence_parallel": tp > 1,
+           "zero_state": int(zero), "fsdp_impl": impl, "interleaving_size": int(vp) if pp > 1 else 1,
+           "enable_sequence_parallel": tp > 1,
            "num_layers_in_first_pipeline_stage": int(first) or None, "num_layers_in_last_pipeline_stage": int(last) or None}
     if upd["interleaving_size"] == 1 and base.pp_schedule == "interleaved":
         upd["pp_schedule"] = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
@@ -18,6 +18,8 @@ ACTIVATION_OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj
 # attn_only / mlp_only / sdp_only: SimuMax's sub-block granularities (graph/recompute.py)
 RecomputeGranularity = Literal["full_block", "selective_recompute", "attn_only", "mlp_only", "sdp_only"]
 PipelineSchedule = Literal["1f1b", "interleaved", "zb", "dualpipev"]
+FsdpImpl = Literal["megatron_fsdp", "torch_fsdp2", "deepspeed"]
+FSDP_IMPLS: tuple[str, ...] = get_args(FsdpImpl)
 
 
 class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
@@ -122,7 +124,7 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     optimizer_offload_fraction: float = Field(
         1.0, gt=0, le=1, description="Megatron --optimizer-offload-fraction: share of the optimizer offloaded."
     )
-    fsdp_impl: Literal["megatron_fsdp", "torch_fsdp2", "deepspeed"] = Field(
+    fsdp_impl: FsdpImpl = Field(
         "megatron_fsdp", description="The sharded data-parallel implementation. megatron_fsdp (zero_state 2/3): bf16 "
         "parameters, fp32 main grads and master copy; torch_fsdp2 (zero_state 3, torchtitan): fp32 sharded parameters, "
         "no separate master, bf16 gathers, fp32 reduce-scatters; deepspeed (zero_state 1-3, DeepSpeed ZeRO with bf16): "

@@ -20,7 +20,7 @@ from typing import Any, get_args
 
 from simumax.config.checks import check_compatible
 from simumax.config.model import ModelConfig
-from simumax.config.strategy import PipelineSchedule, StrategyConfig
+from simumax.config.strategy import FSDP_IMPLS, PipelineSchedule, StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 
@@ -61,7 +61,6 @@ def expand_recompute(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 # name -> strategy fields: offloading the optimizer states (Megatron --optimizer-cpu-offload)
 # and / or the activations attention and the experts save (--fine-grained-activation-offloading)
-FSDP_IMPLS = (None, "megatron_fsdp", "torch_fsdp2", "deepspeed")  # StrategyConfig.fsdp_impl
 NO_OFFLOAD = {"optimizer_cpu_offload": False, "optimizer_offload_fraction": 1.0,
               "fine_grained_activation_offloading": False, "offload_modules": [],
               "cpu_offloading": False, "cpu_offloading_num_layers": 0}
@@ -123,8 +122,8 @@ class SearchSpace:
         if any(z not in ZERO_STAGES for z in self.zero):
             raise ConfigError("search.zero", f"ZeRO stages {self.zero}: allowed {ZERO_STAGES}")
         for impl in self.fsdp:
-            if impl not in FSDP_IMPLS:
-                raise ConfigError("search.fsdp", f"unknown implementation {impl!r}; allowed {', '.join(i for i in FSDP_IMPLS if i)}")
+            if impl is not None and impl not in FSDP_IMPLS:
+                raise ConfigError("search.fsdp", f"unknown implementation {impl!r}; allowed {', '.join(FSDP_IMPLS)}")
         for sched in self.schedule:
             if sched not in SCHEDULES:
                 raise ConfigError("search.schedule", f"unknown schedule {sched!r}; allowed auto, {', '.join(s for s in SCHEDULES if s)}")
