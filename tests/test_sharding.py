@@ -234,6 +234,10 @@ def test_deepspeed_refusals_and_exports() -> None:
     assert cfg["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True, "ratio": 0.5}
     with pytest.raises(ConfigError, match="fsdp_impl"):
         deepspeed_config(load_strategy({**base, "fsdp_impl": "megatron_fsdp", "zero_state": 2}))
+    from simumax.export.torchtitan import torchtitan_toml
+
+    with pytest.raises(ConfigError, match="fsdp_impl"):
+        torchtitan_toml(st)  # a DeepSpeed strategy is not a torchtitan job
     perf = run_cli("perf", "-m", "llama3-8b", "-s", "tp1_pp1_dp8_mbs1", "-y", "h100-sxm-80gb", "--set", "layer_num=4",
                    "--set", "fsdp_impl=deepspeed", "--set", "zero_state=3")
     assert perf.returncode == 0 and "zero3/deepspeed" in perf.stdout.splitlines()[0]
