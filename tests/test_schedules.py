@@ -247,6 +247,9 @@ def test_cli_simulate_schedule_and_bad_schedule(tmp_path) -> None:
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["schedule"] == "dualpipev"
     assert (tmp_path / "tracing_logs.json").is_file()
+    table = run_cli(*args, "--out", str(tmp_path / "t"))  # every rank's timeline named, the peak labelled allocated
+    assert "memory_timeline_rank0..3:" in table.stdout and "(4 files)" in table.stdout and "peak alloc GiB" in table.stdout
+    assert all((tmp_path / "t" / f"memory_timeline_rank{r}.json").is_file() for r in range(4))
     bad = run_cli(*args, "--schedule", "gpipe", "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "pp_schedule" in bad.stderr
     assert not (tmp_path / "bad").exists()

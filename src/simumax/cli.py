@@ -248,9 +248,13 @@ def simulate(
         out_console.print_json(dumps_finite(res.to_dict()))
         return
     out_console.print(fmt.simulation_table(res))
+    timelines = [w for w in res.files if w.startswith("memory_timeline_rank")]
     for what, path in res.files.items():
-        if not what.startswith("memory_timeline_rank") or what.endswith("rank0"):
+        if what not in timelines:
             out_console.print(f"{what}: {path}")
+        elif what == timelines[0]:  # one line for every rank's timeline
+            out_console.print(f"memory_timeline_rank0..{len(timelines) - 1}: "
+                              f"{path.replace('memory_timeline_rank0', 'memory_timeline_rank<r>')} ({len(timelines)} files)")
 
 
 def _str_list(text: str) -> tuple[str, ...]:

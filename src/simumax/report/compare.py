@@ -54,7 +54,7 @@ def table(rows: list[Compared]) -> Table:
     t.add_row("MFU", *(f"{r.cost.mfu:.1%}" for r in rows))
     t.add_row("tokens/s per GPU", *(f"{r.cost.throughput_per_accelerator:.0f}" for r in rows))
     t.add_row("peak allocated GiB (max stage)", *(f"{r.mem.peak_mem / GIB:.2f}" + ("" if r.mem.fits else " (does not fit)") for r in rows))
-    t.add_row("peak GiB per stage", *(" ".join(f"{s.peak_mem / GIB:.1f}" for s in r.mem.stages) for r in rows))
+    t.add_row("peak allocated GiB per stage", *(" ".join(f"{s.peak_mem / GIB:.1f}" for s in r.mem.stages) for r in rows))
     for part in parts(rows):
         b = first.cost.breakdown.get(part, 0.0)
         cells = []

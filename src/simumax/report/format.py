@@ -126,7 +126,7 @@ def simulation_table(res: SimResult) -> Table:
         title=f"{res.schedule}: simulated {ms(res.duration_time_per_iter)} ms per iteration "
         f"(analysis_cost {ms(res.closed_form_time_per_iter)} ms)"
     )
-    for col in ("rank", "passes end ms", "iteration end ms", "busy ms", "bubble", "peak GiB"):
+    for col in ("rank", "passes end ms", "iteration end ms", "busy ms", "bubble", "peak alloc GiB"):
         t.add_column(col, justify="right")
     for r in res.ranks:
         t.add_row(str(r.rank), ms(r.end_of_backward), ms(r.end), ms(r.busy), f"{r.bubble_fraction:.1%}", gib(r.peak_mem))
