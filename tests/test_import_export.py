@@ -253,3 +253,9 @@ def test_megatron_defaults_for_flags_left_out() -> None:
     assert parse_megatron_args(gpt.split() + megatron_flags(on), world_size=8)[1].enable_dropout
     with pytest.raises(ConfigError, match="--hidden-dropout"):
         parse_megatron_args(gpt + " --hidden-dropout x")
+    # a value a config refuses is named by the flag that set it
+    for bad, flag in (("--num-layers 0", "--num-layers"), ("--cp-comm-type ring", "--cp-comm-type"),
+                      ("--seq-length 0", "--seq-length")):
+        with pytest.raises(ConfigError) as exc:
+            parse_megatron_args(f"{gpt} {bad}", world_size=1)
+        assert exc.value.field == flag

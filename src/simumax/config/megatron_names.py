@@ -98,6 +98,11 @@ _FLAG_OF = {(target, field): flag for flag, (target, field, _) in VALUED.items()
 _SWITCH_OF = {(target, field, value): flag for flag, (target, field, value) in SWITCHES.items()}
 
 
+def flag_of(target: str, field: str) -> str | None:
+    """The Megatron flag that sets a model (m) or strategy (s) field, if one does."""
+    return _FLAG_OF.get((target, field)) or next((f for (t, fl, _), f in _SWITCH_OF.items() if (t, fl) == (target, field)), None)
+
+
 def valued_flag(target: str, field: str, value: Any) -> str:
     """``--flag value`` for a model (m) or strategy (s) field."""
     if isinstance(value, float):

@@ -8,7 +8,7 @@ import math
 import shlex
 from typing import Any
 
-from simumax.config.megatron_names import SWITCHES, VALUED
+from simumax.config.megatron_names import SWITCHES, VALUED, flag_of
 
 SIZE_FIELDS = frozenset({"tp_size", "pp_size", "cp_size", "ep_size", "etp_size", "micro_batch_size"})
 from simumax.config.model import ModelConfig
@@ -187,6 +187,18 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         if gbs % (mbs * dp):
             raise ConfigError("--global-batch-size", f"{gbs} is not a multiple of micro-batch {mbs} x DP {dp}")
         s["micro_batch_num"] = gbs // (mbs * dp)
-    model = ModelConfig.init_from_dict(m, source="Megatron arguments")
-    strategy = StrategyConfig.init_from_dict(s, source="Megatron arguments")
+    model = _by_flag("m", lambda: ModelConfig.init_from_dict(m, source="Megatron arguments"))
+    strategy = _by_flag("s", lambda: StrategyConfig.init_from_dict(s, source="Megatron arguments"))
     return model, strategy, notes
+
+
+def _by_flag(target: str, build: Any) -> Any:
+    """``build()``, its ConfigError naming the Megatron flag that set the field (our field
+    name when no flag sets it)."""
+    try:
+        return build()
+    except ConfigError as exc:
+        flag = flag_of(target, exc.field.split(".")[0])
+        if flag is None:
+            raise
+        raise ConfigError(flag, exc.rule) from None
