@@ -289,7 +289,7 @@ def search(
     fsdp: Optional[str] = typer.Option(None, "--fsdp", help="Sharded-DP implementations to try: megatron_fsdp, torch_fsdp2 (ZeRO-3 only), deepspeed (ZeRO 1-3; default: the base strategy's)."),
     offload: Optional[str] = typer.Option(None, "--offload", help="What to offload to host memory, to try: none, optimizer, activations (attention and expert inputs), both (default: the base strategy's settings)."),
     schedule: str = typer.Option("auto", "--schedule", help="Pipeline schedules to try: auto (1F1B / interleaved), 1f1b, interleaved, zb, dualpipev."),
-    gmi_error: float = typer.Option(0.0, "--gmi-error", help="GiB kept free per GPU."),
+    gmi_error: float = typer.Option(0.0, "--gmi-error", help="GiB kept free per GPU (default 0, as in the API's search methods and the app)."),
     allocated: bool = typer.Option(False, "--allocated", help="Fit allocated bytes, not reserved (allocated / mem_factor)."),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Worker processes (or Ray actors)."),
     executor: str = typer.Option("local", "--executor", help="local, process or ray (pip install 'simumax\\[ray]'; RAY_ADDRESS for a cluster)."),
