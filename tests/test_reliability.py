@@ -159,7 +159,7 @@ MEGATRON = ["--num-layers", "2", "--hidden-size", "256", "--num-attention-heads"
     (["import", "megatron", "--", *MEGATRON, "--global-batch-size", "abc"], "--global-batch-size"),
     (["import", "megatron", "--", *MEGATRON, "--global-batch-size", "0"], "--global-batch-size"),
     (["import", "megatron", "--", *MEGATRON[2:], "--num-layers-per-virtual-pipeline-stage", "2"], "--num-layers"),
-    (["import", "megatron", "--", *MEGATRON[:1], "0", *MEGATRON[2:]], "layer_num"),
+    (["import", "megatron", "--", *MEGATRON[:1], "0", *MEGATRON[2:]], "--num-layers"),  # the flag that set it (issue 24)
     (["import", "megatron", "--world-size", "2", "--", *MEGATRON, "--tensor-model-parallel-size", "4"], "--world-size"),
     (["import", "megatron", "--world-size", "4", "--", *MEGATRON, "--tensor-model-parallel-size", "8", "--global-batch-size", "8"],
      "--world-size"),

@@ -53,7 +53,9 @@ def _rank_split(model: ModelConfig, st: StrategyConfig) -> list[int]:
         raise ConfigError("num_layers_in_first_pipeline_stage", f"first+last stage layers ({fixed}) do not fit layer_num ({n}) over pp {pp}")
     if middle_stages and (rest % middle_stages or rest // middle_stages == 0):
         what = "layer_num" if fixed == 0 else "layer_num minus first/last stage layers"
-        raise ConfigError("pp_size", f"{what} ({rest}) must split evenly and non-empty over {middle_stages} stages")
+        hint = "; give the first or last stage its own count (num_layers_in_first_pipeline_stage / _last_: Megatron's " \
+               "--decoder-first-pipeline-num-layers)" if fixed == 0 and rest // middle_stages > 0 else ""
+        raise ConfigError("pp_size", f"{what} ({rest}) must split evenly and non-empty over {middle_stages} stages{hint}")
     mid = rest // middle_stages if middle_stages else 0
     counts = [mid] * pp
     if first is not None:
