@@ -52,10 +52,10 @@ LAYOUT_FIELDS = frozenset(
 )
 LAYER_GROUPS = ("tp", "cp", "ep", "etp")  # the only groups layer ops communicate on
 SHARDING_GROUPS = ("dp", "edp", "dp_shard")  # and, under ZeRO-2/3, these (graph/sharding.py)
+LayerKind = tuple[bool, bool, bool, bool, int | None]  # LayerProfiles._kind
 # Strategy fields that only choose the passes over a layer's own ops: which are checkpointed
 # (graph.recompute), what is offloaded (graph.offload); families differing in these share
 # their plain layer ops.
-LayerKind = tuple[bool, bool, bool, bool, int | None]  # LayerProfiles._kind
 CHECKPOINT_FIELDS = frozenset(
     {
         "enable_recompute", "recompute_granularity", "attn_recompute", "mla_rms_recompute", "mlp_recompute",

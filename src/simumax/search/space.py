@@ -11,9 +11,8 @@ which finds the fewest layers that fit.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import itertools
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, get_args
