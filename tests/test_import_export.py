@@ -24,6 +24,12 @@ MISTRAL_7B = {"architectures": ["MistralForCausalLM"], "hidden_size": 4096, "int
 MIXTRAL_8X7B = {"architectures": ["MixtralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
                 "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32000, "hidden_act": "silu", "num_local_experts": 8,
                 "num_experts_per_tok": 2, "tie_word_embeddings": False}
+GPT_OSS_20B = {"architectures": ["GptOssForCausalLM"], "attention_bias": True, "experts_per_token": 4, "head_dim": 64,
+               "hidden_act": "silu", "hidden_size": 2880, "intermediate_size": 2880,
+               "layer_types": ["sliding_attention", "full_attention"] * 12, "max_position_embeddings": 131072,
+               "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+               "num_local_experts": 32, "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0,
+               "tie_word_embeddings": False, "vocab_size": 201088}
 QWEN3_30B_A3B = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144, "num_attention_heads": 32,
                  "num_hidden_layers": 48, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "hidden_act": "silu",
                  "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
@@ -57,7 +63,8 @@ def test_hf_import_matches_published_parameter_counts(cfg, total, active) -> Non
     assert abs(a - active) <= (0.5 if cfg is not QWEN3_30B_A3B else 1.0) * 10**-digits + 1e-9
 
 
-@pytest.mark.parametrize("cfg,preset", [(DEEPSEEK_V3, "deepseek-v3-mtp"), (MIXTRAL_8X7B, "mixtral-8x7b"), (QWEN3_30B_A3B, "qwen3-30b-a3b")])
+@pytest.mark.parametrize("cfg,preset", [(DEEPSEEK_V3, "deepseek-v3-mtp"), (MIXTRAL_8X7B, "mixtral-8x7b"), (QWEN3_30B_A3B, "qwen3-30b-a3b"),
+                                        (GPT_OSS_20B, "gpt-oss-20b")])
 def test_hf_import_equals_the_shipped_preset(cfg, preset) -> None:
     """Same model, two routes: every estimate-relevant field agrees (names and pure
     defaults aside), so time and memory agree."""
@@ -69,6 +76,24 @@ def test_hf_import_equals_the_shipped_preset(cfg, preset) -> None:
     assert a.params.total == b.params.total
     assert a.cost().duration_time_per_iter == pytest.approx(b.cost().duration_time_per_iter, rel=1e-12)
     assert a.memory().peak_mem == pytest.approx(b.memory().peak_mem, rel=1e-12)
+
+
+def test_hf_sliding_window_layer_patterns() -> None:
+    """GPT-OSS's layer_types (sliding, full, ...) is a full layer every 2nd; Mistral windows
+    every layer; Qwen's windowed upper layers cannot be said and are noted."""
+    m, notes = model_from_hf(GPT_OSS_20B)
+    assert (m.window_size, m.window_attn_skip_freq, m.attention_sinks, m.add_bias_linear) == (128, 2, True, True)
+    assert [m.attention_window(i) for i in range(4)] == [128, None, 128, None]
+    assert not any("bias" in n for n in notes) and any("swiglu_limit" in n for n in notes)
+    thirds = {**GPT_OSS_20B, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 8}
+    assert model_from_hf(thirds)[0].window_attn_skip_freq == 3
+    odd = {**GPT_OSS_20B, "layer_types": ["full_attention"] + ["sliding_attention"] * 23}
+    m, notes = model_from_hf(odd)
+    assert m.window_size is None and any("layer_types" in n for n in notes)
+    assert model_from_hf({**MISTRAL_7B, "sliding_window": 4096})[0].window_size == 4096
+    m, notes = model_from_hf({**LLAMA3_8B, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096,
+                              "use_sliding_window": True, "max_window_layers": 28})
+    assert m.window_size is None and any("max_window_layers" not in n and "sliding window 4096" in n for n in notes)
 
 
 def test_hf_notes_and_errors() -> None:

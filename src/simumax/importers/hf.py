@@ -1,7 +1,7 @@
 """A Hugging Face ``config.json`` (a local file) as a simumax ModelConfig.
 
-Architectures: Llama, Mistral, Qwen2, Qwen3 (dense), Mixtral, Qwen2-MoE, Qwen3-MoE, and
-DeepSeek-V2 / V3 (MLA + MoE). What the ModelConfig cannot say is returned as notes (e.g.
+Architectures: Llama, Mistral, Qwen2, Qwen3 (dense), Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS
+(MoE with sliding-window layers and attention sinks), and DeepSeek-V2 / V3 (MLA + MoE). What the ModelConfig cannot say is returned as notes (e.g.
 Qwen2's q/k/v-only biases), never silently dropped.
 """
 
@@ -15,7 +15,7 @@ from simumax.config.model import ModelConfig
 from simumax.errors import ConfigError
 
 DENSE = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
-MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"}
+MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM"}
 MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
 
 
@@ -37,7 +37,7 @@ SIZE_KEYS = {
     "num_attention_heads", "hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size", "num_key_value_heads",
     "head_dim", "num_local_experts", "num_experts", "moe_intermediate_size", "num_experts_per_tok", "kv_lora_rank",
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "q_lora_rank", "n_shared_experts",
-    "shared_expert_intermediate_size", "max_position_embeddings",
+    "shared_expert_intermediate_size", "max_position_embeddings", "sliding_window",
 }
 
 
@@ -72,13 +72,13 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out["rotary_base"] = float(cfg["rope_theta"])
     if act not in ("silu", "swish"):
         notes.append(f"hidden_act {act!r}: modelled as an ungated GeLU MLP")
-    if cfg.get("attention_bias") or arch == "Qwen2ForCausalLM" or arch == "Qwen2MoeForCausalLM":
+    if (cfg.get("attention_bias") and arch != "GptOssForCausalLM") or arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
         notes.append("q/k/v biases not modelled (a few hidden-size vectors per layer)")
     if cfg.get("qk_norm") or arch.startswith("Qwen3"):
         out["qk_layernorm"] = True  # Qwen3's per-head q / k RMSNorm
     if arch in MOE:
         out["model_type"] = "moe"
-        if arch == "MixtralForCausalLM":
+        if arch in ("MixtralForCausalLM", "GptOssForCausalLM"):
             out["expert_num"] = _req(cfg, "num_local_experts", source)
             out["moe_ffn_hidden_size"] = cfg["intermediate_size"]
         else:
@@ -107,9 +107,41 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
             out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * cfg["moe_intermediate_size"]
         if cfg.get("num_nextn_predict_layers"):
             out["mtp_num_layers"] = cfg["num_nextn_predict_layers"]
+    if arch == "GptOssForCausalLM":
+        # biases on every linear (attention and experts), learned attention sinks per head
+        out.update(add_bias_linear=bool(cfg.get("attention_bias", True)), attention_sinks=True)
+        if cfg.get("swiglu_limit"):
+            notes.append(f"swiglu_limit {cfg['swiglu_limit']}: the clamp of GPT-OSS's SwiGLU is not costed (element-wise)")
+    out.update(_sliding_window(cfg, arch, notes))
     if out.get("model_type") == "moe":  # HF checkpoints train dropless (SimuMax files default to padding)
         out.setdefault("moe_pad_expert_input_to_capacity", False)
     return ModelConfig.init_from_dict(out, source=source), notes
+
+
+def _sliding_window(cfg: dict[str, Any], arch: str, notes: list[str]) -> dict[str, Any]:
+    """window_size / window_attn_skip_freq from ``sliding_window`` and the layer pattern:
+    GPT-OSS lists ``layer_types`` (sliding first, then full, alternating); Mistral and
+    Mixtral window every layer when ``sliding_window`` is set; Qwen2/3 only with
+    ``use_sliding_window``, and then from layer ``max_window_layers`` on, which the model
+    cannot say (noted, every layer full)."""
+    window = cfg.get("sliding_window")
+    if not window:
+        return {}
+    if arch.startswith("Qwen"):
+        if cfg.get("use_sliding_window"):
+            notes.append(f"sliding window {window} from layer {cfg.get('max_window_layers')}: not modelled (full attention)")
+        return {}
+    types = cfg.get("layer_types")
+    if not types:
+        return {"window_size": window}
+    full = [i for i, t in enumerate(types) if t != "sliding_attention"]
+    if not full:
+        return {"window_size": window}
+    for k in range(2, len(types) + 1):
+        if full == [i for i in range(len(types)) if (i + 1) % k == 0]:
+            return {"window_size": window, "window_attn_skip_freq": k}
+    notes.append(f"layer_types pattern {types[:4]}...: not a 'every k-th layer full' pattern; modelled as every layer full")
+    return {}
 
 
 def _deepseek_routing(cfg: dict[str, Any]) -> dict[str, Any]:
