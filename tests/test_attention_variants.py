@@ -45,6 +45,10 @@ def test_local_global_pattern_and_its_cost() -> None:
     assert windowed.cost().duration_time_per_iter < full.cost().duration_time_per_iter
     with pytest.raises(ConfigError, match="context parallelism"):
         Estimate(m, st.with_updates({"cp_size": 2}), SYSTEM).stages
+    # a window no shorter than the sequence is full attention: CP runs (Mistral-7B v0.1's 4096 at 4096)
+    wide = m.with_updates({"window_size": 8192})
+    assert Estimate(wide, st.with_updates({"cp_size": 2}), SYSTEM).cost().duration_time_per_iter == pytest.approx(
+        Estimate(m.with_updates({"window_size": None}), st.with_updates({"cp_size": 2}), SYSTEM).cost().duration_time_per_iter)
 
 
 @pytest.mark.parametrize("preset, total, active", [("gpt-oss-120b", 116.83, 5.13), ("gpt-oss-20b", 20.91, 3.61)])

@@ -95,9 +95,10 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
             raise ConfigError("enable_sequence_parallel", "Megatron requires sequence parallelism for MoE with tp > 1")
     elif st.ep_size > 1:
         raise ConfigError("ep_size", "expert parallelism needs a MoE model")
-    if model.window_size is not None and st.cp_size > 1:
+    windowed = model.window_size is not None and model.window_size < st.seq_len  # a window past the sequence is full attention
+    if windowed and st.cp_size > 1:
         raise ConfigError("cp_size", "sliding-window attention (window_size) with context parallelism is not modelled")
-    if model.window_size is not None and (st.use_math_sdp or st.transformer_impl == "local"):
+    if windowed and (st.use_math_sdp or st.transformer_impl == "local"):
         raise ConfigError("window_size", "sliding-window attention needs flash attention (TransformerEngine), as in Megatron")
     if st.cpu_offloading and st.cpu_offloading_num_layers >= model.layer_num:
         raise ConfigError("cpu_offloading_num_layers", f"must be fewer than the model's layers ({model.layer_num}), as Megatron")
