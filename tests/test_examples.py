@@ -14,6 +14,7 @@ EXPECT = {
     "deepseek_v2_ep4_pp2_selective.py": "peak per stage (GiB)",
     "llama3_70b_tp2_full_recompute.py": "full recompute:",
     "search_llama3_8b.py": "--tensor-model-parallel-size",
+    "sharded_dp_llama3_70b.py": "ZeRO-3 deepspeed",
 }
 
 
