@@ -345,24 +345,9 @@ def search(
                           else f"interrupted after {len(exc.rows)} rows (use --out to keep them)", soft_wrap=True)
         raise SystemExit(130) from None
     if not rows:
-        import itertools
+        from simumax.search.space import empty_space_error
 
-        if not any(world_size % (t * p * c) == 0 for t, p, c in itertools.product(space.tp, space.pp_sizes(m.layer_num), space.cp)):
-            raise ConfigError("--world-size", f"{world_size} is not a multiple of tp x pp x cp for any sizes of the space "
-                              f"(tp {list(space.tp)}, cp {list(space.cp)})")
-        if not space.batch_splits(m.layer_num):
-            raise ConfigError("--gbs", f"{space.global_batch_size} is not a multiple of mbs x dp for any layout of the space "
-                              f"on {world_size} GPUs")
-        from collections import Counter
-
-        from simumax.search.space import candidates
-
-        refused: Counter[str] = Counter()
-        for _ in candidates(m, sy, st, space, refused):
-            pass
-        common = "; ".join(f"{rule} ({n}x)" for rule, n in refused.most_common(2))
-        raise ConfigError("search", "no legal strategy in the space: every candidate breaks a rule"
-                          + (f", most often {common}" if common else "") + "; widen --tp/--pp/--cp/--ep or change the base strategy")
+        raise empty_space_error(m, sy, st, space)
     if out is not None:
         _write_search_outputs(out, rows, m, sy, float(sy.mem_bytes) - gmi_error * 2**30)
     if as_json:

@@ -222,3 +222,21 @@ def _candidate(model: ModelConfig, system: SystemConfig, refused: Counter[str] |
         return None
     return st
 
+
+
+def empty_space_error(model: ModelConfig, system: SystemConfig, base: StrategyConfig, space: SearchSpace) -> ConfigError:
+    """Why a space has no legal candidate, as the error to raise: no layout divides the
+    world size; no layout splits the global batch; or the rule the candidates broke most."""
+    layouts = itertools.product(space.tp, space.pp_sizes(model.layer_num), space.cp)
+    if not any(space.world_size % (t * p * c) == 0 for t, p, c in layouts):
+        return ConfigError("--world-size", f"{space.world_size} is not a multiple of tp x pp x cp for any sizes of the space "
+                           f"(tp {list(space.tp)}, cp {list(space.cp)})")
+    if not space.batch_splits(model.layer_num):
+        return ConfigError("--gbs", f"{space.global_batch_size} is not a multiple of mbs x dp for any layout of the space "
+                           f"on {space.world_size} GPUs")
+    refused: Counter[str] = Counter()
+    for _ in candidates(model, system, base, space, refused):
+        pass
+    common = "; ".join(f"{rule} ({n}x)" for rule, n in refused.most_common(2))
+    return ConfigError("search", "no legal strategy in the space: every candidate breaks a rule"
+                       + (f", most often {common}" if common else "") + "; widen --tp/--pp/--cp/--ep or change the base strategy")
