@@ -118,10 +118,10 @@ class LayerProfiles:
         the data-parallel stream, prefetched, and slow that compute by the tier's
         processor_usage; activation offload copies (graph/offload.py) run on the copy
         engines and take no SMs. The two streams run side by side."""
-        for module, usage in ((SHARDING, None), (OFFLOAD, 0.0)):
+        for module, usage in ((SHARDING, self.coster.network.tier("dp").processor_usage), (OFFLOAD, 0.0)):
             ops = [ph for o, ph in out.op_times if o.module == module]
             if ops:
-                self._hide(out, ops, self.coster.network.tier("dp").processor_usage if usage is None else usage)
+                self._hide(out, ops, usage)
 
     @staticmethod
     def _hide(out: StageTime, side: list[dict[str, PhaseTime]], usage: float) -> None:

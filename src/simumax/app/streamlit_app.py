@@ -23,7 +23,6 @@ from simumax.report.format import GIB
 RECOMPUTE = ("none", "selective", "full_block")
 
 
-
 def _pick(kind: str, default: str, cls):
     """A preset by name, or an uploaded JSON file of that kind."""
     names = list_presets(kind)

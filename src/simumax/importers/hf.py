@@ -1,8 +1,9 @@
 """A Hugging Face ``config.json`` (a local file) as a simumax ModelConfig.
 
 Architectures: Llama, Mistral, Qwen2, Qwen3 (dense), Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS
-(MoE with sliding-window layers and attention sinks), and DeepSeek-V2 / V3 (MLA + MoE). What the ModelConfig cannot say is returned as notes (e.g.
-Qwen2's q/k/v-only biases), never silently dropped.
+(MoE with sliding-window layers and attention sinks), and DeepSeek-V2 / V3 (MLA + MoE).
+What the ModelConfig cannot say is returned as notes (e.g. Qwen2's q/k/v-only biases),
+never silently dropped.
 """
 
 from __future__ import annotations

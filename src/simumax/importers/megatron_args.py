@@ -9,11 +9,11 @@ import shlex
 from typing import Any
 
 from simumax.config.megatron_names import SWITCHES, VALUED, flag_of
-
-SIZE_FIELDS = frozenset({"tp_size", "pp_size", "cp_size", "ep_size", "etp_size", "micro_batch_size"})
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
+
+SIZE_FIELDS = frozenset({"tp_size", "pp_size", "cp_size", "ep_size", "etp_size", "micro_batch_size"})
 
 IGNORED_VALUED = {"--group-query-attention", "--use-megatron-fsdp", "--deepspeed_config"}  # flags that need no field (FSDP: its sharding strategy; DeepSpeed: its config file)
 

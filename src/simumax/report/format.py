@@ -19,13 +19,19 @@ def ms(x: float) -> str:
     return f"{x * 1e3:.1f}"
 
 
+def zero_label(zero_state: int, fsdp_impl: str) -> str:
+    """``zero3``, or ``zero3/deepspeed`` when the implementation is not Megatron's own (the
+    default at every level): one label in perf titles and search rows."""
+    return f"zero{zero_state}" + (f"/{fsdp_impl}" if fsdp_impl != "megatron_fsdp" else "")
+
+
 def run_title(model_name: str, sys_name: str, st: StrategyConfig) -> str:
     """One line naming the run: model | system | the parallel sizes that are not 1 (tp, pp, dp always)."""
     sizes = [f"tp{st.tp_size}", f"pp{st.pp_size}"]
     sizes += [f"{k}{v}" for k, v in (("vp", st.interleaving_size), ("cp", st.cp_size), ("ep", st.ep_size), ("etp", st.etp_size)) if v > 1]
     sizes += [f"dp{st.dp_size}", f"mbs{st.micro_batch_size}", f"mbc{st.micro_batch_num}"]
-    if st.zero_state:  # the implementation unless Megatron's own (as search rows label it)
-        sizes.append(f"zero{st.zero_state}" + (f"/{st.fsdp_impl}" if st.fsdp_impl != "megatron_fsdp" else ""))
+    if st.zero_state:
+        sizes.append(zero_label(st.zero_state, st.fsdp_impl))
     if st.recompute_mode != "none":
         sizes.append(f"recompute={st.recompute_mode}")
     return f"{model_name} | {sys_name} | {' '.join(sizes)}"

@@ -16,6 +16,7 @@ from simumax.config.system import SystemConfig
 from simumax.estimate import Estimate
 from simumax.memory.model_states import model_states
 from simumax.profiles import ProfileCache
+from simumax.report.format import zero_label
 
 GIB = 2**30
 
@@ -81,10 +82,9 @@ class SearchRow:
         hsdp = f" hsdp{self.replicas}" if self.replicas > 1 else ""
         count = f"({self.recompute_layer_num})" if with_count and self.recompute_layer_num else ""
         off = f" offload:{self.offload}" if self.offload != "none" else ""
-        impl = f"/{self.fsdp}" if self.fsdp != "megatron_fsdp" else ""  # Megatron's is the default at every level
         return (
             f"tp{self.tp} {pp}{vp} dp{self.dp} ep{self.ep}{etp} cp{self.cp} mbs{self.mbs} mbc{self.mbc} "
-            f"zero{self.zero}{impl}{hsdp}{sched} {self.recompute}{count}{off}"
+            f"{zero_label(self.zero, self.fsdp)}{hsdp}{sched} {self.recompute}{count}{off}"
         )
 
 

@@ -58,6 +58,8 @@ def expand_recompute(names: tuple[str, ...]) -> tuple[str, ...]:
             if v not in out:
                 out.append(v)
     return tuple(out)
+
+
 # name -> strategy fields: offloading the optimizer states (Megatron --optimizer-cpu-offload)
 # and / or the activations attention and the experts save (--fine-grained-activation-offloading)
 NO_OFFLOAD = {"optimizer_cpu_offload": False, "optimizer_offload_fraction": 1.0,
@@ -221,7 +223,6 @@ def _candidate(model: ModelConfig, system: SystemConfig, refused: Counter[str] |
             refused[f"{exc.field}: {exc.rule}"] += 1
         return None
     return st
-
 
 
 def empty_space_error(model: ModelConfig, system: SystemConfig, base: StrategyConfig, space: SearchSpace) -> ConfigError:
