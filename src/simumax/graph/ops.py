@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from simumax.graph.kernels import Collective, Kernel
 
 Tensor = tuple[str, float]  # (unique name within a micro-batch, bytes)
 
 
-@dataclass(frozen=True, slots=True)
-class Op:
-    """One operator of one micro-batch on one pipeline rank.
+class Op(NamedTuple):
+    """One operator of one micro-batch on one pipeline rank (immutable; a named tuple
+    because graph building makes thousands and a tuple is the cheapest immutable record
+    Python builds).
 
     Phases: ``fwd``, ``bwd_input`` (activation gradients), ``bwd_weight`` (weight
     gradients). ``saved`` are the tensors kept from forward to backward, by name, so a
@@ -55,20 +56,9 @@ class Op:
     def saved_bytes(self) -> float:
         return sum(b for _, b in self.saved)
 
-    def with_(self, **kw: object) -> "Op":
-        """A copy with some fields replaced (dataclasses.replace without its per-call
-        introspection: graph building makes thousands of these)."""
-        unknown = kw.keys() - _OP_FIELD_SET
-        if unknown:
-            raise TypeError(f"Op has no field(s) {sorted(unknown)}")
-        new = object.__new__(Op)
-        for name in _OP_FIELDS:
-            object.__setattr__(new, name, kw[name] if name in kw else getattr(self, name))
-        return new
-
-
-_OP_FIELDS = tuple(f.name for f in fields(Op))
-_OP_FIELD_SET = frozenset(_OP_FIELDS)
+    def with_(self, **kw: Any) -> "Op":
+        """A copy with some fields replaced."""
+        return self._replace(**kw)
 
 
 PHASES = ("fwd", "bwd_input", "bwd_weight", "recompute")
