@@ -30,6 +30,7 @@ from simumax import ConfigError, ModelConfig, StrategyConfig
 from simumax.config.checks import check_compatible
 from simumax.config.loader import load_system
 from simumax.estimate import Estimate
+from simumax.graph.recompute import is_recomputed
 from simumax.memory.model_states import optimizer_bytes_per_param
 
 SYSTEMS = {"a100_pcie": load_system("a100_pcie"), "b200_bf16_ceperm": load_system("b200_bf16_ceperm")}
@@ -166,6 +167,13 @@ def test_invariants_hold_on_random_pairs(case, extra_mb, selective) -> None:
     for s in mem.stages:
         assert math.isfinite(s.peak_mem_with_reserved) and s.peak_mem > s.model_mem > 0
         assert s.fwd_activation_cache_per_micro_batch > 0 and s.params > 0
+
+    # a layer renamed from the first of its kind (graph/relabel.py) is the layer built for itself
+    src = est.layer_profiles.source
+    for chunk in est.chunks:
+        for pos, layer in enumerate(chunk.layers):
+            rec = is_recomputed(st, pos)
+            assert src.layer(layer, rec) == src.built_layer(layer, rec), (layer, rec)
 
     # layers share costs only with layers of their kind: a chunk costs what its own ops do
     if st.zero_state < 2 and not (st.fine_grained_activation_offloading or st.cpu_offloading):

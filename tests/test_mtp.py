@@ -67,3 +67,14 @@ def test_mtp_in_layouts_flags_and_hf() -> None:
            "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "first_k_dense_replace": 3, "n_shared_experts": 1,
            "num_nextn_predict_layers": 1, "hidden_act": "silu", "max_position_embeddings": 163840}
     assert model_from_hf(cfg, "ds")[0].mtp_num_layers == 1
+
+
+def test_mtp_layers_renamed_from_their_kind_are_built_for_themselves() -> None:
+    """The MTP block's layers (global index layer_num + depth) come, like the decoder's,
+    renamed from the first layer of their kind (graph/relabel.py): equal to a direct build."""
+    est = _est(3, 2, pp_size=1)
+    est.chunks
+    src = est.layer_profiles.source
+    for k in (3, 4):
+        assert src.layer(k, False) == src.built_layer(k, False)
+        assert src.layer(k, False)[0].name.startswith(f"L{k}.")

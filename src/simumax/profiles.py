@@ -52,7 +52,7 @@ LAYOUT_FIELDS = frozenset(
 )
 LAYER_GROUPS = ("tp", "cp", "ep", "etp")  # the only groups layer ops communicate on
 SHARDING_GROUPS = ("dp", "edp", "dp_shard")  # and, under ZeRO-2/3, these (graph/sharding.py)
-LayerKind = tuple[bool, bool, bool, bool, int | None]  # LayerProfiles._kind
+LayerKind = tuple[bool, bool, bool, bool, int | None]  # LayerProfiles._kind: recomputed, then OpSource.kind
 # Strategy fields that only choose the passes over a layer's own ops: which are checkpointed
 # (graph.recompute), what is offloaded (graph.offload); families differing in these share
 # their plain layer ops.
@@ -149,11 +149,9 @@ class LayerProfiles:
         return t
 
     def _kind(self, layer: int, recomputed: bool) -> LayerKind:
-        """What makes layers cost alike: dense or MoE, recomputed or not, kept in BF16 or
-        not, its activations offloaded by TE's layer offload or not, its attention window
-        (gpt-oss alternates sliding-window and full-attention layers)."""
-        return (self.model.is_moe_layer(layer), recomputed, self.source.bf16_layer(layer), self.source.te_offloaded(layer),
-                self.model.attention_window(layer))
+        """What makes layers cost alike: the op source's kind (its ops are the same but
+        for their names) and whether it is recomputed."""
+        return (recomputed, *self.source.kind(layer))
 
     def _shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[LayerKind, ...], list[Op], list[Op]]:
         """(layer kinds, ops before the layers, ops after them) of a chunk."""
@@ -166,7 +164,7 @@ class LayerProfiles:
 
     def _compute_shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[LayerKind, ...], list[Op], list[Op]]:
         kinds = tuple(self._kind(layer, is_recomputed(st, pos)) for pos, layer in enumerate(chunk.layers))
-        n_layer_ops = sum(len(self.source.layer(layer, kind[1])) for layer, kind in zip(chunk.layers, kinds, strict=True))
+        n_layer_ops = sum(len(self.source.layer(layer, kind[0])) for layer, kind in zip(chunk.layers, kinds, strict=True))
         pre = chunk.ops[: len(self.source.pre_ops())] if chunk.vstage == 0 else []
         post = chunk.ops[len(pre) + n_layer_ops :]
         return kinds, pre, post
@@ -175,11 +173,11 @@ class LayerProfiles:
         kinds, pre, post = self._shape(st, chunk)
         out = self._ops_time(pre)
         for layer, kind in zip(chunk.layers, kinds, strict=True):
-            t = self.layer_time(layer, kind[1])
+            t = self.layer_time(layer, kind[0])
             n = len(out.op_times)
             out.add(t)
             # the kind's costs under this layer's own ops (names and layer index in traces and op tables)
-            own = self.source.layer(layer, kind[1])
+            own = self.source.layer(layer, kind[0])
             out.op_times[n:] = [(o, ph) for o, (_, ph) in zip(own, t.op_times, strict=True)]
         out.add(self._ops_time(post))
         out.p2p = p2p
@@ -193,7 +191,7 @@ class LayerProfiles:
         for layer, kind in zip(chunk.layers, kinds, strict=True):
             src = self._layer_sources.get(kind)
             if src is None:
-                src = self._layer_sources[kind] = sources.of_ops(self.source.layer(layer, kind[1]), self.coster.compute,
+                src = self._layer_sources[kind] = sources.of_ops(self.source.layer(layer, kind[0]), self.coster.compute,
                                                                   self.coster.network)
             out.add(src)
         out.add(sources.of_ops(pre + post, self.coster.compute, self.coster.network))

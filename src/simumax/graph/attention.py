@@ -5,7 +5,7 @@ math path (QK^T, softmax, dropout, PV as batched GEMMs and memory-bound kernels)
 from __future__ import annotations
 
 from simumax.graph.dims import Dims
-from simumax.graph.kernels import Attention, Collective, Gemm, MemBound
+from simumax.graph.kernels import Attention, Collective, Gemm, MemBound, op_label
 from simumax.graph.ops import Op, Tensor
 
 FP32 = 4
@@ -15,8 +15,8 @@ def _a2a_relayout(name: str, nbytes: float) -> list:
     """TransformerEngine's ``flash_attn_a2a_communicate`` for one tensor: a layout copy
     (reshape + movedim + contiguous: read and write) before the all-to-all over CP and one
     after it."""
-    return [MemBound(f"{name}.a2a_layout", 2 * nbytes), Collective("all2all", nbytes, "cp"),
-            MemBound(f"{name}.a2a_layout", 2 * nbytes)]
+    return [MemBound(f"{op_label(name)}.a2a_layout", 2 * nbytes), Collective("all2all", nbytes, "cp"),
+            MemBound(f"{op_label(name)}.a2a_layout", 2 * nbytes)]
 
 
 def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[float, float, float], out_bytes: float) -> tuple[list, list]:
@@ -57,9 +57,9 @@ def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[floa
         part = dict(shape, kv_seq_len=s * cp // 2, causal=False)
         gathered = kv_bytes * cp
         ag = Collective("all_gather", gathered, "cp")
-        reorder = MemBound(f"{name}.kv_reorder", 2 * gathered)
-        fwd = [ag, reorder, Attention("fwd", **part), MemBound(f"{name}.out_copy", 2 * out_bytes)]
-        bwd = [ag, reorder, Attention("bwd", **part), MemBound(f"{name}.dkv_reorder", 2 * gathered),
+        reorder = MemBound(f"{op_label(name)}.kv_reorder", 2 * gathered)
+        fwd = [ag, reorder, Attention("fwd", **part), MemBound(f"{op_label(name)}.out_copy", 2 * out_bytes)]
+        bwd = [ag, reorder, Attention("bwd", **part), MemBound(f"{op_label(name)}.dkv_reorder", 2 * gathered),
                Collective("reduce_scatter", gathered, "cp")]
         return fwd, bwd
     step = dict(shape, kv_seq_len=s // 2, causal=False)
@@ -128,11 +128,11 @@ def math_attention(
     # attention dropout over the s x s probabilities (torch's fused native dropout): forward
     # reads the probabilities and writes the dropped ones and a 1-byte mask; backward reads
     # the gradient and the mask and writes the gradient. A recompute runs the forward again.
-    drop_fwd = [MemBound(f"{name}.dropout", 2 * scores + elems)] if dropout else []
-    drop_bwd = [MemBound(f"{name}.dropout_bwd", 2 * scores + elems)] if dropout else []
+    drop_fwd = [MemBound(f"{op_label(name)}.dropout", 2 * scores + elems)] if dropout else []
+    drop_bwd = [MemBound(f"{op_label(name)}.dropout_bwd", 2 * scores + elems)] if dropout else []
     fwd = (
         Gemm(s, qk_dim, s, "TN", b=bh),
-        MemBound(f"{name}.softmax", 2 * scores if fused_softmax else 2 * scores + 3 * elems * FP32),
+        MemBound(f"{op_label(name)}.softmax", 2 * scores if fused_softmax else 2 * scores + 3 * elems * FP32),
         *drop_fwd,
         Gemm(s, s, v_dim, "TN", b=bh),
     )
@@ -140,7 +140,7 @@ def math_attention(
         Gemm(s, v_dim, s, "NN", b=bh),
         Gemm(s, s, v_dim, "NT", b=bh),
         *drop_bwd,
-        MemBound(f"{name}.softmax_bwd", 3 * scores if fused_softmax else 3 * elems * FP32 + 2 * scores),
+        MemBound(f"{op_label(name)}.softmax_bwd", 3 * scores if fused_softmax else 3 * elems * FP32 + 2 * scores),
         Gemm(s, s, qk_dim, "NN", b=bh),
         Gemm(s, s, qk_dim, "NT", b=bh),
     )

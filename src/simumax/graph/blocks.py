@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from simumax.graph import fp8
 from simumax.graph.dims import Dims
-from simumax.graph.kernels import Collective, Gemm, MemBound
+from simumax.graph.kernels import Collective, Gemm, MemBound, op_label
 from simumax.graph.ops import Op, Tensor
 
 FP32 = 4
@@ -49,8 +49,8 @@ def norm(
         name=name,
         module=module,
         layer=layer,
-        fwd=(MemBound(f"{name}.fwd", 2 * x_bytes),),
-        bwd_input=(MemBound(f"{name}.bwd", 3 * x_bytes),),
+        fwd=(MemBound(f"{op_label(name)}.fwd", 2 * x_bytes),),
+        bwd_input=(MemBound(f"{op_label(name)}.bwd", 3 * x_bytes),),
         saved=tuple(saved),
         input=(x,),
         bwd_transient=2 * x_bytes,
@@ -83,7 +83,7 @@ def _linear(
     # the bias gradient: TE folds it into the weight-gradient GEMM's epilogue (or the fp8
     # cast-transpose); Megatron-Core's own linears reduce the output gradient over tokens
     # (grad_output.sum(0), or the autograd sum behind a fused bias-GeLU / bias-dropout-add)
-    bias_grad = [MemBound(f"{name}.bias_grad", t * n * d.act_bytes)] if bias and d.local else []
+    bias_grad = [MemBound(f"{op_label(name)}.bias_grad", t * n * d.act_bytes)] if bias and d.local else []
     return Op(
         name=name,
         module=module,
@@ -112,7 +112,7 @@ def column_linear(
     False: the bias is added by its own kernel after the GEMM (Megatron-Core's local
     linear without skip_bias_add: matmul, then ``output + bias``)."""
     full_in = d.act(k)
-    add = [MemBound(f"{name}.bias_add", 2 * d.act(n))] if bias and not bias_fused else []
+    add = [MemBound(f"{op_label(name)}.bias_add", 2 * d.act(n))] if bias and not bias_fused else []
     gathered = full_in if d.sp else 0.0
     gather = [Collective("all_gather", full_in, "tp")] if d.sp else []
     if d.sp and te and _current_scaling(d):
@@ -166,14 +166,14 @@ def rope(name: str, layer: int, d: Dims, qk_width: int, *, fused: bool = True, r
     if fused:
         return Op(
             name=name, module="rope", layer=layer,
-            fwd=(MemBound(f"{name}.fwd", 2 * nbytes),), bwd_input=(MemBound(f"{name}.bwd", 2 * nbytes),),
+            fwd=(MemBound(f"{op_label(name)}.fwd", 2 * nbytes),), bwd_input=(MemBound(f"{op_label(name)}.bwd", 2 * nbytes),),
             bwd_transient=nbytes,
         )
     table = float(d.s * rot_dim * d.act_bytes)
     saved = tuple((f"{name}.{t}_{f}", table) for t in ("q", "k") for f in ("cos", "sin"))
     return Op(
         name=name, module="rope", layer=layer,
-        fwd=(MemBound(f"{name}.fwd", 8 * nbytes),), bwd_input=(MemBound(f"{name}.bwd", 8 * nbytes),),
+        fwd=(MemBound(f"{op_label(name)}.fwd", 8 * nbytes),), bwd_input=(MemBound(f"{op_label(name)}.bwd", 8 * nbytes),),
         saved=saved, fwd_transient=2 * nbytes, bwd_transient=2 * nbytes,
     )
 
@@ -184,8 +184,8 @@ def _activation(name: str, layer: int, x: Tensor, out: float, saved: tuple[Tenso
         name=name,
         module="act",
         layer=layer,
-        fwd=(MemBound(f"{name}.fwd", x[1] + out),),
-        bwd_input=(MemBound(f"{name}.bwd", 2 * x[1] + out),),
+        fwd=(MemBound(f"{op_label(name)}.fwd", x[1] + out),),
+        bwd_input=(MemBound(f"{op_label(name)}.bwd", 2 * x[1] + out),),
         saved=saved,
         input=(x,),
         bwd_transient=x[1] + out,
@@ -220,8 +220,8 @@ def dropout_add(name: str, module: str, layer: int, d: Dims, *, dropout: bool) -
         name=name,
         module=module,
         layer=layer,
-        fwd=(MemBound(f"{name}.fwd", 3 * x + (mask if dropout else 0.0)),),
-        bwd_input=(MemBound(f"{name}.bwd", 2 * x + mask),) if dropout else (),
+        fwd=(MemBound(f"{op_label(name)}.fwd", 3 * x + (mask if dropout else 0.0)),),
+        bwd_input=(MemBound(f"{op_label(name)}.bwd", 2 * x + mask),) if dropout else (),
         saved=saved,
     )
 

@@ -74,7 +74,7 @@ def _output_gate(P: str, layer: int, out: tuple[str, float], mixed: tuple[str, f
     nbytes = out[1]
     return Op(
         name=f"{P}.attn_gate", module="attn_gate", layer=layer,
-        fwd=(MemBound(f"{P}.attn_gate.fwd", 3 * nbytes),), bwd_input=(MemBound(f"{P}.attn_gate.bwd", 5 * nbytes),),
+        fwd=(MemBound("attn_gate.fwd", 3 * nbytes),), bwd_input=(MemBound("attn_gate.bwd", 5 * nbytes),),
         saved=(out, mixed), input=(out,), output=gated, bwd_transient=nbytes,
     )
 
@@ -88,7 +88,7 @@ def _qk_norm(P: str, layer: int, d: Dims, mixed: tuple[str, float], width: int) 
     rows = d.tokens * (d.heads + d.kv_heads)
     return Op(
         name=f"{P}.qk_norm", module="qk_norm", layer=layer,
-        fwd=(MemBound(f"{P}.qk_norm.fwd", 2 * nbytes),), bwd_input=(MemBound(f"{P}.qk_norm.bwd", 3 * nbytes),),
+        fwd=(MemBound("qk_norm.fwd", 2 * nbytes),), bwd_input=(MemBound("qk_norm.bwd", 3 * nbytes),),
         saved=(mixed, (f"{P}.qk_norm.rstd", float(rows * 4))), input=(mixed,), output=(f"{P}.qk_norm.out", nbytes),
         bwd_transient=nbytes, params=2 * d.head_dim, tp_replicated_params=2 * d.head_dim,
     )

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from simumax.graph.kernels import MemBound
+from simumax.graph.kernels import MemBound, op_label
 
 if TYPE_CHECKING:
     from simumax.graph.ops import Op
@@ -104,7 +104,7 @@ def linear_casts(r: Fp8Recipe, name: str, in_elems: float, grad_elems: float, we
     """(forward, backward) quantize kernels of one fp8 linear (dense or grouped): its input
     in forward (and its weights too when they are not cached across micro-batches), its
     output gradient in backward."""
-    fwd = [MemBound(f"{name}.quantize_input", quantize_bytes(r, in_elems, in_bytes))]
+    fwd = [MemBound(f"{op_label(name)}.quantize_input", quantize_bytes(r, in_elems, in_bytes))]
     if not weight_caching:
-        fwd.append(MemBound(f"{name}.cast_weight", weight_cast_bytes(r, weight_params, in_bytes)))
-    return fwd, [MemBound(f"{name}.quantize_grad", quantize_bytes(r, grad_elems, in_bytes))]
+        fwd.append(MemBound(f"{op_label(name)}.cast_weight", weight_cast_bytes(r, weight_params, in_bytes)))
+    return fwd, [MemBound(f"{op_label(name)}.quantize_grad", quantize_bytes(r, grad_elems, in_bytes))]

@@ -200,3 +200,11 @@ class Collective:
 
 
 Kernel = Gemm | GroupGemm | Attention | MemBound | Collective
+
+
+def op_label(op_name: str) -> str:
+    """An op's name without its layer ("L5.attn_norm" -> "attn_norm"), for kernel labels:
+    the kernels of every layer of one kind are then equal, and those layers share them
+    (graph/relabel.py)."""
+    head, sep, rest = op_name.partition(".")
+    return rest if sep and head[:1] == "L" and head[1:].isdigit() else op_name

@@ -17,7 +17,7 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph import attention, blocks
 from simumax.graph.dims import Dims
-from simumax.graph.kernels import Collective, MemBound
+from simumax.graph.kernels import Collective, MemBound, op_label
 from simumax.graph.ops import Op, Tensor
 
 
@@ -37,13 +37,13 @@ def _rope_concat(
     if d.sp:
         fwd.append(Collective("all_gather", k_pe, "tp"))
     fwd += [
-        MemBound(f"{name}.rope_q", 2 * q_pe), MemBound(f"{name}.rope_k", 2 * k_pe),
-        MemBound(f"{name}.cat_query", 2 * query[1]), MemBound(f"{name}.cat_key", 2 * key[1]),
-        MemBound(f"{name}.contiguous_value", 2 * value[1]),
+        MemBound(f"{op_label(name)}.rope_q", 2 * q_pe), MemBound(f"{op_label(name)}.rope_k", 2 * k_pe),
+        MemBound(f"{op_label(name)}.cat_query", 2 * query[1]), MemBound(f"{op_label(name)}.cat_key", 2 * key[1]),
+        MemBound(f"{op_label(name)}.contiguous_value", 2 * value[1]),
     ]
     bwd += [
-        MemBound(f"{name}.rope_q_bwd", 2 * q_pe), MemBound(f"{name}.k_pe_sum", q_pe + k_pe),
-        MemBound(f"{name}.rope_k_bwd", 2 * k_pe), MemBound(f"{name}.q_grad", 2 * q[1]), MemBound(f"{name}.kv_grad", 2 * kv[1]),
+        MemBound(f"{op_label(name)}.rope_q_bwd", 2 * q_pe), MemBound(f"{op_label(name)}.k_pe_sum", q_pe + k_pe),
+        MemBound(f"{op_label(name)}.rope_k_bwd", 2 * k_pe), MemBound(f"{op_label(name)}.q_grad", 2 * q[1]), MemBound(f"{op_label(name)}.kv_grad", 2 * kv[1]),
     ]
     if d.sp:
         bwd.append(Collective("reduce_scatter", k_pe, "tp"))

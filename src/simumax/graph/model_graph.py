@@ -15,6 +15,7 @@ from simumax.graph.mla import mla_attention_ops
 from simumax.graph.moe_layer import moe_mlp_ops
 from simumax.graph.mtp import mtp_ops
 from simumax.graph.recompute import is_recomputed, tag_recompute
+from simumax.graph.relabel import relabel
 from simumax.graph.offload import with_offload
 from simumax.graph.sharding import sharding_ops, with_sharding
 
@@ -82,6 +83,7 @@ class OpSource:
         self._dims_bf16 = Dims.of(model, self._st_bf16) if st.low_precision else self.dims
         self._plain: dict[int, list[Op]] = {} if plain is None else plain
         self._passes: dict[tuple[int, bool], list[Op]] = {}
+        self._first_of_kind: dict[tuple[tuple[object, ...], bool], int] = {}  # (kind, recomputed) -> its first layer built
         self._embedding: Op | None = None
         self._head: dict[bool, list[Op]] = {}
         self._mtp: dict[bool, list[Op]] = {}
@@ -98,21 +100,36 @@ class OpSource:
         """A layer whose activations TE's layer offload moves to the host (cpu_offloading)."""
         return self.st.cpu_offloading and layer < self.st.cpu_offloading_num_layers
 
+    def kind(self, layer: int) -> tuple[bool, bool, bool, int | None]:
+        """What makes layers' ops alike but for their names: dense or MoE, kept in BF16 or
+        not, offloaded by TE's layer offload or not, the attention window (gpt-oss
+        alternates sliding-window and full-attention layers)."""
+        return (self.model.is_moe_layer(layer), self.bf16_layer(layer), self.te_offloaded(layer),
+                self.model.attention_window(layer))
+
     def layer(self, layer: int, recomputed: bool) -> list[Op]:
-        """The layer's ops: its own (shared with sources that differ only in the passes
+        """The layer's ops: those of the first layer of its kind renamed (graph/relabel.py),
+        or, for that first one, its own (shared with sources that differ only in the passes
         below), checkpointed when ``recomputed`` (graph/recompute.py), then the activation
         offload op (graph/offload.py) and the ZeRO-2/3 collectives (graph/sharding.py)."""
         ops = self._passes.get((layer, recomputed))
         if ops is None:
-            own = self._plain.get(layer)
-            if own is None:
-                bf16 = self.bf16_layer(layer)
-                own = self._plain[layer] = layer_ops(self.model, self._st_bf16 if bf16 else self.st,
-                                                     self._dims_bf16 if bf16 else self.dims, layer)
-            body = tag_recompute(self.st, own) if recomputed else own
-            ops = self._passes[(layer, recomputed)] = with_sharding(f"L{layer}", layer, with_offload(f"L{layer}", layer, body, self.st),
-                                                                    self.st)
+            kind = (self.kind(layer), recomputed)
+            first = self._first_of_kind.setdefault(kind, layer)
+            built = self.built_layer(layer, recomputed) if first == layer else None
+            ops = built if built is not None else relabel(self.layer(first, recomputed), first, layer)
+            self._passes[(layer, recomputed)] = ops
         return ops
+
+    def built_layer(self, layer: int, recomputed: bool) -> list[Op]:
+        """The layer's ops built for it (not renamed from another layer)."""
+        own = self._plain.get(layer)
+        if own is None:
+            bf16 = self.bf16_layer(layer)
+            own = self._plain[layer] = layer_ops(self.model, self._st_bf16 if bf16 else self.st,
+                                                 self._dims_bf16 if bf16 else self.dims, layer)
+        body = tag_recompute(self.st, own) if recomputed else own
+        return with_sharding(f"L{layer}", layer, with_offload(f"L{layer}", layer, body, self.st), self.st)
 
     def mtp(self, embedding_on_this_rank: bool) -> list[Op]:
         """The multi-token-prediction block (graph/mtp.py), its layers unrecomputed."""

@@ -111,7 +111,7 @@ def _chunk_sort(P: str, name: str, md: MoeDims, nbytes: float, pad: bool) -> tup
     if md.local_experts <= 1 or md.ep <= 1:
         return [], []
     f_fam, b_fam = ("default", "default") if pad else ("permute_fwd", "permute_bwd")
-    return [MemBound(f"{P}.{name}", 2.0 * nbytes, family=f_fam)], [MemBound(f"{P}.{name}_bwd", 2.0 * nbytes, family=b_fam)]
+    return [MemBound(name, 2.0 * nbytes, family=f_fam)], [MemBound(f"{name}_bwd", 2.0 * nbytes, family=b_fam)]
 
 
 def _permute_kernels(P: str, md: MoeDims, moved: float, fused: bool) -> tuple[list[Kernel], list[Kernel]]:
@@ -119,13 +119,13 @@ def _permute_kernels(P: str, md: MoeDims, moved: float, fused: bool) -> tuple[li
     Unfused: the routing map transposed, the sorted indices built (argsort / masked_select),
     then an index_select gather (backward: zeros + index_add scatter)."""
     if fused:
-        return [MemBound(f"{P}.permute", moved, family="permute_fwd")], [MemBound(f"{P}.permute_bwd", moved, family="permute_bwd")]
+        return [MemBound("permute", moved, family="permute_fwd")], [MemBound("permute_bwd", moved, family="permute_bwd")]
     te = float(md.tokens * md.experts)
     fwd: list[Kernel] = [
-        MemBound(f"{P}.map_transpose", 2 * te), MemBound(f"{P}.sort_indices", 2 * te + md.rows_sent * 8.0),
-        MemBound(f"{P}.index_select", moved),
+        MemBound("map_transpose", 2 * te), MemBound("sort_indices", 2 * te + md.rows_sent * 8.0),
+        MemBound("index_select", moved),
     ]
-    return fwd, [MemBound(f"{P}.grad_zeros", moved / 2), MemBound(f"{P}.index_add", moved)]
+    return fwd, [MemBound("grad_zeros", moved / 2), MemBound("index_add", moved)]
 
 
 def _dispatch(
@@ -211,12 +211,12 @@ def _combine(
         bwd.append(Collective("all_gather", float(gathered), "etp"))
     unpermute = float(sent + md.tokens * row)
     if fused:
-        fwd += [a2a, MemBound(f"{P}.unpermute", unpermute, family="permute_fwd")]
-        bwd = [MemBound(f"{P}.unpermute_bwd", unpermute, family="permute_bwd"), a2a, *bwd]
+        fwd += [a2a, MemBound("unpermute", unpermute, family="permute_fwd")]
+        bwd = [MemBound("unpermute_bwd", unpermute, family="permute_bwd"), a2a, *bwd]
     else:  # gather the probs, weight the rows, zeros + scatter_add back to token order
-        weight = [MemBound(f"{P}.gather_probs", md.rows_sent * 12.0), MemBound(f"{P}.weight_rows", 2.0 * sent)]
-        fwd += [a2a, *(weight if not probs_in_experts else []), MemBound(f"{P}.out_zeros", md.tokens * row), MemBound(f"{P}.scatter_add", unpermute)]
-        bwd = [MemBound(f"{P}.unpermute_gather", unpermute), *([MemBound(f"{P}.weight_rows_bwd", 3.0 * sent)] if not probs_in_experts else []), a2a, *bwd]
+        weight = [MemBound("gather_probs", md.rows_sent * 12.0), MemBound("weight_rows", 2.0 * sent)]
+        fwd += [a2a, *(weight if not probs_in_experts else []), MemBound("out_zeros", md.tokens * row), MemBound("scatter_add", unpermute)]
+        bwd = [MemBound("unpermute_gather", unpermute), *([MemBound("weight_rows_bwd", 3.0 * sent)] if not probs_in_experts else []), a2a, *bwd]
     bwd += sort_b
     saved: list[Tensor] = []
     if not probs_in_experts:
@@ -239,15 +239,15 @@ def _allgather_dispatch(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out
     rs = Collective("reduce_scatter", gathered, "ep")
     dispatch = Op(
         name=f"{P}.dispatch", module="dispatch", layer=layer,
-        fwd=(ag, MemBound(f"{P}.permute", gathered + local, family="permute_fwd")),
-        bwd_input=(MemBound(f"{P}.permute_bwd", gathered + local, family="permute_bwd"), rs),
+        fwd=(ag, MemBound("permute", gathered + local, family="permute_fwd")),
+        bwd_input=(MemBound("permute_bwd", gathered + local, family="permute_bwd"), rs),
         saved=((f"{P}.dispatch.row_map", float(md.expert_rows * INDEX)),),
         input=(x,), output=out, fwd_transient=gathered, bwd_transient=2 * gathered,
     )
     combine = Op(
         name=f"{P}.combine", module="combine", layer=layer,
-        fwd=(MemBound(f"{P}.unpermute", gathered + local, family="permute_fwd"), rs),
-        bwd_input=(ag, MemBound(f"{P}.unpermute_bwd", gathered + local, family="permute_bwd")),
+        fwd=(MemBound("unpermute", gathered + local, family="permute_fwd"), rs),
+        bwd_input=(ag, MemBound("unpermute_bwd", gathered + local, family="permute_bwd")),
         saved=((f"{P}.combine.rows", local),), input=(x,), output=out,
         fwd_transient=gathered, bwd_transient=2 * gathered,
     )
@@ -287,8 +287,8 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         act_saved.append((f"{P}.moe_act.probs", float(rows * FP32)))
     act = Op(
         name=f"{P}.moe_act", module="moe_act", layer=layer,
-        fwd=(MemBound(f"{P}.moe_act.fwd", fc1_out[1] + act_out[1]),),
-        bwd_input=(MemBound(f"{P}.moe_act.bwd", 2 * fc1_out[1] + act_out[1]),),
+        fwd=(MemBound("moe_act.fwd", fc1_out[1] + act_out[1]),),
+        bwd_input=(MemBound("moe_act.bwd", 2 * fc1_out[1] + act_out[1]),),
         saved=tuple(act_saved), input=(fc1_out,), output=act_out, bwd_transient=fc1_out[1] + act_out[1],
     )
     if st.moe_dispatcher_policy == "all_gather":
@@ -320,7 +320,7 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
             blocks.column_linear(f"{P}.shared_fc1", "shared_fc1", layer, d, ln_out, h, s_n, bias=model.add_bias_linear).with_(output=s_fc1),
             s_act_op.with_(module="shared_act", output=s_act),
             blocks.row_linear(f"{P}.shared_fc2", "shared_fc2", layer, d, s_act, ffn_s, h, bias=model.add_bias_linear),
-            Op(name=f"{P}.moe_sum", module="moe_sum", layer=layer, fwd=(MemBound(f"{P}.moe_sum", 3 * routed[1]),)),
+            Op(name=f"{P}.moe_sum", module="moe_sum", layer=layer, fwd=(MemBound("moe_sum", 3 * routed[1]),)),
         ]
     ops.append(blocks.dropout_add(f"{P}.mlp_add", "mlp_add", layer, d, dropout=st.enable_dropout))
     return ops

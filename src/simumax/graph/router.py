@@ -113,6 +113,6 @@ def router_kernels(model: ModelConfig, d: Dims, P: str, tokens: int, h: int, cap
         extra_grads += 1
     if extra_grads:
         back.append(("add_grads", (2 + extra_grads) * te * ab))
-    fwd: list[Kernel] = [Gemm(t, h, E, "TN"), *(MemBound(f"{P}.router.{n}", b) for n, b in chain), *comm]
-    bwd: list[Kernel] = [*(MemBound(f"{P}.router.{n}", b) for n, b in back), Gemm(t, E, h, "NN")]
+    fwd: list[Kernel] = [Gemm(t, h, E, "TN"), *(MemBound(f"router.{n}", b) for n, b in chain), *comm]
+    bwd: list[Kernel] = [*(MemBound(f"router.{n}", b) for n, b in back), Gemm(t, E, h, "NN")]
     return fwd, bwd
