@@ -209,10 +209,12 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
         ops["fp8_group_matmul"] = _family(gpu.fp8_tflops, round(gpu.group_gemm_eff * fp8_eff / gpu.gemm_eff, 4),
                                           tables.get("fp8_group_matmul"))
     bandwidth = {"default": {"efficient_factor": gpu.hbm_eff, "gbps": gpu.hbm_gbps, "latency_us": 5.0}}
-    if measured is not None:  # measured memory-bound families (permute, cross-entropy) keep their fits
+    if measured is not None:
+        # measured memory-bound families (permute, cross-entropy) keep their fits as a
+        # fraction of the bandwidth their file states, applied to this device's HBM
         for fam, spec in measured["accelerator"]["bandwidth"].items():
             if fam != "default":
-                bandwidth[fam] = copy.deepcopy(spec)
+                bandwidth[fam] = {**copy.deepcopy(spec), "gbps": gpu.hbm_gbps}
     return {
         "sys_name": gpu.name,
         "num_per_node": gpu.num_per_node,
