@@ -1,0 +1,3 @@
+from simumax.cli import main
+
+main()

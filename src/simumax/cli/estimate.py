@@ -1,0 +1,167 @@
+"""``perf``, ``compare`` and ``simulate``: one strategy's estimate, several side by side, an
+event-simulated iteration."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from simumax import cli  # the app and its consoles (cli.out_console is read at call time: tools swap it)
+from simumax.api import PerfLLM
+from simumax.atomic import dumps_finite, write_json_atomic
+from simumax.cli.options import SetOpt, _job_size, _say_written, _training, apply_overrides
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.errors import ConfigError
+from simumax.report import format as fmt
+
+# what the numbers of `perf --json` are: SI units, and which are per micro-batch
+JSON_UNITS = {
+    "time": "s", "memory": "bytes", "flops": "FLOP", "throughput": "tokens/s per GPU",
+    "per_micro_batch": ["cost.stages[].fwd", "cost.stages[].bwd", "cost.stages[].recompute", "cost.stages[].p2p",
+                        "cost.stages[].comm_exposed", "mem.stages[].fwd_activation_cache_per_micro_batch"],
+    "per_iteration": ["cost.duration_time_per_iter", "cost.breakdown", "cost.stages[].dp_comm", "cost.stages[].optimizer",
+                      "cost.stages[].end_of_backward", "cost.flops_per_iter", "cost.tokens_per_iter"],
+    "peak": ["mem.stages[].peak_mem (allocated)", "mem.stages[].peak_mem_with_reserved (allocated / mem_factor)"],
+}
+
+
+@cli.app.command()
+def perf(
+    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
+    strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
+    system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
+    set_: list[str] = SetOpt,
+    world_size: Optional[int] = typer.Option(None, "--world-size", help="GPUs (DP follows from TP x PP x CP)."),
+    gbs: Optional[int] = typer.Option(None, "--gbs", help="Global batch in sequences; the micro-batch count follows."),
+    tokens: Optional[float] = typer.Option(None, "--tokens", help="Training tokens (e.g. 15e12): prints time to train and GPU-hours."),
+    gpu_hour_price: Optional[float] = typer.Option(None, "--gpu-hour-price", help="Price of one GPU-hour, for --tokens."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write compute/mem results, resolved configs and memory/time plots here."),
+    plot_format: str = typer.Option("png", "--plot-format", help="png or svg."),
+) -> None:
+    """Estimate one training iteration: time, MFU, throughput and memory per stage."""
+    if plot_format not in ("png", "svg"):
+        raise ConfigError("--plot-format", "must be png or svg")
+    if tokens is not None and not (math.isfinite(tokens) and tokens > 0):
+        raise ConfigError("--tokens", f"must be a positive number (got {tokens})")
+    if gpu_hour_price is not None and not (math.isfinite(gpu_hour_price) and gpu_hour_price >= 0):
+        raise ConfigError("--gpu-hour-price", f"must be >= 0 (got {gpu_hour_price})")
+    if world_size is not None:  # with the other overrides, so --set tp_size=8 sees the new world
+        if world_size < 1:
+            raise ConfigError("--world-size", f"must be >= 1 (got {world_size})")
+        set_ = [f"strategy.world_size={world_size}", *set_]
+    m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
+    st = _job_size(st, gbs)
+    p = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy)
+    cost, mem = p.analysis_cost(), p.analysis_mem()
+    params = p.estimate.params
+    training = _training(cost.duration_time_per_iter, cost.duration_time_interval, st, tokens, gpu_hour_price) if tokens else None
+    if out is not None:
+        from simumax.report.breakdown_plots import plot_memory, plot_time
+
+        t0 = time.time()
+        p.analysis(out, console_log=False)
+        plot_memory(mem, out / f"memory.{plot_format}", f"{m.model_name} on {sy.sys_name}")
+        plot_time(cost, out / f"time.{plot_format}")
+        _say_written(out, t0)
+    if as_json:
+        payload = {"cost": cost.to_dict(), "mem": mem.to_dict(), "params": params.to_dict(), "units": JSON_UNITS}
+        if training:
+            payload["training"] = training
+        cli.out_console.print_json(dumps_finite(payload))
+        return
+    cli.out_console.print(fmt.run_title(m.model_name, sy.sys_name, st), style="bold", markup=False)
+    mtp = f" (+ {params.mtp / 1e9:.2f} B in the MTP block)" if params.mtp else ""
+    cli.out_console.print(f"parameters: {params.total / 1e9:.2f} B total, {params.active / 1e9:.2f} B active per token{mtp}", markup=False)
+    cli.out_console.print(fmt.summary_table(cost, mem))
+    if training:
+        lo, hi = training["days_interval"]
+        line = (f"{training['tokens']:.3g} tokens: {training['days']:.1f} days (80 %: {lo:.1f}–{hi:.1f}) on "
+                f"{st.world_size} GPUs, {training['gpu_hours']:,.0f} GPU-hours")
+        if training.get("cost") is not None:
+            line += f", {training['cost']:,.0f} at {gpu_hour_price:g} per GPU-hour"
+        cli.out_console.print(line, markup=False)
+    cli.out_console.print(fmt.breakdown_table(cost))
+    cli.out_console.print(fmt.memory_table(mem, cli.out_console.width))
+    oom = fmt.out_of_memory(mem)
+    if oom:
+        cli.out_console.print(f"[red]{oom}[/]")
+    misses = cost.efficiency_lookups.get("misses", {})
+    if misses:
+        src = cost.efficiency_lookups.get("sources", {})
+        fitted = sum(v["fitted"] for k, v in src.items() if not k.startswith("memory/"))
+        default = sum(v["default"] for k, v in src.items() if not k.startswith("memory/"))
+        cli.out_console.print(f"[yellow]{len(misses)} kernel shapes not measured: {fitted} lookups fitted from the table, "
+                          f"{default} on the default curve (docs/hardware.md); keys in --json efficiency_lookups[/]")
+
+
+@cli.app.command()
+def compare(
+    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
+    system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
+    strategy: list[str] = typer.Option([], "--strategy", "-s", help="A strategy to compare (repeat): preset or JSON."),
+    vary: list[str] = typer.Option([], "--vary", help="A variant of the first strategy: key=value[,key=value] (repeat)."),
+    set_: list[str] = SetOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print every strategy's results and breakdown differences as JSON."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write compare.json and compare.png here."),
+    keep_micro_batches: bool = typer.Option(False, "--keep-micro-batches", help="Keep each strategy's micro-batch count "
+                                            "(default: the first strategy's global batch for all, the count derived)."),
+) -> None:
+    """Strategies side by side: time, MFU, tokens/s, memory per stage, and the difference of
+    each breakdown part from the first ("what does TP4 instead of TP2 change"), at the first
+    strategy's global batch."""
+    from simumax.report import compare as cmp
+
+    if not strategy:
+        raise ConfigError("--strategy", "give at least one strategy (and more, or --vary)")
+    specs = [(s_, s_, []) for s_ in strategy] + [(strategy[0], v, [x for x in v.split(",") if x]) for v in vary]
+    if len(specs) < 2:
+        raise ConfigError("--strategy", "needs two or more strategies, or --vary variants of the first")
+    rows = []
+    for spec, label, extra in specs:
+        m, st, sy = apply_overrides(load_model(model), load_strategy(spec), load_system(system), [*set_, *extra])
+        if rows and not keep_micro_batches:
+            st = _job_size(st, rows[0].gbs)
+        p = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy)
+        rows.append(cmp.Compared(Path(label).stem if label.endswith(".json") else label, p.analysis_cost(), p.analysis_mem(),
+                                 st.global_batch_size))
+    if out is not None:
+        write_json_atomic(out / "compare.json", cmp.to_dict(rows))
+        cmp.plot(rows, out / "compare.png")
+    if as_json:
+        cli.out_console.print_json(dumps_finite(cmp.to_dict(rows)))
+        return
+    cli.out_console.print(cmp.table(rows))
+
+
+@cli.app.command()
+def simulate(
+    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
+    strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
+    system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help="1f1b | interleaved | zb | dualpipev (default: the strategy's)."),
+    set_: list[str] = SetOpt,
+    out: Path = typer.Option(Path("simumax_sim"), "--out", help="Folder for the trace, memory files and Gantt chart."),
+    ops: Optional[bool] = typer.Option(None, "--ops/--no-ops", help="Per-op events in the trace (default: when not huge)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Event-simulate one iteration: Chrome trace, memory timelines, memory_viz snapshot, Gantt PNG."""
+    if schedule is not None:
+        set_ = [*set_, f"strategy.pp_schedule={schedule}"]
+    m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
+    res = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy).simulate(out, ops=ops)
+    if as_json:
+        cli.out_console.print_json(dumps_finite(res.to_dict()))
+        return
+    cli.out_console.print(fmt.simulation_table(res))
+    timelines = [w for w in res.files if w.startswith("memory_timeline_rank")]
+    for what, path in res.files.items():
+        if what not in timelines:
+            cli.out_console.print(f"{what}: {path}")
+        elif what == timelines[0]:  # one line for every rank's timeline
+            cli.out_console.print(f"memory_timeline_rank0..{len(timelines) - 1}: "
+                              f"{path.replace('memory_timeline_rank0', 'memory_timeline_rank<r>')} ({len(timelines)} files)")

@@ -1,0 +1,120 @@
+"""``import hf``, ``import megatron`` and ``export``: configs from and to other tools."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from simumax import cli  # the app and its consoles (cli.out_console is read at call time: tools swap it)
+from simumax.atomic import dumps_finite, write_json_atomic
+from simumax.cli.options import SetOpt, apply_overrides
+from simumax.config.base import check_readable_file
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.errors import ConfigError
+
+import_app = typer.Typer(no_args_is_help=True, help="Configs from a Hugging Face config.json or a Megatron-LM command line.")
+cli.app.add_typer(import_app, name="import")
+
+
+def _print_notes(notes: list[str]) -> None:
+    for n in notes:
+        cli.err_console.print(f"note: {n}", markup=False, highlight=False, soft_wrap=True)
+
+
+@import_app.command("hf")
+def import_hf(
+    path: Path = typer.Argument(..., help="A local Hugging Face config.json (no network)."),
+    name: Optional[str] = typer.Option(None, "--name", help="model_name (default: the folder or file name)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the model config JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the model config as JSON."),
+) -> None:
+    """Hugging Face config.json (Llama, Mistral, Qwen2/3, Mixtral, Qwen-MoE, DeepSeek-V2/V3) -> model config."""
+    from simumax.estimate import Estimate
+    from simumax.importers.hf import load_hf_config
+
+    model, notes = load_hf_config(path, name)
+    if out is not None:
+        write_json_atomic(out, model.to_dict())
+    _print_notes(notes)
+    if as_json or out is None:
+        cli.out_console.print_json(dumps_finite(model.to_dict()))
+    params = Estimate(model, load_strategy("tp1_pp1_dp8_mbs1").with_updates({"world_size": 1}, source="import"), load_system("a100_pcie")).params
+    cli.err_console.print(f"{model.model_name}: {params.total / 1e9:.2f} B parameters ({params.active / 1e9:.2f} B active)", markup=False)
+
+
+@import_app.command("megatron")
+def import_megatron(
+    args: Optional[list[str]] = typer.Argument(None, help="The arguments after `--` (simumax import megatron -- --num-layers 32 ...), or use --file."),
+    file: Optional[Path] = typer.Option(None, "--file", help="A launch script or a file holding the arguments."),
+    world_size: Optional[int] = typer.Option(None, "--world-size", help="GPUs of the job (default: DP 1)."),
+    name: str = typer.Option("megatron", "--name", help="model_name."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write model.json and strategy.json into this folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print both configs as JSON."),
+) -> None:
+    """Megatron-LM pretrain_gpt.py arguments -> model + strategy configs."""
+    from simumax.importers.megatron_args import parse_megatron_args
+
+    if (not args) == (file is None):
+        raise ConfigError("args", "give the arguments (after --) or --file, one of them")
+    if file is not None:
+        check_readable_file(file, "a launch script", "--file")
+        import os
+        import shlex
+
+        from simumax.config.base import read_text
+        from simumax.importers.launch_script import megatron_words
+
+        text = shlex.join(megatron_words(read_text(file, "--file"), dict(os.environ)))
+    else:
+        text = " ".join(args or [])
+    model, strategy, notes = parse_megatron_args(text, world_size, name)
+    if out is not None:
+        write_json_atomic(out / "model.json", model.to_dict())
+        write_json_atomic(out / "strategy.json", strategy.to_dict())
+    _print_notes(notes)
+    cli.out_console.print_json(dumps_finite({"model": model.to_dict(), "strategy": strategy.to_dict()}))
+
+
+@cli.app.command()
+def export(
+    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
+    strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
+    set_: list[str] = SetOpt,
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write megatron_flags.txt (torchtitan.toml, ds_config.json) here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the flags as a JSON list."),
+    fmt_: str = typer.Option("megatron", "--format", help="megatron (flags), torchtitan (a job-config TOML snippet) or "
+                             "deepspeed (a ds_config.json)."),
+) -> None:
+    """Model + strategy as Megatron-LM flags (the inverse of `import megatron`), as a
+    torchtitan job-config snippet (`--format torchtitan`, FSDP2: zero_state 3), or as a
+    DeepSpeed config (`--format deepspeed`, fsdp_impl deepspeed)."""
+    from simumax.atomic import write_text_atomic
+    from simumax.export.megatron_flags import megatron_flags, model_flags
+
+    if fmt_ not in ("megatron", "torchtitan", "deepspeed"):
+        raise ConfigError("--format", f"must be megatron, torchtitan or deepspeed (got {fmt_!r})")
+    m, st, _ = apply_overrides(load_model(model), load_strategy(strategy), load_system("a100_pcie"), set_)
+    if fmt_ != "megatron":
+        if fmt_ == "torchtitan":
+            from simumax.export.torchtitan import torchtitan_toml
+
+            name, text = "torchtitan.toml", torchtitan_toml(st)
+        else:
+            from simumax.export.deepspeed import deepspeed_config
+
+            name, text = "ds_config.json", json.dumps(deepspeed_config(st), indent=2) + "\n"
+        if out is not None:
+            write_text_atomic(out / name, text)
+        sys.stdout.write(text)
+        return
+    flags = model_flags(m) + megatron_flags(st, m)
+    if out is not None:
+        write_text_atomic(out / "megatron_flags.txt", " \\\n".join(flags) + "\n")
+    if as_json:
+        cli.out_console.print_json(dumps_finite(flags))
+        return
+    sys.stdout.write(" \\\n".join(flags) + "\n")

@@ -1,0 +1,106 @@
+"""What several commands share: ``--set`` overrides, the job size, list options, and the
+line naming the files a command wrote."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from simumax import cli
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.config.system import SystemConfig
+from simumax.errors import ConfigError
+
+SetOpt = typer.Option([], "--set", help="Override a field: \\[model.|strategy.|system.]key=value (JSON value).")
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _set_path(data: dict[str, Any], path: list[str], value: Any, key: str) -> None:
+    """Set a nested field of a config dump (``accelerator.mem_gbs``); SimuMax's flat network
+    tiers are reached as ``networks.<tier>...``."""
+    node: Any = data
+    for part in path[:-1]:
+        if not isinstance(node, dict) or part not in node:
+            raise ConfigError(key, f"unknown field {part!r}")
+        node = node[part]
+    if not isinstance(node, dict):
+        raise ConfigError(key, f"{path[-2]!r} has no fields")
+    node[path[-1]] = value  # an unknown leaf is refused when the config is validated
+
+
+def apply_overrides(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig, sets: list[str]):
+    """``--set key=value`` (JSON value) on the model, strategy or system; ``model.``,
+    ``strategy.`` or ``system.`` first picks the config, dots go into nested fields."""
+    configs: dict[str, Any] = {"model": model, "strategy": strategy, "system": system}
+    dumps: dict[str, dict[str, Any]] = {}
+    for item in sets:
+        if "=" not in item:
+            raise ConfigError("--set", f"expected key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        target, _, field = key.partition(".") if key.split(".", 1)[0] in configs else ("", "", key)
+        if not target:
+            owners = [n for n, c in (("model", ModelConfig), ("strategy", StrategyConfig)) if field in c.model_fields]
+            if not owners:
+                raise ConfigError(key, "unknown field in model and strategy configs")
+            target = owners[0]
+        path = field.split(".")
+        if path[0] not in type(configs[target]).model_fields:
+            raise ConfigError(key, f"unknown field of the {target} config")
+        data = dumps.setdefault(target, configs[target].model_dump())
+        _set_path(data, path, _parse_value(value), key)
+    for target, data in dumps.items():
+        configs[target] = type(configs[target]).init_from_dict(data, source="--set")
+    return configs["model"], configs["strategy"], configs["system"]
+
+
+def _job_size(st: StrategyConfig, gbs: int | None) -> StrategyConfig:
+    """``--gbs``: the micro-batch count follows (gbs / (mbs x dp))."""
+    if gbs is not None:
+        per_step = st.micro_batch_size * st.dp_size
+        if gbs < 1 or gbs % per_step:
+            raise ConfigError("--gbs", f"{gbs} must be a positive multiple of micro-batch size x DP = {per_step}")
+        st = st.with_updates({"micro_batch_num": gbs // per_step}, source="--gbs")
+    return st
+
+
+def _training(step: float, band: tuple[float, float] | None, st: StrategyConfig, tokens: float,
+              price: float | None) -> dict[str, Any]:
+    """Time and GPU-hours to train on ``tokens`` at this step time (and its 80 % band)."""
+    steps = tokens / (st.global_batch_size * st.seq_len)
+    seconds = steps * step
+    lo, hi = band or (step, step)
+    gpu_hours = seconds * st.world_size / 3600
+    return {
+        "tokens": tokens, "steps": steps, "seconds": seconds, "days": seconds / 86400,
+        "days_interval": (steps * lo / 86400, steps * hi / 86400), "gpu_hours": gpu_hours,
+        "cost": gpu_hours * price if price is not None else None,
+    }
+
+
+def _str_list(text: str) -> tuple[str, ...]:
+    """A comma-separated option's items, stripped, empty ones dropped."""
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        return [int(x) for x in _str_list(text)]
+    except ValueError:
+        raise ConfigError(name, f"expected comma-separated integers, got {text!r}") from None
+
+
+def _say_written(out: Path, since: float) -> None:
+    """One line on stderr naming the files just written to ``out`` (stdout stays the result)."""
+    names = sorted(p.name for p in out.iterdir() if p.is_file() and p.stat().st_mtime >= since - 1)
+    if names:
+        cli.err_console.print(f"wrote {out}: {', '.join(names)}", markup=False, soft_wrap=True)

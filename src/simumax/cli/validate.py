@@ -1,0 +1,86 @@
+"""``validate``: predictions against measured runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from simumax import cli  # the app and its consoles (cli.out_console is read at call time: tools swap it)
+from simumax.atomic import dumps_finite, write_json_atomic
+from simumax.report import format as fmt
+
+
+@cli.app.command()
+def validate(
+    file: Path = typer.Argument(..., help="Validation JSONL (schema: shared/validation/README.md)."),
+    reference_root: Optional[Path] = typer.Option(None, help="Folder config paths are relative to (default ../reference)."),
+    as_json: bool = typer.Option(False, "--json", help="Print per-case results and the summary as JSON."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write validation.json to this folder."),
+) -> None:
+    """Compare predictions with measured runs: time and peak memory error per case."""
+    from simumax.validate import ranking, run_file, summary, summary_by_family, summary_by_source
+
+    results = run_file(file, reference_root)
+    summ = summary(results)
+    by_family = summary_by_family(results)
+    by_source = summary_by_source(results)
+    ranks = ranking(results)
+    payload = {"cases": [r.to_dict() for r in results], "summary": summ, "by_family": by_family, "by_source": by_source,
+               "ranking": ranks}
+    if out is not None:
+        write_json_atomic(out / "validation.json", payload)
+    if as_json:
+        cli.out_console.print_json(dumps_finite(payload))
+        return
+    t = Table(title=f"validation: {file.name}")
+    for col in ("case", "pred ms", "real ms", "err", "SimuMax err", "pred GiB", "real GiB", "err", "SimuMax err"):
+        t.add_column(col, justify="left" if col == "case" else "right")
+    pct = lambda x: "-" if x is None else f"{x:+.1%}"  # noqa: E731
+    apct = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731
+    opt = lambda x, f: "-" if x is None else f(x)  # noqa: E731
+    for r in results:
+        if r.skipped:
+            t.add_row(r.id, "skipped", "", "", "", "", "", "", r.skipped.split(": ", 1)[-1][:40])
+            continue
+        # memory compared as weights + grads + optimizer + stored activations: marked with *
+        star = "*" if r.mem_measure != "peak_alloc" else ""
+        t.add_row(
+            r.id + ("†" if r.record_does_not_fit else ""), opt(r.predicted_time, fmt.ms), opt(r.measured_time, fmt.ms), pct(r.time_error), pct(r.reference_time_error),
+            opt(r.predicted_mem, fmt.gib) + star, opt(r.measured_mem, fmt.gib) + star, pct(r.mem_error), pct(r.reference_mem_error),
+        )
+    cli.out_console.print(t)
+    if any(r.mem_measure != "peak_alloc" for r in results):
+        cli.out_console.print("* weights + grads + optimizer + stored activations of the first stage (no transient buffers)", markup=False)
+    if any(r.record_does_not_fit for r in results):
+        cli.out_console.print("† ran, but the recorded strategy does not fit the GPU in the memory model (reserved bytes): its "
+                          "record misses a memory-saving setting (recompute, fp8 parameters, offload) or the model "
+                          "over-predicts its memory; its time is compared as recorded", markup=False)
+
+    def line(label: str, s: dict) -> str:
+        text = (
+            f"{label}{s['evaluated']}/{s['cases']} cases: time ({s['time_cases']}) mean |err| {apct(s['time_mean_abs_error'])}"
+            f" max {apct(s['time_max_abs_error'])} signed mean {pct(s['time_mean_error'])}"
+            f" (SimuMax {apct(s['reference_time_mean_abs_error'])} / {apct(s['reference_time_max_abs_error'])});"
+            f" memory ({s['mem_cases']}) mean |err| {apct(s['mem_mean_abs_error'])} max {apct(s['mem_max_abs_error'])}"
+        )
+        if s["band_coverage"] is not None:
+            text += f"; 80 % band holds {apct(s['band_coverage'])} (median width {apct(s['band_median_width'])})"
+        return text + (f"; {s['skipped']} skipped" if s["skipped"] else "")
+
+    if len(by_source) > 1:
+        for source, s in by_source.items():
+            cli.out_console.print(line(f"{source}: ", s), markup=False)
+    if len(by_family) > 1:
+        for family, s in by_family.items():
+            cli.out_console.print(line(f"{family}: ", s), markup=False)
+    cli.out_console.print(line("all: " if len(by_family) > 1 or len(by_source) > 1 else "", summ), markup=False)
+    if ranks["groups"]:
+        rho = ranks["mean_spearman"]
+        cli.out_console.print(
+            f"ranking: {len(ranks['groups'])} groups of cases with the same model, GPUs, global batch and sequence:"
+            f" mean Spearman {'-' if rho is None else f'{rho:.2f}'}, regret of the predicted-fastest mean"
+            f" {apct(ranks['mean_regret'])} max {apct(ranks['max_regret'])}", markup=False,
+        )
