@@ -216,7 +216,8 @@ def test_bucket_count_bounded_and_totals_exact() -> None:
     buckets are modelled several at a time; the total reduce / gather time is unchanged
     (head_size 10**11 used to raise MemoryError building 10**9 buckets)."""
     from simumax.config.loader import load_model, load_strategy, load_system
-    from simumax.estimate import MAX_MODELLED_BUCKETS, Estimate
+    from simumax.dp.buckets import MAX_MODELLED_BUCKETS
+    from simumax.estimate import Estimate
     from simumax.graph.kernels import Collective
 
     st = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"ddp_bucket_size": 10_000})

@@ -20,19 +20,15 @@ from simumax.cost.efficiency import ComputeModel
 from simumax.cost.network import NetworkModel
 from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import PhaseTime, StageTime
-from simumax.graph.kernels import Collective, MemBound
+from simumax.dp.buckets import GradBucket, bucket_key, grad_buckets
+from simumax.dp.optimizer_step import step_passes
+from simumax.graph.kernels import Collective
 from simumax.graph.model_graph import build_virtual_stages, merge_chunks
 from simumax.graph.ops import Stage
 from simumax.graph.params import ParamCount, count_params
 from simumax.graph import fp8
 from simumax.memory.activation_walk import WalkResult
-from simumax.memory.model_states import (
-    device_optimizer_share,
-    fp8_weight_params,
-    model_states,
-    optimizer_bytes_per_param,
-    shard_params,
-)
+from simumax.memory.model_states import model_states
 from simumax.report.results import CostResult, MemResult, StageCost, StageMemory
 from simumax.memory.schedule_walk import RankActivations, walk_schedule
 from simumax.profiles import LayerProfiles, ProfileCache
@@ -42,18 +38,6 @@ from simumax.simulate.engine import PassCosts, PipelineOptions, PipelineRun
 from simumax.simulate.iteration import IterationRun, pass_costs, simulate_iteration
 from simumax.simulate.steady import steady_pipeline, steady_walk_counts
 from simumax.uncertainty import MEMORY_BAND, TIME_BAND, attribution, unmeasured_share
-
-MEGATRON_MIN_BUCKET = 40_000_000  # elements (Megatron DDP default bucket)
-MAX_MODELLED_BUCKETS = 1024  # per chunk and group; beyond, full buckets are merged (_buckets)
-
-
-@dataclass(frozen=True, slots=True)
-class GradBucket:
-    group: str  # dp or edp
-    ready_fraction: float  # share of the chunk's last weight-gradient pass done when it fills
-    reduce: float  # seconds: reduce-scatter (ZeRO-1) or all-reduce
-    gather: float  # seconds: ZeRO-1 parameter all-gather after the optimizer step
-
 
 @dataclass
 class Estimate:
@@ -147,58 +131,13 @@ class Estimate:
         return got
 
     def _buckets(self, params: int, group: str) -> list[GradBucket]:
-        st = self.strategy
-        size = self.network.groups[group].size
-        if size <= 1 or params <= 0:
-            return []
-        # what the buckets depend on: shared through the profile cache (a search asks the
-        # same chunk sizes of the same groups for many layouts)
-        groups = self.network.groups
-        key = (params, group, st.ddp_bucket_size, st.zero_state, st.fsdp_replicate_size, st.dp_shard_size,
-               st.main_grad_bytes, st.dtype_bytes, groups[group], groups["dp_shard"], groups["dp_rep"])
+        # shared through the profile cache: a search asks the same chunk sizes of the same
+        # groups for many layouts
+        key = bucket_key(self.strategy, self.network, params, group)
         hit = self.profiles.grad_buckets.get(key)
         if hit is None:
-            hit = self.profiles.grad_buckets[key] = self._new_buckets(params, group)
+            hit = self.profiles.grad_buckets[key] = grad_buckets(self.strategy, self.network, params, group)
         return hit
-
-    def _new_buckets(self, params: int, group: str) -> list[GradBucket]:
-        st = self.strategy
-        size = self.network.groups[group].size
-        bucket = st.ddp_bucket_size or max(MEGATRON_MIN_BUCKET, 1_000_000 * size)
-        n_full, rest = divmod(params, bucket)
-
-        hsdp = group == "dp" and st.fsdp_replicate_size > 1
-        shard = "dp_shard" if hsdp else group  # HSDP: states shard inside one replica
-
-        def across_replicas(elems: int) -> float:
-            """HSDP: each replica's gradient shard all-reduced with the other replicas'."""
-            if not hsdp:
-                return 0.0
-            return self.network.time(Collective("all_reduce", elems / st.dp_shard_size * st.main_grad_bytes, "dp_rep"))
-
-        def times(elems: int) -> tuple[float, float]:
-            if st.zero_state >= 2:  # gradients reduce-scattered in every backward (graph/sharding.py)
-                # ZeRO-2 gathers the updated parameters once per iteration; ZeRO-3 per layer, per pass
-                gather = self.network.time(Collective("all_gather", elems * st.dtype_bytes, shard)) if st.zero_state == 2 else 0.0
-                return across_replicas(elems), gather
-            if st.zero_state >= 1:
-                return (self.network.time(Collective("reduce_scatter", elems * st.main_grad_bytes, shard)) + across_replicas(elems),
-                        self.network.time(Collective("all_gather", elems * st.dtype_bytes, shard)))
-            return self.network.time(Collective("all_reduce", elems * st.main_grad_bytes, group)), 0.0
-
-        full = times(bucket) if n_full else (0.0, 0.0)  # every full bucket costs the same
-        # past MAX_MODELLED_BUCKETS, consecutive full buckets are modelled k at a time (k
-        # times the cost of one, latencies included): the totals stay exact, the overlap
-        # granularity is still under 0.1 % of the chunk, and a model of any size costs the same
-        k = -(-n_full // MAX_MODELLED_BUCKETS) if n_full > MAX_MODELLED_BUCKETS else 1
-        sizes = [(bucket * k, k)] * (n_full // k) + ([(bucket * (n_full % k), n_full % k)] if n_full % k else [])
-        out = []
-        done = 0
-        for elems, count in sizes + ([(rest, 0)] if rest else []):
-            done += elems
-            red, gat = (full[0] * count, full[1] * count) if count else times(elems)
-            out.append(GradBucket(group, done / params, red, gat))
-        return out
 
     def dp_comm_time(self, stage: Stage) -> float:
         """All gradient buckets (and ZeRO-1 parameter gathers) of one rank's chunks."""
@@ -241,53 +180,10 @@ class Estimate:
 
     @cached_property
     def optimizer_passes(self) -> list[tuple[float, float]]:
-        """Per rank: Megatron's optimizer step over its shard, pass by pass (bytes/param),
-        split at the gradient-norm all-reduce: (before, after) in seconds.
-
-        Before: main grad -> fp32 optimizer grad (g + 4), the nan/inf check (a norm over the
-        rank's whole main-grad buffer, g per local parameter: Megatron's default
-        check_for_nan_in_grad runs it per bucket before the reduce), grad norm (4).
-        After: clip scale (8), Adam (read grad, master, m, v; write master, m, v:
-        4 + 2*12), master -> bf16 param (4 + 2), and zeroing the full main-grad buffer (g)."""
-        st = self.strategy
-        g = st.main_grad_bytes
-        states = optimizer_bytes_per_param(st)
+        """Per rank: the optimizer step over its shard, (before, after) the gradient-norm
+        all-reduce in seconds (dp/optimizer_step.py)."""
         cost = self.compute_model.membound
-        out = []
-        for stage in self.stages:
-            full_shard = shard_params(st, stage)
-            shard = full_shard * device_optimizer_share(st)  # what the GPU steps itself
-            before = [
-                MemBound("optimizer.copy_grads", shard * (g + 4)),
-                MemBound("optimizer.check_finite", stage.params * g),
-                MemBound("optimizer.grad_norm", shard * 4),
-            ]
-            after = [
-                MemBound("optimizer.clip", shard * 8),
-                MemBound("optimizer.adam", shard * (4 + 2 * states)),
-                MemBound("optimizer.copy_params", shard * (4 + st.dtype_bytes)),
-                MemBound("optimizer.zero_grad", stage.params * g),
-            ]
-            if st.low_precision and st.fp8_weight_caching:
-                # the fp8 weight copies are cast once per iteration (in the first micro-batch's
-                # forward, after this step's new weights): counted with the step, per rank
-                r = fp8.recipe(st.lp_recipe)
-                after.append(MemBound("fp8.cast_weights", fp8.weight_cast_bytes(r, fp8_weight_params(stage), st.dtype_bytes)))
-            out.append((sum(map(cost, before)), sum(map(cost, after)) + self._offloaded_step(full_shard - shard)))
-        return out
-
-    def _offloaded_step(self, params: float) -> float:
-        """Megatron's CPU-offloaded optimizer share (HybridDeviceOptimizer), serially: fp32
-        gradients to the host, Adam there over master, m and v (bound by host memory
-        bandwidth: read grad, master, m, v, write master, m, v), bf16 parameters back."""
-        if params <= 0:
-            return 0.0
-        st, sy = self.strategy, self.system
-        link, host = sy.host_link_gbps * 1e9, sy.host_mem_gbps * 1e9
-        d2h = params * 4 / link
-        adam = params * (4 + 2 * optimizer_bytes_per_param(st)) / host
-        h2d = params * st.dtype_bytes / link
-        return d2h + adam + h2d
+        return [step_passes(self.strategy, self.system, stage, cost) for stage in self.stages]
 
     def optimizer_time(self, stage: Stage) -> float:
         return sum(self.optimizer_passes[stage.index])

@@ -222,7 +222,7 @@ class ProfileCache:
         self.compute = ComputeModel(system)
         self._families: dict[tuple[Any, ...], LayerProfiles] = {}
         self._schedule_walks: dict[tuple[Any, ...], list[RankActivations]] = {}
-        self.grad_buckets: dict[tuple[Any, ...], list[Any]] = {}  # Estimate._buckets, by what they depend on
+        self.grad_buckets: dict[tuple[Any, ...], list[Any]] = {}  # dp/buckets.py, by bucket_key
         self._plain_layers: dict[tuple[Any, ...], dict[int, list[Op]]] = {}
         self._orders: dict[tuple[Any, ...], RankOrders] = {}
 

@@ -1,0 +1,58 @@
+"""Megatron's optimizer step over one rank's shard, pass by pass, split at the
+gradient-norm all-reduce; and the CPU-offloaded share (HybridDeviceOptimizer)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from simumax.config.strategy import StrategyConfig
+from simumax.config.system import SystemConfig
+from simumax.graph import fp8
+from simumax.graph.kernels import MemBound
+from simumax.graph.ops import Stage
+from simumax.memory.model_states import device_optimizer_share, fp8_weight_params, optimizer_bytes_per_param, shard_params
+
+
+def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Callable[[MemBound], float]) -> tuple[float, float]:
+    """(before, after) the gradient-norm all-reduce, in seconds, for one rank (bytes/param).
+
+    Before: main grad -> fp32 optimizer grad (g + 4), the nan/inf check (a norm over the
+    rank's whole main-grad buffer, g per local parameter: Megatron's default
+    check_for_nan_in_grad runs it per bucket before the reduce), grad norm (4).
+    After: clip scale (8), Adam (read grad, master, m, v; write master, m, v:
+    4 + 2*12), master -> bf16 param (4 + 2), and zeroing the full main-grad buffer (g);
+    then the host's share when the optimizer is offloaded."""
+    g = st.main_grad_bytes
+    states = optimizer_bytes_per_param(st)
+    full_shard = shard_params(st, stage)
+    shard = full_shard * device_optimizer_share(st)  # what the GPU steps itself
+    before = [
+        MemBound("optimizer.copy_grads", shard * (g + 4)),
+        MemBound("optimizer.check_finite", stage.params * g),
+        MemBound("optimizer.grad_norm", shard * 4),
+    ]
+    after = [
+        MemBound("optimizer.clip", shard * 8),
+        MemBound("optimizer.adam", shard * (4 + 2 * states)),
+        MemBound("optimizer.copy_params", shard * (4 + st.dtype_bytes)),
+        MemBound("optimizer.zero_grad", stage.params * g),
+    ]
+    if st.low_precision and st.fp8_weight_caching:
+        # the fp8 weight copies are cast once per iteration (in the first micro-batch's
+        # forward, after this step's new weights): counted with the step, per rank
+        r = fp8.recipe(st.lp_recipe)
+        after.append(MemBound("fp8.cast_weights", fp8.weight_cast_bytes(r, fp8_weight_params(stage), st.dtype_bytes)))
+    return sum(map(cost, before)), sum(map(cost, after)) + offloaded_step(st, system, full_shard - shard)
+
+
+def offloaded_step(st: StrategyConfig, system: SystemConfig, params: float) -> float:
+    """Megatron's CPU-offloaded optimizer share (HybridDeviceOptimizer), serially: fp32
+    gradients to the host, Adam there over master, m and v (bound by host memory
+    bandwidth: read grad, master, m, v, write master, m, v), bf16 parameters back."""
+    if params <= 0:
+        return 0.0
+    link, host = system.host_link_gbps * 1e9, system.host_mem_gbps * 1e9
+    d2h = params * 4 / link
+    adam = params * (4 + 2 * optimizer_bytes_per_param(st)) / host
+    h2d = params * st.dtype_bytes / link
+    return d2h + adam + h2d
