@@ -137,6 +137,24 @@ def test_learned_positions_add_and_their_gradient() -> None:
     assert [k.name for k in rope.fwd] == ["embedding.fwd"] and len(rope.bwd_weight) == 1
 
 
+def test_residual_gradients_are_summed_after_each_pre_norm() -> None:
+    """A layer's input and its post-attention residual each feed a norm and a residual add:
+    in backward autograd adds the two gradients, 3 x [tokens, h] bytes, once per norm (of
+    the rank's own tokens with SP); the final norm's input has one consumer."""
+    tokens, h = 2 * 2048, 1024
+    for tp, sp in ((1, False), (2, True)):
+        est = _est(_gpt(), tp_size=tp, world_size=tp, enable_sequence_parallel=sp)
+        local = tokens // tp if sp else tokens
+        for name in ("L0.attn_norm", "L0.mlp_norm", "L1.attn_norm"):
+            added = [k.bytes for k in _op(est, name).bwd_input if k.name.endswith("grad_accumulate")]
+            assert added == [3 * local * h * 2], (name, tp)
+        assert not [k for k in _op(est, "final_norm").bwd_input if k.name.endswith("grad_accumulate")]
+        # it costs like any memory-bound kernel of its bytes, and the layer pays it twice
+        norm = _op(est, "L0.attn_norm")
+        extra = est.layer_profiles.coster.kernel(norm.bwd_input[-1])
+        assert extra == est.compute_model.membound(norm.bwd_input[-1]) > 0
+
+
 def test_tied_embedding_gradient_all_reduce_between_first_and_last_stage() -> None:
     tied = _est(_gpt(layer_num=4), world_size=2, pp_size=2, micro_batch_num=4)
     untied = _est(_gpt(layer_num=4, untie_embeddings_and_output_weights=True), world_size=2, pp_size=2, micro_batch_num=4)

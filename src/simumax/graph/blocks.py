@@ -35,22 +35,29 @@ def loss_fwd_bytes_per_logit(family: str, act_bytes: int) -> float:
 
 
 def norm(
-    name: str, module: str, layer: int, d: Dims, x: Tensor, *, rms: bool, save_rstd: bool = True, width: int | None = None
+    name: str, module: str, layer: int, d: Dims, x: Tensor, *, rms: bool, save_rstd: bool = True, width: int | None = None,
+    residual: bool = False,
 ) -> Op:
     """RMSNorm / LayerNorm over ``width`` (default hidden) features of the sequence-sharded
-    tokens; saves input and rstd."""
+    tokens; saves input and rstd. ``residual``: the input also feeds the residual add (a
+    pre-norm layer's norms), so its gradient arrives twice and autograd sums the two
+    (torch/csrc/autograd/input_buffer.cpp, InputBuffer::add: one element-wise add reading
+    both, writing the sum) after this norm's backward."""
     n = d.local_tokens
     x_bytes = x[1]
     stats = float(n * FP32 * (1 if rms else 2))
     saved: list[Tensor] = [x]
     if save_rstd:
         saved.append((f"{name}.rstd", stats))
+    bwd = [MemBound(f"{op_label(name)}.bwd", 3 * x_bytes)]
+    if residual:
+        bwd.append(MemBound(f"{op_label(name)}.grad_accumulate", 3 * x_bytes))
     return Op(
         name=name,
         module=module,
         layer=layer,
         fwd=(MemBound(f"{op_label(name)}.fwd", 2 * x_bytes),),
-        bwd_input=(MemBound(f"{op_label(name)}.bwd", 3 * x_bytes),),
+        bwd_input=tuple(bwd),
         saved=tuple(saved),
         input=(x,),
         bwd_transient=2 * x_bytes,

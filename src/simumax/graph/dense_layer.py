@@ -29,7 +29,7 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     local = st.transformer_impl == "local"
     bias = model.add_bias_linear
     ops = [
-        blocks.norm(f"{P}.attn_norm", "attn_norm", layer, d, x_in, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
+        blocks.norm(f"{P}.attn_norm", "attn_norm", layer, d, x_in, rms=rms, save_rstd=not st.recompute_variance, residual=True).with_(output=ln_out),
         # TE adds the QKV bias in the GEMM epilogue; the local linear adds it separately
         # (FC1's bias goes with the fused bias-GeLU/SwiGLU, the row-parallel ones with the
         # fused bias-dropout-add)
@@ -115,7 +115,7 @@ def mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_mid: 
     else:
         act = blocks.gelu(f"{P}.act", layer, d, fc1_out, d.ffn)
     return [
-        blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
+        blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance, residual=True).with_(output=ln_out),
         blocks.column_linear(f"{P}.fc1", "fc1", layer, d, ln_out, d.h, fc1_n, bias=bias).with_(output=fc1_out),
         act.with_(output=act_out),
         blocks.row_linear(f"{P}.fc2", "fc2", layer, d, act_out, d.ffn, d.h, bias=bias),

@@ -64,7 +64,7 @@ def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
     save_rstd = not st.recompute_variance
 
     ln_out = (f"{P}.attn_norm.out", d.act(d.h, local=True))
-    ops = [blocks.norm(f"{P}.attn_norm", "attn_norm", layer, d, x_in, rms=rms, save_rstd=save_rstd).with_(output=ln_out)]
+    ops = [blocks.norm(f"{P}.attn_norm", "attn_norm", layer, d, x_in, rms=rms, save_rstd=save_rstd, residual=True).with_(output=ln_out)]
 
     q_full = (f"{P}.q_up.out", d.act(heads * q_dim))
     if q_rank:

@@ -299,7 +299,7 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         dispatch = _dispatch(P, layer, d, md, ln_out, tokens, h, probs_in_experts, pad, fused)
         combine = _combine(P, layer, d, md, fc2_out, routed, h, probs_in_experts, pad, fused)
     ops = [
-        blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance).with_(output=ln_out),
+        blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance, residual=True).with_(output=ln_out),
         _router(P, layer, model, st, d, md, ln_out, h, local),
         dispatch,
         _experts(P, "expert_fc1", "expert_fc1", layer, st, md, tokens, h, fc1_n, bias=model.add_bias_linear).with_(output=fc1_out),

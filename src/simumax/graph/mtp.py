@@ -67,7 +67,7 @@ def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable
         e_norm: Tensor = (p + "enorm.out", act)
         h_norm: Tensor = (p + "hnorm.out", act)
         out.append(blocks.norm(p + "enorm", "mtp_norm", k, d, emb_out, rms=rms).with_(output=e_norm))
-        out.append(blocks.norm(p + "hnorm", "mtp_norm", k, d, hidden, rms=rms).with_(output=h_norm))
+        out.append(blocks.norm(p + "hnorm", "mtp_norm", k, d, hidden, rms=rms, residual=True).with_(output=h_norm))
         cat: Tensor = (p + "cat", 2 * act)  # [enorm, hnorm] along the features
         proj = blocks.column_linear(p + "eh_proj", "mtp_proj", k, d, cat, 2 * d.h, d.h // d.tp)
         out.append(proj.with_(output=(p + "x", act), input=(cat,)))  # the layer's input, renamed
