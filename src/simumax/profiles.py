@@ -27,7 +27,7 @@ from simumax.cost import sources
 from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import Coster, PhaseTime, StageTime
 from simumax.graph import fp8
-from simumax.graph.model_graph import OpSource
+from simumax.graph.model_graph import OpSource, PlainLayers
 from simumax.graph.ops import PHASES, Op, Stage
 from simumax.graph.params import ParamCount
 from simumax.graph.recompute import is_recomputed
@@ -223,7 +223,7 @@ class ProfileCache:
         self._families: dict[tuple[Any, ...], LayerProfiles] = {}
         self._schedule_walks: dict[tuple[Any, ...], list[RankActivations]] = {}
         self.grad_buckets: dict[tuple[Any, ...], list[Any]] = {}  # dp/buckets.py, by bucket_key
-        self._plain_layers: dict[tuple[Any, ...], dict[int, list[Op]]] = {}
+        self._plain_layers: dict[tuple[Any, ...], PlainLayers] = {}
         self._orders: dict[tuple[Any, ...], RankOrders] = {}
 
     def orders(self, st: StrategyConfig, micro_batch_num: int | None = None) -> RankOrders:
@@ -256,7 +256,7 @@ class ProfileCache:
         fam = self._families.get(key)
         if fam is None:
             coster = Coster(self.compute, network, tp_comm_overlap=st.tp_comm_overlap)
-            plain = self._plain_layers.setdefault(_plain_ops_key(key), {})
+            plain = self._plain_layers.setdefault(_plain_ops_key(key), PlainLayers())
             fam = self._families[key] = LayerProfiles(self.model, OpSource(self.model, st, plain), coster)
         return fam
 

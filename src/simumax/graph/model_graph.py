@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from simumax.config.checks import vstage_layer_counts
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
@@ -63,6 +65,18 @@ def _fp8_amax_reduction(st: StrategyConfig, linears: int, vstage: int) -> Op | N
     return Op(name=f"fp8.amax_reduce.v{vstage}", module="fp8_amax", layer=-1, fwd=(reduce,), bwd_input=(reduce,))
 
 
+LayerKind = tuple[bool, bool, bool, int | None]  # OpSource.kind
+
+
+@dataclass
+class PlainLayers:
+    """Each layer's own ops (before the passes), and the first layer built of each kind,
+    shared by the op sources of strategies that differ only in their passes."""
+
+    ops: dict[int, list[Op]] = field(default_factory=dict)
+    first: dict[LayerKind, int] = field(default_factory=dict)
+
+
 class OpSource:
     """Each layer's ops built once (plain and checkpointed), the embedding and the head.
 
@@ -71,7 +85,7 @@ class OpSource:
     pp / vp / dp / ZeRO / micro-batch count can share one source (see profiles.py).
     """
 
-    def __init__(self, model: ModelConfig, st: StrategyConfig, plain: dict[int, list[Op]] | None = None) -> None:
+    def __init__(self, model: ModelConfig, st: StrategyConfig, plain: PlainLayers | None = None) -> None:
         """``plain``: each layer's own ops, to share with sources whose strategies differ only
         in the passes applied on top (which ops are checkpointed, what is offloaded, ZeRO-2/3
         collectives): the passes leave the plain ops as they are."""
@@ -81,9 +95,8 @@ class OpSource:
         off = {"fp8": False, "fp4": False, "fp8_recipe": "delayed", "fp4_recipe": None}
         self._st_bf16 = st.model_copy(update=off) if st.low_precision else st
         self._dims_bf16 = Dims.of(model, self._st_bf16) if st.low_precision else self.dims
-        self._plain: dict[int, list[Op]] = {} if plain is None else plain
+        self._plain = PlainLayers() if plain is None else plain
         self._passes: dict[tuple[int, bool], list[Op]] = {}
-        self._first_of_kind: dict[tuple[tuple[object, ...], bool], int] = {}  # (kind, recomputed) -> its first layer built
         self._embedding: Op | None = None
         self._head: dict[bool, list[Op]] = {}
         self._mtp: dict[bool, list[Op]] = {}
@@ -100,34 +113,42 @@ class OpSource:
         """A layer whose activations TE's layer offload moves to the host (cpu_offloading)."""
         return self.st.cpu_offloading and layer < self.st.cpu_offloading_num_layers
 
-    def kind(self, layer: int) -> tuple[bool, bool, bool, int | None]:
+    def kind(self, layer: int) -> LayerKind:
         """What makes layers' ops alike but for their names: dense or MoE, kept in BF16 or
         not, offloaded by TE's layer offload or not, the attention window (gpt-oss
         alternates sliding-window and full-attention layers)."""
         return (self.model.is_moe_layer(layer), self.bf16_layer(layer), self.te_offloaded(layer),
                 self.model.attention_window(layer))
 
+    def plain_layer(self, layer: int) -> list[Op]:
+        """The layer's own ops (no passes): built for the first layer of its kind, the
+        others renamed from it (graph/relabel.py); shared by the sources of PlainLayers."""
+        own = self._plain.ops.get(layer)
+        if own is None:
+            first = self._plain.first.setdefault(self.kind(layer), layer)
+            own = self._build_plain(layer) if first == layer else relabel(self.plain_layer(first), first, layer)
+            self._plain.ops[layer] = own
+        return own
+
     def layer(self, layer: int, recomputed: bool) -> list[Op]:
-        """The layer's ops: those of the first layer of its kind renamed (graph/relabel.py),
-        or, for that first one, its own (shared with sources that differ only in the passes
-        below), checkpointed when ``recomputed`` (graph/recompute.py), then the activation
-        offload op (graph/offload.py) and the ZeRO-2/3 collectives (graph/sharding.py)."""
+        """The layer's ops: its own (plain_layer, shared with other sources), checkpointed
+        when ``recomputed`` (graph/recompute.py), then the activation offload op
+        (graph/offload.py) and the ZeRO-2/3 collectives (graph/sharding.py). The passes
+        keep the plain ops they do not change (a search's many families share them)."""
         ops = self._passes.get((layer, recomputed))
         if ops is None:
-            kind = (self.kind(layer), recomputed)
-            first = self._first_of_kind.setdefault(kind, layer)
-            built = self.built_layer(layer, recomputed) if first == layer else None
-            ops = built if built is not None else relabel(self.layer(first, recomputed), first, layer)
-            self._passes[(layer, recomputed)] = ops
+            ops = self._passes[(layer, recomputed)] = self._with_passes(layer, recomputed, self.plain_layer(layer))
         return ops
 
     def built_layer(self, layer: int, recomputed: bool) -> list[Op]:
-        """The layer's ops built for it (not renamed from another layer)."""
-        own = self._plain.get(layer)
-        if own is None:
-            bf16 = self.bf16_layer(layer)
-            own = self._plain[layer] = layer_ops(self.model, self._st_bf16 if bf16 else self.st,
-                                                 self._dims_bf16 if bf16 else self.dims, layer)
+        """The layer's ops built for it, nothing renamed or cached (what layer() must equal)."""
+        return self._with_passes(layer, recomputed, self._build_plain(layer))
+
+    def _build_plain(self, layer: int) -> list[Op]:
+        bf16 = self.bf16_layer(layer)
+        return layer_ops(self.model, self._st_bf16 if bf16 else self.st, self._dims_bf16 if bf16 else self.dims, layer)
+
+    def _with_passes(self, layer: int, recomputed: bool, own: list[Op]) -> list[Op]:
         body = tag_recompute(self.st, own) if recomputed else own
         return with_sharding(f"L{layer}", layer, with_offload(f"L{layer}", layer, body, self.st), self.st)
 
