@@ -97,6 +97,7 @@ class OpSource:
         self._dims_bf16 = Dims.of(model, self._st_bf16) if st.low_precision else self.dims
         self._plain = PlainLayers() if plain is None else plain
         self._passes: dict[tuple[int, bool], list[Op]] = {}
+        self._first_recomputed: dict[LayerKind, int] = {}  # kind -> its first recomputed layer
         self._embedding: Op | None = None
         self._head: dict[bool, list[Op]] = {}
         self._mtp: dict[bool, list[Op]] = {}
@@ -134,10 +135,16 @@ class OpSource:
         """The layer's ops: its own (plain_layer, shared with other sources), checkpointed
         when ``recomputed`` (graph/recompute.py), then the activation offload op
         (graph/offload.py) and the ZeRO-2/3 collectives (graph/sharding.py). The passes
-        keep the plain ops they do not change (a search's many families share them)."""
+        keep the plain ops they do not change (a search's many families share them); a
+        recomputed layer is the first recomputed layer of its kind renamed."""
         ops = self._passes.get((layer, recomputed))
         if ops is None:
-            ops = self._passes[(layer, recomputed)] = self._with_passes(layer, recomputed, self.plain_layer(layer))
+            first = self._first_recomputed.setdefault(self.kind(layer), layer) if recomputed else layer
+            if first == layer:
+                ops = self._with_passes(layer, recomputed, self.plain_layer(layer))
+            else:  # checkpointing copies every op anyway: renaming the first such layer is cheaper
+                ops = relabel(self.layer(first, True), first, layer)
+            self._passes[(layer, recomputed)] = ops
         return ops
 
     def built_layer(self, layer: int, recomputed: bool) -> list[Op]:
