@@ -1,4 +1,4 @@
-"""Time run_estimate + analysis_* per validation case (issue 26 asks a median <= 2 ms; 4.2 ms in
+"""Time run_estimate + analysis_* per validation case (issue 26 asks a median <= 2 ms; 4.1 ms in
 session 12 on 2 cores, docs/search.md).
 
     python benchmarks/bench_estimate.py [../shared/validation/*.jsonl]
