@@ -52,7 +52,7 @@ LAYOUT_FIELDS = frozenset(
 )
 LAYER_GROUPS = ("tp", "cp", "ep", "etp")  # the only groups layer ops communicate on
 SHARDING_GROUPS = ("dp", "edp", "dp_shard")  # and, under ZeRO-2/3, these (graph/sharding.py)
-LayerKind = tuple[bool, bool, bool, bool, int | None]  # LayerProfiles._kind: recomputed, then OpSource.kind
+CostKind = tuple[bool, bool, bool, bool, int | None]  # LayerProfiles._kind: recomputed, then OpSource.kind
 # Strategy fields that only choose the passes over a layer's own ops: which are checkpointed
 # (graph.recompute), what is offloaded (graph.offload); families differing in these share
 # their plain layer ops.
@@ -89,10 +89,10 @@ class LayerProfiles:
     source: OpSource  # built from the first strategy of the family seen
     coster: Coster
     param_count: ParamCount | None = None  # Estimate.params: layout-independent within a family
-    _layer_times: dict[LayerKind, StageTime] = field(default_factory=dict)
+    _layer_times: dict[CostKind, StageTime] = field(default_factory=dict)
     _op_times: dict[int, tuple[Op, dict[str, PhaseTime]]] = field(default_factory=dict)
     _walks: dict[tuple[Any, ...], tuple[WalkResult, int, int]] = field(default_factory=dict)
-    _layer_sources: dict[LayerKind, KernelSources] = field(default_factory=dict)
+    _layer_sources: dict[CostKind, KernelSources] = field(default_factory=dict)
 
     def op_time(self, o: Op) -> dict[str, PhaseTime]:
         # keyed by identity; the op is kept with its time, so a freed op's id, reused by a
@@ -148,12 +148,12 @@ class LayerProfiles:
             t = self._layer_times[key] = self._ops_time(self.source.layer(layer, recomputed))
         return t
 
-    def _kind(self, layer: int, recomputed: bool) -> LayerKind:
+    def _kind(self, layer: int, recomputed: bool) -> CostKind:
         """What makes layers cost alike: the op source's kind (its ops are the same but
         for their names) and whether it is recomputed."""
         return (recomputed, *self.source.kind(layer))
 
-    def _shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[LayerKind, ...], list[Op], list[Op]]:
+    def _shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[CostKind, ...], list[Op], list[Op]]:
         """(layer kinds, ops before the layers, ops after them) of a chunk."""
         cached = chunk.shape_cache
         if cached is not None and cached[0] is self and len(chunk.ops) == cached[2]:
@@ -162,7 +162,7 @@ class LayerProfiles:
         chunk.shape_cache = (self, shape, len(chunk.ops))
         return shape
 
-    def _compute_shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[LayerKind, ...], list[Op], list[Op]]:
+    def _compute_shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[CostKind, ...], list[Op], list[Op]]:
         kinds = tuple(self._kind(layer, is_recomputed(st, pos)) for pos, layer in enumerate(chunk.layers))
         n_layer_ops = sum(len(self.source.layer(layer, kind[0])) for layer, kind in zip(chunk.layers, kinds, strict=True))
         pre = chunk.ops[: len(self.source.pre_ops())] if chunk.vstage == 0 else []
