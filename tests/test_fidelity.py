@@ -149,7 +149,7 @@ def test_residual_gradients_are_summed_after_each_pre_norm() -> None:
             added = [k.bytes for k in _op(est, name).bwd_input if k.name.endswith("grad_accumulate")]
             assert added == [3 * local * h * 2], (name, tp)
         assert not [k for k in _op(est, "final_norm").bwd_input if k.name.endswith("grad_accumulate")]
-        # it costs like any memory-bound kernel of its bytes, and the layer pays it twice
+        # it costs what any memory-bound kernel of its bytes costs
         norm = _op(est, "L0.attn_norm")
         extra = est.layer_profiles.coster.kernel(norm.bwd_input[-1])
         assert extra == est.compute_model.membound(norm.bwd_input[-1]) > 0

@@ -4,9 +4,9 @@ Layers of one kind (OpSource.kind: dense or MoE, attention window, BF16 under an
 recipe, TE-offloaded) build the same ops but for the layer index in their names, in the
 names of the tensors they save and pass on (``L5.x`` in, ``L6.x`` out) and in their
 recompute group; kernels carry layer-free labels (kernels.op_label), so they are shared.
-Renaming a built layer costs a quarter of building it, and a model has up to hundreds of
-layers of one kind. tests/test_invariants.py holds renamed ops equal to a direct build for
-every layer of random models and strategies.
+Renaming a built layer costs under half of building it (26 against 62 µs for a Llama
+layer), and a model has up to hundreds of layers of one kind. tests/test_invariants.py
+holds renamed ops equal to a direct build for every layer of random models and strategies.
 """
 
 from __future__ import annotations
