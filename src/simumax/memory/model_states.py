@@ -90,22 +90,23 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
     weights = float(total * st.dtype_bytes)
     grads = float(total * st.main_grad_bytes)
     if st.zero_state >= 2:
-        # ZeRO-2/3 (Megatron-FSDP): the rank keeps its shard of the main grads plus one
-        # layer's unsharded gradients for the reduce-scatter in flight; ZeRO-3 also its
-        # shard of the parameters plus the current and the prefetched layer unsharded
         shard = shard_params(st, stage)
         layer = largest_layer_params(stage)
-        grads = st.main_grad_bytes * (shard + layer)
-        if st.zero_state >= 3:
-            weights = st.dtype_bytes * (shard + 2 * layer)
         if st.fsdp_impl == "deepspeed":
             weights, grads = deepspeed_states(st, stage, shard, layer)
-        if st.fsdp_impl == "torch_fsdp2":
+        elif st.fsdp_impl == "torch_fsdp2":
             # torchtitan's FSDP2: the sharded parameters are the fp32 originals (the optimizer
             # steps them, no separate master); gathers cast to bf16, gradients reduce in fp32
             weights = FP32 * shard + st.dtype_bytes * 2 * layer
             grads = FP32 * (shard + layer)
             opt = ADAM_STATE_BYTES * shard * device_optimizer_share(st)
+        else:
+            # Megatron-FSDP: the rank keeps its shard of the main grads plus one layer's
+            # unsharded gradients for the reduce-scatter in flight; ZeRO-3 also its shard of
+            # the parameters plus the current and the prefetched layer unsharded
+            grads = st.main_grad_bytes * (shard + layer)
+            if st.zero_state >= 3:
+                weights = st.dtype_bytes * (shard + 2 * layer)
     return ModelStates(weights=weights, grads=float(grads), optimizer=float(opt), te_buffers=te)
 
 
