@@ -9,7 +9,7 @@ and ZeRO-2's one gather per iteration remain.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from simumax.config.strategy import StrategyConfig
 from simumax.cost.network import NetworkModel
@@ -19,8 +19,9 @@ MEGATRON_MIN_BUCKET = 40_000_000  # elements (Megatron DDP default bucket)
 MAX_MODELLED_BUCKETS = 1024  # per chunk and group; beyond, full buckets are merged (grad_buckets)
 
 
-@dataclass(frozen=True, slots=True)
-class GradBucket:
+class GradBucket(NamedTuple):
+    """One bucket (a named tuple: a chunk has up to MAX_MODELLED_BUCKETS, built per estimate)."""
+
     group: str  # dp or edp
     ready_fraction: float  # share of the chunk's last weight-gradient pass done when it fills
     reduce: float  # seconds: reduce-scatter (ZeRO-1) or all-reduce

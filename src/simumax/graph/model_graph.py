@@ -17,7 +17,7 @@ from simumax.graph.mla import mla_attention_ops
 from simumax.graph.moe_layer import moe_mlp_ops
 from simumax.graph.mtp import mtp_ops
 from simumax.graph.recompute import is_recomputed, tag_recompute
-from simumax.graph.relabel import relabel
+from simumax.graph.relabel import Relabeler
 from simumax.graph.offload import with_offload
 from simumax.graph.sharding import sharding_ops, with_sharding
 
@@ -75,6 +75,7 @@ class PlainLayers:
 
     ops: dict[int, list[Op]] = field(default_factory=dict)
     first: dict[LayerKind, int] = field(default_factory=dict)
+    renamers: dict[int, Relabeler] = field(default_factory=dict)  # by first layer of a kind
 
 
 class OpSource:
@@ -98,6 +99,7 @@ class OpSource:
         self._plain = PlainLayers() if plain is None else plain
         self._passes: dict[tuple[int, bool], list[Op]] = {}
         self._first_recomputed: dict[LayerKind, int] = {}  # kind -> its first recomputed layer
+        self._recomputed_renamers: dict[int, Relabeler] = {}  # by first recomputed layer of a kind
         self._embedding: Op | None = None
         self._head: dict[bool, list[Op]] = {}
         self._mtp: dict[bool, list[Op]] = {}
@@ -127,7 +129,13 @@ class OpSource:
         own = self._plain.ops.get(layer)
         if own is None:
             first = self._plain.first.setdefault(self.kind(layer), layer)
-            own = self._build_plain(layer) if first == layer else relabel(self.plain_layer(first), first, layer)
+            if first == layer:
+                own = self._build_plain(layer)
+            else:
+                renamer = self._plain.renamers.get(first)
+                if renamer is None:
+                    renamer = self._plain.renamers[first] = Relabeler(self.plain_layer(first), first)
+                own = renamer.to(layer)
             self._plain.ops[layer] = own
         return own
 
@@ -143,7 +151,10 @@ class OpSource:
             if first == layer:
                 ops = self._with_passes(layer, recomputed, self.plain_layer(layer))
             else:  # checkpointing copies every op anyway: renaming the first such layer is cheaper
-                ops = relabel(self.layer(first, True), first, layer)
+                renamer = self._recomputed_renamers.get(first)
+                if renamer is None:
+                    renamer = self._recomputed_renamers[first] = Relabeler(self.layer(first, True), first)
+                ops = renamer.to(layer)
             self._passes[(layer, recomputed)] = ops
         return ops
 
