@@ -28,19 +28,28 @@ class WalkResult:
     bwd_peak_op: str
 
 
-def _groups(ops: list[Op]) -> dict[str, list[int]]:
+def walk(ops: list[Op]) -> WalkResult:
+    # one pass over the ops for what the forward and backward walks look up: recompute
+    # groups, saved names, each tensor's first op (its backward releases it) and last saver
     groups: dict[str, list[int]] = {}
+    first_use: dict[str, int] = {}
+    last_user: dict[str, int] = {}
+    offload_at: list[int] = []
     for i, o in enumerate(ops):
+        for name, _ in o.saved:
+            last_user[name] = i
+            if name not in first_use:
+                first_use[name] = i
         if o.recompute_group:
             groups.setdefault(o.recompute_group, []).append(i)
-    return groups
-
-
-def walk(ops: list[Op]) -> WalkResult:
-    groups = _groups(ops)
+            for name, _ in o.input:
+                if name not in first_use:
+                    first_use[name] = i
+        if o.offloads:
+            offload_at.append(i)
     # an output no op saves is freed as soon as the re-run forward consumes it, so only
     # saved tensors come back for backward (all of them are still dropped in forward)
-    saved_names = {name for o in ops for name, _ in o.saved}
+    saved_names = last_user.keys()
     dropped: dict[str, dict[str, float]] = {}
     kept_names: set[str] = set()
     for gid, idx in groups.items():
@@ -62,18 +71,10 @@ def walk(ops: list[Op]) -> WalkResult:
         dropped[gid] = {n: b for n, b in tensors.items() if n not in keep}
     all_dropped = {n for t in dropped.values() for n in t}
 
-    first_use: dict[str, int] = {}
-    sizes: dict[str, float] = {}
-    for i, o in enumerate(ops):
-        names = list(o.saved) + (list(o.input) if o.recompute_group else [])
-        for name, nbytes in names:
-            first_use.setdefault(name, i)
-            sizes[name] = nbytes
     release: dict[int, list[str]] = {}
     for name, i in first_use.items():
         release.setdefault(i, []).append(name)
 
-    offload_at = [i for i, o in enumerate(ops) if o.offloads]
     reload_at: dict[int, list[tuple[str, float]]] = {}
     for k, i in enumerate(offload_at):  # in backward, the layer after brings this one's back
         at = offload_at[k + 1] if k + 1 < len(offload_at) else i
@@ -84,16 +85,14 @@ def walk(ops: list[Op]) -> WalkResult:
     live_total = 0.0
     fwd_peak, fwd_op = 0.0, ""
     for o in ops:
-        new: list[tuple[str, float]] = list(o.saved)
-        if o.recompute_group:
-            new += list(o.input)
         extra = 0.0
-        for name, nbytes in new:
-            if name in all_dropped and name not in kept_names:
-                extra += nbytes  # exists while the checkpointed forward runs, then freed
-            elif name not in live:
-                live[name] = nbytes
-                live_total += nbytes
+        for kept in (o.saved, o.input) if o.recompute_group else (o.saved,):
+            for name, nbytes in kept:
+                if all_dropped and name in all_dropped and name not in kept_names:
+                    extra += nbytes  # exists while the checkpointed forward runs, then freed
+                elif name not in live:
+                    live[name] = nbytes
+                    live_total += nbytes
         here = live_total + o.fwd_transient + extra
         if here > fwd_peak:
             fwd_peak, fwd_op = here, o.name
@@ -102,10 +101,6 @@ def walk(ops: list[Op]) -> WalkResult:
     stored = live_total
 
     # backward: a group's tensors come back before the first backward that needs them
-    last_user: dict[str, int] = {}
-    for i, o in enumerate(ops):
-        for name, _ in o.saved:
-            last_user[name] = i
     last_of_group: dict[int, list[str]] = {}
     for gid, idx in groups.items():
         at = max([idx[-1]] + [last_user.get(n, -1) for n in dropped[gid]])
@@ -113,15 +108,17 @@ def walk(ops: list[Op]) -> WalkResult:
     bwd_peak, bwd_op = 0.0, ""
     for i in range(len(ops) - 1, -1, -1):
         o = ops[i]
-        for name, nbytes in reload_at.get(i, ()):
-            if name not in live:
-                live[name] = nbytes
-                live_total += nbytes
-        for gid in last_of_group.get(i, ()):
-            for name, nbytes in dropped[gid].items():
-                if name in saved_names and name not in live:
+        if reload_at:
+            for name, nbytes in reload_at.get(i, ()):
+                if name not in live:
                     live[name] = nbytes
                     live_total += nbytes
+        if last_of_group:
+            for gid in last_of_group.get(i, ()):
+                for name, nbytes in dropped[gid].items():
+                    if name in saved_names and name not in live:
+                        live[name] = nbytes
+                        live_total += nbytes
         here = live_total + o.bwd_transient
         if here > bwd_peak:
             bwd_peak, bwd_op = here, o.name
