@@ -111,6 +111,9 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     usage = {g: net.tier(g).processor_usage for g in ("dp", "edp")}
     comm: list[list[Event]] = [[] for _ in range(ranks)]
     comm_free = [0.0] * ranks
+    # cost() reads only times: the steady-state run records no events (a 405B job has
+    # thousands of DDP buckets), the full run records every one
+    record = not (steady and not any(usage.values()))
 
     def gather_params(r: int, vstage: int, start: float) -> list[float]:
         """ZeRO-1 parameter all-gathers of one chunk, back to back on the comm stream
@@ -118,7 +121,8 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         done = []
         for b in buckets[vstage]:
             if b.gather:
-                comm[r].append(Event(r, "comm", f"{b.group} all_gather params", start, start + b.gather, "param_gather", vstage))
+                if record:
+                    comm[r].append(Event(r, "comm", f"{b.group} all_gather params", start, start + b.gather, "param_gather", vstage))
                 start += b.gather
                 done.append(start)
         return done
@@ -137,7 +141,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         ep_usage=net.tier("ep").processor_usage,
         delay_wgrad=st.delay_wgrad_compute,
     )
-    if steady and not any(usage.values()):
+    if not record:
         run = est.steady_pipeline(pass_costs(est), opts, gate)
     else:
         orders = est.profiles.orders(st)
@@ -167,15 +171,17 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
                 ready = w_start + b.ready_fraction * (w_end - w_start) if st.overlap_grad_reduce else compute_end
                 s = max(ready, comm_free[r])
                 comm_free[r] = s + b.reduce
-                red = "reduce_scatter" if st.zero_state >= 1 else "all_reduce"
-                comm[r].append(Event(r, "comm", f"{b.group} {red} grads", s, comm_free[r], "grad_sync", c.vstage))
+                if record:
+                    red = "reduce_scatter" if st.zero_state >= 1 else "all_reduce"
+                    comm[r].append(Event(r, "comm", f"{b.group} {red} grads", s, comm_free[r], "grad_sync", c.vstage))
                 if compute is not None:
                     slow += usage[b.group] * compute.overlap(s, comm_free[r])
         tied = est.embedding_grad_sync[r]
         if tied:  # after every DP reduce of the rank (finalize_model_grads' order)
             s = max(compute_end, comm_free[r])
             comm_free[r] = s + tied
-            comm[r].append(Event(r, "comm", "pp all_reduce tied embedding grads", s, comm_free[r], "grad_sync"))
+            if record:
+                comm[r].append(Event(r, "comm", "pp all_reduce tied embedding grads", s, comm_free[r], "grad_sync"))
         grads_done.append(max(compute_end + slow, comm_free[r]))
         all_events.append(evs)
         end_bwd.append(compute_end)
@@ -186,12 +192,14 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     for r in range(ranks):
         before, after = passes[r]
         evs = all_events[r]
-        evs.append(Event(r, "compute", "optimizer step (to grad norm)", grads_done[r], grads_done[r] + before, "optimizer"))
-        evs.append(Event(r, "compute", "optimizer step", barrier, barrier + after, "optimizer"))
         t = barrier + after
         if not st.overlap_param_gather:
             for c in chunks_of[r]:
                 t = (gather_params(r, c.vstage, t) or [t])[-1]
-        events.append(sorted(evs + comm[r], key=lambda e: (e.start, e.stream)))
+        if record:
+            evs.append(Event(r, "compute", "optimizer step (to grad norm)", grads_done[r], grads_done[r] + before, "optimizer"))
+            evs.append(Event(r, "compute", "optimizer step", barrier, barrier + after, "optimizer"))
+            evs = sorted(evs + comm[r], key=lambda e: (e.start, e.stream))
+        events.append(evs)
         end.append(t)
     return IterationRun(orders, events, end_bwd, end, busy, norm_ready)
