@@ -1,5 +1,5 @@
-"""Time run_estimate + analysis_* per validation case (issue 26 asks a median <= 2 ms; 4.1 ms in
-session 12 on 2 cores, docs/search.md).
+"""Time run_estimate + analysis_* per validation case (issue 26 asks a median <= 2 ms; 3.9 ms in
+session 13 on 2 cores, 4.1 in session 12, docs/search.md).
 
     python benchmarks/bench_estimate.py [../shared/validation/*.jsonl]
 """
