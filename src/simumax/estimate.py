@@ -25,7 +25,7 @@ from simumax.dp.optimizer_step import step_passes
 from simumax.graph.kernels import Collective
 from simumax.graph.model_graph import build_virtual_stages, merge_chunks
 from simumax.graph.ops import Stage
-from simumax.graph.params import ParamCount, count_params
+from simumax.graph.params import ParamCount, count_params_of
 from simumax.graph import fp8
 from simumax.memory.activation_walk import WalkResult
 from simumax.memory.model_states import model_states
@@ -218,7 +218,8 @@ class Estimate:
         depend on how the layers are split)."""
         fam = self.layer_profiles
         if fam.param_count is None:
-            fam.param_count = count_params(self.model, self.strategy, self.stages)
+            groups = (g for c in self.chunks for g in fam.param_groups(self.strategy, c))
+            fam.param_count = count_params_of(self.model, self.strategy, groups)
         return fam.param_count
 
     def flops_6nd_with_attn(self) -> float:

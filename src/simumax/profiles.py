@@ -183,6 +183,16 @@ class LayerProfiles:
         out.p2p = p2p
         return out
 
+    def param_groups(self, st: StrategyConfig, chunk: Stage) -> list[tuple[list[Op], int]]:
+        """The chunk's ops as (ops, times): its own before and after the layers once, one
+        layer of each kind times the layers of that kind (graph/params.count_params_of)."""
+        kinds, pre, post = self._shape(st, chunk)
+        runs: dict[CostKind, tuple[int, int]] = {}  # kind -> (its first layer here, layers)
+        for layer, kind in zip(chunk.layers, kinds, strict=True):
+            first, n = runs.get(kind, (layer, 0))
+            runs[kind] = (first, n + 1)
+        return [(pre, 1), *((self.source.layer(first, kind[0]), n) for kind, (first, n) in runs.items()), (post, 1)]
+
     def chunk_sources(self, st: StrategyConfig, chunk: Stage) -> KernelSources:
         """Kernel seconds of one micro-batch through a chunk by family and source (layers
         of one kind summed once)."""

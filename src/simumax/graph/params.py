@@ -8,12 +8,13 @@ output layer's copy of the embedding on the last stage is not counted again. Emb
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph.mtp import MODULE_EMBEDDING as MTP_EMBEDDING
-from simumax.graph.ops import Stage
+from simumax.graph.ops import Op, Stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,17 +32,25 @@ def count_params(model: ModelConfig, st: StrategyConfig, stages: list[Stage]) ->
     """The model's parameters, each counted once over stages and shards; the MTP block's
     own (ops of layers past layer_num) apart, as published counts leave them out
     (DeepSeek-V3: 671B without its MTP module)."""
+    return count_params_of(model, st, ((s.ops, 1) for s in stages))
+
+
+def count_params_of(model: ModelConfig, st: StrategyConfig, groups: Iterable[tuple[list[Op], int]]) -> ParamCount:
+    """``count_params`` over (ops, times) groups: ops that occur ``times`` times (the layers
+    of one kind carry the same parameters under other names)."""
     dense = expert = mtp = 0
-    for s in stages:
-        for o in s.ops:
-            non_expert = o.params - o.expert_params
+    for ops, times in groups:
+        for o in ops:
+            if not o.params:
+                continue
             if o.name == "lm_head" and not model.untie_embeddings_and_output_weights:
                 continue  # tied: the last stage's copy of the embedding weight (counted there)
             if o.module == MTP_EMBEDDING:
                 continue  # the MTP block's copy of the word embedding
+            non_expert = o.params - o.expert_params
             rep = o.tp_replicated_params
-            n_dense = (non_expert - rep) * st.tp_size + rep * st.tp_size // (o.tp_copies or st.tp_size)
-            n_expert = o.expert_params * st.ep_size * st.etp_size
+            n_dense = ((non_expert - rep) * st.tp_size + rep * st.tp_size // (o.tp_copies or st.tp_size)) * times
+            n_expert = o.expert_params * st.ep_size * st.etp_size * times
             if o.layer >= model.layer_num:
                 mtp += n_dense + n_expert
                 continue
