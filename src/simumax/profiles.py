@@ -172,13 +172,21 @@ class LayerProfiles:
     def chunk_time(self, st: StrategyConfig, chunk: Stage, p2p: float) -> StageTime:
         kinds, pre, post = self._shape(st, chunk)
         out = self._ops_time(pre)
-        for layer, kind in zip(chunk.layers, kinds, strict=True):
-            t = self.layer_time(layer, kind[0])
-            n = len(out.op_times)
-            out.add(t)
-            # the kind's costs under this layer's own ops (names and layer index in traces and op tables)
-            own = self.source.layer(layer, kind[0])
-            out.op_times[n:] = [(o, ph) for o, (_, ph) in zip(own, t.op_times, strict=True)]
+        layers, i = chunk.layers, 0
+        while i < len(layers):  # runs of consecutive layers of one kind, in order
+            kind, j = kinds[i], i + 1
+            while j < len(layers) and kinds[j] == kind:
+                j += 1
+            t = self.layer_time(layers[i], kind[0])
+            out.add(t, j - i, op_times=False)
+            # the kind's costs under each layer's own ops (names and layer index in traces and op tables)
+            phases = [ph for _, ph in t.op_times]
+            for layer in layers[i:j]:
+                own = self.source.layer(layer, kind[0])
+                if len(own) != len(phases):
+                    raise AssertionError(f"layer {layer} has other ops than its kind")
+                out.op_times.extend(zip(own, phases))
+            i = j
         out.add(self._ops_time(post))
         out.p2p = p2p
         return out

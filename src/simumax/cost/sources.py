@@ -23,10 +23,13 @@ class KernelSources:
     misses: Counter[str] = field(default_factory=Counter)  # "family: key" -> kernels not measured
 
     def add(self, other: "KernelSources") -> None:
-        self.counts.update(other.counts)
-        self.misses.update(other.misses)
+        # plain loops: Counter.update is a Python-level loop with more steps per key
+        for mine, theirs in ((self.counts, other.counts), (self.misses, other.misses)):
+            for k, n in theirs.items():
+                mine[k] += n
+        seconds = self.seconds
         for k, v in other.seconds.items():
-            self.seconds[k] += v
+            seconds[k] += v
 
     def to_dict(self) -> dict[str, Any]:
         """``CostResult.efficiency_lookups``: hits (measured kernels by family), misses (every

@@ -32,14 +32,32 @@ class PhaseTime:
     flops: float = 0.0
     bytes: float = 0.0  # moved by memory-bound kernels and collectives
 
-    def add(self, other: "PhaseTime") -> None:
-        self.total += other.total
-        self.compute += other.compute
-        self.membound += other.membound
-        self.flops += other.flops
-        self.bytes += other.bytes
+    def add(self, other: "PhaseTime", times: int = 1) -> None:
+        """Add ``other`` ``times`` times, one addition after another (what adding it per
+        layer gives, to the last bit)."""
+        if times == 1:
+            self.total += other.total
+            self.compute += other.compute
+            self.membound += other.membound
+            self.flops += other.flops
+            self.bytes += other.bytes
+            for g, t in other.comm.items():
+                self.comm[g] += t
+            return
+        total, compute, membound, flops, nbytes = self.total, self.compute, self.membound, self.flops, self.bytes
+        o_total, o_compute, o_membound, o_flops, o_bytes = other.total, other.compute, other.membound, other.flops, other.bytes
+        for _ in range(times):
+            total += o_total
+            compute += o_compute
+            membound += o_membound
+            flops += o_flops
+            nbytes += o_bytes
+        self.total, self.compute, self.membound, self.flops, self.bytes = total, compute, membound, flops, nbytes
         for g, t in other.comm.items():
-            self.comm[g] += t
+            x = self.comm[g]
+            for _ in range(times):
+                x += t
+            self.comm[g] = x
 
 
 class Coster:
@@ -163,9 +181,13 @@ class StageTime:
     def total(self) -> float:
         return self.fwd.total + self.bwd_input.total + self.bwd_weight.total + self.recompute.total
 
-    def add(self, other: "StageTime") -> None:
+    def add(self, other: "StageTime", times: int = 1, op_times: bool = True) -> None:
+        """Add ``other`` ``times`` times (its op times once per time, unless ``op_times`` is
+        off: a caller naming them itself)."""
         for ph in PHASES:
-            getattr(self, ph).add(getattr(other, ph))
+            getattr(self, ph).add(getattr(other, ph), times)
         self.p2p = max(self.p2p, other.p2p)
-        self.op_times.extend(other.op_times)
+        if op_times:
+            for _ in range(times):
+                self.op_times.extend(other.op_times)
 
