@@ -229,3 +229,19 @@ def test_collective_latency_per_ring_step_by_hand() -> None:
     assert a2a == pytest.approx(3 / 4 * b / (900e9 * 0.5968) + (3 * 7.3039 + 19.2102) * 1e-6, rel=1e-12)
     p2p = NetworkModel(load_system("a100_pcie"), st8)._flat("intra_node_pcie_8x", "p2p", b, 2)
     assert p2p == pytest.approx(b / (30e9 * 0.5) + 10e-6, rel=1e-12)  # no op latency: the tier's, once
+
+
+def test_table_fit_is_shared_by_estimates_and_refitted_after_an_edit() -> None:
+    """Estimates of one system config share each table's fit (fitting parses every key);
+    editing the table in place gives the next estimate a fit of the edited table."""
+    sy = load_system("a100_pcie")
+    unmeasured = Gemm(m=3000, k=5000, n=7000, layout="TN")  # no such key in the table
+    first, second = ComputeModel(sy), ComputeModel(sy)
+    assert first._fit("matmul") is second._fit("matmul")
+    before = first.compute(unmeasured)[0]
+    assert first.seconds_and_source(unmeasured)[2] == "fitted"
+    table = sy.accelerator.op["matmul"].accurate_efficient_factor
+    for key in table:
+        table[key] *= 0.5  # every measured GEMM twice as slow
+    after = ComputeModel(sy).compute(unmeasured)[0]
+    assert after == pytest.approx(2 * before, rel=1e-9)

@@ -76,6 +76,9 @@ class AcceleratorConfig(ConfigBase):
     bandwidth: dict[str, BandwidthSpec] = Field(
         description="Memory-bound families: default, permute_fwd, permute_bwd, ce, ce_fusion."
     )
+    # family -> (table contents and SM count it was fitted on, the fit): estimates of this
+    # config share a table's fit (cost/efficiency.ComputeModel._fit); an edited table misses
+    _fits: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _defaults(self) -> "AcceleratorConfig":

@@ -93,6 +93,7 @@ class TableFit:
         self.k = neighbours
         self.w = DIM_WEIGHTS if weights is None else weights
         self.entries: list[_Entry] = []
+        self._predicted: dict[str, float | None] = {}  # key -> predict(key)
         for key, eff in table.items():
             if eff <= 0:
                 continue
@@ -105,6 +106,11 @@ class TableFit:
 
     def predict(self, key: str) -> float | None:
         """Fitted efficiency for ``key``, or None when the table has too little to fit."""
+        if key not in self._predicted:
+            self._predicted[key] = self._predict(key)
+        return self._predicted[key]
+
+    def _predict(self, key: str) -> float | None:
         cls, sizes = parse_key(key)
         same = [e for e in self.entries if e.cls == cls]
         pool = same if len(same) >= 3 else self.entries
