@@ -53,21 +53,31 @@ def walk(ops: list[Op]) -> WalkResult:
     dropped: dict[str, dict[str, float]] = {}
     kept_names: set[str] = set()
     for gid, idx in groups.items():
-        members = [ops[i] for i in idx]
         # a checkpoint keeps what enters the group from outside (not what members produce)
-        produced = {t[0] for m in members for t in (m.output, *m.also_outputs) if t is not None}
-        keep = {name for m in members for name, _ in m.input if name not in produced}
-        last_out = members[-1].output
+        produced: set[str] = set()
+        for i in idx:
+            m = ops[i]
+            if m.output is not None:
+                produced.add(m.output[0])
+            for t in m.also_outputs:  # RoPE writes k beside q
+                produced.add(t[0])
+        keep: set[str] = set()
+        tensors: dict[str, float] = {}
+        for i in idx:
+            m = ops[i]
+            for name, _ in m.input:
+                if name not in produced:
+                    keep.add(name)
+            for name, nbytes in m.saved:
+                tensors[name] = nbytes
+            if m.output is not None:
+                tensors[m.output[0]] = m.output[1]
+            for name, nbytes in m.also_outputs:
+                tensors[name] = nbytes
+        last_out = ops[idx[-1]].output
         if last_out is not None and not gid.endswith(WITHOUT_OUTPUT):
             keep.add(last_out[0])
         kept_names |= keep
-        tensors: dict[str, float] = {}
-        for m in members:
-            for name, nbytes in m.saved:
-                tensors[name] = nbytes
-            for out in (m.output, *m.also_outputs):  # RoPE writes k beside q
-                if out is not None:
-                    tensors[out[0]] = out[1]
         dropped[gid] = {n: b for n, b in tensors.items() if n not in keep}
     all_dropped = {n for t in dropped.values() for n in t}
 
