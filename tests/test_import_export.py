@@ -301,3 +301,13 @@ def test_new_options_round_trip_through_the_flags(upd) -> None:
     a, b = Estimate(m, s, h100), Estimate(m0, s0, h100)
     assert a.cost().duration_time_per_iter == pytest.approx(b.cost().duration_time_per_iter, rel=1e-12)
     assert a.memory().peak_mem == pytest.approx(b.memory().peak_mem, rel=1e-12)
+
+
+def test_flag_of_names_every_switch_of_a_field() -> None:
+    """An error on a field that several Megatron switches set names them all."""
+    from simumax.config.megatron_names import flag_of
+
+    assert flag_of("m", "add_bias_linear") == "--disable-bias-linear / --add-bias-linear"
+    assert flag_of("s", "dtype") == "--bf16 / --fp16"
+    assert flag_of("s", "tp_size") == "--tensor-model-parallel-size"
+    assert flag_of("m", "no_such_field") is None

@@ -99,8 +99,12 @@ _SWITCH_OF = {(target, field, value): flag for flag, (target, field, value) in S
 
 
 def flag_of(target: str, field: str) -> str | None:
-    """The Megatron flag that sets a model (m) or strategy (s) field, if one does."""
-    return _FLAG_OF.get((target, field)) or next((f for (t, fl, _), f in _SWITCH_OF.items() if (t, fl) == (target, field)), None)
+    """The Megatron flag that sets a model (m) or strategy (s) field, if one does; every
+    switch that sets it where several do (``--disable-bias-linear / --add-bias-linear``)."""
+    if (target, field) in _FLAG_OF:
+        return _FLAG_OF[(target, field)]
+    switches = [f for (t, fl, _), f in _SWITCH_OF.items() if (t, fl) == (target, field)]
+    return " / ".join(switches) or None
 
 
 def valued_flag(target: str, field: str, value: Any) -> str:
