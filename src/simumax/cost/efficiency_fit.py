@@ -32,14 +32,21 @@ F_REF = 2.0 * 8192**3
 DIM_WEIGHTS: dict[str, float] = {"k": 0.5, "K": 0.5}
 
 
+_NUMERIC = frozenset(NUMERIC)
+_CLASS_FIELDS = ("layout", "accumulate", "out_dtype", "stage", "dtype")
+
+
 def parse_key(key: str) -> tuple[tuple[str, ...], dict[str, float]]:
     """(class, sizes) of a SimuMax table key."""
-    fields = dict(part.split("=", 1) for part in key.split(", ") if "=" in part)
-    sizes = {k: float(v) for k, v in fields.items() if k in NUMERIC}
+    fields: dict[str, str] = {}
+    for part in key.split(", "):
+        name, eq, value = part.partition("=")
+        if eq:
+            fields[name] = value
+    sizes = {k: float(v) for k, v in fields.items() if k in _NUMERIC}
     if "seq_len" in sizes:
         sizes.setdefault("kv_seq_len", sizes["seq_len"])
-    cls_fields = ("layout", "accumulate", "out_dtype", "stage", "dtype")
-    return tuple(f"{k}={fields[k]}" for k in cls_fields if k in fields), sizes
+    return tuple(f"{k}={fields[k]}" for k in _CLASS_FIELDS if k in fields), sizes
 
 
 def _gemm_dims(s: dict[str, float]) -> tuple[float, float, float, float]:
@@ -82,6 +89,8 @@ class _Entry:
     cls: tuple[str, ...]
     logs: dict[str, float]
     ratio: float  # measured / baseline
+    names: tuple[str, ...] = ()  # sorted(logs)
+    vec: tuple[float, ...] = ()  # logs in that order
 
 
 class TableFit:
@@ -102,7 +111,8 @@ class TableFit:
             if base <= 0:
                 continue
             logs = {n: math.log2(v) for n, v in sizes.items() if v > 0}
-            self.entries.append(_Entry(cls, logs, eff / base))
+            names = tuple(sorted(logs))
+            self.entries.append(_Entry(cls, logs, eff / base, names, tuple(logs[n] for n in names)))
 
     def predict(self, key: str) -> float | None:
         """Fitted efficiency for ``key``, or None when the table has too little to fit."""
@@ -117,10 +127,18 @@ class TableFit:
         if len(pool) < 3:
             return None
         logs = {n: math.log2(v) for n, v in sizes.items() if v > 0}
+        mine = tuple(sorted(logs))
+        weights = tuple(self.w.get(n, 1.0) for n in mine)
+        vec = tuple(logs[n] for n in mine)
         scored = []
         for e in pool:
-            names = sorted(set(logs) | set(e.logs))  # fixed order: float sums must not follow string hashing
-            d2 = sum(self.w.get(n, 1.0) * (logs.get(n, 0.0) - e.logs.get(n, 0.0)) ** 2 for n in names)
+            # over the sorted union of both shapes' sizes (fixed order: float sums must not
+            # follow string hashing); entries sized like the query take the precomputed path
+            if e.names == mine:
+                d2 = sum(w * (q - x) ** 2 for w, q, x in zip(weights, vec, e.vec))
+            else:
+                names = sorted(set(logs) | set(e.logs))
+                d2 = sum(self.w.get(n, 1.0) * (logs.get(n, 0.0) - e.logs.get(n, 0.0)) ** 2 for n in names)
             scored.append((d2, e.ratio))
         scored.sort(key=lambda x: x[0])
         near = scored[: self.k]
