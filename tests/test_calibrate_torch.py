@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from simumax.config.loader import load_model, load_system
+from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.estimate import Estimate
 from tests.conftest import ROOT
@@ -112,3 +113,51 @@ def test_check_step_model_trains_and_counts_like_simumax() -> None:
         meas = train_steps(m, 32, 2, 1, steps=3, warmup=0, device=torch.device("cpu"))
         assert meas.params == Estimate(m, single_device_strategy(32, 2, 1), load_system("a100_pcie")).params.total
         assert meas.loss_last < meas.loss_first
+
+
+def test_fp8_gemms_run_as_transformer_engine_runs_them(monkeypatch) -> None:
+    """fp8 linears' three GEMMs: E4M3 x E4M3 forward with fast accumulation; E5M2 gradients
+    against E4M3 operands with split accumulation for the data and weight gradients (TE's
+    _2X_ACC_DGRAD / _2X_ACC_WGRAD); bf16 out, fp32 for the weight gradient."""
+    from simumax.calibrate.compute import fp8_gemm_fn
+    from simumax.graph.kernels import Gemm
+
+    calls = []
+    real = torch._scaled_mm
+
+    def spy(a, b, **kw):
+        calls.append((a.dtype, b.dtype, b.stride(0) == 1, kw["use_fast_accum"], kw["out_dtype"]))
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(torch, "_scaled_mm", spy)
+    t, k, n = 64, 128, 256
+    cpu = torch.device("cpu")
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    cases = [
+        (Gemm(t, k, n, "TN", family="fp8_matmul"), (e4, e4, True, True, torch.bfloat16), (t, n)),
+        (Gemm(t, n, k, "NN", family="fp8_matmul"), (e5, e4, True, False, torch.bfloat16), (t, k)),
+        (Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32", family="fp8_matmul"), (e5, e4, True, False, torch.float32), (n, k)),
+    ]
+    for gemm, want, shape in cases:
+        calls.clear()
+        fn = fp8_gemm_fn(gemm, cpu)
+        assert fn is not None
+        out = fn()
+        assert tuple(out.shape) == shape and calls[-1] == want, (gemm.layout, calls[-1])
+    # batched GEMMs are not TE linears: not measured as fp8
+    assert fp8_gemm_fn(Gemm(32, 64, 64, "TN", b=4, family="fp8_matmul"), cpu) is None
+
+
+def test_calibrate_measures_the_fp8_gemms_of_an_fp8_job(tmp_path, tiny_files) -> None:
+    m, s = tiny_files
+    s.write_text(json.dumps({**json.loads(s.read_text()), "fp8": True}))
+    out = tmp_path / "fp8.json"
+    r = _cli("calibrate", "-m", str(m), "-s", str(s), "--base", "h100-sxm-80gb", "--name", "cpu_fp8", "--out", str(out),
+             "--device", "cpu", "--warmup", "1", "--repeats", "2")
+    assert r.returncode == 0, r.stderr
+    system = SystemConfig.init_from_config_file(out)
+    table = system.accelerator.op["fp8_matmul"].accurate_efficient_factor
+    est = Estimate(load_model(str(m)), StrategyConfig.init_from_config_file(s), system)
+    fp8_keys = {k.key for c in est.chunks for k in c.kernels() if getattr(k, "family", "") == "fp8_matmul"}
+    assert fp8_keys and fp8_keys <= set(table)  # every fp8 GEMM of the job measured, in the fp8 family's peak
+    assert est.cost().efficiency_lookups["sources"]["fp8_matmul"]["measured"] > 0

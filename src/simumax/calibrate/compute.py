@@ -4,7 +4,9 @@ Each kernel of the op IR gets a torch stand-in of the same shape and dtype (bf16
 drawn from a normal distribution, so the tensor cores see realistic bit patterns):
 
 - Gemm: ``a @ b`` with the operand storage of its layout (TN: weight stored [n, k]; NT:
-  the gradient stored [k, m]); fp32-accumulating weight-gradient GEMMs write fp32.
+  the gradient stored [k, m]); fp32-accumulating weight-gradient GEMMs write fp32. fp8
+  GEMMs (``fp8_matmul``): ``torch._scaled_mm`` with TransformerEngine's formats and
+  accumulation per GEMM (``fp8_gemm_fn``); grouped fp8 GEMMs are not measured.
 - GroupGemm: ``torch.bmm`` over ``ng`` experts of equal rows (balanced routing: a grouped
   GEMM of equal groups is a batched GEMM).
 - Attention: ``scaled_dot_product_attention`` (torch picks flash / memory-efficient), the
@@ -62,6 +64,41 @@ def gemm_fn(k: Gemm, device: torch.device, dtype: torch.dtype = torch.bfloat16):
         c = torch.zeros((k.m, k.n), dtype=torch.float32, device=device)
         return lambda: accumulate_fp32_(c, a, b)
     return lambda: torch.matmul(a, b)
+
+
+# TransformerEngine's fp8 linears (transformer_engine/pytorch/module/base.py): the forward GEMM
+# with cuBLASLt's fast accumulation, the data- and weight-gradient GEMMs with split
+# accumulation (_2X_ACC_FPROP False, _2X_ACC_DGRAD / _2X_ACC_WGRAD True), which on Hopper
+# promotes partial sums to FP32 on the CUDA cores; every fp8 GEMM runs in cuBLAS's TN form
+# (TE keeps transposed fp8 copies). Formats as Megatron's --fp8-format hybrid: E4M3
+# activations and weights, E5M2 gradients.
+TE_FAST_ACCUMULATION = {"TN": True, "NN": False, "NT": False}
+_FP8_OPERANDS = {"TN": ("e4m3", "e4m3"), "NN": ("e5m2", "e4m3"), "NT": ("e5m2", "e4m3")}  # (A, B) by layout
+
+
+def fp8_gemm_fn(k: Gemm, device: torch.device):
+    """An fp8 GEMM of ``k``'s shape as TE runs it (``torch._scaled_mm``, per-tensor scales,
+    bf16 out; fp32 out for the weight gradient, which TE also accumulates into the main
+    grad: that read of C is not timed), or None where the device or torch has none."""
+    if k.b != 1 or not hasattr(torch, "_scaled_mm"):
+        return None
+    kinds = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+    a_kind, b_kind = _FP8_OPERANDS[k.layout]
+    a = _randn((k.m, k.k), torch.float32, device).to(kinds[a_kind])  # row-major
+    b = _randn((k.n, k.k), torch.float32, device).to(kinds[b_kind]).t()  # column-major
+    one = torch.ones((), dtype=torch.float32, device=device)
+    out = torch.float32 if k.out_dtype == "fp32" else torch.bfloat16
+    fast = TE_FAST_ACCUMULATION[k.layout]
+
+    def fn():
+        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=out, use_fast_accum=fast)
+
+    try:
+        fn()  # cuBLAS runs fp8 GEMMs from sm_89 on, and wants dimensions in multiples of 16
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        log.info("no fp8 GEMM of %s on %s: %s", k.key, device, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
+    return fn
 
 
 def group_gemm_fn(k: GroupGemm, device: torch.device, dtype: torch.dtype = torch.bfloat16):
@@ -193,10 +230,12 @@ def calibrate_compute(
     done = 0
     for family, k in todo:
         if family.startswith("fp8_"):
-            log.info("skipping %s (fp8 kernels need TransformerEngine): %s", family, k.key)
-            done += 1
-            continue
-        if isinstance(k, Gemm):
+            fn = fp8_gemm_fn(k, device) if isinstance(k, Gemm) else None
+            if fn is None:  # grouped fp8 GEMMs are TransformerEngine's own kernels
+                log.info("skipping %s (no fp8 kernel for it here): %s", family, k.key)
+                done += 1
+                continue
+        elif isinstance(k, Gemm):
             fn = gemm_fn(k, device)
         elif isinstance(k, GroupGemm):
             fn = group_gemm_fn(k, device)
