@@ -18,6 +18,11 @@ $SM calibrate --name "$NAME" --out "$OUT/$NAME.json" \
   -m llama3-8b -s $J/single_seq4096_mbs1.json -m $J/llama3-1b.json -s $J/single_seq2048_mbs2.json \
   -m llama2-7b -s $J/single_seq4096_mbs1.json || exit 1
 SYS="$OUT/$NAME.json"
+# fp8 GEMMs as TransformerEngine runs them (split accumulation in backward), on the shapes of
+# NeMo's fp8 rows (LLAMA2-7B TP1, Llama3-8B TP1/2, Llama3-70B TP4): docs/validation.md's fp8 lead
+$SM calibrate --base "$SYS" --name "${NAME}_fp8" --out "$OUT/${NAME}_fp8.json" --set strategy.fp8=true \
+  -m llama2-7b -s tp1_pp1_dp8_mbs1 -m llama3-8b -s tp1_pp1_dp8_mbs1 -m llama3-8b -s tp2_pp1_dp4_mbs1 \
+  -m llama3-70b -s tp4_pp1_dp2_mbs1 || echo "fp8 calibration failed"
 $SM check-step -m llama3-8b --set layer_num=4 -y "$SYS" --seq-len 4096 --mbs 1 --mbc 2 --profile --json > "$OUT/check_llama3_8b_l4.json"
 $SM check-step -m $J/llama3-1b.json -y "$SYS" --seq-len 2048 --mbs 2 --mbc 2 --json > "$OUT/check_llama3_1b.json"
 $SM check-step -m llama2-7b --set layer_num=4 -y "$SYS" --seq-len 4096 --mbs 1 --mbc 2 --json > "$OUT/check_llama2_7b_l4.json"
