@@ -71,7 +71,9 @@ class ComputeModel:
             if spec.efficient_factor > 0 and base != "default":
                 eff = self._fp8_from_bf16(spec.tflops, spec.efficient_factor, ops[base].tflops,
                                           ops[base].efficient_factor, eff, key)
-            return eff, "fitted" if src == "measured" else src  # a bf16 measurement stands in
+            # the shape's bf16 efficiency stands in, at a low-precision rate no table of this
+            # device measured (a default asymptote): "default" in the band's attribution
+            return eff, "default"
         fitted = self._fit(name).predict(key)  # None when the table has too little to fit
         if fitted is not None:
             return fitted, "fitted"
