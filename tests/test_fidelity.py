@@ -474,3 +474,16 @@ def test_cp_all_gather_gathers_reorders_and_reduce_scatters() -> None:
     assert [(k.op, k.bytes) for k in attn.bwd_input if isinstance(k, Collective)] == [("all_gather", gathered), ("reduce_scatter", gathered)]
     assert [k.bytes for k in attn.fwd if isinstance(k, MemBound)] == [2 * gathered, 2 * 16384 * 8192 * 2]
     assert [k.bytes for k in attn.bwd_input if isinstance(k, MemBound)] == [2 * gathered, 2 * gathered]
+
+
+def test_fp8_gemms_derived_from_bf16_shapes_count_as_default() -> None:
+    """On a preset whose bf16 GEMMs were measured, an fp8 GEMM of the same shape still runs
+    at a low-precision rate nobody measured there: its source is 'default' (uncertainty.py)."""
+    from simumax.config.loader import load_model, load_strategy
+
+    st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"fp8": True})
+    cost = Estimate(load_model("llama3-8b").with_updates({"layer_num": 2}), st, load_system("h100-sxm-80gb")).cost()
+    sources = cost.efficiency_lookups["sources"]
+    assert sources["fp8_matmul"]["default"] > 0
+    assert sources["fp8_matmul"]["measured"] == sources["fp8_matmul"]["fitted"] == 0
+    assert sources["matmul"]["measured"] > 0  # the bf16 LM head's shape is in the H100 table
