@@ -45,13 +45,9 @@ class ComputeModel:
         fit = self._fits.get(name)
         if fit is None:
             # fitting parses every table key: shared by every estimate of this accelerator
-            # config, keyed by the table's contents so that an edit in place refits
-            table = self.acc.op[name].accurate_efficient_factor
-            key = (tuple(table.items()), self.acc.sm_count)
-            shared = self.acc._fits.get(name)
-            if shared is None or shared[0] != key:
-                shared = self.acc._fits[name] = (key, TableFit(table, self.acc.sm_count))
-            fit = self._fits[name] = shared[1]
+            # config while the table's contents stay the same (an edit in place refits)
+            table, sm = self.acc.op[name].accurate_efficient_factor, self.acc.sm_count
+            fit = self._fits[name] = self.acc.derived(f"fit/{name}", (tuple(table.items()), sm), lambda: TableFit(table, sm))
         return fit
 
     def _efficiency(self, name: str, key: str) -> tuple[float, str]:
