@@ -1,5 +1,7 @@
-"""Time run_estimate + analysis_* per validation case (issue 26 asks a median <= 2 ms; 3.9 ms in
-session 13 on 2 cores, 4.1 in session 12, docs/search.md).
+"""Time run_estimate + analysis_* per validation case (issue 26 asks a median <= 2 ms).
+Two medians: cold (fresh config copies each time) and with the same config objects;
+session 13 on 2 cores: ~3.4 and ~2.7 ms (4.1-4.25 ms before, when both were the same),
+docs/search.md.
 
     python benchmarks/bench_estimate.py [../shared/validation/*.jsonl]
 """
