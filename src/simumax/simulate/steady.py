@@ -90,8 +90,7 @@ def steady_pipeline(
     m0 = first_count(st, g) if g else m
     ranks = st.pp_size
     while g:
-        plan = [m0 + i * g for i in range(POINTS)]
-        check = m0 + (2 * ranks + 1) * g if g == 1 else None
+        plan, check = _plan(st, m0, g)
         if sum(plan) + (check or 0) >= m:
             break  # the full run is cheaper
         runs = [run_pipeline(orders_for(k), costs, opts, params_ready, record=False) for k in plan]
@@ -111,6 +110,12 @@ def steady_pipeline(
         log.debug("no steady state at %d micro-batches (period %d); trying %d", m0, g, 2 * m0)
         m0 = m0 + g * max(1, m0 // g)  # double
     return run_pipeline(orders_for(m), costs, opts, params_ready, record=False)
+
+
+def _plan(st: StrategyConfig, m0: int, g: int) -> tuple[list[int], int | None]:
+    """The short runs from ``m0`` (one period apart) and, for a per-micro-batch period, the
+    far check run."""
+    return [m0 + i * g for i in range(POINTS)], (m0 + (2 * st.pp_size + 1) * g if g == 1 else None)
 
 
 def _steady_line(xs: list[list[float]], ranks: int) -> tuple[list[float], list[float]] | None:
@@ -145,4 +150,7 @@ def steady_walk_counts(st: StrategyConfig) -> tuple[int, int] | None:
     if not g:
         return None
     m0 = first_count(st, g)
-    return (m0 + g, m0 + 2 * g) if m0 + 2 * g < st.micro_batch_num else None
+    plan, check = _plan(st, m0, g)
+    # only where the pipeline runs these counts too (their task orders are then made once);
+    # where it runs the real count, walking that order is cheaper than making two more
+    return (plan[1], plan[2]) if sum(plan) + (check or 0) < st.micro_batch_num else None
