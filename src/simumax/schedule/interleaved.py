@@ -32,17 +32,19 @@ def order(pp: int, mbc: int, v: int, group: int | None = None, extra_warmup: int
     out = []
     for r in range(pp):
         warm = min((pp - r - 1) * 2 + (v - 1) * group + extra_warmup, total)
-        # tuple.__new__ skips the named tuple's Python-level constructor: a long schedule
-        # builds millions of tasks
-        fwd = [_new(Task, (FORWARD, c * pp + r, mb, False)) for mb, c in table]
-        bwd = [_new(Task, (BACKWARD, (v - 1 - c) * pp + r, mb, False)) for mb, c in table]
-        tasks = fwd[:warm]
+        # each task made once, by tuple.__new__ (skipping the named tuple's Python-level
+        # constructor): a long schedule builds millions of tasks
+        tasks: list[Task] = []
+        add = tasks.append
+        for mb, c in table[:warm]:
+            add(_new(Task, (FORWARD, c * pp + r, mb, False)))
         for k in range(total - warm):
-            f = fwd[warm + k]
-            if table[warm + k][0] != table[k][0]:  # a backward of another micro-batch follows
-                f = _new(Task, (FORWARD, f[1], f[2], True))
-            tasks.append(f)
-            tasks.append(bwd[k])
-        tasks += bwd[total - warm:]
+            mb, c = table[warm + k]
+            bmb, bc = table[k]
+            # a forward followed by a backward of another micro-batch may pair with it
+            add(_new(Task, (FORWARD, c * pp + r, mb, mb != bmb)))
+            add(_new(Task, (BACKWARD, (v - 1 - bc) * pp + r, bmb, False)))
+        for bmb, bc in table[max(total - warm, 0):]:
+            add(_new(Task, (BACKWARD, (v - 1 - bc) * pp + r, bmb, False)))
         out.append(tasks)
     return out
