@@ -32,26 +32,31 @@ def walk_schedule(
     times: dict[tuple[str, int, int], tuple[float, float]] | None = None,
 ) -> RankActivations:
     """``walks`` and ``w_keep`` by virtual stage; ``times`` (start, end) by (kind, vstage, mb) adds a timeline."""
+    keep = w_keep or {}
+    # per virtual stage what a pass reads (locals and tuples: a long schedule has millions of tasks)
+    per = {v: (w.fwd_peak, w.stored, w.bwd_peak, keep.get(v, 0.0)) for v, w in walks.items()}
     held = 0.0
     n_held = 0
-    keep = w_keep or {}
-    out = RankActivations()
+    peak, peak_task, at_peak, stored_peak = 0.0, None, 0, 0.0
+    timeline: list[tuple[float, float]] = []
     for t in order:
-        w = walks[t.vstage]
-        if t.kind == FORWARD:
-            here, n = held + w.fwd_peak, n_held + 1
-            after, n_after = held + w.stored, n_held + 1
-        elif t.kind == BACKWARD:
-            here, n = held - w.stored + w.bwd_peak, n_held
-            after, n_after = held - w.stored + keep.get(t.vstage, 0.0), n_held - 1
+        kind = t[0]
+        fwd_peak, stored, bwd_peak, kept = per[t[1]]
+        if kind == FORWARD:
+            here, n = held + fwd_peak, n_held + 1
+            after, n_after = held + stored, n_held + 1
+        elif kind == BACKWARD:
+            here, n = held - stored + bwd_peak, n_held
+            after, n_after = held - stored + kept, n_held - 1
         else:  # W: the kept inputs and output gradients are read, then freed
             here, n = held, n_held
-            after, n_after = held - keep.get(t.vstage, 0.0), n_held
-        if here > out.peak:
-            out.peak, out.peak_task, out.in_flight_at_peak = here, t, n
+            after, n_after = held - kept, n_held
+        if here > peak:
+            peak, peak_task, at_peak = here, t, n
         if times is not None:
-            start, end = times[(t.kind, t.vstage, t.mb)]
-            out.timeline += [(start, held), (start, here), (end, after)]
+            start, end = times[(kind, t[1], t[2])]
+            timeline += [(start, held), (start, here), (end, after)]
         held, n_held = after, n_after
-        out.stored_peak = max(out.stored_peak, held)
-    return out
+        if held > stored_peak:
+            stored_peak = held
+    return RankActivations(peak, peak_task, at_peak, stored_peak, timeline)
