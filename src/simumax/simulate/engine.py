@@ -138,11 +138,13 @@ def run_pipeline(
             n = len(order)
             while p < n:
                 t = order[p]
-                kind, k, mb = t.kind, t.vstage, t.mb
-                got = dep(kind, k, mb)
+                kind, k, mb, pairable = t  # dep() inlined: this loop runs for every pass
+                got = waits_on[kind][k][mb]
                 if got < 0.0:
                     break
-                paired = pairing and t.paired and p + 1 < n and order[p + 1].mb != mb
+                if mb == 0 and gate and kind == FORWARD and k in gate:
+                    got = max(got, gate[k][0])
+                paired = pairing and pairable and p + 1 < n and order[p + 1].mb != mb
                 if not record and not paired:
                     # one task, nothing to record: the fast path
                     start = now if now > got else got
