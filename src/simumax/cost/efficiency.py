@@ -47,7 +47,8 @@ class ComputeModel:
             # fitting parses every table key: shared by every estimate of this accelerator
             # config while the table's contents stay the same (an edit in place refits)
             table, sm = self.acc.op[name].accurate_efficient_factor, self.acc.sm_count
-            fit = self._fits[name] = self.acc.derived(f"fit/{name}", (tuple(table.items()), sm), lambda: TableFit(table, sm))
+            contents = (tuple(table.items()), sm)
+            fit = self._fits[name] = self.acc.derived(f"fit/{name}", contents, lambda: TableFit(table, sm))
         return fit
 
     def _efficiency(self, name: str, key: str) -> tuple[float, str]:
