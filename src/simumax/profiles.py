@@ -169,24 +169,31 @@ class LayerProfiles:
         post = chunk.ops[len(pre) + n_layer_ops :]
         return kinds, pre, post
 
+    @staticmethod
+    def _runs(layers: list[int], kinds: tuple[CostKind, ...]) -> list[tuple[CostKind, list[int]]]:
+        """Consecutive layers of one kind, in order: each run is added with one loop (the
+        same additions in the same order as layer by layer)."""
+        runs: list[tuple[CostKind, list[int]]] = []
+        for layer, kind in zip(layers, kinds, strict=True):
+            if runs and runs[-1][0] == kind:
+                runs[-1][1].append(layer)
+            else:
+                runs.append((kind, [layer]))
+        return runs
+
     def chunk_time(self, st: StrategyConfig, chunk: Stage, p2p: float) -> StageTime:
         kinds, pre, post = self._shape(st, chunk)
         out = self._ops_time(pre)
-        layers, i = chunk.layers, 0
-        while i < len(layers):  # runs of consecutive layers of one kind, in order
-            kind, j = kinds[i], i + 1
-            while j < len(layers) and kinds[j] == kind:
-                j += 1
-            t = self.layer_time(layers[i], kind[0])
-            out.add(t, j - i, op_times=False)
+        for kind, layers in self._runs(chunk.layers, kinds):
+            t = self.layer_time(layers[0], kind[0])
+            out.add(t, len(layers), op_times=False)
             # the kind's costs under each layer's own ops (names and layer index in traces and op tables)
             phases = [ph for _, ph in t.op_times]
-            for layer in layers[i:j]:
+            for layer in layers:
                 own = self.source.layer(layer, kind[0])
                 if len(own) != len(phases):
                     raise AssertionError(f"layer {layer} has other ops than its kind")
                 out.op_times.extend(zip(own, phases))
-            i = j
         out.add(self._ops_time(post))
         out.p2p = p2p
         return out
@@ -195,23 +202,20 @@ class LayerProfiles:
         """The chunk's ops as (ops, times): its own before and after the layers once, one
         layer of each kind times the layers of that kind (graph/params.count_params_of)."""
         kinds, pre, post = self._shape(st, chunk)
-        runs: dict[CostKind, tuple[int, int]] = {}  # kind -> (its first layer here, layers)
-        for layer, kind in zip(chunk.layers, kinds, strict=True):
-            first, n = runs.get(kind, (layer, 0))
-            runs[kind] = (first, n + 1)
-        return [(pre, 1), *((self.source.layer(first, kind[0]), n) for kind, (first, n) in runs.items()), (post, 1)]
+        runs = self._runs(chunk.layers, kinds)
+        return [(pre, 1), *((self.source.layer(layers[0], kind[0]), len(layers)) for kind, layers in runs), (post, 1)]
 
     def chunk_sources(self, st: StrategyConfig, chunk: Stage) -> KernelSources:
         """Kernel seconds of one micro-batch through a chunk by family and source (layers
         of one kind summed once)."""
         kinds, pre, post = self._shape(st, chunk)
         out = KernelSources()
-        for layer, kind in zip(chunk.layers, kinds, strict=True):
+        for kind, layers in self._runs(chunk.layers, kinds):
             src = self._layer_sources.get(kind)
             if src is None:
-                src = self._layer_sources[kind] = sources.of_ops(self.source.layer(layer, kind[0]), self.coster.compute,
+                src = self._layer_sources[kind] = sources.of_ops(self.source.layer(layers[0], kind[0]), self.coster.compute,
                                                                   self.coster.network)
-            out.add(src)
+            out.add(src, len(layers))
         out.add(sources.of_ops(pre + post, self.coster.compute, self.coster.network))
         return out
 

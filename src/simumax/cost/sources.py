@@ -22,14 +22,19 @@ class KernelSources:
     seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))  # "family/source" -> s
     misses: Counter[str] = field(default_factory=Counter)  # "family: key" -> kernels not measured
 
-    def add(self, other: "KernelSources") -> None:
+    def add(self, other: "KernelSources", times: int = 1) -> None:
+        """Add ``other`` ``times`` times (seconds one addition after another: what adding
+        it per layer gives, to the last bit)."""
         # plain loops: Counter.update is a Python-level loop with more steps per key
         for mine, theirs in ((self.counts, other.counts), (self.misses, other.misses)):
             for k, n in theirs.items():
-                mine[k] += n
+                mine[k] += n * times
         seconds = self.seconds
         for k, v in other.seconds.items():
-            seconds[k] += v
+            x = seconds[k]
+            for _ in range(times):
+                x += v
+            seconds[k] = x
 
     def to_dict(self) -> dict[str, Any]:
         """``CostResult.efficiency_lookups``: hits (measured kernels by family), misses (every
