@@ -45,7 +45,8 @@ def calibrate(
     set_: list[str] = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the written system config as JSON."),
 ) -> None:
-    """Time the GEMM / grouped GEMM / attention / memory-bound kernels the jobs run; write a system config."""
+    """Time the GEMM / grouped GEMM / attention / memory-bound kernels the jobs run (fp8 GEMMs too, for
+    jobs with fp8: as TransformerEngine runs them); write a system config."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from simumax.calibrate.run import calibrate_jobs
