@@ -64,7 +64,7 @@ class ComputeModel:
             return eff, "measured"
         if name.startswith(("fp8_", "fp4_")) and not spec.accurate_efficient_factor:
             base = self._family(name[4:])
-            eff, src = self._efficiency(base, key)
+            eff, _ = self._efficiency(base, key)
             if spec.efficient_factor > 0 and base != "default":
                 eff = self._fp8_from_bf16(spec.tflops, spec.efficient_factor, ops[base].tflops,
                                           ops[base].efficient_factor, eff, key)

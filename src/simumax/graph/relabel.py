@@ -68,8 +68,3 @@ class Relabeler:
             out.append(_new(Op, v))
         return out
 
-
-def relabel(ops: list[Op], src: int, dst: int) -> list[Op]:
-    """``ops`` of layer ``src`` renamed to layer ``dst`` (names starting ``L{src}.`` or,
-    for the layer's output, ``L{src + 1}.``); to rename many layers, keep a Relabeler."""
-    return Relabeler(ops, src).to(dst)
