@@ -136,6 +136,24 @@ def test_attention_efficiency_at_most_one(system: str) -> None:
             assert cm.compute(a)[1] <= 1.0
 
 
+@pytest.mark.parametrize("system", ["h100-sxm-80gb", "a100-sxm-80gb"])  # fitted from a measured table; default curve
+def test_non_causal_attention_block_runs_at_the_causal_work_rate(system: str) -> None:
+    """Tables count a causal kernel's FLOPs over the whole score matrix while flash attention
+    computes (s + 1) / 2s of it; a non-causal block (context-parallel steps) computes all
+    of it. At the same work rate the non-causal s x s block takes 2s / (s + 1) times the
+    causal kernel of that shape (before: it was fitted from the causal entries as if they
+    had done the whole matrix, and on the H100 table ran at the full bf16 peak)."""
+    cm = ComputeModel(load_system(system))
+    for s, phase in ((4096, "fwd"), (4096, "bwd"), (2048, "bwd")):
+        shape = dict(batch=1, seq_len=s, head_num=32, kv_head_num=8, qk_head_dim=128, v_head_dim=128)
+        causal = Attention(phase, **shape)
+        block = Attention(phase, **shape, kv_seq_len=s, causal=False)
+        assert block.key == causal.key.replace(", head_num", f", kv_seq_len={s}, head_num") + ", causal=False"
+        assert cm.compute(block)[0] == pytest.approx(cm.compute(causal)[0] * 2 * s / (s + 1), rel=1e-9)
+        assert cm.compute(block)[1] == pytest.approx(cm.compute(causal)[1], rel=1e-9)  # same work rate
+    assert "causal" not in parse_key(causal.key)[1] and parse_key(block.key)[1]["causal"] == 0.0
+
+
 # ---- hardware presets --------------------------------------------------------------------
 def test_hardware_presets_are_current() -> None:
     import importlib.util

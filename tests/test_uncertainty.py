@@ -51,11 +51,12 @@ def test_measured_tables_narrow_the_band_and_it_is_deterministic() -> None:
 
 def test_fit_band_by_hand() -> None:
     """Two measured sources at mean +-0.02 with no scatter, two blind ones at 0.08 and 0.12:
-    a = 0.1; measured sd = 0.02 (between sources); blind sd = 0.02 -> s1 = 0."""
+    a = 0.1; measured sd = 0.02 (between sources); blind: offsets +-0.02 from a, which two
+    sources estimated, so sd = sqrt(0.02² (1 + 1/2)) = 0.02449 -> s1 = 0.0045."""
     rows = [("m1", 0.0, 0.02), ("m1", 0.0, 0.02), ("m2", 0.0, -0.02), ("m2", 0.0, -0.02),
             ("b1", 1.0, 0.08), ("b1", 1.0, 0.08), ("b2", 1.0, 0.12), ("b2", 1.0, 0.12)]
     p = fit_band(rows)
-    assert (p.a, p.s0, p.s1) == (0.1, 0.02, 0.0)
+    assert (p.a, p.s0, p.s1) == (0.1, 0.02, 0.0045)
     # held out, m2's errors lie outside a band learned from m1 alone plus the pooled spread
     cov = leave_one_source_out(rows)
     assert set(cov) == {"m1", "m2", "b1", "b2"} and all(n == 2 for _, n in cov.values())

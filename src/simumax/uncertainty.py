@@ -42,7 +42,7 @@ class BandParams:
 
 
 # fitted on every validation file by docs/make_uncertainty.py (a test keeps them current)
-TIME_BAND = BandParams(a=0.0782, s0=0.0441, s1=0.0379)
+TIME_BAND = BandParams(a=0.0756, s0=0.0441, s1=0.0368)
 MEMORY_BAND = BandParams(a=0.0, s0=0.0152, s1=0.0)
 
 
@@ -75,10 +75,10 @@ def fit_band(rows: Iterable[tuple[str, float, float]]) -> BandParams:
     sources of each source's mean e / u (every source weighs the same, whatever its case
     count). At each level the variance is the pooled within-source variance plus the
     between-source one (the mean squared offset of each source's mean from a·u; pooled over
-    both levels when a level has fewer than two sources): cases of one source share their
-    software stack and cluster, so their errors move together and a band from case scatter
-    alone would be too narrow for a new source. s0 is the measured level's sd, s1 the blind
-    level's excess."""
+    both levels when a level has fewer than two sources; at the blind level times 1 + 1/n
+    for the n sources a was estimated from): cases of one source share their software stack
+    and cluster, so their errors move together and a band from case scatter alone would be
+    too narrow for a new source. s0 is the measured level's sd, s1 the blind level's excess."""
     levels: dict[bool, dict[str, list[tuple[float, float]]]] = {False: {}, True: {}}
     for source, u, e in rows:
         levels[u >= 0.5].setdefault(source, []).append((u, e))
@@ -94,7 +94,16 @@ def fit_band(rows: Iterable[tuple[str, float, float]]) -> BandParams:
         between = sum(m * m for m in means.values()) / len(means)
         parts[level] = (within, between, len(sources))
     pooled = sum(b for _, b, _ in parts.values()) / len(parts)
-    sd = {lvl: math.sqrt(w + (b if n >= 2 else max(b, pooled))) for lvl, (w, b, n) in parts.items()}
+    sd = {}
+    for lvl, (w, b, n) in parts.items():
+        between = b if n >= 2 else max(b, pooled)
+        if lvl:
+            # the blind level's shift a is itself the mean of n sources' offsets: a new
+            # source lies off the estimate by between-source variance x (1 + 1/n) (the
+            # random-effects prediction interval); the measured level's mean is 0 by
+            # construction, nothing estimated
+            between *= 1.0 + 1.0 / n
+        sd[lvl] = math.sqrt(w + between)
     s0 = sd.get(False, sd.get(True, 0.0))
     s1 = max(0.0, sd.get(True, s0) - s0)
     return BandParams(round(a, 4), round(s0, 4), round(s1, 4))

@@ -160,10 +160,13 @@ class Attention:
     @property
     def key(self) -> str:
         kv = f", kv_seq_len={self.kv_seq_len}" if self.kv_seq_len else ""
+        # SimuMax's keys (all causal) stay as they are; a non-causal block says so: its
+        # efficiency, in the FLOPs-over-the-whole-matrix convention, is half a causal one's
+        causal = "" if self.causal else ", causal=False"
         return (
             f"batch={self.batch}, seq_len={self.seq_len}{kv}, head_num={self.head_num}, "
             f"kv_head_num={self.kv_head_num}, qk_head_dim={self.qk_head_dim}, "
-            f"v_head_dim={self.v_head_dim}, qkv_contiguous={self.qkv_contiguous}"
+            f"v_head_dim={self.v_head_dim}, qkv_contiguous={self.qkv_contiguous}{causal}"
         )
 
 
