@@ -218,7 +218,7 @@ class Estimate:
         depend on how the layers are split)."""
         fam = self.layer_profiles
         if fam.param_count is None:
-            groups = (g for c in self.chunks for g in fam.param_groups(self.strategy, c))
+            groups = (g for c in self.chunks for g in c.groups())
             fam.param_count = count_params_of(self.model, self.strategy, groups)
         return fam.param_count
 
@@ -367,7 +367,7 @@ class Estimate:
             return {}
         out = {}
         for c in self.chunks:
-            need = sum(o.saved_bytes + (o.output[1] if o.output else 0.0) for o in c.ops if o.bwd_weight)
+            need = sum(n * sum(o.saved_bytes + (o.output[1] if o.output else 0.0) for o in ops if o.bwd_weight) for ops, n in c.groups())
             out[c.vstage] = min(need, self.chunk_walks[c.vstage].stored)
         return out
 

@@ -16,6 +16,7 @@ code path: a shared cache changes speed, never results.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from simumax.config.model import ModelConfig
@@ -28,12 +29,13 @@ from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import Coster, PhaseTime, StageTime
 from simumax.graph import fp8
 from simumax.graph.model_graph import OpSource, PlainLayers
-from simumax.graph.ops import PHASES, Op, Stage
+from simumax.graph.ops import PHASES, Op, Stage, StagePart
+from simumax.graph.relabel import Relabeler
 from simumax.graph.params import ParamCount
-from simumax.graph.recompute import is_recomputed
 from simumax.graph.offload import MODULE as OFFLOAD
 from simumax.graph.sharding import MODULE as SHARDING
-from simumax.memory.activation_walk import WalkResult, walk
+from simumax.memory.activation_walk import WalkResult
+from simumax.memory.chunk_walk import op_name_at, shaped_walk
 from simumax.memory.schedule_walk import RankActivations, walk_schedule
 from simumax.schedule import order_key, rank_orders
 from simumax.schedule.tasks import RankOrders
@@ -92,6 +94,7 @@ class LayerProfiles:
     _layer_times: dict[CostKind, StageTime] = field(default_factory=dict)
     _op_times: dict[int, tuple[Op, dict[str, PhaseTime]]] = field(default_factory=dict)
     _walks: dict[tuple[Any, ...], tuple[WalkResult, int, int]] = field(default_factory=dict)
+    _relabelers: dict[CostKind, Relabeler] = field(default_factory=dict)
     _layer_sources: dict[CostKind, KernelSources] = field(default_factory=dict)
 
     def op_time(self, o: Op) -> dict[str, PhaseTime]:
@@ -104,11 +107,13 @@ class LayerProfiles:
 
     def _ops_time(self, ops: list[Op]) -> StageTime:
         out = StageTime(PhaseTime(), PhaseTime(), PhaseTime(), PhaseTime(), 0.0)
+        phases = []
         for o in ops:
             ph = self.op_time(o)
-            out.op_times.append((o, ph))
+            phases.append(ph)
             for name in PHASES:
                 getattr(out, name).add(ph[name])
+        out.add_op_times(list(ops), phases)
         self._hide_prefetched(out)
         return out
 
@@ -153,87 +158,64 @@ class LayerProfiles:
         for their names) and whether it is recomputed."""
         return (recomputed, *self.source.kind(layer))
 
-    def _shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[CostKind, ...], list[Op], list[Op]]:
-        """(layer kinds, ops before the layers, ops after them) of a chunk."""
-        cached = chunk.shape_cache
-        if cached is not None and cached[0] is self and len(chunk.ops) == cached[2]:
-            return cached[1]
-        shape = self._compute_shape(st, chunk)
-        chunk.shape_cache = (self, shape, len(chunk.ops))
-        return shape
-
-    def _compute_shape(self, st: StrategyConfig, chunk: Stage) -> tuple[tuple[CostKind, ...], list[Op], list[Op]]:
-        kinds = tuple(self._kind(layer, is_recomputed(st, pos)) for pos, layer in enumerate(chunk.layers))
-        n_layer_ops = sum(len(self.source.layer(layer, kind[0])) for layer, kind in zip(chunk.layers, kinds, strict=True))
-        pre = chunk.ops[: len(self.source.pre_ops())] if chunk.vstage == 0 else []
-        post = chunk.ops[len(pre) + n_layer_ops :]
-        return kinds, pre, post
-
     @staticmethod
-    def _runs(layers: list[int], kinds: tuple[CostKind, ...]) -> list[tuple[CostKind, list[int]]]:
-        """Consecutive layers of one kind, in order: each run is added with one loop (the
-        same additions in the same order as layer by layer)."""
-        runs: list[tuple[CostKind, list[int]]] = []
-        for layer, kind in zip(layers, kinds, strict=True):
-            if runs and runs[-1][0] == kind:
-                runs[-1][1].append(layer)
-            else:
-                runs.append((kind, [layer]))
-        return runs
+    def _split(chunk: Stage) -> tuple[list[Op], list[StagePart], list[Op]]:
+        """(ops before the layers, runs of layers of one kind, ops after them) of a chunk
+        (model_graph.build_virtual_stages)."""
+        parts = chunk.parts
+        return parts[0].ops, parts[1:-1], parts[-1].ops
 
     def chunk_time(self, st: StrategyConfig, chunk: Stage, p2p: float) -> StageTime:
-        kinds, pre, post = self._shape(st, chunk)
+        pre, runs, post = self._split(chunk)
         out = self._ops_time(pre)
-        for kind, layers in self._runs(chunk.layers, kinds):
-            t = self.layer_time(layers[0], kind[0])
-            out.add(t, len(layers), op_times=False)
-            # the kind's costs under each layer's own ops (names and layer index in traces and op tables)
-            phases = [ph for _, ph in t.op_times]
-            for layer in layers:
-                own = self.source.layer(layer, kind[0])
-                if len(own) != len(phases):
-                    raise AssertionError(f"layer {layer} has other ops than its kind")
-                out.op_times.extend(zip(own, phases))
+        for run in runs:
+            t = self.layer_time(run.layers[0], run.kind[0])
+            out.add(t, len(run.layers), op_times=False)
+            # the kind's costs under each layer's own ops (names and layer index in traces
+            # and op tables), made when they are read
+            out.add_op_times(partial(_run_ops, run), [ph for _, ph in t.op_times] * len(run.layers))
         out.add(self._ops_time(post))
         out.p2p = p2p
         return out
 
-    def param_groups(self, st: StrategyConfig, chunk: Stage) -> list[tuple[list[Op], int]]:
-        """The chunk's ops as (ops, times): its own before and after the layers once, one
-        layer of each kind times the layers of that kind (graph/params.count_params_of)."""
-        kinds, pre, post = self._shape(st, chunk)
-        runs = self._runs(chunk.layers, kinds)
-        return [(pre, 1), *((self.source.layer(layers[0], kind[0]), len(layers)) for kind, layers in runs), (post, 1)]
-
     def chunk_sources(self, st: StrategyConfig, chunk: Stage) -> KernelSources:
         """Kernel seconds of one micro-batch through a chunk by family and source (layers
         of one kind summed once)."""
-        kinds, pre, post = self._shape(st, chunk)
+        pre, runs, post = self._split(chunk)
         out = KernelSources()
-        for kind, layers in self._runs(chunk.layers, kinds):
-            src = self._layer_sources.get(kind)
+        for run in runs:
+            src = self._layer_sources.get(run.kind)
             if src is None:
-                src = self._layer_sources[kind] = sources.of_ops(self.source.layer(layers[0], kind[0]), self.coster.compute,
-                                                                  self.coster.network)
-            out.add(src, len(layers))
+                src = self._layer_sources[run.kind] = sources.of_ops(self.source.layer(run.layers[0], run.kind[0]),
+                                                                      self.coster.compute, self.coster.network)
+            out.add(src, len(run.layers))
         out.add(sources.of_ops(pre + post, self.coster.compute, self.coster.network))
         return out
 
     def chunk_walk(self, st: StrategyConfig, chunk: Stage) -> WalkResult:
-        """The walk depends on the chunk's shape only (tensor names differ by layer);
-        the peak ops are kept by position and named from this chunk."""
-        kinds, pre, post = self._shape(st, chunk)
-        key = (kinds, tuple(id(o) for o in pre), tuple(id(o) for o in post))
+        """The walk depends on the chunk's shape only (tensor names differ by layer), and
+        past a few layers of a kind grows by the same bytes per layer
+        (memory/chunk_walk.py); the peak ops are kept by position and named from this chunk."""
+        pre, runs, post = self._split(chunk)
+        key = (tuple((r.kind, len(r.layers)) for r in runs), tuple(id(o) for o in pre), tuple(id(o) for o in post))
         hit = self._walks.get(key)
         if hit is None:
-            w = walk(chunk.ops)
-            names = [o.name for o in chunk.ops]
-            at = lambda name: names.index(name) if name else -1  # noqa: E731
-            self._walks[key] = (w, at(w.fwd_peak_op), at(w.bwd_peak_op))
-            return w
+            hit = self._walks[key] = shaped_walk(chunk, self._relabeler)
         w, fi, bi = hit
-        name = lambda i: chunk.ops[i].name if i >= 0 else ""  # noqa: E731
-        return replace(w, fwd_peak_op=name(fi), bwd_peak_op=name(bi))
+        return replace(w, fwd_peak_op=op_name_at(chunk, fi), bwd_peak_op=op_name_at(chunk, bi))
+
+    def _relabeler(self, run: StagePart) -> Relabeler:
+        """The run's kind's ops, renamable to any layer index (one per kind)."""
+        r = self._relabelers.get(run.kind)
+        if r is None:
+            r = self._relabelers[run.kind] = Relabeler(run.ops, run.layers[0])
+        return r
+
+
+def _run_ops(run: StagePart) -> list[Op]:
+    """Every layer's ops of a run, each under its own names."""
+    assert run.expand is not None
+    return [o for layer in run.layers for o in run.expand(layer)]
 
 
 class ProfileCache:

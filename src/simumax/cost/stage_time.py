@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Callable
 
 from simumax.cost import userbuffers
 from simumax.cost.efficiency import ComputeModel
@@ -158,6 +159,11 @@ class Coster:
         return {ph: self.sequence(o.kernels(ph)) for ph in PHASES}
 
 
+OpTime = tuple[Op, dict[str, PhaseTime]]
+# ops (or what makes them: a layer's ops under its own names) and their times, in order
+OpTimeSegment = tuple[list[Op] | Callable[[], list[Op]], list[dict[str, PhaseTime]]]
+
+
 @dataclass(slots=True)
 class StageTime:
     """One micro-batch on one stage (or one model chunk of it)."""
@@ -167,7 +173,25 @@ class StageTime:
     bwd_weight: PhaseTime
     recompute: PhaseTime
     p2p: float  # one send of the activation (or its gradient) to a neighbour
-    op_times: list[tuple[Op, dict[str, PhaseTime]]] = field(default_factory=list)  # for traces
+    _segments: list[OpTimeSegment] = field(default_factory=list, repr=False)
+    _op_times: list[OpTime] | None = field(default=None, repr=False)
+
+    @property
+    def op_times(self) -> list[OpTime]:
+        """Each op with its times per phase, in order (traces, op tables), made on first
+        use: a chunk's layers of one kind carry that kind's times under their own op names,
+        which an estimate never needs to make."""
+        if self._op_times is None:
+            out: list[OpTime] = []
+            for ops, phases in self._segments:
+                out.extend(zip(ops() if callable(ops) else ops, phases, strict=True))
+            self._op_times = out
+        return self._op_times
+
+    def add_op_times(self, ops: list[Op] | Callable[[], list[Op]], phases: list[dict[str, PhaseTime]]) -> None:
+        """Append ops (or a function making them) with their per-phase times."""
+        self._segments.append((ops, phases))
+        self._op_times = None
 
     @property
     def bwd(self) -> PhaseTime:
@@ -188,6 +212,6 @@ class StageTime:
             getattr(self, ph).add(getattr(other, ph), times)
         self.p2p = max(self.p2p, other.p2p)
         if op_times:
-            for _ in range(times):
-                self.op_times.extend(other.op_times)
+            self._segments.extend(other._segments * times)
+            self._op_times = None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 from simumax.config.checks import vstage_layer_counts
 from simumax.config.model import ModelConfig
@@ -11,7 +12,7 @@ from simumax.graph import blocks, fp8
 from simumax.graph.dense_layer import attention_ops, mlp_ops
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective
-from simumax.graph.ops import Op, Stage
+from simumax.graph.ops import Op, Stage, StagePart
 from simumax.graph.placement import virtual_stage_places
 from simumax.graph.mla import mla_attention_ops
 from simumax.graph.moe_layer import moe_mlp_ops
@@ -179,10 +180,10 @@ class OpSource:
             ops = self._mtp[embedding_on_this_rank] = [*sharding_ops("mtp", self.model.layer_num, own, self.st), *ops]
         return ops
 
-    def amax_reduction(self, ops: list[Op], vstage: int) -> Op | None:
-        """The fp8 amax all-reduce of a chunk holding ``ops`` (one op per linear count and
-        chunk position: estimates of one family share it)."""
-        linears = sum(1 for o in ops if fp8.low_precision_linear(o)) if self.st.low_precision else 0
+    def amax_reduction(self, groups: list[tuple[list[Op], int]], vstage: int) -> Op | None:
+        """The fp8 amax all-reduce of a chunk holding ``groups`` ((ops, times): Stage.groups;
+        one op per linear count and chunk position: estimates of one family share it)."""
+        linears = sum(n * sum(1 for o in ops if fp8.low_precision_linear(o)) for ops, n in groups) if self.st.low_precision else 0
         key = (linears, vstage)
         if key not in self._amax:
             self._amax[key] = _fp8_amax_reduction(self.st, linears, vstage)
@@ -220,21 +221,33 @@ def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSourc
     for k, (r, chunk) in enumerate(places):
         n = counts[k]
         stage = Stage(index=r, layers=list(range(first_layer, first_layer + n)), vstage=k, chunk=chunk)
-        if k == 0:
-            stage.ops.extend(src.pre_ops())
+        parts = [StagePart(list(src.pre_ops()) if k == 0 else [])]
         for pos, layer in enumerate(stage.layers):
-            stage.ops.extend(src.layer(layer, is_recomputed(st, pos)))
+            recomputed = is_recomputed(st, pos)
+            kind = (recomputed, *src.kind(layer))
+            last = parts[-1]
+            if last.layers and last.kind == kind:
+                parts[-1] = last._replace(layers=(*last.layers, layer))
+            else:
+                parts.append(StagePart(src.layer(layer, recomputed), (layer,), partial(_layer_of, src, recomputed), kind))
+        post: list[Op] = []
         if k == len(places) - 1:
             if model.mtp_num_layers:
-                stage.ops.extend(src.mtp(embedding_on_this_rank=r == places[0][0]))
-            stage.ops.extend(src.head(same_rank_as_embedding=r == places[0][0]))
-        amax = src.amax_reduction(stage.ops, k)
+                post.extend(src.mtp(embedding_on_this_rank=r == places[0][0]))
+            post.extend(src.head(same_rank_as_embedding=r == places[0][0]))
+        amax = src.amax_reduction([(p.ops, p.times) for p in parts] + [(post, 1)], k)
         if amax is not None:
-            stage.ops.append(amax)
+            post.append(amax)
+        stage.parts = [*parts, StagePart(post)]
         stage.p2p_bytes = p2p if k < len(places) - 1 else 0.0
         out.append(stage)
         first_layer += n
     return out
+
+
+def _layer_of(src: OpSource, recomputed: bool, layer: int) -> list[Op]:
+    """A layer's ops (StagePart.expand of a run of layers)."""
+    return src.layer(layer, recomputed)
 
 
 def merge_chunks(chunks: list[Stage], pp: int) -> list[Stage]:
@@ -242,7 +255,7 @@ def merge_chunks(chunks: list[Stage], pp: int) -> list[Stage]:
     stages = [Stage(index=r) for r in range(pp)]
     for c in sorted(chunks, key=lambda c: (c.index, c.chunk)):
         s = stages[c.index]
-        s.ops.extend(c.ops)
+        s.parts.extend(c.parts)
         s.layers.extend(c.layers)
     return stages
 

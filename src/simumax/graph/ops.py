@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -64,31 +64,63 @@ class Op(NamedTuple):
 PHASES = ("fwd", "bwd_input", "bwd_weight", "recompute")
 
 
+class StagePart(NamedTuple):
+    """A stretch of a stage's ops in forward order: ``ops`` as they are (``layers`` empty:
+    the embedding, the head and loss), or a run of ``layers`` of one kind, whose ops are
+    ``ops`` (the run's first layer's) under each layer's own names, ``expand(layer)``."""
+
+    ops: list[Op]
+    layers: tuple[int, ...] = ()
+    expand: Callable[[int], list[Op]] | None = None
+    kind: Any = None  # what makes the run's layers cost alike (profiles.CostKind)
+
+    @property
+    def times(self) -> int:
+        """How often ``ops`` occur in the stage (under other names)."""
+        return len(self.layers) or 1
+
+
 @dataclass(slots=True)
 class Stage:
     """Everything one pipeline rank (or one model chunk of it: ``vstage``) runs for one
-    micro-batch, in forward order."""
+    micro-batch, in forward order: ``parts``, a model chunk's being its own ops before
+    its layers (the embedding), its runs of layers of one kind, and its ops after them
+    (MTP, head, loss); a rank's are its chunks' in chunk order."""
 
     index: int  # pipeline rank
-    ops: list[Op] = field(default_factory=list)
     layers: list[int] = field(default_factory=list)
     p2p_bytes: float = 0.0  # activation sent to the next virtual stage per micro-batch
     vstage: int = 0  # virtual stage (model chunk position in forward order)
     chunk: int = 0  # chunk index on its rank
-    # (op count, params, expert params) when last summed: a search reads the sums of each
-    # stage many times; ops are only ever appended, so a changed count means "sum again"
-    _sums: tuple[int, int, int] = field(default=(-1, 0, 0), repr=False, compare=False)
-    # (profiles that computed it, its shape): profiles.LayerProfiles._shape of this chunk,
-    # read three times per estimate (times, sources, walk)
-    shape_cache: tuple[Any, Any, int] | None = field(default=None, repr=False, compare=False)
-    largest_unit: tuple[int, int] = field(default=(-1, 0), repr=False, compare=False)  # (op count, params): model_states
+    parts: list[StagePart] = field(default_factory=list)
+    _ops: list[Op] | None = field(default=None, repr=False, compare=False)
+    _sums: tuple[int, int] | None = field(default=None, repr=False, compare=False)  # (params, expert params)
+
+    @property
+    def ops(self) -> list[Op]:
+        """Every op, each layer's under its own names: made on first use (traces, op
+        tables); an estimate reads ``groups()``, a layer of each kind with its count."""
+        if self._ops is None:
+            out: list[Op] = []
+            for p in self.parts:
+                if p.layers and p.expand is not None:
+                    for layer in p.layers:
+                        out.extend(p.expand(layer))
+                else:
+                    out.extend(p.ops)
+            self._ops = out
+        return self._ops
+
+    def groups(self) -> list[tuple[list[Op], int]]:
+        """(ops, times) per part: the layers of one kind are the same ops under other names."""
+        return [(p.ops, p.times) for p in self.parts]
 
     def _param_sums(self) -> tuple[int, int]:
-        n, params, experts = self._sums
-        if n != len(self.ops):
-            params, experts = sum(o.params for o in self.ops), sum(o.expert_params for o in self.ops)
-            self._sums = (len(self.ops), params, experts)
-        return params, experts
+        if self._sums is None:
+            params = sum(sum(o.params for o in ops) * n for ops, n in self.groups())
+            experts = sum(sum(o.expert_params for o in ops) * n for ops, n in self.groups())
+            self._sums = (params, experts)
+        return self._sums
 
     @property
     def params(self) -> int:

@@ -32,7 +32,7 @@ def count_params(model: ModelConfig, st: StrategyConfig, stages: list[Stage]) ->
     """The model's parameters, each counted once over stages and shards; the MTP block's
     own (ops of layers past layer_num) apart, as published counts leave them out
     (DeepSeek-V3: 671B without its MTP module)."""
-    return count_params_of(model, st, ((s.ops, 1) for s in stages))
+    return count_params_of(model, st, (g for s in stages for g in s.groups()))
 
 
 def count_params_of(model: ModelConfig, st: StrategyConfig, groups: Iterable[tuple[list[Op], int]]) -> ParamCount:

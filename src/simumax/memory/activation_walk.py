@@ -26,6 +26,8 @@ class WalkResult:
     bwd_peak: float  # max live bytes of this micro-batch during its backward
     fwd_peak_op: str
     bwd_peak_op: str
+    fwd_peak_at: int = -1  # position of the forward peak's op in the ops walked
+    bwd_peak_at: int = -1
 
 
 def walk(ops: list[Op]) -> WalkResult:
@@ -93,8 +95,8 @@ def walk(ops: list[Op]) -> WalkResult:
     # forward
     live: dict[str, float] = {}
     live_total = 0.0
-    fwd_peak, fwd_op = 0.0, ""
-    for o in ops:
+    fwd_peak, fwd_op, fwd_at = 0.0, "", -1
+    for at, o in enumerate(ops):
         extra = 0.0
         for kept in (o.saved, o.input) if o.recompute_group else (o.saved,):
             for name, nbytes in kept:
@@ -105,7 +107,7 @@ def walk(ops: list[Op]) -> WalkResult:
                     live_total += nbytes
         here = live_total + o.fwd_transient + extra
         if here > fwd_peak:
-            fwd_peak, fwd_op = here, o.name
+            fwd_peak, fwd_op, fwd_at = here, o.name, at
         for name, _ in o.offloads:  # copied to the host while the layer ran: freed
             live_total -= live.pop(name, 0.0)
     stored = live_total
@@ -115,7 +117,7 @@ def walk(ops: list[Op]) -> WalkResult:
     for gid, idx in groups.items():
         at = max([idx[-1]] + [last_user.get(n, -1) for n in dropped[gid]])
         last_of_group.setdefault(at, []).append(gid)
-    bwd_peak, bwd_op = 0.0, ""
+    bwd_peak, bwd_op, bwd_at = 0.0, "", -1
     for i in range(len(ops) - 1, -1, -1):
         o = ops[i]
         if reload_at:
@@ -131,7 +133,7 @@ def walk(ops: list[Op]) -> WalkResult:
                         live_total += nbytes
         here = live_total + o.bwd_transient
         if here > bwd_peak:
-            bwd_peak, bwd_op = here, o.name
+            bwd_peak, bwd_op, bwd_at = here, o.name, i
         for name in release.get(i, ()):
             live_total -= live.pop(name, 0.0)
-    return WalkResult(stored, fwd_peak, bwd_peak, fwd_op, bwd_op)
+    return WalkResult(stored, fwd_peak, bwd_peak, fwd_op, bwd_op, fwd_at, bwd_at)

@@ -47,26 +47,20 @@ def device_optimizer_share(st: StrategyConfig) -> float:
 def fp8_weight_params(stage: Stage) -> int:
     """Parameters of the stage's TE linears run as fp8 / fp4 GEMMs (their low-precision
     weight copies; layers kept in BF16 have none)."""
-    return sum(o.params for o in stage.ops if fp8.low_precision_linear(o))
+    return sum(n * sum(o.params for o in ops if fp8.low_precision_linear(o)) for ops, n in stage.groups())
 
 
 def largest_layer_params(stage: Stage) -> int:
     """Parameters of the stage's largest unit ZeRO-3 gathers at once (graph/sharding.py):
-    a transformer layer, the embedding, or the head with its final norm (kept on the stage
-    while its op count is unchanged: a search reads it for every stage many times)."""
-    n, largest = stage.largest_unit
-    if n == len(stage.ops):
-        return largest
-    largest = _largest_unit(stage)
-    stage.largest_unit = (len(stage.ops), largest)
-    return largest
-
-
-def _largest_unit(stage: Stage) -> int:
+    a transformer layer, the embedding, or the head with its final norm."""
     per: dict[object, int] = {}
-    for o in stage.ops:
-        unit = o.layer if o.layer >= 0 else ("embedding" if o.module == "embedding" else "head")
-        per[unit] = per.get(unit, 0) + o.params
+    for p in stage.parts:
+        if p.layers:  # a run: every layer holds the same parameters
+            per[p.layers[0]] = sum(o.params for o in p.ops)
+            continue
+        for o in p.ops:
+            unit = o.layer if o.layer >= 0 else ("embedding" if o.module == "embedding" else "head")
+            per[unit] = per.get(unit, 0) + o.params
     return max(per.values(), default=0)
 
 
@@ -83,7 +77,7 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
     te = 0.0
     if st.te_at_least("2.3"):
         grouped_too = st.te_at_least("2.10")
-        shapes = {s for o in stage.ops if grouped_too or not o.expert_params for s in o.weight_shapes}
+        shapes = {s for ops, _ in stage.groups() for o in ops if grouped_too or not o.expert_params for s in o.weight_shapes}
         te = float(sum(n * k for n, k in shapes) * st.dtype_bytes)
     if st.low_precision:  # TE keeps each fp8 / fp4 weight in both layouts (and the recipe's scales) between micro-batches
         te += fp8.weight_copy_bytes_per_param(fp8.recipe(st.lp_recipe)) * fp8_weight_params(stage)

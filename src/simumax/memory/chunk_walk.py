@@ -1,0 +1,115 @@
+"""A model chunk's activation walk (memory/activation_walk.py) from a shorter chunk.
+
+Past its first layers, every further layer of one kind adds the same bytes D to what a
+micro-batch keeps, and the walk's peaks are maxima over ops whose live bytes grow by D per
+layer before them: each peak is max(E, K + c·D) in the run's layer count c, so once one
+more layer raises it by exactly D it rises by D with every layer after (no op's live bytes
+grow faster). A chunk with runs of >= MIN_RUN layers of one kind is walked with BASE layers
+per such run, then one more in each run (and in all of them at once, which rules out two
+ops tied at the base with different growth), the tensor names following the shortened
+layer indices; when every step is exactly D (> 0) the chunk's walk is the base walk plus
+D per missing layer, its peak ops the same positions counted from the run's end. Otherwise
+(and for the MTP block, whose layers are named past the model's) the whole chunk is
+walked. A 32-layer chunk costs four layers' walk instead of 32, and no layer's ops under
+its own names need making (tests/test_invariants.py holds it equal to the full walk).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from simumax.graph.ops import Op, Stage, StagePart
+from simumax.graph.relabel import Relabeler
+from simumax.memory.activation_walk import WalkResult, walk
+
+MIN_RUN = 4  # runs at least this long are shortened
+BASE = 2  # layers a shortened run keeps in the base walk
+REL_TOL = 1e-12  # steps "exactly D": within this share of the peak
+
+
+def shaped_walk(chunk: Stage, relabeler: Callable[[StagePart], Relabeler]) -> tuple[WalkResult, int, int]:
+    """(the chunk's walk, position of its forward peak op, of its backward peak op) in
+    the chunk's op order; ``relabeler(run)`` renames the run's ops to another layer index."""
+    pre, runs, post = chunk.parts[0].ops, chunk.parts[1:-1], chunk.parts[-1].ops
+    counts = [len(r.layers) for r in runs]
+    long = [i for i, c in enumerate(counts) if c >= MIN_RUN]
+    if long and not any(o.layer >= 0 for o in post):
+        got = _extrapolated(chunk, pre, runs, post, counts, long, relabeler)
+        if got is not None:
+            return got
+    w = walk(chunk.ops)
+    return w, w.fwd_peak_at, w.bwd_peak_at
+
+
+def _extrapolated(chunk: Stage, pre: list[Op], runs: list[StagePart], post: list[Op], counts: list[int], long: list[int],
+                  relabeler: Callable[[StagePart], Relabeler]) -> tuple[WalkResult, int, int] | None:
+    # the ops after the layers read the last layer's output: renamed to the shortened last
+    post_names = Relabeler(post, chunk.layers[-1]) if post else None
+
+    def walk_at(cs: list[int]) -> WalkResult:
+        ops, idx = list(pre), chunk.layers[0]
+        for run, c in zip(runs, cs):
+            names = relabeler(run)
+            for _ in range(c):
+                ops.extend(names.to(idx))
+                idx += 1
+        if post_names is not None:
+            ops.extend(post_names.to(idx - 1))
+        return walk(ops)
+
+    def real_position(p: int, cs: list[int]) -> int:
+        """An op's position in the shortened chunk -> in the real one (layers of a run
+        counted from its end)."""
+        if p < len(pre):
+            return p
+        short = real = len(pre)
+        for run, c, n_real in zip(runs, cs, counts):
+            n = len(run.ops)
+            if p < short + c * n:
+                off = p - short
+                from_end = c - 1 - off // n
+                return real + (n_real - 1 - from_end) * n + off % n
+            short += c * n
+            real += n_real * n
+        return real + p - short
+
+    base = [BASE if i in long else c for i, c in enumerate(counts)]
+    w0 = walk_at(base)
+    tol = REL_TOL * max(w0.fwd_peak, w0.bwd_peak, 1.0)
+    deltas = {}
+    last: tuple[WalkResult, list[int]] = (w0, base)
+    for i in long:
+        cs = list(base)
+        cs[i] += 1
+        w = walk_at(cs)
+        d = w.stored - w0.stored
+        if d <= tol or abs(w.fwd_peak - w0.fwd_peak - d) > tol or abs(w.bwd_peak - w0.bwd_peak - d) > tol:
+            return None
+        deltas[i] = d
+        last = (w, cs)
+    if len(long) > 1:  # all runs one layer longer at once: the same ops must peak
+        cs = [c + 1 if i in deltas else c for i, c in enumerate(base)]
+        w, total = walk_at(cs), sum(deltas.values())
+        if any(abs(a - b - total) > tol for a, b in ((w.stored, w0.stored), (w.fwd_peak, w0.fwd_peak), (w.bwd_peak, w0.bwd_peak))):
+            return None
+        last = (w, cs)
+    w1, cs1 = last
+    fi, bi = real_position(w1.fwd_peak_at, cs1), real_position(w1.bwd_peak_at, cs1)
+    if (fi, bi) != (real_position(w0.fwd_peak_at, base), real_position(w0.bwd_peak_at, base)):
+        return None  # the peak op moved between the short walks: not settled
+    extra = sum((counts[i] - base[i]) * d for i, d in deltas.items())
+    return WalkResult(w0.stored + extra, w0.fwd_peak + extra, w0.bwd_peak + extra, "", "", fi, bi), fi, bi
+
+
+def op_name_at(chunk: Stage, position: int) -> str:
+    """The name of the chunk's op at ``position`` ("" for -1), without making the others."""
+    if position < 0:
+        return ""
+    for p in chunk.parts:
+        n = len(p.ops)
+        if position < n * p.times:
+            if p.layers and p.expand is not None:
+                return p.expand(p.layers[position // n])[position % n].name
+            return p.ops[position].name
+        position -= n * p.times
+    raise IndexError("op position past the chunk")
