@@ -12,6 +12,7 @@ from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 from simumax.memory.activation_walk import walk
+from simumax.memory.chunk_walk import op_name_at
 from tests.test_invariants import pairs
 
 
@@ -20,7 +21,8 @@ def _same_walks(est: Estimate) -> None:
         got = est.chunk_walks[chunk.vstage]
         full = walk(chunk.ops)
         assert (got.stored, got.fwd_peak, got.bwd_peak) == (full.stored, full.fwd_peak, full.bwd_peak), chunk.vstage
-        assert (got.fwd_peak_op, got.bwd_peak_op) == (full.fwd_peak_op, full.bwd_peak_op), chunk.vstage
+        assert (got.fwd_peak_at, got.bwd_peak_at) == (full.fwd_peak_at, full.bwd_peak_at), chunk.vstage
+        assert (op_name_at(chunk, got.fwd_peak_at), op_name_at(chunk, got.bwd_peak_at)) == (full.fwd_peak_op, full.bwd_peak_op)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

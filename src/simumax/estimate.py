@@ -28,6 +28,7 @@ from simumax.graph.ops import Stage
 from simumax.graph.params import ParamCount, count_params_of
 from simumax.graph import fp8
 from simumax.memory.activation_walk import WalkResult
+from simumax.memory.chunk_walk import op_name_at
 from simumax.memory.model_states import model_states
 from simumax.report.results import CostResult, MemResult, StageCost, StageMemory
 from simumax.memory.schedule_walk import RankActivations, walk_schedule
@@ -398,7 +399,8 @@ class Estimate:
             op = ""
             if t is not None:
                 w = self.chunk_walks[t.vstage]
-                op = w.fwd_peak_op if t.kind == "F" else w.bwd_peak_op
+                op = op_name_at(next(c for c in self.chunks if c.vstage == t.vstage),
+                                w.fwd_peak_at if t.kind == "F" else w.bwd_peak_at)
             peak = states.total + act.peak
             out.append(
                 StageMemory(

@@ -15,7 +15,7 @@ code path: a shared cache changes speed, never results.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -35,7 +35,7 @@ from simumax.graph.params import ParamCount
 from simumax.graph.offload import MODULE as OFFLOAD
 from simumax.graph.sharding import MODULE as SHARDING
 from simumax.memory.activation_walk import WalkResult
-from simumax.memory.chunk_walk import op_name_at, shaped_walk
+from simumax.memory.chunk_walk import shaped_walk
 from simumax.memory.schedule_walk import RankActivations, walk_schedule
 from simumax.schedule import order_key, rank_orders
 from simumax.schedule.tasks import RankOrders
@@ -93,7 +93,7 @@ class LayerProfiles:
     param_count: ParamCount | None = None  # Estimate.params: layout-independent within a family
     _layer_times: dict[CostKind, StageTime] = field(default_factory=dict)
     _op_times: dict[int, tuple[Op, dict[str, PhaseTime]]] = field(default_factory=dict)
-    _walks: dict[tuple[Any, ...], tuple[WalkResult, int, int]] = field(default_factory=dict)
+    _walks: dict[tuple[Any, ...], WalkResult] = field(default_factory=dict)
     _relabelers: dict[CostKind, Relabeler] = field(default_factory=dict)
     _layer_sources: dict[CostKind, KernelSources] = field(default_factory=dict)
 
@@ -114,19 +114,19 @@ class LayerProfiles:
             for name in PHASES:
                 getattr(out, name).add(ph[name])
         out.add_op_times(list(ops), phases)
-        self._hide_prefetched(out)
+        self._hide_prefetched(out, ops, phases)
         return out
 
-    def _hide_prefetched(self, out: StageTime) -> None:
+    def _hide_prefetched(self, out: StageTime, ops: list[Op], phases: list[dict[str, PhaseTime]]) -> None:
         """Side-stream transfers hide under the compute of the ops they came with, in
         each phase; the rest is exposed. ZeRO-2/3 collectives (graph/sharding.py) run on
         the data-parallel stream, prefetched, and slow that compute by the tier's
         processor_usage; activation offload copies (graph/offload.py) run on the copy
         engines and take no SMs. The two streams run side by side."""
         for module, usage in ((SHARDING, self.coster.network.tier("dp").processor_usage), (OFFLOAD, 0.0)):
-            ops = [ph for o, ph in out.op_times if o.module == module]
-            if ops:
-                self._hide(out, ops, usage)
+            side = [ph for o, ph in zip(ops, phases) if o.module == module]
+            if side:
+                self._hide(out, side, usage)
 
     @staticmethod
     def _hide(out: StageTime, side: list[dict[str, PhaseTime]], usage: float) -> None:
@@ -173,7 +173,7 @@ class LayerProfiles:
             out.add(t, len(run.layers), op_times=False)
             # the kind's costs under each layer's own ops (names and layer index in traces
             # and op tables), made when they are read
-            out.add_op_times(partial(_run_ops, run), [ph for _, ph in t.op_times] * len(run.layers))
+            out.add_op_times(partial(_run_ops, run), t.phases() * len(run.layers))
         out.add(self._ops_time(post))
         out.p2p = p2p
         return out
@@ -195,14 +195,15 @@ class LayerProfiles:
     def chunk_walk(self, st: StrategyConfig, chunk: Stage) -> WalkResult:
         """The walk depends on the chunk's shape only (tensor names differ by layer), and
         past a few layers of a kind grows by the same bytes per layer
-        (memory/chunk_walk.py); the peak ops are kept by position and named from this chunk."""
+        (memory/chunk_walk.py). The peak ops are given by position in the chunk
+        (``fwd_peak_at``, ``bwd_peak_at``; memory/chunk_walk.op_name_at names them), not by
+        name: chunks of one shape share the result."""
         pre, runs, post = self._split(chunk)
         key = (tuple((r.kind, len(r.layers)) for r in runs), tuple(id(o) for o in pre), tuple(id(o) for o in post))
         hit = self._walks.get(key)
         if hit is None:
             hit = self._walks[key] = shaped_walk(chunk, self._relabeler)
-        w, fi, bi = hit
-        return replace(w, fwd_peak_op=op_name_at(chunk, fi), bwd_peak_op=op_name_at(chunk, bi))
+        return hit
 
     def _relabeler(self, run: StagePart) -> Relabeler:
         """The run's kind's ops, renamable to any layer index (one per kind)."""

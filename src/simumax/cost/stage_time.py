@@ -188,6 +188,10 @@ class StageTime:
             self._op_times = out
         return self._op_times
 
+    def phases(self) -> list[dict[str, PhaseTime]]:
+        """The ops' per-phase times in order, without making the ops."""
+        return [ph for _, phases in self._segments for ph in phases]
+
     def add_op_times(self, ops: list[Op] | Callable[[], list[Op]], phases: list[dict[str, PhaseTime]]) -> None:
         """Append ops (or a function making them) with their per-phase times."""
         self._segments.append((ops, phases))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 from functools import partial
 
 from simumax.config.checks import vstage_layer_counts
@@ -105,6 +106,7 @@ class OpSource:
         self._head: dict[bool, list[Op]] = {}
         self._mtp: dict[bool, list[Op]] = {}
         self._amax: dict[tuple[int, int], Op | None] = {}
+        self._kinds: dict[int, LayerKind] = {}
 
     def bf16_layer(self, layer: int) -> bool:
         """A layer kept in BF16 under an fp8 / fp4 recipe (first_last_layers_bf16)."""
@@ -120,9 +122,13 @@ class OpSource:
     def kind(self, layer: int) -> LayerKind:
         """What makes layers' ops alike but for their names: dense or MoE, kept in BF16 or
         not, offloaded by TE's layer offload or not, the attention window (gpt-oss
-        alternates sliding-window and full-attention layers)."""
-        return (self.model.is_moe_layer(layer), self.bf16_layer(layer), self.te_offloaded(layer),
-                self.model.attention_window(layer))
+        alternates sliding-window and full-attention layers). Kept per layer: a search
+        builds the chunks of many layouts from one source."""
+        got = self._kinds.get(layer)
+        if got is None:
+            got = self._kinds[layer] = (self.model.is_moe_layer(layer), self.bf16_layer(layer), self.te_offloaded(layer),
+                                        self.model.attention_window(layer))
+        return got
 
     def plain_layer(self, layer: int) -> list[Op]:
         """The layer's own ops (no passes): built for the first layer of its kind, the
@@ -221,15 +227,15 @@ def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSourc
     for k, (r, chunk) in enumerate(places):
         n = counts[k]
         stage = Stage(index=r, layers=list(range(first_layer, first_layer + n)), vstage=k, chunk=chunk)
-        parts = [StagePart(list(src.pre_ops()) if k == 0 else [])]
+        runs: list[tuple[tuple[Any, ...], list[int]]] = []  # (kind, layers): consecutive layers of one kind
         for pos, layer in enumerate(stage.layers):
-            recomputed = is_recomputed(st, pos)
-            kind = (recomputed, *src.kind(layer))
-            last = parts[-1]
-            if last.layers and last.kind == kind:
-                parts[-1] = last._replace(layers=(*last.layers, layer))
+            kind = (is_recomputed(st, pos), *src.kind(layer))
+            if runs and runs[-1][0] == kind:
+                runs[-1][1].append(layer)
             else:
-                parts.append(StagePart(src.layer(layer, recomputed), (layer,), partial(_layer_of, src, recomputed), kind))
+                runs.append((kind, [layer]))
+        parts = [StagePart(list(src.pre_ops()) if k == 0 else [])]
+        parts += [StagePart(src.layer(ls[0], kind[0]), tuple(ls), partial(_layer_of, src, kind[0]), kind) for kind, ls in runs]
         post: list[Op] = []
         if k == len(places) - 1:
             if model.mtp_num_layers:

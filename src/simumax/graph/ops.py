@@ -93,14 +93,17 @@ class Stage:
     vstage: int = 0  # virtual stage (model chunk position in forward order)
     chunk: int = 0  # chunk index on its rank
     parts: list[StagePart] = field(default_factory=list)
-    _ops: list[Op] | None = field(default=None, repr=False, compare=False)
-    _sums: tuple[int, int] | None = field(default=None, repr=False, compare=False)  # (params, expert params)
+    # what was read when (by the number of parts: a rank's stage gets its chunks' parts after it is made)
+    _ops: tuple[int, list[Op]] | None = field(default=None, repr=False, compare=False)
+    # (parts, params, expert params) when last summed (a search reads them many times)
+    _sums: tuple[int, int, int] | None = field(default=None, repr=False, compare=False)
+    _groups: list[tuple[list[Op], int]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def ops(self) -> list[Op]:
         """Every op, each layer's under its own names: made on first use (traces, op
         tables); an estimate reads ``groups()``, a layer of each kind with its count."""
-        if self._ops is None:
+        if self._ops is None or self._ops[0] != len(self.parts):
             out: list[Op] = []
             for p in self.parts:
                 if p.layers and p.expand is not None:
@@ -108,27 +111,30 @@ class Stage:
                         out.extend(p.expand(layer))
                 else:
                     out.extend(p.ops)
-            self._ops = out
-        return self._ops
+            self._ops = (len(self.parts), out)
+        return self._ops[1]
 
     def groups(self) -> list[tuple[list[Op], int]]:
         """(ops, times) per part: the layers of one kind are the same ops under other names."""
-        return [(p.ops, p.times) for p in self.parts]
+        if self._groups is None or len(self._groups) != len(self.parts):
+            self._groups = [(p.ops, len(p.layers) or 1) for p in self.parts]
+        return self._groups
 
-    def _param_sums(self) -> tuple[int, int]:
-        if self._sums is None:
+    def _param_sums(self) -> tuple[int, int, int]:
+        s = self._sums
+        if s is None or s[0] != len(self.parts):
             params = sum(sum(o.params for o in ops) * n for ops, n in self.groups())
             experts = sum(sum(o.expert_params for o in ops) * n for ops, n in self.groups())
-            self._sums = (params, experts)
-        return self._sums
+            s = self._sums = (len(self.parts), params, experts)
+        return s
 
     @property
     def params(self) -> int:
-        return self._param_sums()[0]
+        return self._param_sums()[1]
 
     @property
     def expert_params(self) -> int:
-        return self._param_sums()[1]
+        return self._param_sums()[2]
 
     def kernels(self) -> Iterator[Kernel]:
         """Every kernel of one micro-batch, op by op, phase by phase."""

@@ -24,9 +24,9 @@ class WalkResult:
     stored: float  # bytes kept per micro-batch between its forward and backward
     fwd_peak: float  # max live bytes of this micro-batch during its forward
     bwd_peak: float  # max live bytes of this micro-batch during its backward
-    fwd_peak_op: str
+    fwd_peak_op: str  # name of the op at the forward peak ("" in a chunk's walk: see fwd_peak_at)
     bwd_peak_op: str
-    fwd_peak_at: int = -1  # position of the forward peak's op in the ops walked
+    fwd_peak_at: int = -1  # position of that op in the ops walked (a chunk's: memory/chunk_walk.op_name_at)
     bwd_peak_at: int = -1
 
 

@@ -27,9 +27,9 @@ BASE = 2  # layers a shortened run keeps in the base walk
 REL_TOL = 1e-12  # steps "exactly D": within this share of the peak
 
 
-def shaped_walk(chunk: Stage, relabeler: Callable[[StagePart], Relabeler]) -> tuple[WalkResult, int, int]:
-    """(the chunk's walk, position of its forward peak op, of its backward peak op) in
-    the chunk's op order; ``relabeler(run)`` renames the run's ops to another layer index."""
+def shaped_walk(chunk: Stage, relabeler: Callable[[StagePart], Relabeler]) -> WalkResult:
+    """The chunk's walk, its peak ops by position in the chunk's op order (names left
+    empty: ``op_name_at``); ``relabeler(run)`` renames the run's ops to another layer index."""
     pre, runs, post = chunk.parts[0].ops, chunk.parts[1:-1], chunk.parts[-1].ops
     counts = [len(r.layers) for r in runs]
     long = [i for i, c in enumerate(counts) if c >= MIN_RUN]
@@ -38,20 +38,20 @@ def shaped_walk(chunk: Stage, relabeler: Callable[[StagePart], Relabeler]) -> tu
         if got is not None:
             return got
     w = walk(chunk.ops)
-    return w, w.fwd_peak_at, w.bwd_peak_at
+    return WalkResult(w.stored, w.fwd_peak, w.bwd_peak, "", "", w.fwd_peak_at, w.bwd_peak_at)
 
 
 def _extrapolated(chunk: Stage, pre: list[Op], runs: list[StagePart], post: list[Op], counts: list[int], long: list[int],
-                  relabeler: Callable[[StagePart], Relabeler]) -> tuple[WalkResult, int, int] | None:
+                  relabeler: Callable[[StagePart], Relabeler]) -> WalkResult | None:
     # the ops after the layers read the last layer's output: renamed to the shortened last
     post_names = Relabeler(post, chunk.layers[-1]) if post else None
 
     def walk_at(cs: list[int]) -> WalkResult:
         ops, idx = list(pre), chunk.layers[0]
         for run, c in zip(runs, cs):
-            names = relabeler(run)
             for _ in range(c):
-                ops.extend(names.to(idx))
+                # a layer of the run keeps its own ops (made once per family); others renamed
+                ops.extend(run.expand(idx) if run.expand and run.layers[0] <= idx <= run.layers[-1] else relabeler(run).to(idx))
                 idx += 1
         if post_names is not None:
             ops.extend(post_names.to(idx - 1))
@@ -98,7 +98,7 @@ def _extrapolated(chunk: Stage, pre: list[Op], runs: list[StagePart], post: list
     if (fi, bi) != (real_position(w0.fwd_peak_at, base), real_position(w0.bwd_peak_at, base)):
         return None  # the peak op moved between the short walks: not settled
     extra = sum((counts[i] - base[i]) * d for i, d in deltas.items())
-    return WalkResult(w0.stored + extra, w0.fwd_peak + extra, w0.bwd_peak + extra, "", "", fi, bi), fi, bi
+    return WalkResult(w0.stored + extra, w0.fwd_peak + extra, w0.bwd_peak + extra, "", "", fi, bi)
 
 
 def op_name_at(chunk: Stage, position: int) -> str:
