@@ -77,6 +77,8 @@ class Coster:
         return self.compute.compute(k)[0]
 
     def sequence(self, kernels: tuple[Kernel, ...]) -> PhaseTime:
+        if not kernels:
+            return PhaseTime()
         if self.tp_overlap_usage is not None and self.network.groups["tp"].size > 1:
             method = userbuffers.overlap_method(kernels)
             if method in ("ring", "pipeline"):
@@ -155,8 +157,13 @@ class Coster:
             out.compute += t
 
     def op(self, o: Op) -> dict[str, PhaseTime]:
-        """One PhaseTime per phase: fwd, bwd_input, bwd_weight, recompute."""
-        return {ph: self.sequence(o.kernels(ph)) for ph in PHASES}
+        """One PhaseTime per phase: fwd, bwd_input, bwd_weight, recompute (a checkpointed
+        op's forward again: the same kernels, the same costs, computed once)."""
+        fwd = self.sequence(o.fwd)
+        again = PhaseTime(fwd.total, fwd.compute, fwd.membound, defaultdict(float, fwd.comm), fwd.flops, fwd.bytes) \
+            if o.recompute_group else PhaseTime()
+        return {"fwd": fwd, "bwd_input": self.sequence(o.bwd_input), "bwd_weight": self.sequence(o.bwd_weight),
+                "recompute": again}
 
 
 OpTime = tuple[Op, dict[str, PhaseTime]]
