@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 from functools import partial
+from typing import Any
 
 from simumax.config.checks import vstage_layer_counts
 from simumax.config.model import ModelConfig

@@ -11,7 +11,7 @@ layer indices; when every step is exactly D (> 0) the chunk's walk is the base w
 D per missing layer, its peak ops the same positions counted from the run's end. Otherwise
 (and for the MTP block, whose layers are named past the model's) the whole chunk is
 walked. A 32-layer chunk costs four layers' walk instead of 32, and no layer's ops under
-its own names need making (tests/test_invariants.py holds it equal to the full walk).
+its own names need making (tests/test_chunk_walk.py holds it equal to the full walk).
 """
 
 from __future__ import annotations
