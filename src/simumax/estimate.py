@@ -6,7 +6,6 @@ search all call it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -28,9 +27,8 @@ from simumax.graph.ops import Stage
 from simumax.graph.params import ParamCount, count_params_of
 from simumax.graph import fp8
 from simumax.memory.activation_walk import WalkResult
-from simumax.memory.chunk_walk import op_name_at
-from simumax.memory.model_states import model_states
-from simumax.report.results import CostResult, MemResult, StageCost, StageMemory
+from simumax.memory.result import memory_result
+from simumax.report.results import CostResult, MemResult, StageCost
 from simumax.memory.schedule_walk import RankActivations, walk_schedule
 from simumax.profiles import LayerProfiles, ProfileCache
 from simumax.schedule import SPLIT_BACKWARD
@@ -38,7 +36,7 @@ from simumax.schedule.one_f_one_b import pipeline_time
 from simumax.simulate.engine import PassCosts, PipelineOptions, PipelineRun
 from simumax.simulate.iteration import IterationRun, pass_costs, simulate_iteration
 from simumax.simulate.steady import steady_pipeline, steady_walk_counts
-from simumax.uncertainty import MEMORY_BAND, TIME_BAND, attribution, unmeasured_share
+from simumax.uncertainty import TIME_BAND, attribution, unmeasured_share
 
 @dataclass
 class Estimate:
@@ -387,38 +385,6 @@ class Estimate:
         return [walk_schedule(o, self.chunk_walks, self.w_keep, times.task_times(r)) for r, o in enumerate(times.orders)]
 
     def memory(self) -> MemResult:
-        st = self.strategy
-        v = st.chunks_per_rank
-        acts = self.activation_walks()
-        out = []
-        for s, act in zip(self.stages, acts):
-            states = model_states(st, s)
-            stored = sum(self.chunk_walks[c.vstage].stored for c in self.chunks if c.index == s.index) / v
-            t = act.peak_task
-            n = act.in_flight_at_peak / v
-            op = ""
-            if t is not None:
-                w = self.chunk_walks[t.vstage]
-                op = op_name_at(next(c for c in self.chunks if c.vstage == t.vstage),
-                                w.fwd_peak_at if t.kind == "F" else w.bwd_peak_at)
-            peak = states.total + act.peak
-            out.append(
-                StageMemory(
-                    stage=s.index, layers=len(s.layers), params=s.params, weights=states.weights, grads=states.grads,
-                    optimizer=states.optimizer, te_buffers=states.te_buffers, model_mem=states.total,
-                    fwd_activation_cache_per_micro_batch=stored, in_flight_micro_batches=n,
-                    activation_mem=act.peak, stored_activation_mem=act.stored_peak, peak_mem=peak, peak_mem_with_reserved=peak / st.mem_factor,
-                    peak_path={
-                        "phase": {"F": "fwd", "B": "bwd", "W": "wgrad"}.get(t.kind, "") if t else "",
-                        "op": op, "in_flight": float(n), "micro_batch": t.mb if t else None,
-                        "vstage": t.vstage if t else None,
-                    },
-                )
-            )
-        top = max(out, key=lambda x: x.peak_mem)
-        cap = float(self.system.mem_bytes)
-        return MemResult(
-            stages=out, peak_mem=top.peak_mem, peak_mem_with_reserved=top.peak_mem_with_reserved,
-            peak_stage=top.stage, capacity=cap, fits=top.peak_mem_with_reserved <= cap and math.isfinite(top.peak_mem),
-            peak_mem_interval=MEMORY_BAND.interval(top.peak_mem),
-        )
+        """Peak memory per pipeline stage: model states plus the worst moment of the
+        activation walk along the schedule (memory/result.py)."""
+        return memory_result(self)
