@@ -30,7 +30,7 @@ from simumax import ConfigError, ModelConfig, StrategyConfig
 from simumax.config.checks import check_compatible
 from simumax.config.loader import load_system
 from simumax.estimate import Estimate
-from simumax.graph.params import count_params
+from simumax.graph.params import count_params, count_params_of
 from simumax.graph.recompute import is_recomputed
 from simumax.memory.model_states import optimizer_bytes_per_param
 
@@ -175,8 +175,9 @@ def test_invariants_hold_on_random_pairs(case, extra_mb, selective) -> None:
         for pos, layer in enumerate(chunk.layers):
             rec = is_recomputed(st, pos)
             assert src.layer(layer, rec) == src.built_layer(layer, rec), (layer, rec)
-    # parameters counted per layer kind (times its layers) = counted op by op
-    assert est.params == count_params(model, st, est.stages)
+    # parameters counted per layer kind (times its layers) = counted op by op over every
+    # layer's own ops (Stage.ops, not the per-kind groups count_params reads)
+    assert est.params == count_params(model, st, est.stages) == count_params_of(model, st, ((s.ops, 1) for s in est.stages))
 
     # layers share costs only with layers of their kind: a chunk costs what its own ops do
     if st.zero_state < 2 and not (st.fine_grained_activation_offloading or st.cpu_offloading):

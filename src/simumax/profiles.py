@@ -28,7 +28,7 @@ from simumax.cost import sources
 from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import Coster, PhaseTime, StageTime
 from simumax.graph import fp8
-from simumax.graph.model_graph import OpSource, PlainLayers
+from simumax.graph.model_graph import CostKind, OpSource, PlainLayers
 from simumax.graph.ops import PHASES, Op, Stage, StagePart
 from simumax.graph.relabel import Relabeler
 from simumax.graph.params import ParamCount
@@ -54,7 +54,6 @@ LAYOUT_FIELDS = frozenset(
 )
 LAYER_GROUPS = ("tp", "cp", "ep", "etp")  # the only groups layer ops communicate on
 SHARDING_GROUPS = ("dp", "edp", "dp_shard")  # and, under ZeRO-2/3, these (graph/sharding.py)
-CostKind = tuple[bool, bool, bool, bool, int | None]  # LayerProfiles._kind: recomputed, then OpSource.kind
 # Strategy fields that only choose the passes over a layer's own ops: which are checkpointed
 # (graph.recompute), what is offloaded (graph.offload); families differing in these share
 # their plain layer ops.
@@ -147,16 +146,11 @@ class LayerProfiles:
 
     def layer_time(self, layer: int, recomputed: bool) -> StageTime:
         """One layer, one micro-batch; layers of one kind (dense / MoE) cost the same."""
-        key = self._kind(layer, recomputed)
+        key = self.source.cost_kind(layer, recomputed)
         t = self._layer_times.get(key)
         if t is None:
             t = self._layer_times[key] = self._ops_time(self.source.layer(layer, recomputed))
         return t
-
-    def _kind(self, layer: int, recomputed: bool) -> CostKind:
-        """What makes layers cost alike: the op source's kind (its ops are the same but
-        for their names) and whether it is recomputed."""
-        return (recomputed, *self.source.kind(layer))
 
     @staticmethod
     def _split(chunk: Stage) -> tuple[list[Op], list[StagePart], list[Op]]:
@@ -186,8 +180,7 @@ class LayerProfiles:
         for run in runs:
             src = self._layer_sources.get(run.kind)
             if src is None:
-                src = self._layer_sources[run.kind] = sources.of_ops(self.source.layer(run.layers[0], run.kind[0]),
-                                                                      self.coster.compute, self.coster.network)
+                src = self._layer_sources[run.kind] = sources.of_ops(run.ops, self.coster.compute, self.coster.network)
             out.add(src, len(run.layers))
         out.add(sources.of_ops(pre + post, self.coster.compute, self.coster.network))
         return out

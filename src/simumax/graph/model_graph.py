@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 from simumax.config.checks import vstage_layer_counts
 from simumax.config.model import ModelConfig
@@ -68,6 +67,7 @@ def _fp8_amax_reduction(st: StrategyConfig, linears: int, vstage: int) -> Op | N
 
 
 LayerKind = tuple[bool, bool, bool, int | None]  # OpSource.kind
+CostKind = tuple[bool, bool, bool, bool, int | None]  # OpSource.cost_kind: recomputed, then the LayerKind
 
 
 @dataclass
@@ -129,6 +129,11 @@ class OpSource:
             got = self._kinds[layer] = (self.model.is_moe_layer(layer), self.bf16_layer(layer), self.te_offloaded(layer),
                                         self.model.attention_window(layer))
         return got
+
+    def cost_kind(self, layer: int, recomputed: bool) -> CostKind:
+        """What makes layers cost alike: their kind (the same ops but for their names) and
+        whether they are recomputed (a chunk's runs, StagePart.kind; profiles' per-kind costs)."""
+        return (recomputed, *self.kind(layer))
 
     def plain_layer(self, layer: int) -> list[Op]:
         """The layer's own ops (no passes): built for the first layer of its kind, the
@@ -227,9 +232,9 @@ def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSourc
     for k, (r, chunk) in enumerate(places):
         n = counts[k]
         stage = Stage(index=r, layers=list(range(first_layer, first_layer + n)), vstage=k, chunk=chunk)
-        runs: list[tuple[tuple[Any, ...], list[int]]] = []  # (kind, layers): consecutive layers of one kind
+        runs: list[tuple[CostKind, list[int]]] = []  # (kind, layers): consecutive layers of one kind
         for pos, layer in enumerate(stage.layers):
-            kind = (is_recomputed(st, pos), *src.kind(layer))
+            kind = src.cost_kind(layer, is_recomputed(st, pos))
             if runs and runs[-1][0] == kind:
                 runs[-1][1].append(layer)
             else:

@@ -72,7 +72,7 @@ class StagePart(NamedTuple):
     ops: list[Op]
     layers: tuple[int, ...] = ()
     expand: Callable[[int], list[Op]] | None = None
-    kind: Any = None  # what makes the run's layers cost alike (profiles.CostKind)
+    kind: Any = None  # what makes the run's layers cost alike (model_graph.OpSource.cost_kind)
 
     @property
     def times(self) -> int:
@@ -117,7 +117,7 @@ class Stage:
     def groups(self) -> list[tuple[list[Op], int]]:
         """(ops, times) per part: the layers of one kind are the same ops under other names."""
         if self._groups is None or len(self._groups) != len(self.parts):
-            self._groups = [(p.ops, len(p.layers) or 1) for p in self.parts]
+            self._groups = [(p.ops, p.times) for p in self.parts]
         return self._groups
 
     def _param_sums(self) -> tuple[int, int, int]:
