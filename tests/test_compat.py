@@ -76,6 +76,11 @@ def test_configs_edited_in_place_take_effect() -> None:
     perf.model_config.layer_num = 16  # SimuMax scripts edit the config objects
     t16 = perf.analysis_cost().duration_time_per_iter
     assert t16 < t32
+    # an entry of a measured efficiency table changed in place (a dict inside the system)
+    table = perf.system.accelerator.op["matmul"].accurate_efficient_factor
+    for key in table:
+        table[key] /= 2
+    assert perf.analysis_cost().duration_time_per_iter > t16
     st = perf.strategy
     st.pp_size = 16  # not legal with world 8 yet ...
     st.world_size = 16  # ... until this: order does not matter

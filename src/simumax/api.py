@@ -9,6 +9,7 @@ from typing import Any
 from simumax.atomic import ensure_dir, write_json_atomic, write_jsonl_atomic, write_text_atomic  # noqa: F401 (re-exported)
 from simumax.compat.perf_methods import SimuMaxPerfMethods
 from simumax.compat.results import cost_view, mem_view
+from simumax.config.base import snapshot
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
@@ -81,7 +82,7 @@ class PerfLLM(SimuMaxPerfMethods):
         self.configure(strategy_config=value)
 
     def _fingerprint(self) -> tuple[Any, ...]:
-        return tuple(c.model_dump() if c is not None else None for c in (self.model_config, self.strategy_config, self.system_config))
+        return tuple(snapshot(c) for c in (self.model_config, self.strategy_config, self.system_config))
 
     def _require(self) -> Estimate:
         """The estimate of the configs as they are now: editing a config in place (as

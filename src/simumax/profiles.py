@@ -202,7 +202,7 @@ class LayerProfiles:
         """The run's kind's ops, renamable to any layer index (one per kind)."""
         r = self._relabelers.get(run.kind)
         if r is None:
-            r = self._relabelers[run.kind] = Relabeler(run.ops, run.layers[0])
+            r = self._relabelers[run.kind] = Relabeler(run.ops, run.ops[0].layer)
         return r
 
 

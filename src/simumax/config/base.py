@@ -89,6 +89,35 @@ def read_json(path: str | Path) -> dict[str, Any]:
     return data
 
 
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
+def snapshot(value: Any) -> Any:
+    """A config's state (or any value inside one) as plain values compared by equality:
+    what PerfLLM keeps to notice in-place edits (``perf.model_config.layer_num = 4``, an
+    efficiency table entry changed). Every field, nested configs, dicts and lists copied
+    (a dict or list of plain values in one C-level copy); no serializer runs, so it costs
+    half a ``model_dump`` of a system with measured tables. Private attributes (derived
+    fits, the source path) are not state."""
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
+    if isinstance(value, BaseModel):
+        fields = value.__dict__.values()
+        if _ATOMS.issuperset(map(type, fields)):
+            return (kind, *fields)
+        return (kind, *map(snapshot, fields))
+    if kind is dict:
+        if _ATOMS.issuperset(map(type, value.values())):
+            return value.copy()
+        return {k: snapshot(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        if _ATOMS.issuperset(map(type, value)):
+            return tuple(value)
+        return tuple(map(snapshot, value))
+    return value
+
+
 class ConfigBase(BaseModel):
     """Strict pydantic model: unknown fields are errors, assignments are validated."""
 

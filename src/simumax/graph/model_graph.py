@@ -107,6 +107,7 @@ class OpSource:
         self._mtp: dict[bool, list[Op]] = {}
         self._amax: dict[tuple[int, int], Op | None] = {}
         self._kinds: dict[int, LayerKind] = {}
+        self._kind_first: dict[CostKind, int] = {}
 
     def bf16_layer(self, layer: int) -> bool:
         """A layer kept in BF16 under an fp8 / fp4 recipe (first_last_layers_bf16)."""
@@ -134,6 +135,11 @@ class OpSource:
         """What makes layers cost alike: their kind (the same ops but for their names) and
         whether they are recomputed (a chunk's runs, StagePart.kind; profiles' per-kind costs)."""
         return (recomputed, *self.kind(layer))
+
+    def kind_layer(self, layer: int, recomputed: bool) -> int:
+        """The first layer seen of this layer's cost kind: its ops stand for the kind's in
+        every run of such layers (StagePart.ops), so making a chunk renames no layer."""
+        return self._kind_first.setdefault(self.cost_kind(layer, recomputed), layer)
 
     def plain_layer(self, layer: int) -> list[Op]:
         """The layer's own ops (no passes): built for the first layer of its kind, the
@@ -240,7 +246,8 @@ def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSourc
             else:
                 runs.append((kind, [layer]))
         parts = [StagePart(list(src.pre_ops()) if k == 0 else [])]
-        parts += [StagePart(src.layer(ls[0], kind[0]), tuple(ls), partial(_layer_of, src, kind[0]), kind) for kind, ls in runs]
+        parts += [StagePart(src.layer(src.kind_layer(ls[0], kind[0]), kind[0]), tuple(ls), partial(_layer_of, src, kind[0]), kind)
+                  for kind, ls in runs]
         post: list[Op] = []
         if k == len(places) - 1:
             if model.mtp_num_layers:

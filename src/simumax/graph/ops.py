@@ -67,7 +67,8 @@ PHASES = ("fwd", "bwd_input", "bwd_weight", "recompute")
 class StagePart(NamedTuple):
     """A stretch of a stage's ops in forward order: ``ops`` as they are (``layers`` empty:
     the embedding, the head and loss), or a run of ``layers`` of one kind, whose ops are
-    ``ops`` (the run's first layer's) under each layer's own names, ``expand(layer)``."""
+    ``ops`` (those of one layer of the kind, named for it: ``ops[0].layer``, not
+    necessarily in the run) under each layer's own names, ``expand(layer)``."""
 
     ops: list[Op]
     layers: tuple[int, ...] = ()
