@@ -21,6 +21,7 @@ normalised so a 8192³ GEMM gets the full factor.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 NUMERIC = ("b", "m", "n", "k", "ng", "M", "N", "K", "batch", "seq_len", "kv_seq_len", "head_num", "kv_head_num", "qk_head_dim", "v_head_dim")
@@ -51,6 +52,15 @@ def parse_key(key: str) -> tuple[tuple[str, ...], dict[str, float]]:
             # causal): 0, so the log-size distance leaves it out and baseline() sees it
             sizes["causal"] = 0.0
     return tuple(f"{k}={fields[k]}" for k in _CLASS_FIELDS if k in fields), sizes
+
+
+_CLASS_FIELD = re.compile(r"(?:^|, )(layout|accumulate|out_dtype|stage|dtype)=([^,]*)")
+
+
+def _key_class(key: str) -> tuple[str, ...]:
+    """parse_key's class alone, without reading the sizes."""
+    fields = dict(_CLASS_FIELD.findall(key))
+    return tuple(f"{k}={fields[k]}" for k in _CLASS_FIELDS if k in fields)
 
 
 def _gemm_dims(s: dict[str, float]) -> tuple[float, float, float, float]:
@@ -104,29 +114,58 @@ class _Entry:
     logs: dict[str, float]
     ratio: float  # measured / baseline
     names: tuple[str, ...] = ()  # sorted(logs)
-    vec: tuple[float, ...] = ()  # logs in that order
+    vec: tuple[float, ...] = ()  # logs in that order, times sqrt(weight) (TableFit._scaled)
+    key: str = ""
 
 
 class TableFit:
-    """(b): nearest measured entries of the same class, in log2 size space."""
+    """(b): nearest measured entries of the same class, in log2 size space.
+
+    A table's entries are parsed class by class, when a shape of that class is first
+    predicted (a fit of a 500-entry GEMM table that only ever answers weight-gradient
+    shapes parses only those): the same entries, in table order, as parsing them all."""
 
     def __init__(self, table: dict[str, float], sm_count: int | None, neighbours: int = 4,
                  weights: dict[str, float] | None = None) -> None:
         self.sm_count = sm_count
         self.k = neighbours
         self.w = DIM_WEIGHTS if weights is None else weights
-        self.entries: list[_Entry] = []
         self._predicted: dict[str, float | None] = {}  # key -> predict(key)
+        self._keys: dict[tuple[str, ...], list[tuple[str, float]]] = {}  # class -> (key, efficiency), table order
         for key, eff in table.items():
-            if eff <= 0:
-                continue
-            cls, sizes = parse_key(key)
-            base = baseline(sizes, sm_count)
-            if base <= 0:
-                continue
-            logs = {n: math.log2(v) for n, v in sizes.items() if v > 0}
-            names = tuple(sorted(logs))
-            self.entries.append(_Entry(cls, logs, eff / base, names, tuple(logs[n] for n in names)))
+            if eff > 0:
+                self._keys.setdefault(_key_class(key), []).append((key, eff))
+        self._order = {key: i for i, key in enumerate(table)}
+        self._by_class: dict[tuple[str, ...], list[_Entry]] = {}
+        self._all: list[_Entry] | None = None
+
+    def _class_entries(self, cls: tuple[str, ...]) -> list[_Entry]:
+        got = self._by_class.get(cls)
+        if got is None:
+            got = self._by_class[cls] = []
+            for key, eff in self._keys.get(cls, ()):
+                _, sizes = parse_key(key)
+                base = baseline(sizes, self.sm_count)
+                if base <= 0:
+                    continue
+                logs = {n: math.log2(v) for n, v in sizes.items() if v > 0}
+                names = tuple(sorted(logs))
+                got.append(_Entry(cls, logs, eff / base, names, self._scaled(logs, names), key))
+        return got
+
+    def _scaled(self, logs: dict[str, float], names: tuple[str, ...]) -> tuple[float, ...]:
+        """The log2 sizes ``names`` (0 where absent) times sqrt(weight): Euclidean distance
+        between such vectors is the weighted distance of the fit."""
+        w = self.w
+        return tuple(math.sqrt(w.get(n, 1.0)) * logs.get(n, 0.0) for n in names)
+
+    @property
+    def entries(self) -> list[_Entry]:
+        """Every entry, in table order."""
+        if self._all is None:
+            every = [e for cls in self._keys for e in self._class_entries(cls)]
+            self._all = sorted(every, key=lambda e: self._order[e.key])
+        return self._all
 
     def predict(self, key: str) -> float | None:
         """Fitted efficiency for ``key``, or None when the table has too little to fit."""
@@ -136,24 +175,24 @@ class TableFit:
 
     def _predict(self, key: str) -> float | None:
         cls, sizes = parse_key(key)
-        same = [e for e in self.entries if e.cls == cls]
+        same = self._class_entries(cls)
         pool = same if len(same) >= 3 else self.entries
         if len(pool) < 3:
             return None
         logs = {n: math.log2(v) for n, v in sizes.items() if v > 0}
         mine = tuple(sorted(logs))
-        weights = tuple(self.w.get(n, 1.0) for n in mine)
-        vec = tuple(logs[n] for n in mine)
+        vec = self._scaled(logs, mine)
         scored = []
         for e in pool:
-            # over the sorted union of both shapes' sizes (fixed order: float sums must not
-            # follow string hashing); entries sized like the query take the precomputed path
+            # Euclidean over the sizes scaled by sqrt(weight): entries sized like the query
+            # use their stored vector, others are compared over the sorted union of both
+            # shapes' sizes (a size one shape lacks counts as log2 1 = 0; fixed order)
             if e.names == mine:
-                d2 = sum(w * (q - x) ** 2 for w, q, x in zip(weights, vec, e.vec))
+                d = math.dist(vec, e.vec)
             else:
-                names = sorted(set(logs) | set(e.logs))
-                d2 = sum(self.w.get(n, 1.0) * (logs.get(n, 0.0) - e.logs.get(n, 0.0)) ** 2 for n in names)
-            scored.append((d2, e.ratio))
+                names = tuple(sorted(set(logs) | set(e.logs)))
+                d = math.dist(self._scaled(logs, names), self._scaled(e.logs, names))
+            scored.append((d * d, e.ratio))
         scored.sort(key=lambda x: x[0])
         near = scored[: self.k]
         if near[0][0] == 0.0:
