@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Self
+from typing import Annotated, Any, ClassVar, Self, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
@@ -92,29 +92,41 @@ def read_json(path: str | Path) -> dict[str, Any]:
 _ATOMS = frozenset({str, int, float, bool, type(None)})
 
 
+def _plain_container(annotation: Any) -> bool:
+    """A ``dict[str, float]`` / ``list[int]``-like field: a shallow copy is its state."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin not in (dict, list) or not args:
+        return False
+    for a in args[-1:] if origin is dict else args:
+        if get_origin(a) is Annotated:
+            a = get_args(a)[0]
+        if a not in _ATOMS:
+            return False
+    return True
+
+
 def snapshot(value: Any) -> Any:
     """A config's state (or any value inside one) as plain values compared by equality:
     what PerfLLM keeps to notice in-place edits (``perf.model_config.layer_num = 4``, an
     efficiency table entry changed). Every field, nested configs, dicts and lists copied
-    (a dict or list of plain values in one C-level copy); no serializer runs, so it costs
-    half a ``model_dump`` of a system with measured tables. Private attributes (derived
-    fits, the source path) are not state."""
+    (a field typed as a dict or list of plain values — an efficiency table — in one
+    C-level copy); no serializer runs, so it costs half a ``model_dump`` of a system with
+    measured tables. Private attributes (derived fits, the source path) are not state."""
     kind = type(value)
     if kind in _ATOMS:
         return value
     if isinstance(value, BaseModel):
-        fields = value.__dict__.values()
-        if _ATOMS.issuperset(map(type, fields)):
-            return (kind, *fields)
-        return (kind, *map(snapshot, fields))
+        plain = getattr(kind, "_plain_fields", ())
+        return (kind, *[v if type(v) in _ATOMS else v.copy() if k in plain else snapshot(v)
+                        for k, v in value.__dict__.items()])
     if kind is dict:
         if _ATOMS.issuperset(map(type, value.values())):
             return value.copy()
-        return {k: snapshot(v) for k, v in value.items()}
+        return {k: v if type(v) in _ATOMS else snapshot(v) for k, v in value.items()}
     if kind is list or kind is tuple:
         if _ATOMS.issuperset(map(type, value)):
             return tuple(value)
-        return tuple(map(snapshot, value))
+        return tuple([v if type(v) in _ATOMS else snapshot(v) for v in value])
     return value
 
 
@@ -123,8 +135,14 @@ class ConfigBase(BaseModel):
 
     # strict: "tp_size": true or "4" are refused, not read as 1 or 4; no NaN or infinity anywhere
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, strict=True, allow_inf_nan=False)
+    _plain_fields: ClassVar[frozenset[str]] = frozenset()  # fields of plain-value dicts / lists (snapshot)
     _source: str | None = PrivateAttr(None)  # the file (or override) it was loaded from
     _pending: ConfigError | None = PrivateAttr(None)  # a cross-field rule an in-place edit broke
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls._plain_fields = frozenset(n for n, f in cls.model_fields.items() if _plain_container(f.annotation))
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Assignment checks the field at once and the rules between fields at use
