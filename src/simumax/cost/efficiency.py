@@ -10,6 +10,7 @@ listed with its key), so a report says which kernels were measured, fitted or de
 
 from __future__ import annotations
 
+from simumax.config.base import snapshot
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 from simumax.cost.efficiency_fit import TableFit, default_curve, parse_key, wave_fraction
@@ -26,8 +27,10 @@ class ComputeModel:
 
     def __init__(self, system: SystemConfig) -> None:
         self.acc = system.accelerator
-        # kernel -> (seconds, achieved efficiency, family used, source)
-        self._cache: dict[object, tuple[float, float, str, str]] = {}
+        # kernel -> (seconds, achieved efficiency, family used, source): a kernel's cost is
+        # the accelerator's alone, so every estimate of this accelerator config shares it
+        # while the config's contents stay the same (an edit in place starts afresh)
+        self._cache: dict[object, tuple[float, float, str, str]] = self.acc.derived("kernel costs", snapshot(self.acc), dict)
         self._fits: dict[str, TableFit] = {}
         self._mem_lines: dict[str, tuple[str, float, float]] = {}  # family -> (source key, s/byte, latency)
         hbm = self.acc.bandwidth["default"]
