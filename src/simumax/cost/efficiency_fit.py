@@ -21,7 +21,6 @@ normalised so a 8192³ GEMM gets the full factor.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 NUMERIC = ("b", "m", "n", "k", "ng", "M", "N", "K", "batch", "seq_len", "kv_seq_len", "head_num", "kv_head_num", "qk_head_dim", "v_head_dim")
@@ -37,13 +36,21 @@ _NUMERIC = frozenset(NUMERIC)
 _CLASS_FIELDS = ("layout", "accumulate", "out_dtype", "stage", "dtype")
 
 
-def parse_key(key: str) -> tuple[tuple[str, ...], dict[str, float]]:
-    """(class, sizes) of a SimuMax table key."""
+def _fields(key: str) -> dict[str, str]:
+    """name -> value text of a SimuMax table key (``b=1, m=4096, ..., layout=TN``)."""
     fields: dict[str, str] = {}
     for part in key.split(", "):
         name, eq, value = part.partition("=")
         if eq:
             fields[name] = value
+    return fields
+
+
+def _class_of(fields: dict[str, str]) -> tuple[str, ...]:
+    return tuple(f"{k}={fields[k]}" for k in _CLASS_FIELDS if k in fields)
+
+
+def _sizes_of(fields: dict[str, str]) -> dict[str, float]:
     sizes = {k: float(v) for k, v in fields.items() if k in _NUMERIC}
     if "seq_len" in sizes:
         sizes.setdefault("kv_seq_len", sizes["seq_len"])
@@ -51,16 +58,13 @@ def parse_key(key: str) -> tuple[tuple[str, ...], dict[str, float]]:
             # a non-causal attention block (context-parallel steps; SimuMax's keys are all
             # causal): 0, so the log-size distance leaves it out and baseline() sees it
             sizes["causal"] = 0.0
-    return tuple(f"{k}={fields[k]}" for k in _CLASS_FIELDS if k in fields), sizes
+    return sizes
 
 
-_CLASS_FIELD = re.compile(r"(?:^|, )(layout|accumulate|out_dtype|stage|dtype)=([^,]*)")
-
-
-def _key_class(key: str) -> tuple[str, ...]:
-    """parse_key's class alone, without reading the sizes."""
-    fields = dict(_CLASS_FIELD.findall(key))
-    return tuple(f"{k}={fields[k]}" for k in _CLASS_FIELDS if k in fields)
+def parse_key(key: str) -> tuple[tuple[str, ...], dict[str, float]]:
+    """(class, sizes) of a SimuMax table key."""
+    fields = _fields(key)
+    return _class_of(fields), _sizes_of(fields)
 
 
 def _gemm_dims(s: dict[str, float]) -> tuple[float, float, float, float]:
@@ -121,20 +125,23 @@ class _Entry:
 class TableFit:
     """(b): nearest measured entries of the same class, in log2 size space.
 
-    A table's entries are parsed class by class, when a shape of that class is first
-    predicted (a fit of a 500-entry GEMM table that only ever answers weight-gradient
-    shapes parses only those): the same entries, in table order, as parsing them all."""
+    Keys are split into their fields and grouped by class up front; the sizes, baseline
+    and log vector of a class's entries are made when a shape of that class is first
+    predicted (the same entries, in table order, as making them all at once)."""
 
     def __init__(self, table: dict[str, float], sm_count: int | None, neighbours: int = 4,
                  weights: dict[str, float] | None = None) -> None:
         self.sm_count = sm_count
         self.k = neighbours
         self.w = DIM_WEIGHTS if weights is None else weights
+        self._root_w = {n: math.sqrt(v) for n, v in self.w.items()}
         self._predicted: dict[str, float | None] = {}  # key -> predict(key)
-        self._keys: dict[tuple[str, ...], list[tuple[str, float]]] = {}  # class -> (key, efficiency), table order
+        # class -> (key, efficiency, its fields), table order
+        self._keys: dict[tuple[str, ...], list[tuple[str, float, dict[str, str]]]] = {}
         for key, eff in table.items():
             if eff > 0:
-                self._keys.setdefault(_key_class(key), []).append((key, eff))
+                fields = _fields(key)
+                self._keys.setdefault(_class_of(fields), []).append((key, eff, fields))
         self._order = {key: i for i, key in enumerate(table)}
         self._by_class: dict[tuple[str, ...], list[_Entry]] = {}
         self._all: list[_Entry] | None = None
@@ -143,8 +150,8 @@ class TableFit:
         got = self._by_class.get(cls)
         if got is None:
             got = self._by_class[cls] = []
-            for key, eff in self._keys.get(cls, ()):
-                _, sizes = parse_key(key)
+            for key, eff, fields in self._keys.get(cls, ()):
+                sizes = _sizes_of(fields)
                 base = baseline(sizes, self.sm_count)
                 if base <= 0:
                     continue
@@ -156,8 +163,8 @@ class TableFit:
     def _scaled(self, logs: dict[str, float], names: tuple[str, ...]) -> tuple[float, ...]:
         """The log2 sizes ``names`` (0 where absent) times sqrt(weight): Euclidean distance
         between such vectors is the weighted distance of the fit."""
-        w = self.w
-        return tuple(math.sqrt(w.get(n, 1.0)) * logs.get(n, 0.0) for n in names)
+        root = self._root_w
+        return tuple([root.get(n, 1.0) * logs.get(n, 0.0) for n in names])
 
     @property
     def entries(self) -> list[_Entry]:
