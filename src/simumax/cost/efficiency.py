@@ -13,7 +13,7 @@ from __future__ import annotations
 from simumax.config.base import snapshot
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
-from simumax.cost.efficiency_fit import TableFit, default_curve, parse_key, wave_fraction
+from simumax.cost.efficiency_fit import MIN_FIT_ENTRIES, TableFit, default_curve, parse_key, wave_fraction
 from simumax.graph.kernels import Attention, Gemm, GroupGemm, MemBound
 
 ComputeKernel = Gemm | GroupGemm | Attention
@@ -32,6 +32,7 @@ class ComputeModel:
         # while the config's contents stay the same (an edit in place starts afresh)
         self._cache: dict[object, tuple[float, float, str, str]] = self.acc.derived("kernel costs", snapshot(self.acc), dict)
         self._fits: dict[str, TableFit] = {}
+        self._parsed: dict[str, dict[str, float]] = {}  # shape key -> sizes
         self._mem_lines: dict[str, tuple[str, float, float]] = {}  # family -> (source key, s/byte, latency)
         hbm = self.acc.bandwidth["default"]
         self._hbm_seconds_per_byte = 1.0 / (hbm.gbps * 1e9 * hbm.efficient_factor)
@@ -74,10 +75,18 @@ class ComputeModel:
             # the shape's bf16 efficiency stands in, at a low-precision rate no table of this
             # device measured (a default asymptote): "default" in the band's attribution
             return eff, "default"
-        fitted = self._fit(name).predict(key)  # None when the table has too little to fit
-        if fitted is not None:
-            return fitted, "fitted"
-        return default_curve(parse_key(key)[1], spec.efficient_factor, self.acc.sm_count), "default"
+        if len(spec.accurate_efficient_factor) >= MIN_FIT_ENTRIES:
+            fitted = self._fit(name).predict(key)  # None when the table has too little to fit
+            if fitted is not None:
+                return fitted, "fitted"
+        return default_curve(self._sizes(key), spec.efficient_factor, self.acc.sm_count), "default"
+
+    def _sizes(self, key: str) -> dict[str, float]:
+        """The sizes of a shape key, parsed once (an fp8 kernel reads its bf16 twin's)."""
+        got = self._parsed.get(key)
+        if got is None:
+            got = self._parsed[key] = parse_key(key)[1]
+        return got
 
     def efficiency(self, family: str, key: str) -> tuple[float, str, str]:
         """(efficiency, family used, measured / fitted / default) of a shape key in the
@@ -95,7 +104,7 @@ class ComputeModel:
         over bf16 and large GEMMs gain p8·e8 / (p16·e16_asym)."""
         if e16 <= 0 or e16_asym <= 0:
             return e16
-        wave = wave_fraction(parse_key(key)[1], self.acc.sm_count)
+        wave = wave_fraction(self._sizes(key), self.acc.sm_count)
         per_flop16 = 1.0 / (p16 * e16)
         math16 = min(per_flop16, 1.0 / (p16 * e16_asym * wave))
         per_flop8 = 1.0 / (p8 * e8 * wave) + (per_flop16 - math16)

@@ -27,6 +27,7 @@ NUMERIC = ("b", "m", "n", "k", "ng", "M", "N", "K", "batch", "seq_len", "kv_seq_
 TILE_M, TILE_N = 128, 256
 F_HALF = 2.0 * 256**3
 F_REF = 2.0 * 8192**3
+MIN_FIT_ENTRIES = 3  # a fit needs this many measured entries (of the shape's class, else of the table)
 # the inner dimension counts half in the distance: output tiles set the parallelism, K only
 # the length of each tile's loop (chosen by the hidden-20 % cross-validation, tests/test_efficiency_fit.py)
 DIM_WEIGHTS: dict[str, float] = {"k": 0.5, "K": 0.5}
@@ -183,8 +184,8 @@ class TableFit:
     def _predict(self, key: str) -> float | None:
         cls, sizes = parse_key(key)
         same = self._class_entries(cls)
-        pool = same if len(same) >= 3 else self.entries
-        if len(pool) < 3:
+        pool = same if len(same) >= MIN_FIT_ENTRIES else self.entries
+        if len(pool) < MIN_FIT_ENTRIES:
             return None
         logs = {n: math.log2(v) for n, v in sizes.items() if v > 0}
         mine = tuple(sorted(logs))
