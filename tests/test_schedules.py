@@ -47,6 +47,25 @@ def test_interleaving_divides_the_bubble_by_v(p: int, groups: int, v: int) -> No
     assert max(run.end) - 3.0 * m == pytest.approx(bubble_1f1b / v)
 
 
+@settings(max_examples=60, deadline=None)
+@given(p=hs.integers(1, 8), v=hs.integers(2, 4), group=hs.sampled_from([None, 1, 2, 3, 4]), extra=hs.integers(0, 1),
+       short=hs.integers(1, 5), more=hs.integers(1, 3))
+def test_an_interleaved_order_cut_from_a_longer_one_is_the_order(p: int, v: int, group: int | None, extra: int,
+                                                                  short: int, more: int) -> None:
+    """The steady-state runs' shorter orders are cut from the longest (ProfileCache.orders):
+    task for task the order made directly, wherever a cut is offered."""
+    g = group or p
+    longer = interleaved.order(p, (short + more) * g, v, group, extra)
+    for m in (short * g, short * g + 1):
+        got = interleaved.cut(longer, p, m, v, group, extra)
+        if got is not None:
+            assert got == interleaved.order(p, m, v, group, extra)
+        elif m % g == 0 and m < (short + more) * g:  # refused only where some rank has no steady part
+            assert any((p - r - 1) * 2 + (v - 1) * g + extra >= m * v for r in range(p))
+        if m % g:
+            assert got is None  # a partial last group: made whole
+
+
 def test_megatron_schedule_table_example() -> None:
     # the example in Megatron's get_schedule_table docstring: PP2, N3 (group), M5, VP2
     table = interleaved.schedule_table(5, 2, 3)

@@ -37,7 +37,7 @@ from simumax.graph.sharding import MODULE as SHARDING
 from simumax.memory.activation_walk import WalkResult
 from simumax.memory.chunk_walk import shaped_walk
 from simumax.memory.schedule_walk import RankActivations, walk_schedule
-from simumax.schedule import order_key, rank_orders
+from simumax.schedule import interleaved, order_key, rank_orders
 from simumax.schedule.tasks import RankOrders
 
 # Strategy fields that change the layout, not the layers (the ops or their costs).
@@ -232,8 +232,22 @@ class ProfileCache:
         key = order_key(st)
         o = self._orders.get(key)
         if o is None:
-            o = self._orders[key] = rank_orders(st)
+            o = self._orders[key] = self._cut_order(st, key) or rank_orders(st)
         return o
+
+    def _cut_order(self, st: StrategyConfig, key: tuple[Any, ...]) -> RankOrders | None:
+        """An interleaved order cut from a cached one of the same schedule for more
+        micro-batches (schedule/interleaved.cut), else None."""
+        if st.schedule != "interleaved":
+            return None
+        m = st.micro_batch_num
+        for k, longer in self._orders.items():  # order_key: the micro-batch count is its third item
+            if k[:2] == key[:2] and k[3:] == key[3:] and k[2] > m:
+                got = interleaved.cut(longer, st.pp_size, m, st.interleaving_size, st.microbatch_group_size_per_vp_stage,
+                                      key[5])
+                if got is not None:
+                    return got
+        return None
 
     def schedule_walks(self, st: StrategyConfig, micro_batch_num: int, walks: dict[int, WalkResult],
                        w_keep: dict[int, float]) -> list[RankActivations]:

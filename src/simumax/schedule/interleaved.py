@@ -48,3 +48,24 @@ def order(pp: int, mbc: int, v: int, group: int | None = None, extra_warmup: int
             add(_new(Task, (BACKWARD, (v - 1 - bc) * pp + r, bmb, False)))
         out.append(tasks)
     return out
+
+
+def cut(longer: RankOrders, pp: int, mbc: int, v: int, group: int | None = None, extra_warmup: int = 0) -> RankOrders | None:
+    """``order(pp, mbc, ...)`` cut from the order of the same schedule for more
+    micro-batches (the steady-state runs ask for three counts one group apart), or None
+    where that does not hold. With whole groups the shorter schedule table is a prefix of
+    the longer one, so each rank's warm-up and steady pairs are the longer order's first
+    tasks; only its cool-down (the last warm-up's worth of backwards) is made."""
+    group = group or pp
+    total = mbc * v
+    if mbc % group:
+        return None
+    table = schedule_table(mbc, v, group)
+    out = []
+    for r, lo in enumerate(longer):
+        warm = (pp - r - 1) * 2 + (v - 1) * group + extra_warmup
+        if warm >= total or len(lo) <= 2 * total:
+            return None  # no steady part (or no longer order): made whole
+        head = lo[: warm + 2 * (total - warm)]
+        out.append(head + [_new(Task, (BACKWARD, (v - 1 - bc) * pp + r, bmb, False)) for bmb, bc in table[total - warm:]])
+    return out

@@ -93,7 +93,9 @@ def steady_pipeline(
         plan, check = _plan(st, m0, g)
         if sum(plan) + (check or 0) >= m:
             break  # the full run is cheaper
-        runs = [run_pipeline(orders_for(k), costs, opts, params_ready, record=False) for k in plan]
+        # the longest first: the shorter orders are cut from it (ProfileCache.orders)
+        by_count = {k: run_pipeline(orders_for(k), costs, opts, params_ready, record=False) for k in sorted(plan, reverse=True)}
+        runs = [by_count[k] for k in plan]
         line = _steady_line([_vector(r) for r in runs], ranks)
         if line is not None and check is not None:
             # a per-micro-batch schedule may repeat over several micro-batches (async P2P
