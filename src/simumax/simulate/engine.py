@@ -121,6 +121,14 @@ def run_pipeline(
         WEIGHT: [ready_b[k] for k in range(n_stage)],
     }
 
+    # per (kind, stage), what the fast path reads of a pass: the ready times it waits on,
+    # its seconds, the send it ends with, its own ready times, whether it is a weight pass
+    recs = {
+        kind: [(waits_on[kind][k], dur_of[kind][k], sends[kind][k], ready[kind][k], kind == WEIGHT or (kind == BACKWARD and not split))
+               for k in range(n_stage)]
+        for kind in (FORWARD, BACKWARD, WEIGHT)
+    }
+
     def dep(kind: str, k: int, mb: int) -> float:
         """When the pass may start (< 0: not yet); a stage's first forward also waits for
         its first parameter bucket."""
@@ -139,26 +147,27 @@ def run_pipeline(
             while p < n:
                 t = order[p]
                 kind, k, mb, pairable = t  # dep() inlined: this loop runs for every pass
-                got = waits_on[kind][k][mb]
+                wait, d, secs, own, weight_pass = recs[kind][k]
+                got = wait[mb]
                 if got < 0.0:
                     break
-                if mb == 0 and gate and kind == FORWARD and k in gate:
+                gated = mb == 0 and gate and kind == FORWARD and k in gate
+                if gated:
                     got = max(got, gate[k][0])
                 paired = pairing and pairable and p + 1 < n and order[p + 1].mb != mb
                 if not record and not paired:
                     # one task, nothing to record: the fast path
                     start = now if now > got else got
-                    end = start + dur_of[kind][k]
-                    if mb == 0 and kind == FORWARD and k in gate:
+                    end = start + d
+                    if gated:
                         end = max(end, gate[k][1])
-                    if kind == WEIGHT or (kind == BACKWARD and not split):
+                    if weight_pass:
                         last_w[k] = (start, end)
-                    secs = sends[kind][k]
                     if secs and blocking:
                         end += secs
-                        ready[kind][k][mb] = end
+                        own[mb] = end
                     else:
-                        ready[kind][k][mb] = end + secs
+                        own[mb] = end + secs
                     used += end - start
                     now = end
                     p += 1
