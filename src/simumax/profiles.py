@@ -223,6 +223,9 @@ class ProfileCache:
         self.grad_buckets: dict[tuple[Any, ...], list[Any]] = {}  # dp/buckets.py, by bucket_key
         self._plain_layers: dict[tuple[Any, ...], PlainLayers] = {}
         self._orders: dict[tuple[Any, ...], RankOrders] = {}
+        # per schedule shape (order_key without the count): its longest order made, which
+        # shorter interleaved orders are cut from (schedule/interleaved.cut)
+        self._longest_order: dict[tuple[Any, ...], tuple[int, RankOrders]] = {}
 
     def orders(self, st: StrategyConfig, micro_batch_num: int | None = None) -> RankOrders:
         """The schedule's per-rank task order (shared: callers must not modify it), for
@@ -232,22 +235,18 @@ class ProfileCache:
         key = order_key(st)
         o = self._orders.get(key)
         if o is None:
-            o = self._orders[key] = self._cut_order(st, key) or rank_orders(st)
+            # the same schedule but for the micro-batch count (order_key's third item)
+            shape = key[:2] + key[3:]
+            longest = self._longest_order.get(shape)
+            if longest is not None and longest[0] > st.micro_batch_num and st.schedule == "interleaved":
+                o = interleaved.cut(longest[1], st.pp_size, st.micro_batch_num, st.interleaving_size,
+                                    st.microbatch_group_size_per_vp_stage, key[5])
+            if o is None:
+                o = rank_orders(st)
+            self._orders[key] = o
+            if longest is None or longest[0] < st.micro_batch_num:
+                self._longest_order[shape] = (st.micro_batch_num, o)
         return o
-
-    def _cut_order(self, st: StrategyConfig, key: tuple[Any, ...]) -> RankOrders | None:
-        """An interleaved order cut from a cached one of the same schedule for more
-        micro-batches (schedule/interleaved.cut), else None."""
-        if st.schedule != "interleaved":
-            return None
-        m = st.micro_batch_num
-        for k, longer in self._orders.items():  # order_key: the micro-batch count is its third item
-            if k[:2] == key[:2] and k[3:] == key[3:] and k[2] > m:
-                got = interleaved.cut(longer, st.pp_size, m, st.interleaving_size, st.microbatch_group_size_per_vp_stage,
-                                      key[5])
-                if got is not None:
-                    return got
-        return None
 
     def schedule_walks(self, st: StrategyConfig, micro_batch_num: int, walks: dict[int, WalkResult],
                        w_keep: dict[int, float]) -> list[RankActivations]:
