@@ -92,3 +92,25 @@ def test_preset_names_in_any_spelling() -> None:
     assert load_model("deepseekv3").model_name == "deepseek_v3"  # SimuMax's file keeps its own name
     with pytest.raises(ConfigError, match="did you mean llama3-70b, llama3-8b"):
         load_model("llama3-8")
+
+
+def test_snapshot_sees_every_in_place_edit() -> None:
+    """PerfLLM's change check (config/base.snapshot): equal while nothing changes, different
+    after an assignment, an edit inside a table (a dict), a list or a nested config."""
+    from simumax.config.base import snapshot
+
+    system, strategy = load_system("h100-sxm-80gb"), load_strategy("tp1_pp2_dp4_mbs1")
+    before_sys, before_st = snapshot(system), snapshot(strategy)
+    assert snapshot(system) == before_sys and snapshot(strategy) == before_st
+    table = system.accelerator.op["matmul"].accurate_efficient_factor
+    key = next(iter(table))
+    table[key] *= 0.5  # a table entry, in place
+    assert snapshot(system) != before_sys
+    table[key] *= 2.0
+    assert snapshot(system) == before_sys
+    system.networks.tiers["inter_node"].bandwidth.gbps *= 2  # a nested config's field
+    assert snapshot(system) != before_sys
+    strategy.offload_modules.append("core_attn")  # a list field, in place
+    assert snapshot(strategy) != before_st
+    assert "offload_modules" in type(strategy)._plain_fields and "accurate_efficient_factor" in type(
+        system.accelerator.op["matmul"])._plain_fields
