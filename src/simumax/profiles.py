@@ -16,7 +16,6 @@ code path: a shared cache changes speed, never results.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from simumax.config.model import ModelConfig
@@ -152,22 +151,15 @@ class LayerProfiles:
             t = self._layer_times[key] = self._ops_time(self.source.layer(layer, recomputed))
         return t
 
-    @staticmethod
-    def _split(chunk: Stage) -> tuple[list[Op], list[StagePart], list[Op]]:
-        """(ops before the layers, runs of layers of one kind, ops after them) of a chunk
-        (model_graph.build_virtual_stages)."""
-        parts = chunk.parts
-        return parts[0].ops, parts[1:-1], parts[-1].ops
-
     def chunk_time(self, st: StrategyConfig, chunk: Stage, p2p: float) -> StageTime:
-        pre, runs, post = self._split(chunk)
+        pre, runs, post = chunk.sections()
         out = self._ops_time(pre)
         for run in runs:
             t = self.layer_time(run.layers[0], run.kind[0])
             out.add(t, len(run.layers), op_times=False)
             # the kind's costs under each layer's own ops (names and layer index in traces
             # and op tables), made when they are read
-            out.add_op_times(partial(_run_ops, run), t.phases() * len(run.layers))
+            out.add_op_times(run.expanded, t.phases() * len(run.layers))
         out.add(self._ops_time(post))
         out.p2p = p2p
         return out
@@ -175,7 +167,7 @@ class LayerProfiles:
     def chunk_sources(self, st: StrategyConfig, chunk: Stage) -> KernelSources:
         """Kernel seconds of one micro-batch through a chunk by family and source (layers
         of one kind summed once)."""
-        pre, runs, post = self._split(chunk)
+        pre, runs, post = chunk.sections()
         out = KernelSources()
         for run in runs:
             src = self._layer_sources.get(run.kind)
@@ -191,7 +183,7 @@ class LayerProfiles:
         (memory/chunk_walk.py). The peak ops are given by position in the chunk
         (``fwd_peak_at``, ``bwd_peak_at``; memory/chunk_walk.op_name_at names them), not by
         name: chunks of one shape share the result."""
-        pre, runs, post = self._split(chunk)
+        pre, runs, post = chunk.sections()
         key = (tuple((r.kind, len(r.layers)) for r in runs), tuple(id(o) for o in pre), tuple(id(o) for o in post))
         hit = self._walks.get(key)
         if hit is None:
@@ -204,12 +196,6 @@ class LayerProfiles:
         if r is None:
             r = self._relabelers[run.kind] = Relabeler(run.ops, run.ops[0].layer)
         return r
-
-
-def _run_ops(run: StagePart) -> list[Op]:
-    """Every layer's ops of a run, each under its own names."""
-    assert run.expand is not None
-    return [o for layer in run.layers for o in run.expand(layer)]
 
 
 class ProfileCache:

@@ -80,6 +80,12 @@ class StagePart(NamedTuple):
         """How often ``ops`` occur in the stage (under other names)."""
         return len(self.layers) or 1
 
+    def expanded(self) -> list[Op]:
+        """Every op of the part: each layer's of a run under its own names."""
+        if self.layers and self.expand is not None:
+            return [o for layer in self.layers for o in self.expand(layer)]
+        return self.ops
+
 
 @dataclass(slots=True)
 class Stage:
@@ -105,15 +111,14 @@ class Stage:
         """Every op, each layer's under its own names: made on first use (traces, op
         tables); an estimate reads ``groups()``, a layer of each kind with its count."""
         if self._ops is None or self._ops[0] != len(self.parts):
-            out: list[Op] = []
-            for p in self.parts:
-                if p.layers and p.expand is not None:
-                    for layer in p.layers:
-                        out.extend(p.expand(layer))
-                else:
-                    out.extend(p.ops)
-            self._ops = (len(self.parts), out)
+            self._ops = (len(self.parts), [o for p in self.parts for o in p.expanded()])
         return self._ops[1]
+
+    def sections(self) -> tuple[list[Op], list[StagePart], list[Op]]:
+        """A model chunk's (ops before its layers, runs of layers of one kind, ops after
+        them), as model_graph.build_virtual_stages makes its parts."""
+        parts = self.parts
+        return parts[0].ops, parts[1:-1], parts[-1].ops
 
     def groups(self) -> list[tuple[list[Op], int]]:
         """(ops, times) per part: the layers of one kind are the same ops under other names."""

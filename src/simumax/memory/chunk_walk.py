@@ -30,7 +30,7 @@ REL_TOL = 1e-12  # steps "exactly D": within this share of the peak
 def shaped_walk(chunk: Stage, relabeler: Callable[[StagePart], Relabeler]) -> WalkResult:
     """The chunk's walk, its peak ops by position in the chunk's op order (names left
     empty: ``op_name_at``); ``relabeler(run)`` renames the run's ops to another layer index."""
-    pre, runs, post = chunk.parts[0].ops, chunk.parts[1:-1], chunk.parts[-1].ops
+    pre, runs, post = chunk.sections()
     counts = [len(r.layers) for r in runs]
     long = [i for i, c in enumerate(counts) if c >= MIN_RUN]
     if long and not any(o.layer >= 0 for o in post):
