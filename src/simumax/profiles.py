@@ -36,7 +36,7 @@ from simumax.graph.sharding import MODULE as SHARDING
 from simumax.memory.activation_walk import WalkResult
 from simumax.memory.chunk_walk import shaped_walk
 from simumax.memory.schedule_walk import RankActivations, walk_schedule
-from simumax.schedule import interleaved, order_key, rank_orders
+from simumax.schedule import cut_orders, order_key, rank_orders
 from simumax.schedule.tasks import RankOrders
 
 # Strategy fields that change the layout, not the layers (the ops or their costs).
@@ -209,8 +209,8 @@ class ProfileCache:
         self.grad_buckets: dict[tuple[Any, ...], list[Any]] = {}  # dp/buckets.py, by bucket_key
         self._plain_layers: dict[tuple[Any, ...], PlainLayers] = {}
         self._orders: dict[tuple[Any, ...], RankOrders] = {}
-        # per schedule shape (order_key without the count): its longest order made, which
-        # shorter interleaved orders are cut from (schedule/interleaved.cut)
+        # per schedule shape (schedule.order_shape): its longest order made, which shorter
+        # orders are cut from (schedule.cut_orders)
         self._longest_order: dict[tuple[Any, ...], tuple[int, RankOrders]] = {}
 
     def orders(self, st: StrategyConfig, micro_batch_num: int | None = None) -> RankOrders:
@@ -221,17 +221,15 @@ class ProfileCache:
         key = order_key(st)
         o = self._orders.get(key)
         if o is None:
-            # the same schedule but for the micro-batch count (order_key's third item)
-            shape = key[:2] + key[3:]
+            shape, m = key
             longest = self._longest_order.get(shape)
-            if longest is not None and longest[0] > st.micro_batch_num and st.schedule == "interleaved":
-                o = interleaved.cut(longest[1], st.pp_size, st.micro_batch_num, st.interleaving_size,
-                                    st.microbatch_group_size_per_vp_stage, key[5])
+            if longest is not None and longest[0] > m:
+                o = cut_orders(st, longest[1])
             if o is None:
                 o = rank_orders(st)
             self._orders[key] = o
-            if longest is None or longest[0] < st.micro_batch_num:
-                self._longest_order[shape] = (st.micro_batch_num, o)
+            if longest is None or longest[0] < m:
+                self._longest_order[shape] = (m, o)
         return o
 
     def schedule_walks(self, st: StrategyConfig, micro_batch_num: int, walks: dict[int, WalkResult],

@@ -34,9 +34,20 @@ def rank_orders(st: StrategyConfig) -> RankOrders:
     return SCHEDULES[st.schedule](st)
 
 
+def cut_orders(st: StrategyConfig, longer: RankOrders) -> RankOrders | None:
+    """The strategy's task order cut from ``longer``, the same schedule's order for more
+    micro-batches (interleaved.cut), or None where no cut is offered."""
+    if st.schedule != "interleaved":
+        return None
+    return interleaved.cut(longer, st.pp_size, st.micro_batch_num, st.interleaving_size,
+                           st.microbatch_group_size_per_vp_stage, _ep_overlap_warmup(st))
+
+
+def order_shape(st: StrategyConfig) -> tuple[object, ...]:
+    """Everything the task order depends on but the micro-batch count."""
+    return st.schedule, st.pp_size, st.interleaving_size, st.microbatch_group_size_per_vp_stage, _ep_overlap_warmup(st)
+
+
 def order_key(st: StrategyConfig) -> tuple[object, ...]:
     """Everything the task order depends on (strategies with equal keys share one)."""
-    return (
-        st.schedule, st.pp_size, st.micro_batch_num, st.interleaving_size, st.microbatch_group_size_per_vp_stage,
-        _ep_overlap_warmup(st),
-    )
+    return order_shape(st), st.micro_batch_num
