@@ -191,3 +191,19 @@ def test_calibrate_without_torch_is_one_line_exit_2(tmp_path) -> None:
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().count("\n") == 0 and "simumax[calibrate]" in r.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_the_ce_line_is_sized_in_its_table_convention() -> None:
+    """calibrate measures the ``ce`` family at the loss's size in the table convention its
+    line is fitted in (SimuMax's: 14 B per bf16 logit), not the chain's 38 B."""
+    from simumax.config.strategy import StrategyConfig
+    from simumax.graph.kernels import MemBound
+
+    model = load_model("llama3-8b").model_copy(update={"layer_num": 1})
+    strategy = StrategyConfig.init_from_dict({"seq_len": 512, "world_size": 1, "micro_batch_size": 1})
+    system = load_system("a100-sxm-80gb")
+    loss = next(o for c in Estimate(model, strategy, system).chunks for o in c.ops if o.name == "loss")
+    fwd = next(k for k in loss.fwd if isinstance(k, MemBound))
+    assert fwd.table_bytes * 38 == pytest.approx(fwd.bytes * 14)
+    sizes = job_kernels(model, strategy, system).membound["ce"]
+    assert fwd.table_bytes in sizes and fwd.bytes not in sizes

@@ -161,3 +161,25 @@ def test_calibrate_measures_the_fp8_gemms_of_an_fp8_job(tmp_path, tiny_files) ->
     fp8_keys = {k.key for c in est.chunks for k in c.kernels() if getattr(k, "family", "") == "fp8_matmul"}
     assert fp8_keys and fp8_keys <= set(table)  # every fp8 GEMM of the job measured, in the fp8 family's peak
     assert est.cost().efficiency_lookups["sources"]["fp8_matmul"]["measured"] > 0
+
+
+def test_megatrons_cross_entropy_chain_is_the_cross_entropy() -> None:
+    """The chain calibrate times for the ``ce`` line and check-step trains with gives the
+    cross-entropy and its gradient (in the logits' dtype), and leaves the bf16 logits as they were."""
+    import torch.nn.functional as F
+
+    from simumax.calibrate.megatron_loss import megatron_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(9, 40, generator=g).to(torch.bfloat16).requires_grad_()
+    before = x.detach().clone()
+    t = torch.randint(0, 40, (9,), generator=g)
+    megatron_cross_entropy(x, t).mean().backward()
+    ours = x.grad.clone()
+    assert ours.dtype == torch.bfloat16 and torch.equal(x.detach(), before)
+    x.grad = None
+    ref = F.cross_entropy(x.float(), t)
+    ref.backward()
+    assert torch.allclose(megatron_cross_entropy(x, t).mean(), ref.detach(), atol=1e-6)
+    assert torch.allclose(ours.float(), x.grad.float(), atol=1e-2)
+

@@ -71,6 +71,7 @@ def test_calibration_writes_in_the_familys_convention() -> None:
 # ---- unfused attention, GEMM roofline, GPT-style extras ----------------------------------
 from simumax import ModelConfig, StrategyConfig  # noqa: E402
 from simumax.estimate import Estimate  # noqa: E402
+from simumax.graph.blocks import megatron_ce_traffic  # noqa: E402
 from simumax.graph.kernels import Collective, Gemm, GroupGemm, MemBound  # noqa: E402
 
 
@@ -124,6 +125,38 @@ def test_gemm_bytes_and_the_roofline_floor() -> None:
     big = Gemm(8192, 8192, 8192, "TN")  # compute-bound: the floor does not bind
     tb, eff = ComputeModel(y).compute(big)
     assert tb > big.bytes / (hbm.gbps * 1e9 * hbm.efficient_factor) and eff > 0.5
+
+
+def test_unfused_loss_is_megatrons_kernel_chain() -> None:
+    """Megatron's VocabParallelCrossEntropy over bf16 logits, per logit: forward the fp32
+    copy (2 + 4), max (4), subtract in place (8), exp in place (8), sum (4), divide in place
+    (8) = 38 B in 6 kernels; backward scale in place (8) and the cast back (4 + 2) = 14 B in
+    2. fp32 logits skip the copy and the cast: 32 B / 5 and 8 B / 1."""
+    assert megatron_ce_traffic(2) == ((38.0, 6), (14.0, 2))
+    assert megatron_ce_traffic(4) == ((32.0, 5), (8.0, 1))
+    est = _est(_gpt(), tp_size=2, world_size=2)
+    loss = _op(est, "loss")
+    n = 2 * 2048 * (51200 // 2)  # tokens x vocab / tp
+    fwd = next(k for k in loss.fwd if isinstance(k, MemBound))
+    bwd = next(k for k in loss.bwd_input if isinstance(k, MemBound))
+    assert (fwd.bytes, fwd.launches, fwd.table_bytes) == (38 * n, 6, 14 * n)  # 14: SimuMax's convention, 2 + 3 x 4
+    assert (bwd.bytes, bwd.launches, bwd.table_bytes) == (14 * n, 2, 6 * n)
+    assert len([k for k in loss.fwd if isinstance(k, Collective)]) == 3  # max, target logit, sum-exp over TP
+
+
+def test_a_measured_ce_line_times_the_chain_in_its_convention() -> None:
+    """Without a ce line the chain runs on the default HBM line with a latency per kernel;
+    a measured line (SimuMax's files) times it as the one unit it was measured as."""
+    k = MemBound("loss.fwd", 38e9, family="ce", table_bytes=14e9, launches=6)
+    blind = load_system("a100-sxm-80gb")
+    hbm = blind.accelerator.bandwidth["default"]
+    assert "ce" not in blind.accelerator.bandwidth
+    assert ComputeModel(blind).membound(k) == pytest.approx(38e9 / (hbm.gbps * 1e9 * hbm.efficient_factor) + 6 * hbm.latency_us * 1e-6)
+    simumax = load_system("a100_pcie")
+    ce = simumax.accelerator.bandwidth["ce"]
+    key, t = ComputeModel(simumax).membound_source(k)
+    assert key == "memory/ce/measured"
+    assert t == pytest.approx(14e9 / (ce.gbps * 1e9 * ce.efficient_factor) + ce.latency_us * 1e-6)
 
 
 def test_learned_positions_add_and_their_gradient() -> None:

@@ -7,7 +7,8 @@ optimizer: bf16 parameters, fp32 main gradients (Megatron's DDP buffer) into whi
 linear layers' weight-gradient GEMMs accumulate directly (gradient-accumulation fusion;
 other parameters through a hook), fp32 master weights and Adam states, the master copy
 written back to bf16 after the step. Attention is ``scaled_dot_product_attention``
-(flash on GPUs), the loss an fp32 cross-entropy over the logits, the SwiGLU unfused.
+(flash on GPUs), the loss Megatron's unfused cross-entropy (``megatron_loss``), the
+SwiGLU unfused.
 
 The matching simumax strategy (``single_device_strategy``) says exactly that: world 1,
 ZeRO-0, fp32 gradient accumulation, flash attention, fused norm, unfused SwiGLU and loss.
@@ -23,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from simumax.calibrate.megatron_loss import megatron_cross_entropy
 from simumax.calibrate.timing import accumulate_fp32_, synchronize
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
@@ -147,7 +149,7 @@ class LlamaStyle(nn.Module):
             x = layer(x, cos, sin)
         x = self.norm(x)
         logits = F.linear(x, self.embed.weight) if self.head is None else self.head(x)
-        return F.cross_entropy(logits.float().view(-1, self.vocab), labels.reshape(-1))
+        return megatron_cross_entropy(logits.view(-1, self.vocab), labels.reshape(-1)).mean()
 
 
 @dataclass

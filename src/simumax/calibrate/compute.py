@@ -12,8 +12,10 @@ drawn from a normal distribution, so the tensor cores see realistic bit patterns
 - Attention: ``scaled_dot_product_attention`` (torch picks flash / memory-efficient), the
   backward timed alone from a saved forward graph.
 - MemBound families: a kernel with the IR's own byte accounting: ``default`` an add
-  (reads 2, writes 1 element), ``permute_*`` a row ``index_select``, ``ce`` cross-entropy
-  on fp32-cast logits, ``ce_fusion`` on bf16 logits.
+  (reads 2, writes 1 element), ``permute_*`` a row ``index_select``, ``ce`` Megatron's
+  unfused cross-entropy chain on bf16 logits (``megatron_loss``; sized in the table
+  convention, ``graph.blocks.LOSS_FWD_PASSES``), ``ce_fusion`` torch's cross-entropy on
+  bf16 logits.
 
 Efficiency = table FLOPs / (seconds * peak), the convention of the SimuMax tables (causal
 attention counted without halving, so its entries may exceed 1).
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
+from simumax.calibrate.megatron_loss import megatron_cross_entropy
 from simumax.calibrate.shapes import JobKernels
 from simumax.calibrate.timing import accumulate_fp32_, median_seconds
 from simumax.config.hardware import datasheet
@@ -163,7 +166,7 @@ def membound_fn(family: str, nbytes: float, device: torch.device):
         logits = _randn((size, CE_VOCAB), torch.bfloat16, device)
         target = torch.randint(0, CE_VOCAB, (size,), device=device)
         if family == "ce":
-            return (lambda: F.cross_entropy(logits.float(), target)), actual
+            return (lambda: megatron_cross_entropy(logits, target)), actual
         return (lambda: F.cross_entropy(logits, target)), actual
     a, b = _randn((size,), torch.bfloat16, device), _randn((size,), torch.bfloat16, device)
     c = torch.empty_like(a)

@@ -49,9 +49,11 @@ def job_kernels(model: ModelConfig, strategy: StrategyConfig, system: SystemConf
     sizes: dict[str, set[float]] = defaultdict(set)
     for k in itertools.chain.from_iterable(chunk.kernels() for chunk in est.chunks):
         if isinstance(k, MemBound):
-            if k.bytes > 0 and k.bytes not in sizes[k.family]:
-                sizes[k.family].add(k.bytes)
-                out.membound[k.family].append(float(k.bytes))
+            # a family's line is fitted in its table convention (the cross-entropy chain's)
+            size = k.bytes if k.table_bytes is None else k.table_bytes
+            if size > 0 and size not in sizes[k.family]:
+                sizes[k.family].add(size)
+                out.membound[k.family].append(float(size))
             continue
         if not isinstance(k, (Gemm, GroupGemm, Attention)) or k in seen:
             continue

@@ -130,7 +130,9 @@ class ComputeModel:
     def membound_source(self, k: MemBound) -> tuple[str, float]:
         """("memory/<family>/<measured|default>", seconds) of a bandwidth-bound kernel."""
         key, per_byte, latency = self._mem_line(k.family)
-        return key, k.bytes * per_byte + latency
+        if k.table_bytes is not None and key.endswith("/measured"):
+            return key, k.table_bytes * per_byte + latency  # the unit the line was measured on
+        return key, k.bytes * per_byte + k.launches * latency
 
     def _cost(self, k: ComputeKernel) -> tuple[float, float, str, str]:
         name = self._family(k.family)

@@ -23,15 +23,33 @@ from simumax.graph.kernels import Collective, Gemm, MemBound, op_label
 from simumax.graph.ops import Op, Tensor
 
 FP32 = 4
-# loss forward traffic per logit, as (passes in the activation dtype, fp32 passes):
-# unfused reads the logits once and makes three fp32 passes (copy, exp, normalise in
-# place); TE's fused kernel reads and overwrites the logits
+# loss forward size per logit in the convention of a measured cross-entropy line, as
+# (passes in the activation dtype, fp32 passes): SimuMax's unfused loss reads the logits
+# once and makes three fp32 passes; TE's fused kernel reads and overwrites the logits
 LOSS_FWD_PASSES = {"ce": (1, 3), "ce_fusion": (2, 0)}
 
 
 def loss_fwd_bytes_per_logit(family: str, act_bytes: int) -> float:
     act_passes, fp32_passes = LOSS_FWD_PASSES[family]
     return float(act_passes * act_bytes + fp32_passes * FP32)
+
+
+def megatron_ce_traffic(act_bytes: int) -> tuple[tuple[float, int], tuple[float, int]]:
+    """((bytes per logit, kernels) forward, (bytes per logit, kernels) backward) of
+    Megatron's unfused vocab-parallel cross-entropy over [tokens, vocab/tp] logits
+    (megatron/core/tensor_parallel/cross_entropy.py, VocabParallelCrossEntropy; the same
+    chain in Megatron-LM's mpu/cross_entropy.py of 2021-22, whose GPT model passed
+    ``output.float()``). Forward: the fp32 copy of the logits (read a, write 4), max over
+    the vocabulary (read 4), subtract it in place (4 + 4), exp in place (4 + 4), sum (4),
+    divide by the sum in place (4 + 4): the softmax it saves. Backward: the gradient is
+    the saved softmax, its target entries lowered in place (per token), scaled by the
+    loss gradient in place (4 + 4), then cast back to the logits' dtype by the copy's
+    backward (read 4, write a). With fp32 logits there is no copy and no cast. The
+    per-token kernels (target mask, gathers, log) are latency only and not counted."""
+    cast = act_bytes != FP32
+    fwd = (act_bytes + FP32 if cast else 0) + FP32 + 2 * FP32 + 2 * FP32 + FP32 + 2 * FP32
+    bwd = 2 * FP32 + (FP32 + act_bytes if cast else 0)
+    return (float(fwd), 5 + cast), (float(bwd), 1 + cast)
 
 
 def norm(
@@ -288,8 +306,11 @@ def cross_entropy(d: Dims, logits: Tensor, *, fused: bool) -> Op:
             name="loss", module="loss", layer=-1, fwd=fwd, bwd_input=bwd, saved=(logits,), input=(logits,),
             fwd_transient=f32, bwd_transient=bf16,
         )
-    fwd = (MemBound("loss.fwd", n * loss_fwd_bytes_per_logit("ce", d.act_bytes), family="ce"), *stats)
-    bwd = (MemBound("loss.bwd", f32 + bf16, family="ce"),)
+    # Megatron's kernel chain; a measured "ce" line times it as one unit in its convention
+    (fwd_b, fwd_k), (bwd_b, bwd_k) = megatron_ce_traffic(d.act_bytes)
+    fwd = (MemBound("loss.fwd", n * fwd_b, family="ce", table_bytes=n * loss_fwd_bytes_per_logit("ce", d.act_bytes),
+                    launches=fwd_k), *stats)
+    bwd = (MemBound("loss.bwd", n * bwd_b, family="ce", table_bytes=f32 + bf16, launches=bwd_k),)
     return Op(
         name="loss", module="loss", layer=-1, fwd=fwd, bwd_input=bwd,
         saved=(("loss.softmax_fp32", f32),), input=(logits,),

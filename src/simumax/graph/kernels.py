@@ -179,12 +179,20 @@ def window_pairs(s: int, w: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class MemBound:
-    """A bandwidth-bound kernel (norm, activation, add, softmax, CE, optimizer ...)."""
+    """A bandwidth-bound kernel (norm, activation, add, softmax, CE, optimizer ...), or a
+    chain of ``launches`` such kernels that a family's measured line times as one unit.
+
+    ``bytes`` is what the kernels move. ``table_bytes``, when set, is the size in the
+    convention a measured line of the family was fitted in (SimuMax's cross-entropy: one
+    kernel reading the logits and making three fp32 passes); a family without a measured
+    line runs on the default HBM line with ``bytes`` and a latency per launch."""
 
     name: str
     bytes: float
     family: str = "default"  # key into accelerator.bandwidth
     flops: float = 0.0
+    table_bytes: float | None = None
+    launches: int = 1
 
 
 @dataclass(frozen=True, slots=True)
