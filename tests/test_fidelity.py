@@ -160,14 +160,29 @@ def test_a_measured_ce_line_times_the_chain_in_its_convention() -> None:
 
 
 def test_learned_positions_add_and_their_gradient() -> None:
+    """Word and position tables take F.embedding's dense gradient (zero-fill 2 B per table
+    element, scatter-add the 4096 tokens' gradients: read 2 B, fp32 partials 4 B per token
+    element) and Megatron's hook adds it to the fp32 main gradient (4 + 2 + 4 B per table
+    element). Tied on one pipeline stage, the head's zero-filled dummy gradient (2 B) is
+    added to it (2 + 2 + 2 B)."""
     est = _est(_gpt())
     emb = _op(est, "embedding")
-    full = 2 * 2048 * 1024 * 2
+    tokens, h, vocab, positions = 2 * 2048, 1024, 51200, 2048
+    full = tokens * h * 2
     assert [k.bytes for k in emb.fwd if k.name == "embedding.position_add"] == [3 * full]
-    wgrad = full + 2 * 2048 * 1024 * 4
-    assert [k.bytes for k in emb.bwd_weight] == [wgrad, wgrad]
-    rope = _op(_est(_gpt(position_embedding_type="rope")), "embedding")
-    assert [k.name for k in rope.fwd] == ["embedding.fwd"] and len(rope.bwd_weight) == 1
+
+    def table(rows: int) -> float:
+        return rows * h * 2 + tokens * h * (2 + 4) + rows * h * (4 + 2 + 4)
+
+    assert [(k.name, k.bytes) for k in emb.bwd_weight] == [
+        ("embedding.wgrad", table(vocab)), ("embedding.tied_wgrad_sum", vocab * h * (2 + 6)),
+        ("embedding.position_wgrad", table(positions))]
+    assert emb.bwd_transient == full + 2 * vocab * h * 2  # the dense gradient and the dummy
+    rope = _op(_est(_gpt(position_embedding_type="rope", untie_embeddings_and_output_weights=True)), "embedding")
+    assert [k.name for k in rope.fwd] == ["embedding.fwd"] and [k.name for k in rope.bwd_weight] == ["embedding.wgrad"]
+    # with PP the head keeps its own copy of the tied weight: no dummy to add
+    piped = _op(_est(_gpt(), pp_size=2, world_size=2), "embedding")
+    assert "embedding.tied_wgrad_sum" not in [k.name for k in piped.bwd_weight]
 
 
 def test_residual_gradients_are_summed_after_each_pre_norm() -> None:

@@ -251,20 +251,41 @@ def dropout_add(name: str, module: str, layer: int, d: Dims, *, dropout: bool) -
     )
 
 
-def embedding(d: Dims, vocab_local: int, position_rows: int = 0) -> Op:
+def _table_wgrad(name: str, d: Dims, rows: int, main_grad_bytes: int) -> MemBound:
+    """Weight gradient of an ``F.embedding`` table of ``rows`` × h, per micro-batch, as
+    Megatron-Core runs it (VocabParallelEmbedding and the position table call
+    ``F.embedding``, whose backward is dense): PyTorch's ``embedding_dense_backward``
+    zero-fills a [rows, h] gradient in the activation dtype and scatter-adds the tokens'
+    gradients into it (reading them, with fp32 partial sums per index), then Megatron's
+    DDP hook adds it to the main gradient (``param.main_grad.add_(param.grad)``:
+    read both, write the main gradient)."""
+    a = d.act_bytes
+    dense = rows * d.h
+    scatter = d.tokens * d.h * (a + FP32)
+    return MemBound(name, dense * a + scatter + dense * (2 * main_grad_bytes + a), launches=3)
+
+
+def embedding(d: Dims, vocab_local: int, position_rows: int = 0, *, main_grad_bytes: int = FP32,
+              shares_head_weight: bool = False) -> Op:
     """Vocab-parallel embedding: lookup, then all-reduce (or reduce-scatter with SP) over TP.
 
     Learned absolute positions (Megatron's ``LanguageModelEmbedding``, replicated over TP):
     the position lookup and its add to the word embeddings read two [tokens, h] tensors and
-    write one, and backward scatter-adds the gradient into the fp32 position-embedding
-    gradient as it does for the words."""
+    write one; their gradients go through the same dense path as the words' (``_table_wgrad``).
+    ``shares_head_weight``: the output layer uses the same weight on this rank (tied, one
+    pipeline stage): Megatron sets ``zero_out_wgrad``, so the head's weight-gradient GEMM,
+    accumulating into the main gradient itself, hands autograd a zero-filled dummy that
+    autograd adds to the embedding's gradient (``language_module.py``,
+    ``tensor_parallel/layers.py``)."""
     full = d.act(d.h)
-    wgrad = full + d.tokens * d.h * FP32  # read the gradient, accumulate rows in fp32
+    table = float(vocab_local * d.h * d.act_bytes)
     fwd: list = [MemBound("embedding.fwd", 2 * full)]
-    wgrads = [MemBound("embedding.wgrad", wgrad)]
+    wgrads = [_table_wgrad("embedding.wgrad", d, vocab_local, main_grad_bytes)]
+    if shares_head_weight:
+        wgrads.append(MemBound("embedding.tied_wgrad_sum", table + 3 * table, launches=2))  # zero the dummy, add
     if position_rows:
         fwd.append(MemBound("embedding.position_add", 3 * full))
-        wgrads.append(MemBound("embedding.position_wgrad", wgrad))
+        wgrads.append(_table_wgrad("embedding.position_wgrad", d, position_rows, main_grad_bytes))
     bwd_in: list = []
     if d.sp:
         fwd.append(Collective("reduce_scatter", full, "tp"))
@@ -280,7 +301,8 @@ def embedding(d: Dims, vocab_local: int, position_rows: int = 0) -> Op:
         bwd_input=tuple(bwd_in),
         bwd_weight=tuple(wgrads),
         saved=(ids,),
-        bwd_transient=full,
+        # the incoming gradient and the dense table gradient (and the tied head's dummy)
+        bwd_transient=full + table * (2 if shares_head_weight else 1),
         params=(vocab_local + position_rows) * d.h,
         tp_replicated_params=position_rows * d.h,  # every TP rank holds the whole position table
     )

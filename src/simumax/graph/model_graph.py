@@ -208,7 +208,9 @@ class OpSource:
 
     def embedding(self) -> Op:
         if self._embedding is None:
-            self._embedding = blocks.embedding(self.dims, self.dims.vocab, self.model.position_rows(self.st.seq_len))
+            tied_here = not self.model.untie_embeddings_and_output_weights and self.st.pp_size == 1
+            self._embedding = blocks.embedding(self.dims, self.dims.vocab, self.model.position_rows(self.st.seq_len),
+                                               main_grad_bytes=self.st.main_grad_bytes, shares_head_weight=tied_here)
         return self._embedding
 
     def pre_ops(self) -> list[Op]:
