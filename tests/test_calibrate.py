@@ -207,3 +207,21 @@ def test_the_ce_line_is_sized_in_its_table_convention() -> None:
     assert fwd.table_bytes * 38 == pytest.approx(fwd.bytes * 14)
     sizes = job_kernels(model, strategy, system).membound["ce"]
     assert fwd.table_bytes in sizes and fwd.bytes not in sizes
+
+
+def test_a_flat_collective_fit_is_capped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """Times that hardly grow with size (a busy host, sizes too small for the link) fit a
+    near-flat line whose bandwidth is no measurement: written at the schema's cap, with a
+    warning naming the op, instead of failing the whole run on the field's bound."""
+    import logging
+
+    from simumax.config.system import MAX_LINK_EFFICIENCY
+
+    flat = {"p2p": fit_alpha_beta([4e3, 6.4e4, 1e6], [1.0e-3, 1.02e-3, 1.021e-3])}
+    base = load_system("a100_pcie").to_dict()
+    with caplog.at_level(logging.WARNING, logger="simumax.calibrate.system_writer"):
+        out = merge_collectives(base, "intra_node_pcie_2x", flat)
+    assert flat["p2p"].efficiency(30.0) > MAX_LINK_EFFICIENCY
+    assert out["networks"]["intra_node_pcie_2x"]["op"]["p2p"]["efficient_factor"] == MAX_LINK_EFFICIENCY
+    assert "p2p" in caplog.text and "do not resolve" in caplog.text
+    SystemConfig.init_from_dict(out)

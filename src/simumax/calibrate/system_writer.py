@@ -8,13 +8,17 @@ the reference tables' entries: table FLOPs / (seconds * family peak).
 from __future__ import annotations
 
 import copy
+import logging
 import statistics
 from typing import Any
 
 from simumax.calibrate.fit import AlphaBeta
 from simumax.config.hardware import NIC_FIXED_US, NIC_STEP_US, SCALEUP_FIXED_US, SCALEUP_STEP_US, collective_tier, datasheet
+from simumax.config.system import MAX_LINK_EFFICIENCY
 from simumax.cost.network import DEFAULT_SPECS, ring_steps
 from simumax.graph.kernels import MODEL_SDP_BWD_RATIO, SIMUMAX_SDP_BWD_RATIO
+
+log = logging.getLogger(__name__)
 
 # placeholders for a device missing from the datasheet table (a collectives-only config)
 PEAK_TFLOPS_UNKNOWN, HBM_GBPS_UNKNOWN, SCALEUP_GBPS_UNKNOWN = 100.0, 1000.0, 100.0
@@ -112,7 +116,15 @@ def merge_collectives(system: dict[str, Any], tier: str, fits: dict[str, AlphaBe
     gbps = float(t["bandwidth"]["gbps"])
     for op, fit in fits.items():
         spec = t["op"].setdefault(op, dict(collective_tier(1, 0, 0)["op"][op]))
-        spec["efficient_factor"] = float(f"{fit.efficiency(gbps):.4g}")
+        eff = fit.efficiency(gbps)
+        if eff > MAX_LINK_EFFICIENCY:
+            # times that barely grow with size (sizes too small for the link, or noise on a
+            # busy host) fit a near-flat line: its bandwidth is not a measurement
+            log.warning("calibrate-comm: %s on %s fits %.3g GB/s, over %g x the tier's %g GB/s: the sizes measured do "
+                        "not resolve its bandwidth (measure larger sizes); written as %g", op, tier,
+                        1.0 / fit.seconds_per_byte / 1e9, MAX_LINK_EFFICIENCY, gbps, MAX_LINK_EFFICIENCY)
+            eff = MAX_LINK_EFFICIENCY
+        spec["efficient_factor"] = float(f"{eff:.4g}")
         # the measurement supersedes the base's latencies and fixed DP bandwidths
         spec.pop("fixed_latency_us_by_comm_num", None)
         spec.pop("dp_fixed_bw", None)
