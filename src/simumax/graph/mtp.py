@@ -60,7 +60,7 @@ def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable
     for depth in range(model.mtp_num_layers):
         p = f"mtp{depth}."
         k = model.layer_num + depth
-        emb = blocks.embedding(d, d.vocab)
+        emb = blocks.embedding(d, d.vocab, main_grad_bytes=st.main_grad_bytes)
         emb_out: Tensor = (p + "emb", act)
         out.append(emb.with_(name=p + "embedding", module=MODULE_EMBEDDING, layer=k, output=emb_out,
                              params=0 if embedding_on_this_rank else emb.params))
