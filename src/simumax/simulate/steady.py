@@ -7,8 +7,8 @@ group (``microbatch_group_size_per_vp_stage``, default pp) through every model c
 fixed pass costs the engine is a max-plus system, so past the warm-up each extra period
 delays every later pass by the same amount. The estimate runs the schedule at three
 micro-batch counts m0, m0 + g, m0 + 2g (same remainder modulo the period g as the real
-count m, so warm-up and cool-down are the real ones; m0 at least two warm-ups,
-2 max(pp, g)) and takes what it needs — each rank's end and busy time, each chunk's last
+count m, so warm-up and cool-down are the real ones; m0 at least one warm-up,
+max(pp, g)) and takes what it needs — each rank's end and busy time, each chunk's last
 weight-gradient pass — as x(m0) + (m - m0) / g * (x(m0 + g) - x(m0)), after checking
 that the three runs lie on one line (equal steps within 1e-9 of the iteration) and that no
 rank's work per period exceeds the period (a rank still using warm-up idle time to keep up
@@ -54,10 +54,11 @@ def first_count(st: StrategyConfig, g: int) -> int:
     rest = m % g
     if st.schedule == "interleaved" and 0 < rest < st.pp_size:  # outside Megatron's rule for the last group
         return m  # (no shorter form: the full run)
-    # two warm-ups' worth: with unequal stages the pipeline settles into its period only
-    # after the bottleneck's delay has reached every rank (a 1F1B case with pp 4 was
-    # still off by 0.08 % at pp micro-batches)
-    least = 2 * max(st.pp_size, g)
+    # one warm-up's worth. With unequal stages the pipeline may still be settling there
+    # (a 1F1B MoE case on pp 4 looked periodic at pp micro-batches, 0.08 % off): the
+    # settled check (_steady_line) refuses such runs and m0 doubles. Session 13 started
+    # at two warm-ups, before that check; the random invariants hold exactly from one.
+    least = max(st.pp_size, g)
     return rest + g * max(1, -(-(least - rest) // g))
 
 
