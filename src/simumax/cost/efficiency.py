@@ -30,7 +30,8 @@ class ComputeModel:
         # kernel -> (seconds, achieved efficiency, family used, source): a kernel's cost is
         # the accelerator's alone, so every estimate of this accelerator config shares it
         # while the config's contents stay the same (an edit in place starts afresh)
-        self._cache: dict[object, tuple[float, float, str, str]] = self.acc.derived("kernel costs", snapshot(self.acc), dict)
+        self._contents = snapshot(self.acc)  # what every shared derivation below depends on
+        self._cache: dict[object, tuple[float, float, str, str]] = self.acc.derived("kernel costs", self._contents, dict)
         self._fits: dict[str, TableFit] = {}
         self._parsed: dict[str, dict[str, float]] = {}  # shape key -> sizes
         self._mem_lines: dict[str, tuple[str, float, float]] = {}  # family -> (source key, s/byte, latency)
@@ -49,10 +50,9 @@ class ComputeModel:
         fit = self._fits.get(name)
         if fit is None:
             # fitting parses every table key: shared by every estimate of this accelerator
-            # config while the table's contents stay the same (an edit in place refits)
+            # config while its contents stay the same (an edit in place refits)
             table, sm = self.acc.op[name].accurate_efficient_factor, self.acc.sm_count
-            contents = (tuple(table.items()), sm)
-            fit = self._fits[name] = self.acc.derived(f"fit/{name}", contents, lambda: TableFit(table, sm))
+            fit = self._fits[name] = self.acc.derived(f"fit/{name}", self._contents, lambda: TableFit(table, sm))
         return fit
 
     def _efficiency(self, name: str, key: str) -> tuple[float, str]:
