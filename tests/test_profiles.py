@@ -113,3 +113,33 @@ def test_shared_cache_with_fp8_amax_and_mtp_over_layouts() -> None:
     for pp in (1, 2, 4, 8, 2, 1):
         st = base.with_updates({"pp_size": pp})
         assert _results(Estimate(model, st, h100, shared)) == _results(Estimate(model, st, h100)), pp
+
+
+def test_estimates_without_a_cache_share_the_one_kept_with_the_system() -> None:
+    """SimuMax scripts make a PerfLLM per strategy with the same config objects: those
+    estimates share one ProfileCache, kept with the system config, with the results of a
+    private one; another model object takes the slot, an in-place edit renews it, and a
+    copy or pickle of a config starts without the caches."""
+    import pickle
+
+    from simumax.api import PerfLLM
+
+    m, y = load_model("llama3-8b").with_updates({"layer_num": 4}), load_system("a100_pcie")
+    st1, st2 = load_strategy("tp1_pp2_dp4_mbs1"), load_strategy("tp2_pp1_dp4_mbs1")
+    a, b = Estimate(m, st1, y), Estimate(m, st2, y)
+    assert a.profiles is b.profiles is ProfileCache.of(m, y)
+    assert a.cost().duration_time_per_iter == Estimate(m, st1, y, ProfileCache(m, y)).cost().duration_time_per_iter
+    p1, p2 = (PerfLLM().configure(model_config=m, strategy_config=st1, system_config=y) for _ in range(2))
+    assert p1.run_estimate()._estimate.profiles is p2.run_estimate()._estimate.profiles  # type: ignore[union-attr]
+    other = m.model_copy(deep=True)
+    c = Estimate(other, st1, y)
+    assert c.profiles is not a.profiles and c.profiles.model is other
+    before = c.cost().duration_time_per_iter
+    other.layer_num = 2  # an edit in place: a new cache, and the estimate sees the edit
+    d = Estimate(other, st1, y)
+    assert d.profiles is not c.profiles and d.cost().duration_time_per_iter < before
+    y.accelerator.bandwidth["default"].efficient_factor /= 2  # the system edited in place too
+    e = Estimate(other, st1, y)
+    assert e.profiles is not d.profiles and e.cost().duration_time_per_iter > d.cost().duration_time_per_iter
+    assert y._derived and y.model_copy(deep=True)._derived == {} and pickle.loads(pickle.dumps(y))._derived == {}
+    assert y.accelerator.model_copy(deep=True)._derived == {}

@@ -44,7 +44,7 @@ class Estimate:
     strategy: StrategyConfig
     system: SystemConfig
     # layer profiles shared with other estimates of this model and system (the search's);
-    # None: a private cache. Results are the same either way.
+    # None: the one kept with the system config (ProfileCache.of). Results are the same.
     profiles: ProfileCache | None = field(default=None, repr=False, compare=False)
     _bucket_cache: dict[int, list[GradBucket]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -53,7 +53,7 @@ class Estimate:
             cfg.check()  # a cross-field rule an in-place edit left broken
         check_compatible(self.model, self.strategy, self.system)
         if self.profiles is None:
-            self.profiles = ProfileCache(self.model, self.system)
+            self.profiles = ProfileCache.of(self.model, self.system)
         elif self.profiles.model is not self.model or self.profiles.system is not self.system:
             raise ValueError("ProfileCache belongs to another model or system")
 

@@ -9,8 +9,8 @@ schedules' task orders by layout), so a search costs each layer kind once instea
 per layer per candidate. Families that differ only in which ops they checkpoint share
 their plain layer ops too (CHECKPOINT_FIELDS).
 
-Every estimate goes through a cache (a private one when none is given), so there is one
-code path: a shared cache changes speed, never results.
+Every estimate goes through a cache (``ProfileCache.of`` the configs when none is given),
+so there is one code path: a shared cache changes speed, never results.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from simumax.config.base import snapshot
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
@@ -212,6 +213,16 @@ class ProfileCache:
         # per schedule shape (schedule.order_shape): its longest order made, which shorter
         # orders are cut from (schedule.cut_orders)
         self._longest_order: dict[tuple[Any, ...], tuple[int, RankOrders]] = {}
+
+    @classmethod
+    def of(cls, model: ModelConfig, system: SystemConfig) -> "ProfileCache":
+        """The cache of estimates made without one: kept with the system config for the
+        last model object estimated with it, while neither config's contents change. A
+        script that makes a PerfLLM per strategy with the same config objects then shares
+        layer profiles, schedule orders and walks, as a search does (one slot: a loop over
+        fresh model objects replaces it instead of keeping them all)."""
+        contents = (id(model), snapshot(model), snapshot(system))  # the slot holds the model: its id stays its own
+        return system.derived("profiles", contents, lambda: cls(model, system))
 
     def orders(self, st: StrategyConfig, micro_batch_num: int | None = None) -> RankOrders:
         """The schedule's per-rank task order (shared: callers must not modify it), for

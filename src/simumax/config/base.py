@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Self, get_args, get_origin
 
@@ -138,6 +139,30 @@ class ConfigBase(BaseModel):
     _plain_fields: ClassVar[frozenset[str]] = frozenset()  # fields of plain-value dicts / lists (snapshot)
     _source: str | None = PrivateAttr(None)  # the file (or override) it was loaded from
     _pending: ConfigError | None = PrivateAttr(None)  # a cross-field rule an in-place edit broke
+    _derived: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)  # derived(): name -> (contents, value)
+
+    def derived(self, name: str, contents: Any, build: Callable[[], Any]) -> Any:
+        """``build()``, kept for the estimates of this config while ``contents`` (what it was
+        derived from, compared by value) stay the same: an edit in place derives it again.
+        (Kernel costs and table fits live with the accelerator config, the layer profiles
+        of the last model estimated with the system config.) A copy or a pickle of the
+        config starts without them: they are caches, not state."""
+        hit = self._derived.get(name)
+        if hit is None or hit[0] != contents:
+            hit = self._derived[name] = (contents, build())
+        return hit[1]
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Any:
+        memo = {} if memo is None else memo
+        memo[id(self._derived)] = {}  # the copy's caches: empty, and the originals never copied
+        return super().__deepcopy__(memo)
+
+    def __getstate__(self) -> dict[Any, Any]:
+        state = super().__getstate__()
+        private = state.get("__pydantic_private__")
+        if private and private.get("_derived"):
+            state = {**state, "__pydantic_private__": {**private, "_derived": {}}}
+        return state
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:

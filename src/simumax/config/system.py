@@ -3,7 +3,6 @@ efficiency tables and network tiers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field, PositiveFloat, PositiveInt, PrivateAttr, field_validator, model_serializer, model_validator
@@ -77,16 +76,6 @@ class AcceleratorConfig(ConfigBase):
     bandwidth: dict[str, BandwidthSpec] = Field(
         description="Memory-bound families: default, permute_fwd, permute_bwd, ce, ce_fusion."
     )
-    _derived: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)  # derived(): name -> (contents, value)
-
-    def derived(self, name: str, contents: Any, build: Callable[[], Any]) -> Any:
-        """``build()``, kept for the estimates of this config while ``contents`` (what it was
-        derived from, compared by value) stay the same: an edit in place derives it again.
-        (cost/efficiency.ComputeModel shares a measured table's fit this way.)"""
-        hit = self._derived.get(name)
-        if hit is None or hit[0] != contents:
-            hit = self._derived[name] = (contents, build())
-        return hit[1]
 
     @model_validator(mode="after")
     def _defaults(self) -> "AcceleratorConfig":
