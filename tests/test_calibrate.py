@@ -163,6 +163,10 @@ def test_fresh_system_and_collective_merge_load() -> None:
     out = merge_collectives(base, "high_intra_node", fits)
     spec = out["networks"]["high_intra_node"]["op"]["all_reduce"]
     assert spec["efficient_factor"] == pytest.approx(300 / 900, rel=1e-3)
+    # the measured tier says so (the uncertainty band counts its seconds as measured); a
+    # fresh system's tiers are datasheet values until measured
+    assert out["networks"]["high_intra_node"]["provenance"] == "measured"
+    assert sys_dict["networks"]["inter_node"]["provenance"] == "datasheet"
     # no group sizes: the intercept is one fixed latency per call
     assert spec["latency_us"] == 0.0 and spec["fixed_latency_us"] == pytest.approx(20.0, rel=1e-3)
     SystemConfig.init_from_dict(out)

@@ -46,8 +46,34 @@ def test_measured_tables_narrow_the_band_and_it_is_deterministic() -> None:
     assert again.duration_time_interval == c2.duration_time_interval
     # seconds attributed per estimate add up to the kernels of one micro-batch through every chunk
     attr = attribution(blind)
-    assert set(attr) <= {"compute/measured", "compute/fitted", "compute/default", "memory", "comm"}
+    assert set(attr) <= {"compute/measured", "compute/fitted", "compute/default", "memory", "comm/measured", "comm/default"}
     assert sum(attr.values()) == pytest.approx(sum(t.total for t in blind.chunk_times), rel=1e-9)
+
+
+def test_collectives_on_a_datasheet_tier_widen_the_band() -> None:
+    """Issue 20: the width follows where the time came from, collectives on a measured or
+    a datasheet tier included. The presets' tiers are datasheet values, a file's own tiers
+    count as measured, and NICs stated as nics_per_node x nic_gbps set a datasheet bandwidth.
+    With every kernel in the A100 PCIe table, a TP2 job's collectives on the file's measured
+    tiers leave u = 0; the same tiers marked datasheet make u their share of the seconds."""
+    assert all(not t.measured for t in load_system("h100-sxm-80gb").networks.tiers.values())
+    a100 = load_system("a100_pcie")
+    assert all(t.measured for t in a100.networks.tiers.values())
+    assert not a100.with_updates({"nics_per_node": 4, "nic_gbps": 200.0}).networks.tiers["inter_node"].measured
+    m, st = load_model("llama3-8b"), load_strategy("tp2_pp1_dp4_mbs1")
+    measured = Estimate(m, st, a100)
+    attr = attribution(measured)
+    assert attr["comm/measured"] > 0 and unmeasured_share(attr) == pytest.approx(0.0, abs=1e-9)
+    sheet = a100.with_updates({"networks": {**a100.to_dict()["networks"],
+                                            **{k: {**v, "provenance": "datasheet"} for k, v in a100.to_dict()["networks"].items()
+                                               if isinstance(v, dict)}}})
+    blind_comm = Estimate(m, st, sheet)
+    attr2 = attribution(blind_comm)
+    share = attr2["comm/default"] / sum(v for k, v in attr2.items() if k.startswith(("compute/", "comm/")))
+    assert 0 < share < 1 and unmeasured_share(attr2) == pytest.approx(share)
+    c1, c2 = measured.cost(), blind_comm.cost()
+    assert c1.duration_time_per_iter == c2.duration_time_per_iter  # the point estimate never moves
+    assert c2.duration_time_interval[1] / c2.duration_time_interval[0] > c1.duration_time_interval[1] / c1.duration_time_interval[0]
 
 
 def test_fit_band_by_hand() -> None:

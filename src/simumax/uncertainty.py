@@ -42,19 +42,20 @@ class BandParams:
 
 
 # fitted on every validation file by docs/make_uncertainty.py (a test keeps them current)
-TIME_BAND = BandParams(a=0.0711, s0=0.043, s1=0.0342)
+TIME_BAND = BandParams(a=0.0709, s0=0.043, s1=0.0341)
 MEMORY_BAND = BandParams(a=0.0, s0=0.0152, s1=0.0)
 
 
 def attribution(est: "Estimate") -> dict[str, float]:
     """Seconds of one micro-batch through every model chunk, by source: ``compute/measured``,
     ``compute/fitted``, ``compute/default`` (GEMM, grouped GEMM, attention), ``memory``
-    (bandwidth-bound kernels) and ``comm`` (collectives). Per estimate (Estimate.kernel_sources)."""
+    (bandwidth-bound kernels), ``comm/measured`` and ``comm/default`` (collectives on a
+    measured tier or one from a datasheet). Per estimate (Estimate.kernel_sources)."""
     out: dict[str, float] = defaultdict(float)
     for key, t in est.kernel_sources.seconds.items():
         fam, src = key.rsplit("/", 1)
         if fam.startswith("comm"):
-            out["comm"] += t
+            out[f"comm/{src}"] += t
         elif fam.startswith("memory"):
             out["memory"] += t
         else:
@@ -63,9 +64,12 @@ def attribution(est: "Estimate") -> dict[str, float]:
 
 
 def unmeasured_share(attr: dict[str, float]) -> float:
-    """Share of compute-kernel seconds that no measured table entry gave."""
-    compute = sum(v for k, v in attr.items() if k.startswith("compute/"))
-    return 0.0 if compute <= 0 else 1.0 - attr.get("compute/measured", 0.0) / compute
+    """Share of the compute-kernel and collective seconds that nothing measured gave: no
+    measured table entry, or a network tier from a datasheet (issue 20: the band's width
+    follows where the time came from)."""
+    total = sum(v for k, v in attr.items() if k.startswith(("compute/", "comm/")))
+    measured = attr.get("compute/measured", 0.0) + attr.get("comm/measured", 0.0)
+    return 0.0 if total <= 0 else 1.0 - measured / total
 
 
 def fit_band(rows: Iterable[tuple[str, float, float]]) -> BandParams:

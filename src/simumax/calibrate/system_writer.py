@@ -113,6 +113,7 @@ def merge_collectives(system: dict[str, Any], tier: str, fits: dict[str, AlphaBe
         best = max(1.0 / f.seconds_per_byte for f in fits.values()) / 1e9
         nets[tier] = collective_tier(round(best, 3), 0.0, 0.0)
     t = nets[tier]
+    t["provenance"] = "measured"
     gbps = float(t["bandwidth"]["gbps"])
     for op, fit in fits.items():
         spec = t["op"].setdefault(op, dict(collective_tier(1, 0, 0)["op"][op]))

@@ -3,7 +3,7 @@ efficiency tables and network tiers."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, PrivateAttr, field_validator, model_serializer, model_validator
 
@@ -123,6 +123,22 @@ class CollectiveSpec(ConfigBase):
 
 class NetworkTier(ConfigBase):
     processor_usage: float = Field(0.0, ge=0, le=1, description="Compute slowdown while this tier communicates.")
+    provenance: Literal["measured", "datasheet"] | None = Field(
+        None, description="Where the tier's numbers come from: measured (simumax calibrate-comm) or datasheet (a "
+        "preset's fabric; an inter_node bandwidth set from nics_per_node x nic_gbps). Unset: as a file gives them, "
+        "counted as measured. Time on datasheet tiers widens the uncertainty band.",
+    )
+
+    @property
+    def measured(self) -> bool:
+        return self.provenance != "datasheet"
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("provenance") is None:  # SimuMax files do not have the field
+            out.pop("provenance", None)
+        return out
     bandwidth: BandwidthSpec = Field(description="Link bandwidth per GPU.")
     op: dict[str, CollectiveSpec] = Field(
         default_factory=dict, description="all_reduce, all_gather, reduce_scatter, all2all, p2p."
@@ -217,8 +233,9 @@ class SystemConfig(SimuMaxSystemMethods, ConfigBase):
                 from simumax.config.hardware import NIC_EFF, NIC_FIXED_US, NIC_STEP_US, collective_tier
 
                 self.networks.tiers["inter_node"] = NetworkTier.model_validate(collective_tier(gbps, NIC_FIXED_US, NIC_STEP_US, NIC_EFF))
-            else:
+            elif tier.bandwidth.gbps != gbps:
                 tier.bandwidth.gbps = gbps
+                tier.provenance = "datasheet"  # the bandwidth now comes from the NICs' line rate
         if self.leaf_oversubscription != 1.0 and self.leaf_radix is None:
             raise ConfigError("leaf_oversubscription", "needs leaf_radix (the leaf switch's port count)")
         if self.nvlink_domain is not None and self.nvlink_domain < self.num_per_node:

@@ -39,7 +39,8 @@ class KernelSources:
     def to_dict(self) -> dict[str, Any]:
         """``CostResult.efficiency_lookups``: hits (measured kernels by family), misses (every
         shape not measured, with its count), sources (kernels by family and source) and
-        seconds (the same in seconds, collectives as ``comm/<group>``)."""
+        seconds (the same in seconds; collectives as ``comm/<group>``, measured or default:
+        a tier from a datasheet)."""
         sources: dict[str, dict[str, int]] = {}
         seconds: dict[str, dict[str, float]] = {}
         for key in sorted(set(self.counts) | set(self.seconds)):
@@ -49,7 +50,7 @@ class KernelSources:
                 seconds.setdefault(fam, dict.fromkeys(SOURCES, 0.0))[src] += self.seconds[key]
             else:
                 seconds.setdefault(fam, {})[src] = self.seconds[key]
-        hits = {fam: n["measured"] for fam, n in sources.items() if n["measured"] and not fam.startswith("memory/")}
+        hits = {fam: n["measured"] for fam, n in sources.items() if n["measured"] and not fam.startswith(("memory/", "comm/"))}
         return {"hits": hits, "misses": dict(sorted(self.misses.items())), "sources": sources, "seconds": seconds}
 
 
@@ -59,7 +60,9 @@ def of_ops(ops: list[Op], compute: ComputeModel, network: NetworkModel) -> Kerne
         for ph in PHASES:
             for k in op.kernels(ph):
                 if isinstance(k, Collective):
-                    key, t = f"comm/{k.group}", network.time(k)
+                    # a tier's numbers measured (a file's own, calibrate-comm) or from a datasheet
+                    src = "measured" if k.group == "offload" or network.tier(k.group).measured else "default"
+                    key, t = f"comm/{k.group}/{src}", network.time(k)
                 elif isinstance(k, MemBound):
                     key, t = compute.membound_source(k)
                 else:

@@ -51,7 +51,7 @@ class CostResult(_ToDict):
     duration_time_interval: tuple[float, float] | None = None  # s
     mfu_interval: tuple[float, float] | None = None
     throughput_interval: tuple[float, float] | None = None  # tokens / s / GPU
-    unmeasured_share: float | None = None  # share of compute-kernel seconds no measured table entry gave
+    unmeasured_share: float | None = None  # share of compute and collective seconds nothing measured gave
 
 
 @dataclass(frozen=True, slots=True)
