@@ -93,8 +93,10 @@ class PerfLLM(SimuMaxPerfMethods):
             for name in ("model_config", "strategy_config", "system_config"):
                 if getattr(self, name) is None:
                     raise ConfigError(name, "not configured: call perf.configure(...) first")
-            self._estimate = Estimate(self.model_config, self.strategy_config, self.system_config)  # type: ignore[arg-type]
-            self._built_from = self._fingerprint()
+            self._built_from = fp = self._fingerprint()
+            model, system = self.model_config, self.system_config
+            profiles = ProfileCache.of(model, system, (fp[0], fp[2]))  # type: ignore[arg-type]
+            self._estimate = Estimate(model, self.strategy_config, system, profiles)  # type: ignore[arg-type]
         return self._estimate
 
     def run_estimate(self, capture_graph: bool = False, save_path: str | Path | None = None) -> "PerfLLM":

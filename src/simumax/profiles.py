@@ -215,13 +215,15 @@ class ProfileCache:
         self._longest_order: dict[tuple[Any, ...], tuple[int, RankOrders]] = {}
 
     @classmethod
-    def of(cls, model: ModelConfig, system: SystemConfig) -> "ProfileCache":
+    def of(cls, model: ModelConfig, system: SystemConfig, snapshots: tuple[Any, Any] | None = None) -> "ProfileCache":
         """The cache of estimates made without one: kept with the system config for the
         last model object estimated with it, while neither config's contents change. A
         script that makes a PerfLLM per strategy with the same config objects then shares
         layer profiles, schedule orders and walks, as a search does (one slot: a loop over
-        fresh model objects replaces it instead of keeping them all)."""
-        contents = (id(model), snapshot(model), snapshot(system))  # the slot holds the model: its id stays its own
+        fresh model objects replaces it instead of keeping them all). ``snapshots``: the
+        two configs' ``snapshot`` when the caller has them (PerfLLM's change check)."""
+        model_snap, system_snap = snapshots or (snapshot(model), snapshot(system))
+        contents = (id(model), model_snap, system_snap)  # the slot holds the model: its id stays its own
         return system.derived("profiles", contents, lambda: cls(model, system))
 
     def orders(self, st: StrategyConfig, micro_batch_num: int | None = None) -> RankOrders:
