@@ -4,7 +4,7 @@ session 13 on 2 cores: ~3.4 and ~2.7 ms (4.1-4.25 ms before, when both were the 
 session 14 (no per-layer ops, shortened chunk walks): ~2.8-3.5 and ~2.4-2.6 ms on a noisy
 machine; session 15 (config snapshots, template ops, shared kernel costs): ~2.1-2.3 and
 ~1.8-1.9 ms; session 16 (the layer profiles kept with the system config; copies of a
-config no longer carry its caches, so "cold" is cold): ~2.5-2.9 and ~0.8 ms on a slower
+config no longer carry its caches, so "cold" is cold): ~2.5-2.9 and ~0.74 ms on a slower
 day, docs/search.md.
 
     python benchmarks/bench_estimate.py [../shared/validation/*.jsonl]
