@@ -19,6 +19,13 @@ MAX_EFFICIENCY = 1.5
 MAX_LINK_EFFICIENCY = 2.0  # fitted bus-bandwidth fractions (the reference B200 file has 1.45)
 
 
+def _without_unset(out: dict[str, Any], field: str) -> dict[str, Any]:
+    """A dump without ``field`` while it is unset: SimuMax files do not have it."""
+    if out.get(field) is None:
+        out.pop(field, None)
+    return out
+
+
 class ComputeOpSpec(ConfigBase):
     """Peak and efficiency of one compute kernel family (matmul, sdp_fwd, ...)."""
 
@@ -49,10 +56,7 @@ class ComputeOpSpec(ConfigBase):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
-        out = handler(self)
-        if out.get("bwd_flops_ratio") is None:  # SimuMax files do not have the field
-            out.pop("bwd_flops_ratio", None)
-        return out
+        return _without_unset(handler(self), "bwd_flops_ratio")
 
 
 class BandwidthSpec(ConfigBase):
@@ -128,6 +132,10 @@ class NetworkTier(ConfigBase):
         "preset's fabric; an inter_node bandwidth set from nics_per_node x nic_gbps). Unset: as a file gives them, "
         "counted as measured. Time on datasheet tiers widens the uncertainty band.",
     )
+    bandwidth: BandwidthSpec = Field(description="Link bandwidth per GPU.")
+    op: dict[str, CollectiveSpec] = Field(
+        default_factory=dict, description="all_reduce, all_gather, reduce_scatter, all2all, p2p."
+    )
 
     @property
     def measured(self) -> bool:
@@ -135,14 +143,7 @@ class NetworkTier(ConfigBase):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
-        out = handler(self)
-        if out.get("provenance") is None:  # SimuMax files do not have the field
-            out.pop("provenance", None)
-        return out
-    bandwidth: BandwidthSpec = Field(description="Link bandwidth per GPU.")
-    op: dict[str, CollectiveSpec] = Field(
-        default_factory=dict, description="all_reduce, all_gather, reduce_scatter, all2all, p2p."
-    )
+        return _without_unset(handler(self), "provenance")
 
 
 class NetworksConfig(ConfigBase):
