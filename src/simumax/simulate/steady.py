@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 
 REL_TOL = 1e-9  # runs "on one line": equal steps within this share of the time
 POINTS = 3  # runs one period apart; two equal steps before extrapolating
+# What a run costs besides its passes (the engine's set-up, the order, the line check), in
+# passes' worth: ~15 us against ~0.5 us per pass on CPython 3.11 (the engine and order
+# timings in docs/search.md). A speed choice only: both paths give the same result.
+RUN_OVERHEAD_PASSES = 30
 
 
 def period(st: StrategyConfig) -> int | None:
@@ -92,7 +96,7 @@ def steady_pipeline(
     ranks = st.pp_size
     while g:
         plan, check = _plan(st, m0, g)
-        if sum(plan) + (check or 0) >= m:
+        if not _shorter(st, plan, check):
             break  # the full run is cheaper
         # the longest first: the shorter orders are cut from it (ProfileCache.orders)
         by_count = {k: run_pipeline(orders_for(k), costs, opts, params_ready, record=False) for k in sorted(plan, reverse=True)}
@@ -113,6 +117,15 @@ def steady_pipeline(
         log.debug("no steady state at %d micro-batches (period %d); trying %d", m0, g, 2 * m0)
         m0 = m0 + g * max(1, m0 // g)  # double
     return run_pipeline(orders_for(m), costs, opts, params_ready, record=False)
+
+
+def _shorter(st: StrategyConfig, plan: list[int], check: int | None) -> bool:
+    """Whether the short runs cost less than one run of the real count, each run paying
+    its passes and a fixed overhead."""
+    per_mb = st.pp_size * st.interleaving_size * (3 if st.schedule == "zb" else 2)  # passes per micro-batch
+    runs = len(plan) + (check is not None)
+    short = (sum(plan) + (check or 0)) * per_mb + runs * RUN_OVERHEAD_PASSES
+    return short < st.micro_batch_num * per_mb + RUN_OVERHEAD_PASSES
 
 
 def _plan(st: StrategyConfig, m0: int, g: int) -> tuple[list[int], int | None]:
@@ -156,4 +169,4 @@ def steady_walk_counts(st: StrategyConfig) -> tuple[int, int] | None:
     plan, check = _plan(st, m0, g)
     # only where the pipeline runs these counts too (their task orders are then made once);
     # where it runs the real count, walking that order is cheaper than making two more
-    return (plan[1], plan[2]) if sum(plan) + (check or 0) < st.micro_batch_num else None
+    return (plan[1], plan[2]) if _shorter(st, plan, check) else None
