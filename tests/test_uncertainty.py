@@ -118,7 +118,7 @@ def _held_out_by_file() -> dict[str, list[int]]:
 
 # Held out, the two measured files sit on either side of the issue's 70-90 %: a band learned
 # from B200 alone (plus the pooled spread) misses A100 rows, one learned from the A100 file
-# is wider than B200's scatter (docs/validation.md, "Session 16"). Strict: meeting the
+# is wider than B200's scatter (docs/validation.md, "The 80 % band"). Strict: meeting the
 # target fails the mark, so it shows.
 A100_UNMET = pytest.mark.xfail(strict=True, reason="held-out coverage 18/30 (60 %): issue 20's 70 % unmet")
 B200_UNMET = pytest.mark.xfail(strict=True, reason="held-out coverage 18/18 (100 %): over the 95 % bound")
