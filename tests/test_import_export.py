@@ -311,3 +311,35 @@ def test_flag_of_names_every_switch_of_a_field() -> None:
     assert flag_of("s", "dtype") == "--bf16 / --fp16"
     assert flag_of("s", "tp_size") == "--tensor-model-parallel-size"
     assert flag_of("m", "no_such_field") is None
+
+
+def test_cross_entropy_fusion_implementations() -> None:
+    """Megatron's --cross-entropy-loss-fusion runs Megatron-Core's compiled chain unless
+    --cross-entropy-fusion-impl te says TransformerEngine's kernel: the importer takes
+    Megatron's default, the exporter states the implementation modelled. By hand, per bf16
+    logit: native forward 2 + 4 (fp32 copy and max), 4 + 4 (shifted exp and sum), 4 + 4
+    (division) = 22 B in 3 kernels, backward 4 + 4 + 2 = 10 B in 1; between TE's single
+    pass (4 B) and the unfused chain (38 B). A measured ce_fusion line (SimuMax's B200)
+    times either fused form as the one unit it measured."""
+    from simumax.graph.blocks import megatron_native_ce_traffic
+    from simumax.graph.kernels import MemBound
+
+    assert megatron_native_ce_traffic(2) == ((22.0, 3), (10.0, 1))
+    base = "--num-layers 2 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --micro-batch-size 1 --vocab-size 32000"
+    _, native, _ = parse_megatron_args(base + " --cross-entropy-loss-fusion", world_size=1)
+    _, te, _ = parse_megatron_args(base + " --cross-entropy-loss-fusion --cross-entropy-fusion-impl te", world_size=1)
+    assert (native.cross_entropy_fusion_impl, te.cross_entropy_fusion_impl) == ("native", "te")
+    assert "--cross-entropy-fusion-impl te" in megatron_flags(te) and "--cross-entropy-fusion-impl native" in megatron_flags(native)
+    model = load_model("llama3-8b").with_updates({"layer_num": 2})
+    st = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"pp_size": 1, "world_size": 1})
+
+    def loss_time(system: str, **kw: object) -> float:
+        est = Estimate(model, st.with_updates(kw), load_system(system))
+        loss = next(o for c in est.chunks for o in c.ops if o.name == "loss")
+        return sum(est.compute_model.membound(k) for ph in ("fwd", "bwd_input") for k in loss.kernels(ph) if isinstance(k, MemBound))
+
+    t_te, t_native, t_plain = (loss_time("a100-sxm-80gb", **kw) for kw in (
+        {"cross_entropy_loss_fusion": True}, {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "native"}, {}))
+    assert t_te < t_native < t_plain
+    b200 = [loss_time("b200_bf16_ceperm", cross_entropy_loss_fusion=True, cross_entropy_fusion_impl=i) for i in ("te", "native")]
+    assert b200[0] == pytest.approx(b200[1])

@@ -33,6 +33,7 @@ VALUED: dict[str, tuple[str, str, type]] = {
     "--qk-pos-emb-head-dim": ("m", "qk_pos_emb_head_dim", int),
     "--v-head-dim": ("m", "v_head_dim", int),
     "--seq-length": ("s", "seq_len", int),
+    "--cross-entropy-fusion-impl": ("s", "cross_entropy_fusion_impl", str),
     "--micro-batch-size": ("s", "micro_batch_size", int),
     "--tensor-model-parallel-size": ("s", "tp_size", int),
     "--pipeline-model-parallel-size": ("s", "pp_size", int),

@@ -156,7 +156,11 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     use_math_sdp: bool = Field(False, description="Unfused attention that materialises softmax probabilities.")
     use_flash_sdp: bool = Field(True, description="Flash attention.")
     use_fused_swiglu: bool = Field(True, description="Fused bias-SwiGLU kernel (--bias-swiglu-fusion).")
-    cross_entropy_loss_fusion: bool = Field(False, description="Fused vocab-parallel cross-entropy (TE).")
+    cross_entropy_loss_fusion: bool = Field(False, description="Fused vocab-parallel cross-entropy (Megatron --cross-entropy-loss-fusion).")
+    cross_entropy_fusion_impl: Literal["te", "native"] = Field(
+        "te", description="With cross_entropy_loss_fusion, Megatron --cross-entropy-fusion-impl: TransformerEngine's "
+        "kernel (te), or Megatron-Core's three compiled functions (native, Megatron's default when the flag is absent).",
+    )
     transformer_impl: Literal["transformer_engine", "local"] = Field(
         "transformer_engine",
         description="Megatron --transformer-impl: TransformerEngine modules, or Megatron-Core's local spec "

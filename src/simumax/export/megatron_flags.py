@@ -87,7 +87,7 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     p = "0.1" if st.enable_dropout else "0.0"  # Megatron's defaults are 0.1: said either way
     f += [f"--attention-dropout {p}", f"--hidden-dropout {p}"]
     if st.cross_entropy_loss_fusion:
-        f.append(switch_flag("s", "cross_entropy_loss_fusion"))
+        f += [switch_flag("s", "cross_entropy_loss_fusion"), _s("cross_entropy_fusion_impl", st.cross_entropy_fusion_impl)]
     mode = st.recompute_mode
     if mode == "full_block":
         f += ["--recompute-granularity full", "--recompute-method block"]

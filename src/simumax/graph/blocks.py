@@ -52,6 +52,20 @@ def megatron_ce_traffic(act_bytes: int) -> tuple[tuple[float, int], tuple[float,
     return (float(fwd), 5 + cast), (float(bwd), 1 + cast)
 
 
+def megatron_native_ce_traffic(act_bytes: int) -> tuple[tuple[float, int], tuple[float, int]]:
+    """The same as ``megatron_ce_traffic`` for Megatron-Core's native fused cross-entropy
+    (``--cross-entropy-loss-fusion``, megatron/core/fusions/fused_cross_entropy.py): the
+    unfused chain's steps in three functions compiled by ``jit_fuser`` (torch.compile from
+    PyTorch 2.2, megatron/core/jit.py), each reading its inputs and writing its outputs
+    and the inputs it mutates once: the fp32 copy with its max (read a, write 4), the
+    shifted exponent in place with its sum (4 + 4), the division in place (4 + 4); backward
+    one function reads the softmax, writes it back scaled (an input mutation is written
+    back) and writes the gradient cast to bf16 (4 + 4 + 2, bf16 whatever the dtype:
+    ``grad_input.to(torch.bfloat16)``)."""
+    first = act_bytes + FP32 if act_bytes != FP32 else FP32
+    return (float(first + 2 * FP32 + 2 * FP32), 3), (float(2 * FP32 + 2), 1)
+
+
 def norm(
     name: str, module: str, layer: int, d: Dims, x: Tensor, *, rms: bool, save_rstd: bool = True, width: int | None = None,
     residual: bool = False,
@@ -308,31 +322,41 @@ def embedding(d: Dims, vocab_local: int, position_rows: int = 0, *, main_grad_by
     )
 
 
-def cross_entropy(d: Dims, logits: Tensor, *, fused: bool) -> Op:
+def cross_entropy(d: Dims, logits: Tensor, *, fused: bool, impl: str = "te") -> Op:
     """Vocab-parallel cross-entropy over logits [tokens, vocab/tp].
 
-    Fused (TE): bf16 logits are kept and overwritten with their gradient in place; the
-    kernel upcasts to fp32 internally (an fp32 logits-sized buffer during the loss).
-    Unfused (Megatron): an fp32 copy of the logits becomes the saved softmax (exp and
-    normalisation run in place on it), while the bf16 logits it was made from die.
-    Both all-reduce per-token max, sum-exp and target logit over TP.
+    Fused by TE (``impl`` te): bf16 logits are kept and overwritten with their gradient in
+    place; the kernel upcasts to fp32 internally (an fp32 logits-sized buffer during the
+    loss). Unfused (Megatron), and fused by Megatron-Core's compiled functions (``impl``
+    native): an fp32 copy of the logits becomes the saved softmax (exp and normalisation
+    run in place on it), while the bf16 logits it was made from die. All all-reduce
+    per-token max, sum-exp and target logit over TP (the native form the last two in one).
     """
     n = d.tokens * d.vocab
     bf16 = logits[1]
     f32 = float(n * FP32)
-    stats = [Collective("all_reduce", d.tokens * FP32, "tp") for _ in range(3)] if d.tp > 1 else []
-    if fused:
+    stats: list[Collective] = []
+    if d.tp > 1 and fused and impl == "native":  # the max, then the target logit and sum-exp concatenated
+        stats = [Collective("all_reduce", d.tokens * FP32, "tp"), Collective("all_reduce", 2.0 * d.tokens * FP32, "tp")]
+    elif d.tp > 1:
+        stats = [Collective("all_reduce", d.tokens * FP32, "tp") for _ in range(3)]
+    if fused and impl == "te":
         fwd = (MemBound("loss.fwd", n * loss_fwd_bytes_per_logit("ce_fusion", d.act_bytes), family="ce_fusion"), *stats)
         bwd = (MemBound("loss.bwd", 2 * bf16, family="ce_fusion"),)
         return Op(
             name="loss", module="loss", layer=-1, fwd=fwd, bwd_input=bwd, saved=(logits,), input=(logits,),
             fwd_transient=f32, bwd_transient=bf16,
         )
-    # Megatron's kernel chain; a measured "ce" line times it as one unit in its convention
-    (fwd_b, fwd_k), (bwd_b, bwd_k) = megatron_ce_traffic(d.act_bytes)
-    fwd = (MemBound("loss.fwd", n * fwd_b, family="ce", table_bytes=n * loss_fwd_bytes_per_logit("ce", d.act_bytes),
-                    launches=fwd_k), *stats)
-    bwd = (MemBound("loss.bwd", n * bwd_b, family="ce", table_bytes=f32 + bf16, launches=bwd_k),)
+    # Megatron's kernels (the unfused chain, or its three compiled functions); a measured
+    # line of the family times them as one unit, in its own size convention
+    if fused:
+        family, table_fwd, table_bwd = "ce_fusion", loss_fwd_bytes_per_logit("ce_fusion", d.act_bytes), 2 * bf16
+        (fwd_b, fwd_k), (bwd_b, bwd_k) = megatron_native_ce_traffic(d.act_bytes)
+    else:
+        family, table_fwd, table_bwd = "ce", loss_fwd_bytes_per_logit("ce", d.act_bytes), f32 + bf16
+        (fwd_b, fwd_k), (bwd_b, bwd_k) = megatron_ce_traffic(d.act_bytes)
+    fwd = (MemBound("loss.fwd", n * fwd_b, family=family, table_bytes=n * table_fwd, launches=fwd_k), *stats)
+    bwd = (MemBound("loss.bwd", n * bwd_b, family=family, table_bytes=table_bwd, launches=bwd_k),)
     return Op(
         name="loss", module="loss", layer=-1, fwd=fwd, bwd_input=bwd,
         saved=(("loss.softmax_fp32", f32),), input=(logits,),

@@ -34,7 +34,7 @@ def _head_ops(model: ModelConfig, st: StrategyConfig, d: Dims, same_rank_as_embe
     return [
         blocks.norm("final_norm", "final_norm", -1, d, x, rms=model.norm_type == "rmsnorm").with_(output=ln_out),
         head,
-        blocks.cross_entropy(d, logits, fused=st.cross_entropy_loss_fusion),
+        blocks.cross_entropy(d, logits, fused=st.cross_entropy_loss_fusion, impl=st.cross_entropy_fusion_impl),
     ]
 
 

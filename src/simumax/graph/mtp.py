@@ -79,6 +79,6 @@ def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable
         out.append(blocks.norm(p + "final_norm", "mtp_norm", k, d, hidden, rms=rms).with_(output=ln))
         head = blocks.column_linear(p + "lm_head", "lm_head", -1, d, ln, d.h, d.vocab, te=False)
         out.append(head.with_(output=logits, params=0))  # the shared output head (the main head's weight)
-        loss = blocks.cross_entropy(d, logits, fused=st.cross_entropy_loss_fusion)
+        loss = blocks.cross_entropy(d, logits, fused=st.cross_entropy_loss_fusion, impl=st.cross_entropy_fusion_impl)
         out.append(loss.with_(name=p + "loss", saved=tuple((p + n if n.startswith("loss.") else n, b) for n, b in loss.saved)))
     return out

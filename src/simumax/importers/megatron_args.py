@@ -36,7 +36,8 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     except ValueError as exc:  # unbalanced quotes
         raise ConfigError("arguments", f"cannot split the command line ({exc})") from None
     m: dict[str, Any] = {"model_name": name}
-    s: dict[str, Any] = {"use_flash_sdp": False, "zero_state": 0, "moe_permute_fusion": False, "group_linear_mode": "serial"}
+    s: dict[str, Any] = {"use_flash_sdp": False, "zero_state": 0, "moe_permute_fusion": False, "group_linear_mode": "serial",
+                         "cross_entropy_fusion_impl": "native"}
     notes: list[str] = []
     gbs = None
     i = 0
