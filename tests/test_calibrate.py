@@ -167,6 +167,10 @@ def test_fresh_system_and_collective_merge_load() -> None:
     # fresh system's tiers are datasheet values until measured
     assert out["networks"]["high_intra_node"]["provenance"] == "measured"
     assert sys_dict["networks"]["inter_node"]["provenance"] == "datasheet"
+    # the device's SM count, when calibrate knows it, goes into the system (wave-aware fits)
+    assert "sm_count" not in sys_dict["accelerator"]
+    with_sms = fresh_system("x", "NVIDIA H100 80GB HBM3", 79.0, 989.4, 3350.0, 8, sm_count=132)
+    assert SystemConfig.init_from_dict(with_sms).accelerator.sm_count == 132
     # no group sizes: the intercept is one fixed latency per call
     assert spec["latency_us"] == 0.0 and spec["fixed_latency_us"] == pytest.approx(20.0, rel=1e-3)
     SystemConfig.init_from_dict(out)

@@ -51,10 +51,12 @@ def calibrate_jobs(
         hbm_gbps = hbm_gbps or base.accelerator.bandwidth["default"].gbps
         source = source or "base"
     cal = compute.calibrate_compute(merged, dev, dname, peak_tflops, hbm_gbps, source or "option", warmup, repeats, progress)
-    mem_gib = torch.cuda.get_device_properties(dev).total_memory / 2**30 if dev.type == "cuda" else None
+    props = torch.cuda.get_device_properties(dev) if dev.type == "cuda" else None
+    mem_gib = props.total_memory / 2**30 if props else None
     sys_name = name or (base.sys_name if base else dname.replace(" ", "_").lower())
     start = base.to_dict() if base else system_writer.fresh_system(
-        sys_name, dname, mem_gib or 16.0, cal.peak_tflops, cal.hbm_gbps, num_per_node)
+        sys_name, dname, mem_gib or 16.0, cal.peak_tflops, cal.hbm_gbps, num_per_node,
+        props.multi_processor_count if props else None)
     start["sys_name"] = sys_name
     system = system_writer.merge_compute(start, cal, mem_gib, set_fallbacks=base is None)
     SystemConfig.init_from_dict(system)  # what we write must load

@@ -26,9 +26,11 @@ IB_GBPS_PER_GPU = 50.0  # one 400 Gb/s NIC per GPU
 
 
 def fresh_system(name: str, device_name: str, mem_gib: float, peak_tflops: float | None, hbm_gbps: float | None,
-                 num_per_node: int) -> dict[str, Any]:
+                 num_per_node: int, sm_count: int | None = None) -> dict[str, Any]:
     """A system skeleton from datasheet numbers (peaks not given: the device's datasheet
-    row); calibration fills the efficiencies."""
+    row); calibration fills the efficiencies. ``sm_count`` (the device's, when known) lets
+    the table fit see wave quantisation and give tiny GEMMs a one-tile wave's time
+    (docs/hardware.md)."""
     sheet = datasheet(device_name)
     nvlink = sheet.scaleup_gbps if sheet else SCALEUP_GBPS_UNKNOWN
     peak_tflops = peak_tflops or (sheet.bf16_tflops if sheet else PEAK_TFLOPS_UNKNOWN)
@@ -48,6 +50,7 @@ def fresh_system(name: str, device_name: str, mem_gib: float, peak_tflops: float
                 "fp8_group_matmul": {"tflops": 2 * peak_tflops, "efficient_factor": 0, "accurate_efficient_factor": {}},
             },
             "bandwidth": {"default": {"efficient_factor": 0.8, "gbps": hbm_gbps, "latency_us": 5.0}},
+            **({"sm_count": sm_count} if sm_count else {}),
         },
         "networks": {"intra_with_pcie": False,
                      "high_intra_node": collective_tier(nvlink, SCALEUP_FIXED_US, SCALEUP_STEP_US),
