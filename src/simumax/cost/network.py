@@ -147,6 +147,12 @@ class NetworkModel:
     def tier(self, group: str) -> NetworkTier:
         return self.nets.tiers[self.groups[group].tier]
 
+    def measured(self, group: str) -> bool:
+        """Whether a collective of the group runs on numbers that were measured (the
+        uncertainty band's attribution): its tier's provenance; activation offload copies
+        run on the system's own host-link figure (``time``), counted as given."""
+        return group == "offload" or self.tier(group).measured
+
     def time(self, c: Collective) -> float:
         cached = self._cache.get(c)
         if cached is not None:

@@ -60,8 +60,7 @@ def of_ops(ops: list[Op], compute: ComputeModel, network: NetworkModel) -> Kerne
         for ph in PHASES:
             for k in op.kernels(ph):
                 if isinstance(k, Collective):
-                    # a tier's numbers measured (a file's own, calibrate-comm) or from a datasheet
-                    src = "measured" if k.group == "offload" or network.tier(k.group).measured else "default"
+                    src = "measured" if network.measured(k.group) else "default"  # default: a datasheet tier
                     key, t = f"comm/{k.group}/{src}", network.time(k)
                 elif isinstance(k, MemBound):
                     key, t = compute.membound_source(k)
