@@ -33,7 +33,10 @@ def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[fl
     for ph in (ct.fwd, ct.bwd, ct.recompute):
         for g, x in ph.comm.items():
             comm[g] = comm.get(g, 0.0) + x * m
-    p2p = 0.0 if st.p2p_overlapped else max(0.0, sum(per_stage[crit]) - ct.total) * m
+    # blocking sends: the rank's passes with their sends less the passes (0 within rounding
+    # when nothing is sent: a one-stage pipeline printed pp_p2p = 4e-16)
+    sends = sum(per_stage[crit]) - ct.total
+    p2p = 0.0 if st.p2p_overlapped or sends <= 1e-12 * ct.total else sends * m
     nominal = sum(parts.values()) + sum(comm.values()) + p2p
     gate_wait = 0.0
     busy = nominal
