@@ -114,3 +114,19 @@ def test_snapshot_sees_every_in_place_edit() -> None:
     assert snapshot(strategy) != before_st
     assert "offload_modules" in type(strategy)._plain_fields and "accurate_efficient_factor" in type(
         system.accelerator.op["matmul"])._plain_fields
+    # a snapshot copies only the fields whose annotation allows more than an atom: every
+    # other field of every config reachable from the shipped presets holds an atom
+    from simumax.config.base import _ATOMS, ConfigBase
+    from simumax.config.loader import load_model
+
+    def atoms_elsewhere(cfg: object) -> int:
+        if isinstance(cfg, dict):
+            return sum(atoms_elsewhere(v) for v in cfg.values())
+        if not isinstance(cfg, ConfigBase):
+            return 0
+        kind = type(cfg)
+        for name, value in cfg.__dict__.items():
+            assert name in kind._container_fields or type(value) in _ATOMS, (kind.__name__, name)
+        return 1 + sum(atoms_elsewhere(cfg.__dict__[n]) for n in kind._container_fields)
+
+    assert atoms_elsewhere(system) > 20 and atoms_elsewhere(strategy) == 1 == atoms_elsewhere(load_model("llama3-8b"))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Self, get_args, get_origin
+import types
+from typing import Annotated, Any, ClassVar, Literal, Self, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
@@ -106,6 +107,19 @@ def _plain_container(annotation: Any) -> bool:
     return True
 
 
+def _atomic(annotation: Any) -> bool:
+    """A field type whose values are atoms only (str, int, float, bool, None, a Literal of
+    them): a snapshot keeps such values as they are."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _atomic(get_args(annotation)[0])
+    if origin is Literal:
+        return True
+    if origin is Union or origin is types.UnionType:
+        return all(_atomic(a) for a in get_args(annotation))
+    return annotation in _ATOMS
+
+
 def snapshot(value: Any) -> Any:
     """A config's state (or any value inside one) as plain values compared by equality:
     what PerfLLM keeps to notice in-place edits (``perf.model_config.layer_num = 4``, an
@@ -117,9 +131,15 @@ def snapshot(value: Any) -> Any:
     if kind in _ATOMS:
         return value
     if isinstance(value, BaseModel):
+        # the fields in one C-level copy, then those that can hold more than an atom (known
+        # from the annotations; strict validation keeps the rest atoms) replaced by theirs
+        state = value.__dict__.copy()
         plain = getattr(kind, "_plain_fields", ())
-        return (kind, *[v if type(v) in _ATOMS else v.copy() if k in plain else snapshot(v)
-                        for k, v in value.__dict__.items()])
+        for k in getattr(kind, "_container_fields", state):
+            v = state[k]
+            if type(v) not in _ATOMS:
+                state[k] = v.copy() if k in plain else snapshot(v)
+        return kind, state
     if kind is dict:
         if _ATOMS.issuperset(map(type, value.values())):
             return value.copy()
@@ -137,6 +157,7 @@ class ConfigBase(BaseModel):
     # strict: "tp_size": true or "4" are refused, not read as 1 or 4; no NaN or infinity anywhere
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, strict=True, allow_inf_nan=False)
     _plain_fields: ClassVar[frozenset[str]] = frozenset()  # fields of plain-value dicts / lists (snapshot)
+    _container_fields: ClassVar[tuple[str, ...]] = ()  # fields that may hold more than an atom (snapshot)
     _source: str | None = PrivateAttr(None)  # the file (or override) it was loaded from
     _pending: ConfigError | None = PrivateAttr(None)  # a cross-field rule an in-place edit broke
     _derived: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)  # derived(): name -> (contents, value)
@@ -168,6 +189,7 @@ class ConfigBase(BaseModel):
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
         cls._plain_fields = frozenset(n for n, f in cls.model_fields.items() if _plain_container(f.annotation))
+        cls._container_fields = tuple(n for n, f in cls.model_fields.items() if not _atomic(f.annotation))
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Assignment checks the field at once and the rules between fields at use
