@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Callable
 from pathlib import Path
-import types
 from typing import Annotated, Any, ClassVar, Literal, Self, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
