@@ -8,6 +8,10 @@ if TYPE_CHECKING:
     from simumax.estimate import Estimate
     from simumax.simulate.iteration import IterationRun
 
+# a difference this small relative to the sums compared is rounding (the engine and these
+# parts add the same passes in other orders), not time
+ROUNDING = 1e-12
+
 
 def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[float, float]], end_bwd: float, end: float,
                             wait: float, optimizer: float, run: "IterationRun | None") -> dict[str, float]:
@@ -33,18 +37,17 @@ def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[fl
     for ph in (ct.fwd, ct.bwd, ct.recompute):
         for g, x in ph.comm.items():
             comm[g] = comm.get(g, 0.0) + x * m
-    # blocking sends: the rank's passes with their sends less the passes (0 within rounding
-    # when nothing is sent: a one-stage pipeline printed pp_p2p = 4e-16)
+    # blocking sends: the rank's passes with their sends less the passes (none within
+    # rounding: a one-stage pipeline printed pp_p2p = 4e-16)
     sends = sum(per_stage[crit]) - ct.total
-    p2p = 0.0 if st.p2p_overlapped or sends <= 1e-12 * ct.total else sends * m
+    p2p = 0.0 if st.p2p_overlapped or sends <= ROUNDING * ct.total else sends * m
     nominal = sum(parts.values()) + sum(comm.values()) + p2p
     gate_wait = 0.0
     busy = nominal
     if run is not None:
         busy = run.busy[crit]
-        # the engine sums the same passes in another order: a difference within rounding is
-        # none (a dense model printed ep_comm = -9e-16)
-        tol = 1e-12 * nominal
+        # a difference within rounding is none (a dense model printed ep_comm = -9e-16)
+        tol = ROUNDING * nominal
         if busy < nominal - tol:  # EP all-to-all hidden under the paired micro-batch's compute
             comm["ep"] = comm.get("ep", 0.0) - (nominal - busy)
         elif busy > nominal + tol:  # the first forwards waited for their parameters' all-gather
