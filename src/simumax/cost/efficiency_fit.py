@@ -21,7 +21,6 @@ normalised so a 8192³ GEMM gets the full factor.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 NUMERIC = ("b", "m", "n", "k", "ng", "M", "N", "K", "batch", "seq_len", "kv_seq_len", "head_num", "kv_head_num", "qk_head_dim", "v_head_dim")
 TILE_M, TILE_N = 128, 256
@@ -35,37 +34,36 @@ DIM_WEIGHTS: dict[str, float] = {"k": 0.5, "K": 0.5}
 
 _NUMERIC = frozenset(NUMERIC)
 _CLASS_FIELDS = ("layout", "accumulate", "out_dtype", "stage", "dtype")
-
-
-def _fields(key: str) -> dict[str, str]:
-    """name -> value text of a SimuMax table key (``b=1, m=4096, ..., layout=TN``)."""
-    fields: dict[str, str] = {}
-    for part in key.split(", "):
-        name, eq, value = part.partition("=")
-        if eq:
-            fields[name] = value
-    return fields
-
-
-def _class_of(fields: dict[str, str]) -> tuple[str, ...]:
-    return tuple(f"{k}={fields[k]}" for k in _CLASS_FIELDS if k in fields)
-
-
-def _sizes_of(fields: dict[str, str]) -> dict[str, float]:
-    sizes = {k: float(v) for k, v in fields.items() if k in _NUMERIC}
-    if "seq_len" in sizes:
-        sizes.setdefault("kv_seq_len", sizes["seq_len"])
-        if fields.get("causal") == "False":
-            # a non-causal attention block (context-parallel steps; SimuMax's keys are all
-            # causal): 0, so the log-size distance leaves it out and baseline() sees it
-            sizes["causal"] = 0.0
-    return sizes
+_CLASS_RANK = {name: i for i, name in enumerate(_CLASS_FIELDS)}
 
 
 def parse_key(key: str) -> tuple[tuple[str, ...], dict[str, float]]:
-    """(class, sizes) of a SimuMax table key."""
-    fields = _fields(key)
-    return _class_of(fields), _sizes_of(fields)
+    """(class, sizes) of a SimuMax table key (``b=1, m=4096, ..., layout=TN``), in one pass
+    over its fields: the class is the ``name=value`` texts of the class fields (layout,
+    accumulation, output dtype; stage and dtype for grouped GEMMs) in that order, the sizes
+    the numeric fields as floats."""
+    cls: list[str] = []
+    sizes: dict[str, float] = {}
+    causal = True
+    for part in key.split(", "):
+        name, eq, value = part.partition("=")
+        if not eq:
+            continue
+        if name in _NUMERIC:
+            sizes[name] = float(value)
+        elif name in _CLASS_RANK:
+            cls.append(part)
+        elif name == "causal":
+            causal = value != "False"
+    if len(cls) > 1:
+        cls.sort(key=lambda part: _CLASS_RANK[part.partition("=")[0]])
+    if "seq_len" in sizes:
+        sizes.setdefault("kv_seq_len", sizes["seq_len"])
+        if not causal:
+            # a non-causal attention block (context-parallel steps; SimuMax's keys are all
+            # causal): 0, so the log-size distance leaves it out and baseline() sees it
+            sizes["causal"] = 0.0
+    return tuple(cls), sizes
 
 
 def _gemm_dims(s: dict[str, float]) -> tuple[float, float, float, float]:
@@ -113,22 +111,28 @@ def default_curve(sizes: dict[str, float], asymptote: float, sm_count: int | Non
     return asymptote * baseline(sizes, sm_count)
 
 
-@dataclass
-class _Entry:
-    cls: tuple[str, ...]
-    logs: dict[str, float]
-    ratio: float  # measured / baseline
-    names: tuple[str, ...] = ()  # sorted(logs)
-    vec: tuple[float, ...] = ()  # logs in that order, times sqrt(weight) (TableFit._scaled)
-    key: str = ""
+class _Pool:
+    """Measured entries a shape is compared with (one class, or the whole table): their
+    ratios to the baseline, and their log2 sizes times sqrt(weight) over the sorted union
+    ``names`` of the pool's size names (0 where an entry lacks one, as log2 1)."""
+
+    __slots__ = ("names", "index", "vecs", "ratios")
+
+    def __init__(self, rows: list[tuple[dict[str, float], float]], root_w: dict[str, float]) -> None:
+        self.names = tuple(sorted({n for logs, _ in rows for n in logs}))
+        self.index = {n: i for i, n in enumerate(self.names)}
+        roots = [root_w.get(n, 1.0) for n in self.names]
+        self.vecs = [tuple([r * logs.get(n, 0.0) for n, r in zip(self.names, roots)]) for logs, _ in rows]
+        self.ratios = [ratio for _, ratio in rows]
 
 
 class TableFit:
     """(b): nearest measured entries of the same class, in log2 size space.
 
-    Keys are split into their fields and grouped by class up front; the sizes, baseline
-    and log vector of a class's entries are made when a shape of that class is first
-    predicted (the same entries, in table order, as making them all at once)."""
+    Keys are parsed and grouped by class up front; a class's baselines and log vectors are
+    made when a shape of that class is first predicted. Distances are Euclidean over the
+    pool's size names scaled by sqrt(weight), a name one shape lacks counting as log2 1 = 0
+    (a name both lack adds nothing)."""
 
     def __init__(self, table: dict[str, float], sm_count: int | None, neighbours: int = 4,
                  weights: dict[str, float] | None = None) -> None:
@@ -137,43 +141,32 @@ class TableFit:
         self.w = DIM_WEIGHTS if weights is None else weights
         self._root_w = {n: math.sqrt(v) for n, v in self.w.items()}
         self._predicted: dict[str, float | None] = {}  # key -> predict(key)
-        # class -> (key, efficiency, its fields), table order
-        self._keys: dict[tuple[str, ...], list[tuple[str, float, dict[str, str]]]] = {}
-        for key, eff in table.items():
+        # class -> [(table position, efficiency, sizes)], table order
+        self._keys: dict[tuple[str, ...], list[tuple[int, float, dict[str, float]]]] = {}
+        for i, (key, eff) in enumerate(table.items()):
             if eff > 0:
-                fields = _fields(key)
-                self._keys.setdefault(_class_of(fields), []).append((key, eff, fields))
-        self._order = {key: i for i, key in enumerate(table)}
-        self._by_class: dict[tuple[str, ...], list[_Entry]] = {}
-        self._all: list[_Entry] | None = None
+                cls, sizes = parse_key(key)
+                self._keys.setdefault(cls, []).append((i, eff, sizes))
+        self._pools: dict[tuple[str, ...] | None, _Pool] = {}  # class (None: every entry) -> pool
 
-    def _class_entries(self, cls: tuple[str, ...]) -> list[_Entry]:
-        got = self._by_class.get(cls)
+    def _rows(self, entries: list[tuple[int, float, dict[str, float]]]) -> list[tuple[dict[str, float], float]]:
+        """(log2 sizes, measured / baseline) of entries whose baseline is positive."""
+        rows = []
+        for _, eff, sizes in entries:
+            base = baseline(sizes, self.sm_count)
+            if base > 0:
+                rows.append(({n: math.log2(v) for n, v in sizes.items() if v > 0}, eff / base))
+        return rows
+
+    def _pool(self, cls: tuple[str, ...] | None) -> _Pool:
+        got = self._pools.get(cls)
         if got is None:
-            got = self._by_class[cls] = []
-            for key, eff, fields in self._keys.get(cls, ()):
-                sizes = _sizes_of(fields)
-                base = baseline(sizes, self.sm_count)
-                if base <= 0:
-                    continue
-                logs = {n: math.log2(v) for n, v in sizes.items() if v > 0}
-                names = tuple(sorted(logs))
-                got.append(_Entry(cls, logs, eff / base, names, self._scaled(logs, names), key))
+            if cls is None:  # every entry, in table order
+                entries = sorted((e for es in self._keys.values() for e in es), key=lambda e: e[0])
+            else:
+                entries = self._keys.get(cls, [])
+            got = self._pools[cls] = _Pool(self._rows(entries), self._root_w)
         return got
-
-    def _scaled(self, logs: dict[str, float], names: tuple[str, ...]) -> tuple[float, ...]:
-        """The log2 sizes ``names`` (0 where absent) times sqrt(weight): Euclidean distance
-        between such vectors is the weighted distance of the fit."""
-        root = self._root_w
-        return tuple([root.get(n, 1.0) * logs.get(n, 0.0) for n in names])
-
-    @property
-    def entries(self) -> list[_Entry]:
-        """Every entry, in table order."""
-        if self._all is None:
-            every = [e for cls in self._keys for e in self._class_entries(cls)]
-            self._all = sorted(every, key=lambda e: self._order[e.key])
-        return self._all
 
     def predict(self, key: str) -> float | None:
         """Fitted efficiency for ``key``, or None when the table has too little to fit."""
@@ -183,29 +176,29 @@ class TableFit:
 
     def _predict(self, key: str) -> float | None:
         cls, sizes = parse_key(key)
-        same = self._class_entries(cls)
-        pool = same if len(same) >= MIN_FIT_ENTRIES else self.entries
-        if len(pool) < MIN_FIT_ENTRIES:
-            return None
+        pool = self._pool(cls)
+        if len(pool.ratios) < MIN_FIT_ENTRIES:
+            pool = self._pool(None)
+            if len(pool.ratios) < MIN_FIT_ENTRIES:
+                return None
         logs = {n: math.log2(v) for n, v in sizes.items() if v > 0}
-        mine = tuple(sorted(logs))
-        vec = self._scaled(logs, mine)
-        scored = []
-        for e in pool:
-            # Euclidean over the sizes scaled by sqrt(weight): entries sized like the query
-            # use their stored vector, others are compared over the sorted union of both
-            # shapes' sizes (a size one shape lacks counts as log2 1 = 0; fixed order)
-            if e.names == mine:
-                d = math.dist(vec, e.vec)
-            else:
-                names = tuple(sorted(set(logs) | set(e.logs)))
-                d = math.dist(self._scaled(logs, names), self._scaled(e.logs, names))
-            scored.append((d * d, e.ratio))
-        scored.sort(key=lambda x: x[0])
-        near = scored[: self.k]
-        if near[0][0] == 0.0:
-            ratio = near[0][1]
+        root = self._root_w
+        vecs = pool.vecs
+        extra = sorted(n for n in logs if n not in pool.index)
+        if extra:  # names no entry of the pool has: each entry is 0 there
+            names = pool.names + tuple(extra)
+            zeros = (0.0,) * len(extra)
+            vecs = [v + zeros for v in vecs]
         else:
-            w = [1.0 / d2 for d2, _ in near]
-            ratio = sum(wi * r for wi, (_, r) in zip(w, near)) / sum(w)
+            names = pool.names
+        query = [root.get(n, 1.0) * logs.get(n, 0.0) for n in names]
+        dist = math.dist
+        d2 = [d * d for d in [dist(query, v) for v in vecs]]
+        near = sorted(range(len(d2)), key=d2.__getitem__)[: self.k]  # stable: table order on ties
+        ratios = pool.ratios
+        if d2[near[0]] == 0.0:
+            ratio = ratios[near[0]]
+        else:
+            w = [1.0 / d2[i] for i in near]
+            ratio = sum(wi * ratios[i] for wi, i in zip(w, near)) / sum(w)
         return ratio * baseline(sizes, self.sm_count)
