@@ -202,9 +202,9 @@ class LayerProfiles:
 class ProfileCache:
     """Layer profiles of one model on one system, by strategy family."""
 
-    def __init__(self, model: ModelConfig, system: SystemConfig) -> None:
+    def __init__(self, model: ModelConfig, system: SystemConfig, system_snapshot: Any = None) -> None:
         self.model, self.system = model, system
-        self.compute = ComputeModel(system)
+        self.compute = ComputeModel(system, system_snapshot)
         self._families: dict[tuple[Any, ...], LayerProfiles] = {}
         self._schedule_walks: dict[tuple[Any, ...], list[RankActivations]] = {}
         self.grad_buckets: dict[tuple[Any, ...], list[Any]] = {}  # dp/buckets.py, by bucket_key
@@ -224,7 +224,7 @@ class ProfileCache:
         two configs' ``snapshot`` when the caller has them (PerfLLM's change check)."""
         model_snap, system_snap = snapshots or (snapshot(model), snapshot(system))
         contents = (id(model), model_snap, system_snap)  # the slot holds the model: its id stays its own
-        return system.derived("profiles", contents, lambda: cls(model, system))
+        return system.derived("profiles", contents, lambda: cls(model, system, system_snap))
 
     def orders(self, st: StrategyConfig, micro_batch_num: int | None = None) -> RankOrders:
         """The schedule's per-rank task order (shared: callers must not modify it), for

@@ -10,6 +10,8 @@ listed with its key), so a report says which kernels were measured, fitted or de
 
 from __future__ import annotations
 
+from typing import Any
+
 from simumax.config.base import snapshot
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
@@ -25,12 +27,14 @@ SOURCES = ("measured", "fitted", "default")
 class ComputeModel:
     """Time of Gemm / Attention / MemBound kernels on one accelerator."""
 
-    def __init__(self, system: SystemConfig) -> None:
+    def __init__(self, system: SystemConfig, system_snapshot: Any = None) -> None:
         self.acc = system.accelerator
         # kernel -> (seconds, achieved efficiency, family used, source): a kernel's cost is
         # the accelerator's alone, so every estimate of this accelerator config shares it
         # while the config's contents stay the same (an edit in place starts afresh)
-        self._contents = snapshot(self.acc)  # what every shared derivation below depends on
+        # what every shared derivation below depends on (taken from the system's snapshot
+        # when the caller made one: PerfLLM's change check)
+        self._contents = snapshot(self.acc) if system_snapshot is None else system_snapshot[1]["accelerator"]
         self._cache: dict[object, tuple[float, float, str, str]] = self.acc.derived("kernel costs", self._contents, dict)
         self._fits: dict[str, TableFit] = {}
         self._parsed: dict[str, dict[str, float]] = {}  # shape key -> sizes
