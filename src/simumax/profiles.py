@@ -95,6 +95,8 @@ class LayerProfiles:
     _walks: dict[tuple[Any, ...], WalkResult] = field(default_factory=dict)
     _relabelers: dict[CostKind, Relabeler] = field(default_factory=dict)
     _layer_sources: dict[CostKind, KernelSources] = field(default_factory=dict)
+    # a chunk's ops before and after its layers (ids) -> (those ops, their sources)
+    _edge_sources: dict[tuple[int, ...], tuple[list[Op], KernelSources]] = field(default_factory=dict)
 
     def op_time(self, o: Op) -> dict[str, PhaseTime]:
         # keyed by identity; the op is kept with its time, so a freed op's id, reused by a
@@ -175,7 +177,13 @@ class LayerProfiles:
             if src is None:
                 src = self._layer_sources[run.kind] = sources.of_ops(run.ops, self.coster.compute, self.coster.network)
             out.add(src, len(run.layers))
-        out.add(sources.of_ops(pre + post, self.coster.compute, self.coster.network))
+        edge = pre + post
+        # keyed by identity, the ops kept with their sources (a freed op's id, reused, cannot hit)
+        key = tuple(map(id, edge))
+        hit = self._edge_sources.get(key)
+        if hit is None or any(a is not b for a, b in zip(hit[0], edge)):
+            hit = self._edge_sources[key] = (edge, sources.of_ops(edge, self.coster.compute, self.coster.network))
+        out.add(hit[1])
         return out
 
     def chunk_walk(self, st: StrategyConfig, chunk: Stage) -> WalkResult:
