@@ -15,6 +15,7 @@ so there is one code path: a shared cache changes speed, never results.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,18 @@ def _plain_ops_key(family: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(item for item in family if item[0] not in CHECKPOINT_FIELDS and item[0] not in ("sharding", *SHARDING_GROUPS))
 
 
+def _by_ops(cache: dict[tuple[Any, ...], tuple[list[Op], Any]], shape: tuple[Any, ...], ops: list[Op],
+            make: Callable[[], Any]) -> Any:
+    """``make()``, cached by ``shape`` and the identity of ``ops``: the ops are kept with the
+    result, so a freed op's id reused by a new op (a chunk's own amax reduction, the MTP
+    block's) cannot hit."""
+    key = (shape, tuple(map(id, ops)))
+    hit = cache.get(key)
+    if hit is None or any(a is not b for a, b in zip(hit[0], ops)):
+        hit = cache[key] = (ops, make())
+    return hit[1]
+
+
 @dataclass
 class LayerProfiles:
     """One family: its op source, per-layer-kind times and walks by chunk shape."""
@@ -92,11 +105,11 @@ class LayerProfiles:
     param_count: ParamCount | None = None  # Estimate.params: layout-independent within a family
     _layer_times: dict[CostKind, StageTime] = field(default_factory=dict)
     _op_times: dict[int, tuple[Op, dict[str, PhaseTime]]] = field(default_factory=dict)
-    _walks: dict[tuple[Any, ...], WalkResult] = field(default_factory=dict)
+    # chunk_walk, chunk_sources: keyed by the chunk's ops before and after its layers (_by_ops)
+    _walks: dict[tuple[Any, ...], tuple[list[Op], WalkResult]] = field(default_factory=dict)
     _relabelers: dict[CostKind, Relabeler] = field(default_factory=dict)
     _layer_sources: dict[CostKind, KernelSources] = field(default_factory=dict)
-    # a chunk's ops before and after its layers (ids) -> (those ops, their sources)
-    _edge_sources: dict[tuple[int, ...], tuple[list[Op], KernelSources]] = field(default_factory=dict)
+    _edge_sources: dict[tuple[Any, ...], tuple[list[Op], KernelSources]] = field(default_factory=dict)
 
     def op_time(self, o: Op) -> dict[str, PhaseTime]:
         # keyed by identity; the op is kept with its time, so a freed op's id, reused by a
@@ -178,12 +191,7 @@ class LayerProfiles:
                 src = self._layer_sources[run.kind] = sources.of_ops(run.ops, self.coster.compute, self.coster.network)
             out.add(src, len(run.layers))
         edge = pre + post
-        # keyed by identity, the ops kept with their sources (a freed op's id, reused, cannot hit)
-        key = tuple(map(id, edge))
-        hit = self._edge_sources.get(key)
-        if hit is None or any(a is not b for a, b in zip(hit[0], edge)):
-            hit = self._edge_sources[key] = (edge, sources.of_ops(edge, self.coster.compute, self.coster.network))
-        out.add(hit[1])
+        out.add(_by_ops(self._edge_sources, (), edge, lambda: sources.of_ops(edge, self.coster.compute, self.coster.network)))
         return out
 
     def chunk_walk(self, st: StrategyConfig, chunk: Stage) -> WalkResult:
@@ -193,11 +201,8 @@ class LayerProfiles:
         (``fwd_peak_at``, ``bwd_peak_at``; memory/chunk_walk.op_name_at names them), not by
         name: chunks of one shape share the result."""
         pre, runs, post = chunk.sections()
-        key = (tuple((r.kind, len(r.layers)) for r in runs), tuple(id(o) for o in pre), tuple(id(o) for o in post))
-        hit = self._walks.get(key)
-        if hit is None:
-            hit = self._walks[key] = shaped_walk(chunk, self._relabeler)
-        return hit
+        shape = (tuple((r.kind, len(r.layers)) for r in runs), len(pre))
+        return _by_ops(self._walks, shape, pre + post, lambda: shaped_walk(chunk, self._relabeler))
 
     def _relabeler(self, run: StagePart) -> Relabeler:
         """The run's kind's ops, renamable to any layer index (one per kind)."""
