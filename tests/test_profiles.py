@@ -143,3 +143,35 @@ def test_estimates_without_a_cache_share_the_one_kept_with_the_system() -> None:
     assert e.profiles is not d.profiles and e.cost().duration_time_per_iter > d.cost().duration_time_per_iter
     assert y._derived and y.model_copy(deep=True)._derived == {} and pickle.loads(pickle.dumps(y))._derived == {}
     assert y.accelerator.model_copy(deep=True)._derived == {}
+
+
+@pytest.mark.parametrize("case", [
+    ("llama3-8b", "tp1_pp2_dp4_mbs1", "a100_pcie", {}),
+    ("deepseek-v2-lite", "tp1_pp2_dp4_mbs1", "h100-sxm-80gb", {"world_size": 64, "ep_size": 8, "fp8": True, "tp_comm_overlap": True,
+                                                                "overlap_grad_reduce": True}),
+])
+def test_a_dropped_estimate_is_freed_without_the_cyclic_gc(case) -> None:
+    """The caches kept with a config (its profile cache, kernel costs, table fits) must not
+    refer back to it: else every estimate's whole graph — configs, ops, schedules, buckets —
+    outlives its last user until a full garbage collection, which a cold search or script
+    pays as pauses that grow with the heap. Nothing an estimate leaves behind is cyclic."""
+    import gc
+
+    from simumax.api import PerfLLM
+
+    name, strat, sysname, updates = case
+    m = load_model(name).with_updates({"layer_num": 4})
+    st = load_strategy(strat).with_updates({"seq_len": 2048, **updates})
+    y = load_system(sysname)
+    gc.collect()
+    gc.disable()
+    try:
+        p = PerfLLM().configure(model_config=m.model_copy(deep=True), strategy_config=st.model_copy(deep=True),
+                                system_config=y.model_copy(deep=True))
+        p.run_estimate()
+        p.analysis_cost()
+        p.analysis_mem()
+        del p
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

@@ -15,6 +15,7 @@ so there is one code path: a shared cache changes speed, never results.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -216,7 +217,9 @@ class ProfileCache:
     """Layer profiles of one model on one system, by strategy family."""
 
     def __init__(self, model: ModelConfig, system: SystemConfig, system_snapshot: Any = None) -> None:
-        self.model, self.system = model, system
+        # the system weakly: the cache lives in the system's own caches (``of``), and a strong
+        # reference back would leave every estimate's graph to the cyclic GC once dropped
+        self.model, self._system = model, weakref.ref(system)
         self.compute = ComputeModel(system, system_snapshot)
         self._families: dict[tuple[Any, ...], LayerProfiles] = {}
         self._schedule_walks: dict[tuple[Any, ...], list[RankActivations]] = {}
@@ -226,6 +229,11 @@ class ProfileCache:
         # per schedule shape (schedule.order_shape): its longest order made, which shorter
         # orders are cut from (schedule.cut_orders)
         self._longest_order: dict[tuple[Any, ...], tuple[int, RankOrders]] = {}
+
+    @property
+    def system(self) -> SystemConfig | None:
+        """The system config the profiles were made for (None once it is gone)."""
+        return self._system()
 
     @classmethod
     def of(cls, model: ModelConfig, system: SystemConfig, snapshots: tuple[Any, Any] | None = None) -> "ProfileCache":

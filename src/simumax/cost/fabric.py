@@ -58,9 +58,14 @@ def uplink_share(op: str, nodes: int, node_stride: int, per_leaf: int) -> float:
 
 def leaf_rate_factor(system: SystemConfig, op: str, nodes: int, node_stride: int) -> float:
     """Multiplier (<= 1) on the inter-node bandwidth of one cross-node collective."""
-    per_leaf = nodes_per_leaf(system)
+    return leaf_rate(nodes_per_leaf(system), system.leaf_oversubscription, op, nodes, node_stride)
+
+
+def leaf_rate(per_leaf: int | None, oversubscription: float, op: str, nodes: int, node_stride: int) -> float:
+    """``leaf_rate_factor`` from the system's two leaf figures (``nodes_per_leaf``, the
+    oversubscription), for callers that keep those rather than the system."""
     if per_leaf is None:
         return 1.0
     f = uplink_share(op, nodes, node_stride, per_leaf)
-    o = system.leaf_oversubscription
+    o = oversubscription
     return 1.0 if f * o <= 1.0 else 1.0 / (f * o)

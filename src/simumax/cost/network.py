@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import CollectiveSpec, NetworkTier, SystemConfig
-from simumax.cost.fabric import leaf_rate_factor
+from simumax.cost.fabric import leaf_rate, nodes_per_leaf
 from simumax.errors import ConfigError
 from simumax.graph.kernels import Collective
 
@@ -96,7 +96,10 @@ def tier_time(tier: NetworkTier, op: str, nbytes: float, n: int, dp_group: bool 
 
 class NetworkModel:
     def __init__(self, system: SystemConfig, st: StrategyConfig) -> None:
-        self.system = system
+        # the system's figures, not the system: a model kept in the system's own caches
+        # (profiles.ProfileCache) must not hold the system, or dropping it takes the cyclic GC
+        self.scaleup_size, self.host_link_gbps = system.scaleup_size, system.host_link_gbps
+        self._leaf = (nodes_per_leaf(system), system.leaf_oversubscription)
         self.nets = system.networks
         tp, cp, dp, pp = st.tp_size, st.cp_size, st.dp_size, st.pp_size
         ep, etp = st.ep_size, st.etp_size
@@ -118,7 +121,7 @@ class NetworkModel:
         self._cache: dict[Collective, float] = {}
 
     def _place(self, group: str, n: int, stride: int, override: str | None) -> GroupPlacement:
-        per_node = self.system.scaleup_size
+        per_node = self.scaleup_size
         span = stride * (n - 1) + 1
         intra = span <= per_node and (per_node % (stride * n) == 0 or stride * n <= per_node)
         tiers = self.nets.tiers
@@ -158,7 +161,7 @@ class NetworkModel:
         if cached is not None:
             return cached
         if c.group == "offload":  # activation offload copies: the GPU's host link (graph/offload.py)
-            t = c.bytes / (self.system.host_link_gbps * 1e9)
+            t = c.bytes / (self.host_link_gbps * 1e9)
             self._cache[c] = t
             return t
         place = self.groups[c.group]
@@ -201,7 +204,7 @@ class NetworkModel:
         group's collective at the same time (groups of one kind are symmetric), so each
         uses its share of the node's NICs."""
         n, stride = place.size, place.stride
-        per_node = self.system.scaleup_size
+        per_node = self.scaleup_size
         k = max(1, min(n, per_node // stride)) if stride < per_node else 1
         nodes = max(1, n // k)
         node_stride = 1 if stride < per_node else stride // per_node
@@ -211,11 +214,11 @@ class NetworkModel:
         def across(op_: str, nbytes: float) -> float:
             if nodes <= 1:
                 return 0.0
-            rate = leaf_rate_factor(self.system, op_, nodes, node_stride)
+            rate = leaf_rate(*self._leaf, op_, nodes, node_stride)
             return self._flat("inter_node", op_, nbytes, nodes, c.group, _node_steps(op_, nodes), rate)
 
         if local is None or op == "p2p":
-            rate = leaf_rate_factor(self.system, op, n, node_stride)
+            rate = leaf_rate(*self._leaf, op, n, node_stride)
             return self._flat("inter_node", op, b, n, c.group, _node_steps(op, n), rate)
         if op == "all_reduce":
             return self._flat(local, "reduce_scatter", b, k) + across("all_reduce", b / k) + self._flat(local, "all_gather", b, k)
@@ -224,6 +227,6 @@ class NetworkModel:
         if op == "all_gather":
             return across("all_gather", b / k) + self._flat(local, "all_gather", b, k)
         # all2all: remote share through the NICs, local share over the node fabric, in parallel
-        rate = leaf_rate_factor(self.system, "all2all", nodes, node_stride)
+        rate = leaf_rate(*self._leaf, "all2all", nodes, node_stride)
         remote = self._flat("inter_node", "p2p", b * (n - k) / n, 2, steps=nodes - 1, rate=rate)
         return max(remote, self._flat(local, "p2p", b * (k - 1) / n, 2))
