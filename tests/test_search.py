@@ -363,3 +363,37 @@ def test_empty_search_says_which_rule_stopped_it() -> None:
     assert out.returncode == 2 and "pp_size: DeepSpeed's pipeline engine runs ZeRO-1 only" in out.stderr
     out = run_cli("search", "-m", "llama3-8b", "-s", "tp1_pp1_dp8_mbs1", "-y", "h100-sxm-80gb", "--world-size", "8", "--tp", "3")
     assert out.returncode == 2 and "--world-size: 8 is not a multiple of tp x pp x cp" in out.stderr
+
+
+def test_a_search_leaves_nothing_for_the_cyclic_gc_and_restores_it() -> None:
+    """The search runs its candidates with the cyclic collector paused (gc_pause.py): that
+    is only sound while nothing it makes is cyclic, so a finished search must leave no
+    cyclic garbage; and the collector comes back as the caller had it, also on a
+    ConfigError mid-way."""
+    import gc
+
+    from simumax.gc_pause import cyclic_gc_paused
+    from simumax.search.run import run_search
+    from simumax.search.space import SearchSpace
+
+    perf = _perf()
+    space = SearchSpace(world_size=8, global_batch_size=16, tp=(1, 2), vp=(1, 2), recompute=("none", "full_block"), zero=(0, 1))
+    gc.collect()
+    gc.disable()
+    try:
+        rows = run_search(perf.model_config, perf.system_config, perf.strategy_config, space, gmi_error=4)
+        assert rows and not gc.isenabled()  # a caller's disabled collector stays disabled
+        del rows
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+    run_search(perf.model_config, perf.system_config, perf.strategy_config, space, gmi_error=4)
+    assert gc.isenabled()
+    with pytest.raises(ConfigError):
+        with cyclic_gc_paused():
+            assert not gc.isenabled()
+            with cyclic_gc_paused():  # nested: the outer one restores
+                pass
+            assert not gc.isenabled()
+            raise ConfigError("x", "y")
+    assert gc.isenabled()

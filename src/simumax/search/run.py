@@ -9,6 +9,7 @@ is one complete line, flushed as it lands), pending work is cancelled and
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
+from simumax.gc_pause import cyclic_gc_paused
 from simumax.profiles import ProfileCache
 from simumax.search.evaluate import SearchRow, candidate_key, evaluate
 from simumax.search import output_guard
@@ -79,12 +81,14 @@ class _Evaluator:
     process (built by _init_worker), or as a Ray actor (decorated with ray.remote at use)."""
 
     def __init__(self, model: ModelConfig, system: SystemConfig, gmi_error: float, use_reserved: bool) -> None:
+        self.model, self.system = model, system  # held here: the cache holds the system weakly
         self.profiles = ProfileCache(model, system)
         self.gmi, self.reserved = gmi_error, use_reserved
 
     def run(self, task: Task) -> list[SearchRow]:
-        p = self.profiles
-        return [evaluate(p.model, rc, st, p.system, p, gmi_error=self.gmi, use_reserved_memory=self.reserved) for rc, st in task]
+        m, y, p = self.model, self.system, self.profiles
+        with cyclic_gc_paused():  # nothing here is cyclic; the collector would only re-walk the caches
+            return [evaluate(m, rc, st, y, p, gmi_error=self.gmi, use_reserved_memory=self.reserved) for rc, st in task]
 
 
 _worker: dict[str, _Evaluator] = {}  # per worker process, set by _init_worker (never at import)
@@ -108,6 +112,7 @@ def _exit_with_parent(parent: int) -> None:
 def _init_worker(parent: int, *init: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     _exit_with_parent(parent)
+    gc.disable()  # this process only evaluates candidates, which make no cycles (gc_pause.py)
     _worker["evaluator"] = _Evaluator(*init)
 
 
@@ -250,7 +255,7 @@ def _run_search(model: ModelConfig, system: SystemConfig, base: StrategyConfig, 
             write_jsonl_atomic(jsonl, [r.to_dict() for r in rows])
         sink = jsonl.open("a" if rows else "w", encoding="utf-8")
     try:
-        with _stop_on_signals() as stop:
+        with _stop_on_signals() as stop, cyclic_gc_paused():
             if executor == "ray":
                 results = _run_ray(batches, jobs, init, stop)
             elif executor == "process" or jobs > 1:
