@@ -175,3 +175,20 @@ def test_a_dropped_estimate_is_freed_without_the_cyclic_gc(case) -> None:
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_an_estimated_perfllm_pickles_and_copies() -> None:
+    """The profile cache holds its system weakly (above); a PerfLLM that has estimated still
+    pickles and deep-copies, and the copy's cache refers to the copy's system."""
+    import copy
+    import pickle
+
+    from simumax.api import PerfLLM
+
+    p = PerfLLM().configure(strategy_config="tp1_pp2_dp4_mbs1", model_config=load_model("llama3-8b").with_updates({"layer_num": 4}),
+                            system_config="a100_pcie")
+    t = p.run_estimate().analysis_cost().duration_time_per_iter
+    for q in (pickle.loads(pickle.dumps(p)), copy.deepcopy(p)):
+        assert q._estimate.profiles.system is q.system_config is not p.system_config  # type: ignore[union-attr]
+        q.strategy_config.micro_batch_num *= 2  # an edit re-estimates on the copy's configs
+        assert q.analysis_cost().duration_time_per_iter > t

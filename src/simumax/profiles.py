@@ -213,6 +213,11 @@ class LayerProfiles:
         return r
 
 
+def _gone() -> None:
+    """The weak reference of a cache whose system was gone when it was pickled."""
+    return None
+
+
 class ProfileCache:
     """Layer profiles of one model on one system, by strategy family."""
 
@@ -234,6 +239,16 @@ class ProfileCache:
     def system(self) -> SystemConfig | None:
         """The system config the profiles were made for (None once it is gone)."""
         return self._system()
+
+    # a weak reference does not pickle: the state carries the system itself (pickle's memo
+    # keeps it the object the estimate holds), and the reference is remade on load
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_system": self._system()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        system = state.pop("_system")
+        self.__dict__.update(state)
+        self._system = weakref.ref(system) if system is not None else _gone
 
     @classmethod
     def of(cls, model: ModelConfig, system: SystemConfig, snapshots: tuple[Any, Any] | None = None) -> "ProfileCache":
