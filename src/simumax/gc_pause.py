@@ -10,8 +10,8 @@ the collector's full passes only re-walk the growing caches: 15-27 % of a search
 ``PerfLLM`` leaves the collector alone.
 
 The collector is process-wide: it is paused only while a search's candidates run, and left
-as found (a caller that disabled it keeps it disabled). Cycles that other threads make
-meanwhile wait for the next pass after it resumes.
+as found (a caller that disabled it keeps it disabled). Cycles that other threads or a
+search's progress callback make meanwhile wait for the next pass after it resumes.
 """
 
 from __future__ import annotations
