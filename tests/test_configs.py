@@ -130,3 +130,48 @@ def test_snapshot_sees_every_in_place_edit() -> None:
         return 1 + sum(atoms_elsewhere(cfg.__dict__[n]) for n in kind._container_fields)
 
     assert atoms_elsewhere(system) > 20 and atoms_elsewhere(strategy) == 1 == atoms_elsewhere(load_model("llama3-8b"))
+
+
+def test_fingerprint_sees_every_in_place_edit_on_its_fast_path() -> None:
+    """PerfLLM's change check without taking the snapshots again (config/base.Fingerprint):
+    while no field was assigned anywhere it compares the dicts and lists it saw with their
+    copies; every kind of edit is seen, an undone edit matches again, other objects with
+    the same contents match, and a copy or a pickle checks by its snapshots."""
+    import copy
+    import pickle
+
+    from simumax.config.base import ConfigBase, Fingerprint
+    from simumax.config.loader import load_model
+
+    def fresh() -> tuple[object, ...]:
+        return load_model("llama3-8b"), load_strategy("tp1_pp2_dp4_mbs1"), load_system("h100-sxm-80gb")
+
+    configs = fresh()
+    model, strategy, system = configs
+    fp = Fingerprint(configs)
+    edits = ConfigBase.edits
+    assert fp.matches(configs) and ConfigBase.edits == edits
+    table = system.accelerator.op["matmul"].accurate_efficient_factor
+    key = next(iter(table))
+    table[key] *= 0.5  # inside a table: no assignment counted, the fast path must see it
+    assert ConfigBase.edits == edits and not fp.matches(configs)
+    table[key] *= 2.0
+    assert fp.matches(configs)
+    strategy.offload_modules.append("core_attn")  # a list
+    assert not fp.matches(configs)
+    strategy.offload_modules.pop()
+    system.accelerator.op["extra"] = system.accelerator.op["matmul"]  # a dict of configs
+    assert not fp.matches(configs)
+    del system.accelerator.op["extra"]
+    assert fp.matches(configs)
+    system.networks.tiers["inter_node"].bandwidth.gbps *= 2  # a nested config's field
+    assert ConfigBase.edits > edits and not fp.matches(configs)
+    system.networks.tiers["inter_node"].bandwidth.gbps /= 2
+    assert fp.matches(configs)  # the same contents again: watched from here on
+    model.layer_num = model.layer_num  # an equal value
+    assert fp.matches(configs)
+    assert fp.matches(fresh()) and not fp.matches((model, strategy, load_system("a100_pcie")))
+    for other in (copy.deepcopy(fp), pickle.loads(pickle.dumps(fp))):
+        assert other.matches(other.configs)
+        other.configs[0].layer_num = 2
+        assert not other.matches(other.configs)

@@ -9,7 +9,7 @@ from typing import Any
 from simumax.atomic import ensure_dir, write_json_atomic, write_jsonl_atomic, write_text_atomic  # noqa: F401 (re-exported)
 from simumax.compat.perf_methods import SimuMaxPerfMethods
 from simumax.compat.results import cost_view, mem_view
-from simumax.config.base import snapshot
+from simumax.config.base import Fingerprint
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
@@ -45,7 +45,7 @@ class PerfLLM(SimuMaxPerfMethods):
         self._estimate: Estimate | None = None
         self._cost: CostResult | None = None
         self._mem: MemResult | None = None
-        self._built_from: tuple[Any, ...] = ()
+        self._built_from: Fingerprint | None = None
         self.all_search_result: list[dict[str, Any]] = []
 
     def configure(
@@ -81,21 +81,25 @@ class PerfLLM(SimuMaxPerfMethods):
     def strategy(self, value: ConfigLike) -> None:
         self.configure(strategy_config=value)
 
-    def _fingerprint(self) -> tuple[Any, ...]:
-        return tuple(snapshot(c) for c in (self.model_config, self.strategy_config, self.system_config))
+    def _configs(self) -> tuple[Any, ...]:
+        return self.model_config, self.strategy_config, self.system_config
+
+    def _unchanged(self) -> bool:
+        """The configs hold what the estimate was built from (no edit in place since)."""
+        return self._built_from is not None and self._built_from.matches(self._configs())
 
     def _require(self) -> Estimate:
         """The estimate of the configs as they are now: editing a config in place (as
         SimuMax scripts do, ``perf.model_config.layer_num = 4``) rebuilds it."""
-        if self._estimate is not None and self._built_from != self._fingerprint():
+        if self._estimate is not None and not self._unchanged():
             self._estimate = self._cost = self._mem = None
         if self._estimate is None:
             for name in ("model_config", "strategy_config", "system_config"):
                 if getattr(self, name) is None:
                     raise ConfigError(name, "not configured: call perf.configure(...) first")
-            self._built_from = fp = self._fingerprint()
+            self._built_from = fp = Fingerprint(self._configs())
             model, system = self.model_config, self.system_config
-            profiles = ProfileCache.of(model, system, (fp[0], fp[2]))  # type: ignore[arg-type]
+            profiles = ProfileCache.of(model, system, (fp.snapshots[0], fp.snapshots[2]))  # type: ignore[arg-type]
             self._estimate = Estimate(model, self.strategy_config, system, profiles)  # type: ignore[arg-type]
         return self._estimate
 
@@ -116,13 +120,13 @@ class PerfLLM(SimuMaxPerfMethods):
         return self
 
     def analysis_cost(self) -> CostResult:
-        if self._cost is None or self._built_from != self._fingerprint():
+        if self._cost is None or not self._unchanged():
             self.run_estimate()
         assert self._cost is not None
         return self._cost
 
     def analysis_mem(self) -> MemResult:
-        if self._mem is None or self._built_from != self._fingerprint():
+        if self._mem is None or not self._unchanged():
             self.run_estimate()
         assert self._mem is not None
         return self._mem

@@ -120,13 +120,14 @@ def _atomic(annotation: Any) -> bool:
     return annotation in _ATOMS
 
 
-def snapshot(value: Any) -> Any:
+def snapshot(value: Any, shadows: list[tuple[Any, Any]] | None = None) -> Any:
     """A config's state (or any value inside one) as plain values compared by equality:
     what PerfLLM keeps to notice in-place edits (``perf.model_config.layer_num = 4``, an
     efficiency table entry changed). Every field, nested configs, dicts and lists copied
     (a field typed as a dict or list of plain values — an efficiency table — in one
     C-level copy); no serializer runs, so it costs half a ``model_dump`` of a system with
-    measured tables. Private attributes (derived fits, the source path) are not state."""
+    measured tables. Private attributes (derived fits, the source path) are not state.
+    ``shadows``: gets (container, shallow copy) for every dict and list met (Fingerprint)."""
     kind = type(value)
     if kind in _ATOMS:
         return value
@@ -138,17 +139,64 @@ def snapshot(value: Any) -> Any:
         for k in getattr(kind, "_container_fields", state):
             v = state[k]
             if type(v) not in _ATOMS:
-                state[k] = v.copy() if k in plain else snapshot(v)
+                if k in plain:
+                    state[k] = copy = v.copy()
+                    if shadows is not None:
+                        shadows.append((v, copy))
+                else:
+                    state[k] = snapshot(v, shadows)
         return kind, state
     if kind is dict:
+        if shadows is not None:
+            shadows.append((value, value.copy()))
         if _ATOMS.issuperset(map(type, value.values())):
             return value.copy()
-        return {k: v if type(v) in _ATOMS else snapshot(v) for k, v in value.items()}
+        return {k: v if type(v) in _ATOMS else snapshot(v, shadows) for k, v in value.items()}
     if kind is list or kind is tuple:
+        if shadows is not None and kind is list:
+            shadows.append((value, value.copy()))
         if _ATOMS.issuperset(map(type, value)):
             return tuple(value)
-        return tuple([v if type(v) in _ATOMS else snapshot(v) for v in value])
+        return tuple([v if type(v) in _ATOMS else snapshot(v, shadows) for v in value])
     return value
+
+
+class Fingerprint:
+    """The snapshots of some configs, and a cheap check that they still hold.
+
+    A config changes in two ways only: a field assignment, which every config makes
+    through ``ConfigBase.__setattr__`` (it counts them: ``ConfigBase.edits``), or an edit
+    inside a dict or list it holds (a table entry, a list appended to). So while no field
+    was assigned anywhere since the snapshots were taken, the same config objects hold the
+    same nested configs and containers, and they are unchanged if every container still
+    equals its shallow copy (C-level comparisons; identical items compare by identity).
+    Otherwise the snapshots are taken again and compared (``matches``)."""
+
+    __slots__ = ("configs", "snapshots", "_edits", "_shadows")
+
+    def __init__(self, configs: tuple[Any, ...]) -> None:
+        shadows: list[tuple[Any, Any]] = []
+        self._edits = ConfigBase.edits
+        self.configs = configs
+        self.snapshots = tuple(snapshot(c, shadows) for c in configs)
+        self._shadows = shadows
+
+    def matches(self, configs: tuple[Any, ...]) -> bool:
+        """``configs`` (the same objects or others) hold what the snapshots say."""
+        if (self._edits == ConfigBase.edits and all(a is b for a, b in zip(configs, self.configs, strict=True))
+                and all(live == copy for live, copy in self._shadows)):
+            return True
+        shadows: list[tuple[Any, Any]] = []
+        edits = ConfigBase.edits
+        if tuple(snapshot(c, shadows) for c in configs) != self.snapshots:
+            return False
+        # the same contents (an assignment of an equal value, or edits undone): watch these
+        self.configs, self._edits, self._shadows = configs, edits, shadows
+        return True
+
+    # a copy or a pickle (another process counts its own edits) checks by the snapshots
+    def __getstate__(self) -> tuple[None, dict[str, Any]]:
+        return None, {"configs": self.configs, "snapshots": self.snapshots, "_edits": -1, "_shadows": []}
 
 
 class ConfigBase(BaseModel):
@@ -161,6 +209,7 @@ class ConfigBase(BaseModel):
     _source: str | None = PrivateAttr(None)  # the file (or override) it was loaded from
     _pending: ConfigError | None = PrivateAttr(None)  # a cross-field rule an in-place edit broke
     _derived: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)  # derived(): name -> (contents, value)
+    edits: ClassVar[int] = 0  # field assignments to any config so far (Fingerprint)
 
     def derived(self, name: str, contents: Any, build: Callable[[], Any]) -> Any:
         """``build()``, kept for the estimates of this config while ``contents`` (what it was
@@ -197,6 +246,7 @@ class ConfigBase(BaseModel):
         bad value raises ConfigError and leaves the config unchanged."""
         if name.startswith("_") or name not in type(self).model_fields:
             return super().__setattr__(name, value)
+        ConfigBase.edits += 1
         before = dict(self.__dict__)
         try:
             super().__setattr__(name, value)
