@@ -69,7 +69,8 @@ CHECKPOINT_FIELDS = frozenset(
 
 
 def family_key(st: StrategyConfig, network: NetworkModel) -> tuple[Any, ...]:
-    fields = tuple(sorted((k, repr(v)) for k, v in st.to_dict().items() if k not in LAYOUT_FIELDS))
+    # the fields as they are (atoms, and lists of atoms: repr tells 1, 1.0 and True apart)
+    fields = tuple(sorted((k, repr(v)) for k, v in st.__dict__.items() if k not in LAYOUT_FIELDS))
     groups = LAYER_GROUPS
     if st.zero_state >= 2:  # ZeRO-2/3 layers carry data-parallel collectives (graph/sharding.py)
         fields += (("sharding", repr(st.zero_state)),)

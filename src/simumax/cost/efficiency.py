@@ -114,7 +114,7 @@ class ComputeModel:
         per_flop8 = 1.0 / (p8 * e8 * wave) + (per_flop16 - math16)
         return 1.0 / (p8 * per_flop8)
 
-    def _lookup(self, k: ComputeKernel) -> tuple[float, float, str, str]:
+    def _lookup(self, k: ComputeKernel) -> tuple[float, float, str, str, str, str | None]:
         cached = self._cache.get(k)
         if cached is None:
             cached = self._cache[k] = self._cost(k)
@@ -122,14 +122,19 @@ class ComputeModel:
 
     def compute(self, k: ComputeKernel) -> tuple[float, float]:
         """(seconds, achieved efficiency on model FLOPs) of one GEMM or attention kernel."""
-        t, eff, _, _ = self._lookup(k)
-        return t, eff
+        cached = self._lookup(k)
+        return cached[0], cached[1]
 
     def seconds_and_source(self, k: ComputeKernel) -> tuple[float, str, str]:
-        """(seconds, family used, measured / fitted / default) of a kernel (cost/sources.py
-        sums them per estimate)."""
-        t, _, name, source = self._lookup(k)
-        return t, name, source
+        """(seconds, family used, measured / fitted / default) of a kernel."""
+        cached = self._lookup(k)
+        return cached[0], cached[2], cached[3]
+
+    def attributed(self, k: ComputeKernel) -> tuple[float, str, str | None]:
+        """(seconds, "family/source", "family: shape key" when not measured): what
+        cost/sources.py sums per estimate."""
+        cached = self._lookup(k)
+        return cached[0], cached[4], cached[5]
 
     def membound_source(self, k: MemBound) -> tuple[str, float]:
         """("memory/<family>/<measured|default>", seconds) of a bandwidth-bound kernel."""
@@ -138,24 +143,26 @@ class ComputeModel:
             return key, k.table_bytes * per_byte + latency  # the unit the line was measured on
         return key, k.bytes * per_byte + k.launches * latency
 
-    def _cost(self, k: ComputeKernel) -> tuple[float, float, str, str]:
+    def _cost(self, k: ComputeKernel) -> tuple[float, float, str, str, str, str | None]:
         name = self._family(k.family)
         spec = self.acc.op[name]
-        eff, source = self._efficiency(name, k.key)
+        key = k.key
+        eff, source = self._efficiency(name, key)
         # a table's efficiencies are in the FLOP convention it was measured with
         table_flops = k.table_flops(spec.sdp_bwd_ratio) if isinstance(k, Attention) else k.flops
         peak = spec.tflops * 1e12
         if eff <= 0 or peak <= 0:
             raise ConfigError(
                 f"accelerator.op.{name}", f"peak {spec.tflops} TFLOP/s at efficiency {eff:g} for a kernel this job runs "
-                f"({k.key}): its time would be infinite",
+                f"({key}): its time would be infinite",
             )
         t = table_flops / (peak * eff)
         if not isinstance(k, Attention):
             # roofline floor: no GEMM runs faster than its operands and output cross HBM
             # (batched attention GEMMs with head_dim <= 128 on A100 are memory-bound)
             t = max(t, k.bytes * self._hbm_seconds_per_byte)
-        return t, (k.flops / (t * peak) if t > 0 else 0.0), name, source
+        return (t, (k.flops / (t * peak) if t > 0 else 0.0), name, source, f"{name}/{source}",
+                None if source == "measured" else f"{name}: {key}")
 
     def membound(self, k: MemBound) -> float:
         """Bandwidth-bound kernel: the family's line (bytes / (gbps · eff) + latency, as

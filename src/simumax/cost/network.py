@@ -117,6 +117,9 @@ class NetworkModel:
         }
         overrides = {"tp": st.tp_net, "cp": st.cp_net, "dp": st.dp_net, "pp": st.pp_net, "ep": st.ep_net, "etp": st.etp_net,
                      "edp": st.edp_net or st.dp_net, "dp_shard": st.dp_net, "dp_rep": st.dp_net}
+        # the PCIe switch-tree spans a system has tiers for (intra_node_pcie_<w>x), narrowest first
+        self._pcie_widths = sorted(int(k.split("_")[-1][:-1]) for k in self.nets.tiers if k.startswith("intra_node_pcie_")) \
+            if self.nets.intra_with_pcie else []
         self.groups = {g: self._place(g, n, stride, overrides.get(g)) for g, (n, stride) in layout.items()}
         self._cache: dict[Collective, float] = {}
 
@@ -134,7 +137,7 @@ class NetworkModel:
         if intra:
             if self.nets.intra_with_pcie:
                 width = _next_pow2(span)
-                for w in sorted(int(k.split("_")[-1][:-1]) for k in tiers if k.startswith("intra_node_pcie_")):
+                for w in self._pcie_widths:
                     if w >= width:
                         return GroupPlacement(n, stride, f"intra_node_pcie_{w}x", True)
             for name in ("high_intra_node", "low_intra_node", "intra_node"):

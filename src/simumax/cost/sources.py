@@ -13,7 +13,7 @@ from typing import Any
 from simumax.cost.efficiency import SOURCES, ComputeModel
 from simumax.cost.network import NetworkModel
 from simumax.graph.kernels import Collective, MemBound
-from simumax.graph.ops import PHASES, Op
+from simumax.graph.ops import Op
 
 
 @dataclass(slots=True)
@@ -56,19 +56,23 @@ class KernelSources:
 
 def of_ops(ops: list[Op], compute: ComputeModel, network: NetworkModel) -> KernelSources:
     out = KernelSources()
+    counts, seconds, misses = out.counts, out.seconds, out.misses
+    comm_keys: dict[str, str] = {}  # group -> "comm/<group>/<source>"
     for op in ops:
-        for ph in PHASES:
-            for k in op.kernels(ph):
-                if isinstance(k, Collective):
-                    src = "measured" if network.measured(k.group) else "default"  # default: a datasheet tier
-                    key, t = f"comm/{k.group}/{src}", network.time(k)
-                elif isinstance(k, MemBound):
+        for phase in op.phase_kernels():
+            for k in phase:
+                kind = type(k)
+                if kind is Collective:
+                    key = comm_keys.get(k.group)
+                    if key is None:  # default: a datasheet tier
+                        key = comm_keys[k.group] = f"comm/{k.group}/{'measured' if network.measured(k.group) else 'default'}"
+                    t = network.time(k)
+                elif kind is MemBound:
                     key, t = compute.membound_source(k)
                 else:
-                    t, fam, src = compute.seconds_and_source(k)
-                    key = f"{fam}/{src}"
-                    if src != "measured":
-                        out.misses[f"{fam}: {k.key}"] += 1
-                out.counts[key] += 1
-                out.seconds[key] += t
+                    t, key, miss = compute.attributed(k)
+                    if miss is not None:
+                        misses[miss] += 1
+                counts[key] += 1
+                seconds[key] += t
     return out

@@ -52,6 +52,10 @@ class Op(NamedTuple):
             return self.fwd if self.recompute_group else ()
         return getattr(self, phase)
 
+    def phase_kernels(self) -> tuple[tuple[Kernel, ...], ...]:
+        """``kernels(phase)`` for each of PHASES, in that order."""
+        return self.fwd, self.bwd_input, self.bwd_weight, self.fwd if self.recompute_group else ()
+
     @property
     def saved_bytes(self) -> float:
         return sum(b for _, b in self.saved)
