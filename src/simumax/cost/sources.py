@@ -6,7 +6,6 @@ or the default HBM line; collectives by group). Layer kinds are summed once and 
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,20 +17,20 @@ from simumax.graph.ops import Op
 
 @dataclass(slots=True)
 class KernelSources:
-    counts: Counter[str] = field(default_factory=Counter)  # "family/source" -> kernels
-    seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))  # "family/source" -> s
-    misses: Counter[str] = field(default_factory=Counter)  # "family: key" -> kernels not measured
+    # plain dicts: Counter and defaultdict make each empty one and each new key a Python call
+    counts: dict[str, int] = field(default_factory=dict)  # "family/source" -> kernels
+    seconds: dict[str, float] = field(default_factory=dict)  # "family/source" -> s
+    misses: dict[str, int] = field(default_factory=dict)  # "family: key" -> kernels not measured
 
     def add(self, other: "KernelSources", times: int = 1) -> None:
         """Add ``other`` ``times`` times (seconds one addition after another: what adding
         it per layer gives, to the last bit)."""
-        # plain loops: Counter.update is a Python-level loop with more steps per key
         for mine, theirs in ((self.counts, other.counts), (self.misses, other.misses)):
             for k, n in theirs.items():
-                mine[k] += n * times
+                mine[k] = mine.get(k, 0) + n * times
         seconds = self.seconds
         for k, v in other.seconds.items():
-            x = seconds[k]
+            x = seconds.get(k, 0.0)
             for _ in range(times):
                 x += v
             seconds[k] = x
@@ -46,10 +45,10 @@ class KernelSources:
         for key in sorted(set(self.counts) | set(self.seconds)):
             fam, src = key.rsplit("/", 1)
             if src in SOURCES:
-                sources.setdefault(fam, dict.fromkeys(SOURCES, 0))[src] += self.counts[key]
-                seconds.setdefault(fam, dict.fromkeys(SOURCES, 0.0))[src] += self.seconds[key]
+                sources.setdefault(fam, dict.fromkeys(SOURCES, 0))[src] += self.counts.get(key, 0)
+                seconds.setdefault(fam, dict.fromkeys(SOURCES, 0.0))[src] += self.seconds.get(key, 0.0)
             else:
-                seconds.setdefault(fam, {})[src] = self.seconds[key]
+                seconds.setdefault(fam, {})[src] = self.seconds.get(key, 0.0)
         hits = {fam: n["measured"] for fam, n in sources.items() if n["measured"] and not fam.startswith(("memory/", "comm/"))}
         return {"hits": hits, "misses": dict(sorted(self.misses.items())), "sources": sources, "seconds": seconds}
 
@@ -72,7 +71,7 @@ def of_ops(ops: list[Op], compute: ComputeModel, network: NetworkModel) -> Kerne
                 else:
                     t, key, miss = compute.attributed(k)
                     if miss is not None:
-                        misses[miss] += 1
-                counts[key] += 1
-                seconds[key] += t
+                        misses[miss] = misses.get(miss, 0) + 1
+                counts[key] = counts.get(key, 0) + 1
+                seconds[key] = seconds.get(key, 0.0) + t
     return out
