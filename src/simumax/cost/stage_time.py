@@ -13,7 +13,6 @@ P2P, EP all-to-all between micro-batches) belongs to the event simulator.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -29,7 +28,7 @@ class PhaseTime:
     total: float = 0.0
     compute: float = 0.0  # GEMM + attention
     membound: float = 0.0
-    comm: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # exposed, by group
+    comm: dict[str, float] = field(default_factory=dict)  # exposed, by group
     flops: float = 0.0
     bytes: float = 0.0  # moved by memory-bound kernels and collectives
 
@@ -42,8 +41,9 @@ class PhaseTime:
             self.membound += other.membound
             self.flops += other.flops
             self.bytes += other.bytes
+            comm = self.comm
             for g, t in other.comm.items():
-                self.comm[g] += t
+                comm[g] = comm.get(g, 0.0) + t
             return
         total, compute, membound, flops, nbytes = self.total, self.compute, self.membound, self.flops, self.bytes
         o_total, o_compute, o_membound, o_flops, o_bytes = other.total, other.compute, other.membound, other.flops, other.bytes
@@ -55,7 +55,7 @@ class PhaseTime:
             nbytes += o_bytes
         self.total, self.compute, self.membound, self.flops, self.bytes = total, compute, membound, flops, nbytes
         for g, t in other.comm.items():
-            x = self.comm[g]
+            x = self.comm.get(g, 0.0)
             for _ in range(times):
                 x += t
             self.comm[g] = x
@@ -137,13 +137,13 @@ class Coster:
         for c in overlapped:
             out.bytes += c.bytes
         out.total += exposed
-        out.comm["tp"] += exposed
+        out.comm["tp"] = out.comm.get("tp", 0.0) + exposed
         return out
 
     @staticmethod
     def _comm(out: PhaseTime, c: Collective, t: float) -> None:
         out.total += t
-        out.comm[c.group] += t
+        out.comm[c.group] = out.comm.get(c.group, 0.0) + t
         out.bytes += c.bytes
 
     @staticmethod
@@ -160,7 +160,7 @@ class Coster:
         """One PhaseTime per phase: fwd, bwd_input, bwd_weight, recompute (a checkpointed
         op's forward again: the same kernels, the same costs, computed once)."""
         fwd = self.sequence(o.fwd)
-        again = PhaseTime(fwd.total, fwd.compute, fwd.membound, defaultdict(float, fwd.comm), fwd.flops, fwd.bytes) \
+        again = PhaseTime(fwd.total, fwd.compute, fwd.membound, dict(fwd.comm), fwd.flops, fwd.bytes) \
             if o.recompute_group else PhaseTime()
         return {"fwd": fwd, "bwd_input": self.sequence(o.bwd_input), "bwd_weight": self.sequence(o.bwd_weight),
                 "recompute": again}
