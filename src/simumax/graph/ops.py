@@ -61,9 +61,19 @@ class Op(NamedTuple):
         return sum(b for _, b in self.saved)
 
     def with_(self, **kw: Any) -> "Op":
-        """A copy with some fields replaced."""
-        return self._replace(**kw)
+        """A copy with some fields replaced (``_replace``, in half its time: graph building
+        and the recompute / offload / sharding passes copy every op at least once)."""
+        v = list(self)
+        for name, value in kw.items():
+            i = _FIELD_INDEX.get(name)
+            if i is None:
+                raise ValueError(f"Op has no field {name!r}")
+            v[i] = value
+        return _new_tuple(Op, v)
 
+
+_FIELD_INDEX = {name: i for i, name in enumerate(Op._fields)}
+_new_tuple = tuple.__new__
 
 PHASES = ("fwd", "bwd_input", "bwd_weight", "recompute")
 
