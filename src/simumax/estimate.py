@@ -164,9 +164,12 @@ class Estimate:
         reduces include the tied-embedding gradient all-reduce."""
         out = [[e, 0.0] for e in self.embedding_grad_sync]
         for c in self.chunks:
-            for b in self.grad_buckets(c):
-                out[c.index][0] += b.reduce
-                out[c.index][1] += b.gather
+            rank = out[c.index]
+            red, gat = rank
+            for _, _, r, g in self.grad_buckets(c):  # (group, ready_fraction, reduce, gather)
+                red += r
+                gat += g
+            rank[0], rank[1] = red, gat
         return [(r, g) for r, g in out]
 
     def dp_reduce_time(self, stage: Stage) -> float:

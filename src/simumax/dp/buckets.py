@@ -67,11 +67,17 @@ def grad_buckets(st: StrategyConfig, network: NetworkModel, params: int, group: 
     # times the cost of one, latencies included): the totals stay exact, the overlap
     # granularity is still under 0.1 % of the chunk, and a model of any size costs the same
     k = -(-n_full // MAX_MODELLED_BUCKETS) if n_full > MAX_MODELLED_BUCKETS else 1
-    sizes = [(bucket * k, k)] * (n_full // k) + ([(bucket * (n_full % k), n_full % k)] if n_full % k else [])
     out = []
     done = 0
-    for elems, count in sizes + ([(rest, 0)] if rest else []):
-        done += elems
-        red, gat = (full[0] * count, full[1] * count) if count else times(elems)
-        out.append(GradBucket(group, done / params, red, gat))
+    new = tuple.__new__  # a chunk of a large model has hundreds of buckets: the named tuple's __new__ is a Python call
+    red, gat = full[0] * k, full[1] * k
+    for _ in range(n_full // k):
+        done += bucket * k
+        out.append(new(GradBucket, (group, done / params, red, gat)))
+    if n_full % k:
+        done += bucket * (n_full % k)
+        out.append(new(GradBucket, (group, done / params, full[0] * (n_full % k), full[1] * (n_full % k))))
+    if rest:
+        done += rest
+        out.append(new(GradBucket, (group, done / params, *times(rest))))
     return out
