@@ -303,3 +303,33 @@ def test_cp_a2a_core_attn_checkpoint_keeps_its_inputs() -> None:
             sel = Estimate(m, StrategyConfig(**base, enable_recompute=True, recompute_granularity="selective_recompute",
                                              attn_recompute=True), sy).memory().stages[0]
             assert sel.stored_activation_mem - none.stored_activation_mem == 2 * per_layer, (kv, cp_comm)
+
+
+def test_kernels_of_different_kinds_never_compare_equal() -> None:
+    """Kernels are named tuples (built by the thousand, hashed in every cost cache), and
+    tuples compare by their values only: kinds with the same number of fields must differ
+    in the type of one of them, so a cache keyed by kernels can never take one kind for
+    another."""
+    import itertools
+    import typing
+
+    from simumax.graph import kernels
+
+    def base(t: object) -> set[type]:
+        if typing.get_origin(t) is typing.Literal:
+            return {type(a) for a in typing.get_args(t)}
+        args = typing.get_args(t)
+        return set().union(*(base(a) for a in args)) if args else {t}  # type: ignore[arg-type]
+
+    kinds = typing.get_args(kernels.Kernel)
+    assert len(kinds) == 5
+    for a, b in itertools.combinations(kinds, 2):
+        ha, hb = typing.get_type_hints(a), typing.get_type_hints(b)
+        if len(a._fields) != len(b._fields):
+            continue
+        # bool is an int to ==: the two must differ in a field that is a str in one, a number in the other
+        apart = [(x, y) for x, y in zip(a._fields, b._fields)
+                 if (base(ha[x]) == {str}) != (base(hb[y]) == {str})]
+        assert apart, (a.__name__, b.__name__)
+    g = kernels.Gemm(8, 8, 8, "TN")
+    assert g != kernels.GroupGemm(8, 8, 8, 8, "fwd") and hash(g) == hash(kernels.Gemm(8, 8, 8, "TN"))

@@ -18,7 +18,6 @@ Other kernels of the phase (casts, amax reductions) run before and after as usua
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Callable
 
 from simumax.graph.kernels import Collective, Gemm, Kernel
@@ -51,7 +50,7 @@ def overlap_method(kernels: tuple[Kernel, ...]) -> str | None:
 
 def chunked_gemm_time(g: Gemm, chunks: int, time_of: Callable[[Kernel], float]) -> float:
     """One chunk of ``g`` with M / chunks rows (the shape's own efficiency)."""
-    return time_of(replace(g, m=max(1, math.ceil(g.m / chunks))))
+    return time_of(g._replace(m=max(1, math.ceil(g.m / chunks))))
 
 
 def ring_time(g: Gemm, ag: float, tp: int, time_of: Callable[[Kernel], float]) -> tuple[float, float]:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 GemmLayout = Literal["TN", "NN", "NT"]  # fwd, dgrad, wgrad (cuBLAS column-major convention)
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all2all", "p2p"]
@@ -19,8 +18,7 @@ def gemm_bytes(m: int, k: int, n: int, in_bytes: int, out_bytes: int, accumulate
     return float((m * k + k * n) * in_bytes + m * n * out_bytes * (2 if accumulate else 1))
 
 
-@dataclass(frozen=True, slots=True)
-class Gemm:
+class Gemm(NamedTuple):
     """C[m, n] = A[m, k] @ B[k, n]; m = tokens in fwd/dgrad, = out features in wgrad."""
 
     m: int
@@ -55,8 +53,7 @@ class Gemm:
 GroupStage = Literal["fwd", "bwd_grad_act", "bwd_grad_w"]
 
 
-@dataclass(frozen=True, slots=True)
-class GroupGemm:
+class GroupGemm(NamedTuple):
     """TransformerEngine grouped GEMM over ``ng`` local experts, each [M, K] @ [K, N].
 
     M, N, K are the forward shape in every stage (as SimuMax keys its measured table);
@@ -107,8 +104,7 @@ SIMUMAX_SDP_BWD_RATIO = 2.5
 MODEL_SDP_BWD_RATIO = 2.0
 
 
-@dataclass(frozen=True, slots=True)
-class Attention:
+class Attention(NamedTuple):
     """Fused (flash) attention, one direction.
 
     ``flops`` counts what the model needs (causal: half the score matrix; backward 2x
@@ -177,8 +173,7 @@ def window_pairs(s: int, w: int) -> float:
     return w * (w + 1) / 2 + (s - w) * w
 
 
-@dataclass(frozen=True, slots=True)
-class MemBound:
+class MemBound(NamedTuple):
     """A bandwidth-bound kernel (norm, activation, add, softmax, CE, optimizer ...), or a
     chain of ``launches`` such kernels that a family's measured line times as one unit.
 
@@ -195,8 +190,7 @@ class MemBound:
     launches: int = 1
 
 
-@dataclass(frozen=True, slots=True)
-class Collective:
+class Collective(NamedTuple):
     """One collective on a parallel group.
 
     ``bytes`` is the logical buffer: the gathered output for all_gather, the full input
