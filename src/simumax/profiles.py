@@ -80,9 +80,12 @@ def family_key(st: StrategyConfig, network: NetworkModel) -> tuple[Any, ...]:
     return fields + tuple((g, network.groups[g]) for g in groups)
 
 
+_PASS_ONLY = CHECKPOINT_FIELDS | {"sharding", *SHARDING_GROUPS}  # family key items _plain_ops_key drops
+
+
 def _plain_ops_key(family: tuple[Any, ...]) -> tuple[Any, ...]:
     """The family key without what only the passes read (the ZeRO-2/3 sharding too)."""
-    return tuple(item for item in family if item[0] not in CHECKPOINT_FIELDS and item[0] not in ("sharding", *SHARDING_GROUPS))
+    return tuple([item for item in family if item[0] not in _PASS_ONLY])
 
 
 def _by_ops(cache: dict[tuple[Any, ...], tuple[list[Op], Any]], shape: tuple[Any, ...], ops: list[Op],
