@@ -83,51 +83,35 @@ class Coster:
             method = userbuffers.overlap_method(kernels)
             if method in ("ring", "pipeline"):
                 return self._userbuffers(kernels, method)
-        # one pass, the PhaseTime's sums kept in locals (the same additions in the same
-        # order as _comm / _compute make them); a kernel's type decides its cost once
-        total = compute = membound = flops = nbytes = 0.0
-        comm: dict[str, float] = {}
+        out = PhaseTime()
         gemm = 0.0
         cover = 0.0  # attention time left to hide context-parallel ring transfers under
-        net_time, mem_time, lookup = self.network.time, self.compute.membound, self.compute.compute
         for k in kernels:
-            kind = type(k)
-            if kind is Collective:
-                t = net_time(k)
+            t = self.kernel(k)
+            if isinstance(k, Collective):
                 if k.group == "cp" and k.op == "p2p" and cover > 0:
                     # TE's ring: the next step's KV (and this step's dKV) move while the
                     # attention kernel before them computes
                     hidden = min(t, cover)
                     cover -= hidden
                     slow = self.network.tier("cp").processor_usage * hidden
-                    total += slow
-                    compute += slow
+                    out.total += slow
+                    out.compute += slow
                     t -= hidden
-                total += t
-                comm[k.group] = comm.get(k.group, 0.0) + t
-                nbytes += k.bytes
-            elif kind is MemBound:
-                t = mem_time(k)
-                total += t
-                flops += k.flops
-                membound += t
-                nbytes += k.bytes
+                self._comm(out, k, t)
             else:
-                t = lookup(k)[0]
-                total += t
-                flops += k.flops
-                compute += t
-                if kind is Attention:
-                    cover = t
-                else:
+                self._compute(out, k, t)
+                if isinstance(k, (Gemm, GroupGemm)):
                     gemm += t
+                elif isinstance(k, Attention):
+                    cover = t
         u = self.tp_overlap_usage
-        if u is not None and comm.get("tp") and gemm > 0:
-            hidden = min(comm["tp"], gemm)
-            comm["tp"] -= hidden
-            compute += u * hidden  # the GEMM runs slower beside the collective
-            total += (u - 1) * hidden
-        return PhaseTime(total, compute, membound, comm, flops, nbytes)
+        if u is not None and out.comm.get("tp") and gemm > 0:
+            hidden = min(out.comm["tp"], gemm)
+            out.comm["tp"] -= hidden
+            out.compute += u * hidden  # the GEMM runs slower beside the collective
+            out.total += (u - 1) * hidden
+        return out
 
     def _userbuffers(self, kernels: tuple[Kernel, ...], method: str) -> PhaseTime:
         """A phase whose GEMM TE splits around its TP all-gather (ring exchange) or
