@@ -7,7 +7,8 @@ machine; session 15 (config snapshots, template ops, shared kernel costs): ~2.1-
 config no longer carry its caches, so "cold" is cold): ~2.5-2.9 and ~0.74 ms on a slower
 day; session 17 (cheaper change checks): ~2.3 and ~0.68 ms on a faster one; session 18
 (table fits: one parse per key, one pool per class): ~2.5 and ~0.68 ms; session 19
-(no reference cycles: a dropped estimate is freed at once): ~2.2-2.5 and ~0.69 ms, docs/search.md.
+(no reference cycles: a dropped estimate is freed at once): ~2.2-2.5 and ~0.69 ms; session 20
+(kernels as named tuples, one snapshot per build): ~1.84-1.92 and ~0.55 ms, docs/search.md.
 
     python benchmarks/bench_estimate.py [../shared/validation/*.jsonl]
 """
