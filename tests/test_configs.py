@@ -102,6 +102,9 @@ def test_snapshot_sees_every_in_place_edit() -> None:
     system, strategy = load_system("h100-sxm-80gb"), load_strategy("tp1_pp2_dp4_mbs1")
     before_sys, before_st = snapshot(system), snapshot(strategy)
     assert snapshot(system) == before_sys and snapshot(strategy) == before_st
+    from simumax.config.base import snapshot_field
+
+    assert snapshot_field(before_sys, "accelerator") == snapshot(system.accelerator)  # ComputeModel's key
     table = system.accelerator.op["matmul"].accurate_efficient_factor
     key = next(iter(table))
     table[key] *= 0.5  # a table entry, in place

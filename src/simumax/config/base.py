@@ -161,6 +161,11 @@ def snapshot(value: Any, shadows: list[tuple[Any, Any]] | None = None) -> Any:
     return value
 
 
+def snapshot_field(snap: Any, name: str) -> Any:
+    """The snapshot of one field of a config's snapshot (``snapshot(cfg.name)``, not taken again)."""
+    return snap[1][name]
+
+
 class Fingerprint:
     """The snapshots of some configs, and a cheap check that they still hold.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simumax.config.base import snapshot
+from simumax.config.base import snapshot, snapshot_field
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 from simumax.cost.efficiency_fit import MIN_FIT_ENTRIES, TableFit, default_curve, parse_key, wave_fraction
@@ -29,13 +29,15 @@ class ComputeModel:
 
     def __init__(self, system: SystemConfig, system_snapshot: Any = None) -> None:
         self.acc = system.accelerator
-        # kernel -> (seconds, achieved efficiency, family used, source): a kernel's cost is
-        # the accelerator's alone, so every estimate of this accelerator config shares it
-        # while the config's contents stay the same (an edit in place starts afresh)
         # what every shared derivation below depends on (taken from the system's snapshot
         # when the caller made one: PerfLLM's change check)
-        self._contents = snapshot(self.acc) if system_snapshot is None else system_snapshot[1]["accelerator"]
-        self._cache: dict[object, tuple[float, float, str, str]] = self.acc.derived("kernel costs", self._contents, dict)
+        self._contents = snapshot(self.acc) if system_snapshot is None else snapshot_field(system_snapshot, "accelerator")
+        # kernel -> (seconds, achieved efficiency, family used, source, "family/source",
+        # miss text or None): a kernel's cost is the accelerator's alone, so every estimate
+        # of this accelerator config shares it while the config's contents stay the same
+        # (an edit in place starts afresh)
+        self._cache: dict[object, tuple[float, float, str, str, str, str | None]] = self.acc.derived(
+            "kernel costs", self._contents, dict)
         self._fits: dict[str, TableFit] = {}
         self._parsed: dict[str, dict[str, float]] = {}  # shape key -> sizes
         self._mem_lines: dict[str, tuple[str, float, float]] = {}  # family -> (source key, s/byte, latency)
