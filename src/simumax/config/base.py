@@ -147,10 +147,13 @@ def snapshot(value: Any, shadows: list[tuple[Any, Any]] | None = None) -> Any:
                     state[k] = snapshot(v, shadows)
         return kind, state
     if kind is dict:
+        if _ATOMS.issuperset(map(type, value.values())):
+            copy = value.copy()  # the snapshot and the shadow (never modified)
+            if shadows is not None:
+                shadows.append((value, copy))
+            return copy
         if shadows is not None:
             shadows.append((value, value.copy()))
-        if _ATOMS.issuperset(map(type, value.values())):
-            return value.copy()
         return {k: v if type(v) in _ATOMS else snapshot(v, shadows) for k, v in value.items()}
     if kind is list or kind is tuple:
         if shadows is not None and kind is list:
