@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as hs
 
@@ -333,3 +334,17 @@ def test_kernels_of_different_kinds_never_compare_equal() -> None:
         assert apart, (a.__name__, b.__name__)
     g = kernels.Gemm(8, 8, 8, "TN")
     assert g != kernels.GroupGemm(8, 8, 8, 8, "fwd") and hash(g) == hash(kernels.Gemm(8, 8, 8, "TN"))
+
+
+def test_op_with_replaces_fields_as_replace_does() -> None:
+    """Op.with_ (the graph passes' copy) equals the named tuple's own _replace and refuses
+    a field the op does not have."""
+    from simumax.graph.kernels import MemBound
+    from simumax.graph.ops import Op
+
+    o = Op(name="L1.attn_norm", module="attn_norm", layer=1, fwd=(MemBound("attn_norm.fwd", 8.0),), saved=(("L1.x", 8.0),))
+    for kw in ({"output": ("L1.y", 4.0)}, {"name": "L2.attn_norm", "layer": 2, "params": 3}, {}):
+        got = o.with_(**kw)
+        assert got == o._replace(**kw) and type(got) is Op
+    with pytest.raises(ValueError, match="no field"):
+        o.with_(outputs=())

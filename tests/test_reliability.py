@@ -232,3 +232,7 @@ def test_bucket_count_bounded_and_totals_exact() -> None:
     assert abs(sum(b.reduce for b in buckets) - (n_full * rs(10_000) + rs(rest))) <= 1e-9 * n_full * rs(10_000)
     assert abs(sum(b.gather for b in buckets) - (n_full * ag(10_000) + ag(rest))) <= 1e-9 * n_full * ag(10_000)
     assert buckets[-1].ready_fraction == 1.0
+    from simumax.dp.buckets import GradBucket
+
+    fractions = [b.ready_fraction for b in buckets]
+    assert all(type(b) is GradBucket and b.group == "dp" for b in buckets) and fractions == sorted(set(fractions))
