@@ -173,3 +173,41 @@ def test_system_queries_by_hand() -> None:
                 lambda: a100.real_comm_bw("all_reduce", 1e6, 8, net="nvlink9"), lambda: a100.miss_efficiency("gemm", key)):
         with pytest.raises(ConfigError):
             bad()
+
+
+def test_random_in_place_edits_never_leave_a_stale_result() -> None:
+    """Edits in place between analysis calls (fields of the three configs, a nested tier,
+    an efficiency table entry), each checked against a fresh estimate of copies of the
+    configs: PerfLLM's change check (config/base.Fingerprint) never answers from a stale
+    estimate."""
+    import copy
+    import random
+
+    from simumax import ConfigError, PerfLLM
+
+    rng = random.Random(7)
+    perf = PerfLLM().configure(strategy_config="tp1_pp2_dp4_mbs1", model_config="llama3-8b", system_config="a100_pcie")
+    perf.run_estimate()
+    for _ in range(40):
+        m, st, sy = perf.model_config, perf.strategy_config, perf.system_config
+        r = rng.random()
+        try:
+            if r < 0.25:
+                st.micro_batch_num = rng.choice([4, 8, 16])
+            elif r < 0.5:
+                table = sy.accelerator.op["matmul"].accurate_efficient_factor
+                f = rng.uniform(0.8, 1.2)
+                for key in table:  # inside a dict: no assignment counted
+                    table[key] = min(0.95, table[key] * f)
+            elif r < 0.65:
+                m.layer_num = rng.choice([8, 16, 32])
+            elif r < 0.8:
+                tier = sy.networks.tiers[rng.choice(sorted(sy.networks.tiers))]
+                tier.bandwidth.gbps = rng.uniform(50, 300)
+            elif r < 0.9:
+                sy.accelerator.op["matmul"].efficient_factor = rng.uniform(0.5, 0.9)
+        except ConfigError:
+            pass
+        got = (perf.analysis_cost().duration_time_per_iter, perf.analysis_mem().peak_mem)
+        fresh = PerfLLM().configure(strategy_config=copy.deepcopy(st), model_config=copy.deepcopy(m), system_config=copy.deepcopy(sy))
+        assert got == (fresh.analysis_cost().duration_time_per_iter, fresh.analysis_mem().peak_mem)
