@@ -183,20 +183,23 @@ class Fingerprint:
     __slots__ = ("configs", "snapshots", "_edits", "_shadows")
 
     def __init__(self, configs: tuple[Any, ...]) -> None:
-        shadows: list[tuple[Any, Any]] = []
-        self._edits = ConfigBase.edits
         self.configs = configs
-        self.snapshots = tuple(snapshot(c, shadows) for c in configs)
-        self._shadows = shadows
+        self._edits, self.snapshots, self._shadows = self._take(configs)
+
+    @staticmethod
+    def _take(configs: tuple[Any, ...]) -> tuple[int, tuple[Any, ...], list[tuple[Any, Any]]]:
+        """(assignments so far, the configs' snapshots, the containers they met with copies)."""
+        shadows: list[tuple[Any, Any]] = []
+        edits = ConfigBase.edits
+        return edits, tuple(snapshot(c, shadows) for c in configs), shadows
 
     def matches(self, configs: tuple[Any, ...]) -> bool:
         """``configs`` (the same objects or others) hold what the snapshots say."""
         if (self._edits == ConfigBase.edits and all(a is b for a, b in zip(configs, self.configs, strict=True))
                 and all(live == copy for live, copy in self._shadows)):
             return True
-        shadows: list[tuple[Any, Any]] = []
-        edits = ConfigBase.edits
-        if tuple(snapshot(c, shadows) for c in configs) != self.snapshots:
+        edits, snapshots, shadows = self._take(configs)
+        if snapshots != self.snapshots:
             return False
         # the same contents (an assignment of an equal value, or edits undone): watch these
         self.configs, self._edits, self._shadows = configs, edits, shadows
