@@ -10,7 +10,7 @@ listed with its key), so a report says which kernels were measured, fitted or de
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from simumax.config.base import snapshot, snapshot_field
 from simumax.config.system import SystemConfig
@@ -24,6 +24,20 @@ ComputeKernel = Gemm | GroupGemm | Attention
 SOURCES = ("measured", "fitted", "default")
 
 
+class KernelCost(NamedTuple):
+    """What a GEMM / attention kernel costs on one accelerator (ComputeModel keeps one per
+    kernel): its time, the efficiency achieved on model FLOPs, the family and source its
+    efficiency came from, their "family/source" key and, when not measured, the
+    "family: shape key" text (the band's attribution, cost/sources.py)."""
+
+    seconds: float
+    efficiency: float
+    family: str
+    source: str
+    source_key: str
+    miss: str | None
+
+
 class ComputeModel:
     """Time of Gemm / Attention / MemBound kernels on one accelerator."""
 
@@ -32,12 +46,10 @@ class ComputeModel:
         # what every shared derivation below depends on (taken from the system's snapshot
         # when the caller made one: PerfLLM's change check)
         self._contents = snapshot(self.acc) if system_snapshot is None else snapshot_field(system_snapshot, "accelerator")
-        # kernel -> (seconds, achieved efficiency, family used, source, "family/source",
-        # miss text or None): a kernel's cost is the accelerator's alone, so every estimate
+        # kernel -> KernelCost: a kernel's cost is the accelerator's alone, so every estimate
         # of this accelerator config shares it while the config's contents stay the same
         # (an edit in place starts afresh)
-        self._cache: dict[object, tuple[float, float, str, str, str, str | None]] = self.acc.derived(
-            "kernel costs", self._contents, dict)
+        self._cache: dict[object, KernelCost] = self.acc.derived("kernel costs", self._contents, dict)
         self._fits: dict[str, TableFit] = {}
         self._parsed: dict[str, dict[str, float]] = {}  # shape key -> sizes
         self._mem_lines: dict[str, tuple[str, float, float]] = {}  # family -> (source key, s/byte, latency)
@@ -116,7 +128,7 @@ class ComputeModel:
         per_flop8 = 1.0 / (p8 * e8 * wave) + (per_flop16 - math16)
         return 1.0 / (p8 * per_flop8)
 
-    def _lookup(self, k: ComputeKernel) -> tuple[float, float, str, str, str, str | None]:
+    def _lookup(self, k: ComputeKernel) -> KernelCost:
         cached = self._cache.get(k)
         if cached is None:
             cached = self._cache[k] = self._cost(k)
@@ -124,19 +136,19 @@ class ComputeModel:
 
     def compute(self, k: ComputeKernel) -> tuple[float, float]:
         """(seconds, achieved efficiency on model FLOPs) of one GEMM or attention kernel."""
-        cached = self._lookup(k)
-        return cached[0], cached[1]
+        c = self._lookup(k)
+        return c.seconds, c.efficiency
 
     def seconds_and_source(self, k: ComputeKernel) -> tuple[float, str, str]:
         """(seconds, family used, measured / fitted / default) of a kernel."""
-        cached = self._lookup(k)
-        return cached[0], cached[2], cached[3]
+        c = self._lookup(k)
+        return c.seconds, c.family, c.source
 
     def attributed(self, k: ComputeKernel) -> tuple[float, str, str | None]:
         """(seconds, "family/source", "family: shape key" when not measured): what
         cost/sources.py sums per estimate."""
-        cached = self._lookup(k)
-        return cached[0], cached[4], cached[5]
+        c = self._lookup(k)
+        return c.seconds, c.source_key, c.miss
 
     def membound_source(self, k: MemBound) -> tuple[str, float]:
         """("memory/<family>/<measured|default>", seconds) of a bandwidth-bound kernel."""
@@ -145,7 +157,7 @@ class ComputeModel:
             return key, k.table_bytes * per_byte + latency  # the unit the line was measured on
         return key, k.bytes * per_byte + k.launches * latency
 
-    def _cost(self, k: ComputeKernel) -> tuple[float, float, str, str, str, str | None]:
+    def _cost(self, k: ComputeKernel) -> KernelCost:
         name = self._family(k.family)
         spec = self.acc.op[name]
         key = k.key
@@ -163,8 +175,8 @@ class ComputeModel:
             # roofline floor: no GEMM runs faster than its operands and output cross HBM
             # (batched attention GEMMs with head_dim <= 128 on A100 are memory-bound)
             t = max(t, k.bytes * self._hbm_seconds_per_byte)
-        return (t, (k.flops / (t * peak) if t > 0 else 0.0), name, source, f"{name}/{source}",
-                None if source == "measured" else f"{name}: {key}")
+        return KernelCost(t, k.flops / (t * peak) if t > 0 else 0.0, name, source, f"{name}/{source}",
+                          None if source == "measured" else f"{name}: {key}")
 
     def membound(self, k: MemBound) -> float:
         """Bandwidth-bound kernel: the family's line (bytes / (gbps · eff) + latency, as
