@@ -61,6 +61,8 @@ def pairs(draw):
     if moe:
         experts = draw(hs.sampled_from([4, 8, 16]))
         ep = draw(hs.sampled_from([e for e in (1, 2, 4) if experts % e == 0 and (tp * dp * cp) % e == 0]))
+        # expert tensor parallelism: its collectives ride in dispatch / combine too
+        etp = draw(hs.sampled_from([t for t in (1, 2) if tp % t == 0 and (tp * dp * cp) % (ep * t) == 0]))
         fields.update(
             model_type="moe", expert_num=experts, topk=draw(hs.integers(1, 2)), moe_ffn_hidden_size=64 * draw(hs.integers(2, 16)),
             dense_layers=draw(hs.integers(0, 1)), add_bias_linear=False,

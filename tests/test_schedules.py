@@ -297,3 +297,16 @@ def test_optimizer_step_waits_at_the_gradient_norm_barrier() -> None:
     crit = max(range(2), key=lambda r: barrier + passes[r][1] + est.dp_gather_time(est.stages[r]))
     ready = [e + est.dp_reduce_time(s) + p[0] for e, s, p in zip(ends, est.stages, passes)]
     assert cost.breakdown["optimizer_sync"] == pytest.approx(barrier - ready[crit], rel=1e-12, abs=1e-15)
+
+
+def test_moe_overlap_takes_hidden_time_off_the_groups_that_carry_it() -> None:
+    """With expert TP the hidden dispatch / combine are partly ETP collectives: the hidden
+    seconds come off ep_comm and etp_comm in their shares, so neither part goes negative
+    (ep_comm alone went below zero when the ETP share was hidden too)."""
+    kw = {"tp_size": 2, "ep_size": 2, "etp_size": 2, "pp_size": 1, "micro_batch_num": 4}
+    off = _est("deepseek-v2-lite", **kw).cost()
+    on = _est("deepseek-v2-lite", **kw, overlap_moe_expert_parallel_comm=True).cost()
+    parts = on.breakdown
+    assert all(v >= 0 for v in parts.values()), parts
+    assert parts["ep_comm"] < off.breakdown["ep_comm"] and parts["etp_comm"] < off.breakdown["etp_comm"]
+    assert sum(parts.values()) == pytest.approx(on.duration_time_per_iter, rel=1e-12)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from simumax.simulate.ep_overlap import EP_GROUPS
+
 if TYPE_CHECKING:
     from simumax.estimate import Estimate
     from simumax.simulate.iteration import IterationRun
@@ -49,7 +51,12 @@ def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[fl
         # a difference within rounding is none (a dense model printed ep_comm = -9e-16)
         tol = ROUNDING * nominal
         if busy < nominal - tol:  # EP all-to-all hidden under the paired micro-batch's compute
-            comm["ep"] = comm.get("ep", 0.0) - (nominal - busy)
+            # the hidden dispatch / combine carry the expert-TP collectives too
+            # (simulate/ep_overlap.EP_GROUPS): each group gives up its share
+            shares = {g: comm[g] for g in EP_GROUPS if comm.get(g)} or {"ep": 1.0}
+            total = sum(shares.values())
+            for g, x in shares.items():
+                comm[g] = comm.get(g, 0.0) - (nominal - busy) * x / total
         elif busy > nominal + tol:  # the first forwards waited for their parameters' all-gather
             gate_wait = busy - nominal
     idle = max(0.0, end_bwd - busy)
