@@ -34,6 +34,9 @@ def test_strategy_errors_name_the_field(kw, field) -> None:
     with pytest.raises(ConfigError) as exc:
         strategy(**kw)
     assert exc.value.field == field
+    with pytest.raises(ConfigError) as exc:  # built in a script, not loaded: the same error
+        StrategyConfig(**{**BASE, **kw})
+    assert exc.value.field == field
 
 
 @pytest.mark.parametrize(

@@ -222,6 +222,19 @@ class ConfigBase(BaseModel):
     _derived: dict[str, tuple[Any, Any]] = PrivateAttr(default_factory=dict)  # derived(): name -> (contents, value)
     edits: ClassVar[int] = 0  # field assignments to any config so far (Fingerprint)
 
+    def __init__(self, /, **data: Any) -> None:
+        """``StrategyConfig(tp_size=3, ...)`` in a script: a bad field is a ConfigError, as
+        from a file (pydantic's ValidationError would list every error with its URL)."""
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise config_error_from(exc) from None
+
+    # pydantic runs a subclass's own __init__ for every nested config it validates, which
+    # would name a nested field without its parent ("mem_gbs", not "accelerator.mem_gbs");
+    # marked as the base init (as pydantic's RootModel does), only a direct call runs it
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
     def derived(self, name: str, contents: Any, build: Callable[[], Any]) -> Any:
         """``build()``, kept for the estimates of this config while ``contents`` (what it was
         derived from, compared by value) stay the same: an edit in place derives it again.
