@@ -235,18 +235,43 @@ def test_presets_run_multi_node_jobs() -> None:
 
 def test_collective_latency_per_ring_step_by_hand() -> None:
     """SimuMax's per-op latency_us is paid per ring step, fixed_latency_us (by group size when
-    given) once; an op without latency_us pays the tier's bandwidth latency once."""
+    given) once; an op without latency_us pays the tier's bandwidth latency once. A SimuMax
+    tier's gbps counts 2^30 bytes (docs/compat.md)."""
+    gib = 2**30
     st8 = load_strategy("tp8_pp1_dp1_mbs1")
     net = NetworkModel(load_system("b200_bf16_ceperm"), st8)
     b = 64 * 2**20
     ag = net._flat("high_intra_node", "all_gather", b, 8)
-    assert ag == pytest.approx(7 / 8 * b / (900e9 * 0.6735) + (7 * 9.1828 + 23.1049) * 1e-6, rel=1e-12)
+    assert ag == pytest.approx(7 / 8 * b / (900 * gib * 0.6735) + (7 * 9.1828 + 23.1049) * 1e-6, rel=1e-12)
     ar = net._flat("high_intra_node", "all_reduce", b, 8)
-    assert ar == pytest.approx(2 * 7 / 8 * b / (900e9 * 0.7424) + (14 * 5.5183 + 22.2316) * 1e-6, rel=1e-12)
+    assert ar == pytest.approx(2 * 7 / 8 * b / (900 * gib * 0.7424) + (14 * 5.5183 + 22.2316) * 1e-6, rel=1e-12)
     a2a = net._flat("high_intra_node", "all2all", b, 4)  # fixed_latency_us_by_comm_num["4"] = 19.2102
-    assert a2a == pytest.approx(3 / 4 * b / (900e9 * 0.5968) + (3 * 7.3039 + 19.2102) * 1e-6, rel=1e-12)
+    assert a2a == pytest.approx(3 / 4 * b / (900 * gib * 0.5968) + (3 * 7.3039 + 19.2102) * 1e-6, rel=1e-12)
     p2p = NetworkModel(load_system("a100_pcie"), st8)._flat("intra_node_pcie_8x", "p2p", b, 2)
-    assert p2p == pytest.approx(b / (30e9 * 0.5) + 10e-6, rel=1e-12)  # no op latency: the tier's, once
+    assert p2p == pytest.approx(b / (30 * gib * 0.5) + 10e-6, rel=1e-12)  # no op latency: the tier's, once
+
+
+def test_link_gigabytes_are_the_files_own() -> None:
+    """A tier's gbps counts 2^30 bytes in SimuMax's files (unset gbps_unit) and 1e9 where the
+    tier says GB: the presets, calibrate-comm and a bandwidth derived from the NICs. The
+    unit is kept on a round trip and left out of a SimuMax file that did not have it."""
+    st8 = load_strategy("tp8_pp1_dp1_mbs1")
+    simumax = load_system("b200_bf16_ceperm")
+    assert simumax.networks.tiers["high_intra_node"].gbps_unit is None
+    assert "gbps_unit" not in simumax.to_dict()["networks"]["high_intra_node"]
+    gb = simumax.with_updates({"networks": {**simumax.to_dict()["networks"], "high_intra_node": {
+        **simumax.to_dict()["networks"]["high_intra_node"], "gbps_unit": "GB"}}})
+    assert gb.to_dict()["networks"]["high_intra_node"]["gbps_unit"] == "GB"
+    b = 64 * 2**20
+    t_gib = NetworkModel(simumax, st8)._flat("high_intra_node", "all_gather", b, 8)
+    t_gb = NetworkModel(gb, st8)._flat("high_intra_node", "all_gather", b, 8)
+    latency = (7 * 9.1828 + 23.1049) * 1e-6
+    assert (t_gb - latency) == pytest.approx((t_gib - latency) * 2**30 / 1e9, rel=1e-12)
+    for preset in ("h100-sxm-80gb", "a100-sxm-80gb", "gb200-nvl72", "nvidia_h100_80gb_hbm3"):
+        assert {t.gbps_unit for t in load_system(preset).networks.tiers.values()} == {"GB"}, preset
+    derived = simumax.with_updates({"nics_per_node": 8, "nic_gbps": 400})  # 8 x 400 Gb/s over 8 GPUs
+    tier = derived.networks.tiers["inter_node"]
+    assert (tier.gbps_unit, tier.bandwidth.gbps, tier.bytes_per_gb) == ("GB", 50.0, 1e9)
 
 
 def test_table_fit_is_shared_by_estimates_and_refitted_after_an_edit() -> None:

@@ -120,13 +120,11 @@ def _held_out_by_file() -> dict[str, list[int]]:
 # from B200 alone (plus the pooled spread) misses A100 rows, one learned from the A100 file
 # is wider than B200's scatter (docs/validation.md, "The 80 % band"). Strict: meeting the
 # target fails the mark, so it shows.
-A100_UNMET = pytest.mark.xfail(strict=True, reason="held-out coverage 18/30 (60 %): issue 20's 70 % unmet")
-B200_UNMET = pytest.mark.xfail(strict=True, reason="held-out coverage 18/18 (100 %): over the 95 % bound")
+A100_UNMET = pytest.mark.xfail(strict=True, reason="held-out coverage 29/30 (97 %): over the 95 % bound")
 
 
 @needs_shared
-@pytest.mark.parametrize("name", [pytest.param("a100_pcie_megatron", marks=A100_UNMET),
-                                  pytest.param("b200_megatron", marks=B200_UNMET), "published_public"])
+@pytest.mark.parametrize("name", [pytest.param("a100_pcie_megatron", marks=A100_UNMET), "b200_megatron", "published_public"])
 def test_held_out_coverage_of_the_time_band(name: str) -> None:
     """Scored leave-one-source-out (each source's cases against a band fitted on the other
     sources), the time band holds 70-95 % of each file's rows (issue 20: 70-90 %; B200's

@@ -53,7 +53,7 @@ class SimuMaxPerfMethods:
         for group, place in net.groups.items():
             tier = net.nets.tiers[place.tier]
             out[group] = {"size": place.size, "stride": place.stride, "tier": place.tier, "intra_node": place.intra_node,
-                          "bandwidth": tier.bandwidth.gbps * 1e9}
+                          "bandwidth": tier.bandwidth.gbps * tier.bytes_per_gb}
         return out
 
     def analysis_op_info(self, stage: int = 0) -> list[dict[str, Any]]:

@@ -183,8 +183,8 @@ def collective_tier(gbps: float, fixed_us: float, step_us: float, effs: dict[str
         ops[op] = {"scale": sc, "offset": off, "latency_us": step_us, "fixed_latency_us": fixed_us}
         if effs is not None:
             ops[op]["efficient_factor"] = effs[op]
-    return {"processor_usage": 0.0, "provenance": "datasheet", "bandwidth": {"efficient_factor": 1.0, "gbps": gbps, "latency_us": fixed_us},
-            "op": ops}
+    return {"processor_usage": 0.0, "provenance": "datasheet", "gbps_unit": "GB",
+            "bandwidth": {"efficient_factor": 1.0, "gbps": gbps, "latency_us": fixed_us}, "op": ops}
 
 
 def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:

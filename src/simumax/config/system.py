@@ -17,6 +17,9 @@ from simumax.graph.kernels import SIMUMAX_SDP_BWD_RATIO
 # 1.21 where a kernel beats the FLOP or byte count it is credited with); more is a typo.
 MAX_EFFICIENCY = 1.5
 MAX_LINK_EFFICIENCY = 2.0  # fitted bus-bandwidth fractions (the reference B200 file has 1.45)
+# SimuMax's collective time divides bytes by gbps x 2^30: only so do our estimates of its
+# two systems' jobs track its published predictions as TP and DP traffic grow (docs/compat.md)
+SIMUMAX_LINK_GB = float(2**30)
 
 
 def _without_unset(out: dict[str, Any], field: str) -> dict[str, Any]:
@@ -132,6 +135,11 @@ class NetworkTier(ConfigBase):
         "preset's fabric; an inter_node bandwidth set from nics_per_node x nic_gbps). Unset: as a file gives them, "
         "counted as measured. Time on datasheet tiers widens the uncertainty band.",
     )
+    gbps_unit: Literal["GB", "GiB"] | None = Field(
+        None, description="What a 'GB' of this tier's bandwidth.gbps and dp_fixed_bw is: GB (1e9 bytes) or GiB (2^30 "
+        "bytes). Unset: GiB, as SimuMax's estimates read its files (docs/compat.md); the presets, calibrate-comm and "
+        "a bandwidth derived from nics_per_node x nic_gbps say GB.",
+    )
     bandwidth: BandwidthSpec = Field(description="Link bandwidth per GPU.")
     op: dict[str, CollectiveSpec] = Field(
         default_factory=dict, description="all_reduce, all_gather, reduce_scatter, all2all, p2p."
@@ -141,9 +149,14 @@ class NetworkTier(ConfigBase):
     def measured(self) -> bool:
         return self.provenance != "datasheet"
 
+    @property
+    def bytes_per_gb(self) -> float:
+        """Bytes per second in one unit of ``gbps``."""
+        return 1e9 if self.gbps_unit == "GB" else SIMUMAX_LINK_GB
+
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
-        return _without_unset(handler(self), "provenance")
+        return _without_unset(_without_unset(handler(self), "provenance"), "gbps_unit")
 
 
 class NetworksConfig(ConfigBase):
@@ -234,8 +247,9 @@ class SystemConfig(SimuMaxSystemMethods, ConfigBase):
                 from simumax.config.hardware import NIC_EFF, NIC_FIXED_US, NIC_STEP_US, collective_tier
 
                 self.networks.tiers["inter_node"] = NetworkTier.model_validate(collective_tier(gbps, NIC_FIXED_US, NIC_STEP_US, NIC_EFF))
-            elif tier.bandwidth.gbps != gbps:
+            elif tier.bandwidth.gbps != gbps or tier.gbps_unit != "GB":
                 tier.bandwidth.gbps = gbps
+                tier.gbps_unit = "GB"  # line rates in Gb/s over 8: decimal GB/s
                 tier.provenance = "datasheet"  # the bandwidth now comes from the NICs' line rate
         if self.leaf_oversubscription != 1.0 and self.leaf_radix is None:
             raise ConfigError("leaf_oversubscription", "needs leaf_radix (the leaf switch's port count)")

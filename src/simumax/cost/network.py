@@ -79,11 +79,12 @@ def tier_time(tier: NetworkTier, op: str, nbytes: float, n: int, dp_group: bool 
     ring's, see the module docstring); ``rate`` the share of the tier's bandwidth the leaf
     uplinks leave it (cost/fabric.py)."""
     spec = tier.op.get(op) or DEFAULT_SPECS[op]
-    bw = tier.bandwidth.gbps * 1e9 * rate
+    unit = tier.bytes_per_gb
+    bw = tier.bandwidth.gbps * unit * rate
     eff = spec.efficient_factor if spec.efficient_factor is not None else tier.bandwidth.efficient_factor
     fixed_bw = spec.dp_fixed_bw.get(str(n)) if dp_group else None
     if fixed_bw:
-        bw, eff = fixed_bw * 1e9, 1.0
+        bw, eff = fixed_bw * unit, 1.0
     fixed = spec.fixed_latency_us_by_comm_num.get(str(n), spec.fixed_latency_us)
     if spec.latency_us is None:  # the tier's latency is a per-call default
         per_step, fixed = 0.0, fixed + tier.bandwidth.latency_us
