@@ -187,3 +187,38 @@ def test_agrees_with_simumax_on_its_own_files(name: str) -> None:
     assert len(mem_gap) == len(results)
     assert max(map(abs, time_gap)) <= 0.10
     assert max(map(abs, mem_gap)) <= 0.03
+
+
+def test_memory_measure_picks_the_figure_compared(tmp_path) -> None:
+    """A case's ``memory_measure`` says what its memory figure is: peak allocated (the
+    default), peak reserved (torch.cuda.max_memory_reserved, the figure torchtitan logs as
+    "memory:"), or weights + grads + optimizer + stored activations; an unknown one is a
+    ConfigError naming the field, and the CLI prints it in one line."""
+    import json
+
+    from simumax.config.loader import load_model, load_strategy
+    from simumax.errors import ConfigError
+    from simumax.validate import estimate_for_case, run_case
+    from tests.conftest import run_cli
+
+    case = {"id": "x/llama2-tiny", "system": "a100_pcie", "model": load_model("llama2-tiny").to_dict(),
+            "strategy": load_strategy("tp1_pp2_dp4_mbs1").to_dict(), "measured": {"peak_reserved_gib": 10.0}}
+    mem = estimate_for_case(case, tmp_path).memory()
+    reserved = max(s.peak_mem_with_reserved for s in mem.stages)
+    assert reserved == pytest.approx(mem.peak_mem / 0.94)
+    for stated in (None, "peak_reserved", "max_memory_reserved"):
+        r = run_case({**case, "memory_measure": stated} if stated else case, tmp_path)
+        assert r.mem_measure == "peak_reserved" and r.predicted_mem == reserved and r.measured_mem == 10 * 2**30
+    both = {**case, "measured": {"peak_alloc_gib": 9.0, "peak_reserved_gib": 10.0}}
+    assert run_case(both, tmp_path).predicted_mem == mem.peak_mem  # allocated unless stated
+    assert run_case({**both, "memory_measure": "reserved"}, tmp_path).predicted_mem == reserved
+    with pytest.raises(ConfigError) as exc:
+        run_case({**case, "memory_measure": "rss"}, tmp_path)
+    assert exc.value.field == "memory_measure"
+    f = tmp_path / "cases.jsonl"
+    f.write_text(json.dumps(case) + "\n")
+    out = run_cli("validate", str(f))
+    assert out.returncode == 0 and "‡" in out.stdout and "max_memory_reserved" in out.stdout
+    f.write_text(json.dumps({**case, "memory_measure": "rss"}) + "\n")
+    bad = run_cli("validate", str(f))
+    assert bad.returncode == 2 and "memory_measure" in bad.stderr and "Traceback" not in bad.stderr

@@ -114,19 +114,57 @@ def states_plus_stored_activations(est: Estimate) -> float:
     return s.weights + s.grads + s.optimizer + s.stored_activation_mem
 
 
+# what a case's memory was measured as -> the ``measured`` key holding it (GiB)
+MEMORY_MEASURES = {
+    "peak_alloc": "peak_alloc_gib",  # max over ranks of torch.cuda.max_memory_allocated
+    "peak_reserved": "peak_reserved_gib",  # torch.cuda.max_memory_reserved (torchtitan's "memory:" line)
+    "states_plus_activations": "model_states_plus_activations_gib",  # Korthikanti'22 Fig. 1 bars
+}
+MEMORY_MEASURE_NAMES = {"max_memory_allocated": "peak_alloc", "allocated": "peak_alloc",
+                        "max_memory_reserved": "peak_reserved", "reserved": "peak_reserved",
+                        "model_states_plus_activations": "states_plus_activations"}
+
+
+def memory_measure(case: dict[str, Any]) -> str:
+    """The case's ``memory_measure`` when it states one, else the first of peak allocated,
+    states + activations, peak reserved that its ``measured`` holds (peak allocated when none)."""
+    stated = case.get("memory_measure")
+    if stated is not None:
+        name = MEMORY_MEASURE_NAMES.get(stated, stated)
+        if name not in MEMORY_MEASURES:
+            raise ConfigError("memory_measure", f"one of {', '.join(sorted(MEMORY_MEASURES))} (got {stated!r})",
+                              source=str(case.get("id")))
+        return name
+    measured = case.get("measured", {})
+    for name in ("peak_alloc", "states_plus_activations", "peak_reserved"):
+        if measured.get(MEMORY_MEASURES[name]) is not None:
+            return name
+    return "peak_alloc"
+
+
+def predicted_memory(est: Estimate, measure: str) -> float:
+    """Bytes of the prediction comparable with a measurement of kind ``measure``."""
+    if measure == "states_plus_activations":
+        return states_plus_stored_activations(est)
+    memory = est.memory()
+    if measure == "peak_reserved":
+        return max(s.peak_mem_with_reserved for s in memory.stages)
+    return memory.peak_mem
+
+
 def run_case(case: dict[str, Any], root: Path) -> CaseResult:
-    """Predict one case. Time is compared when it has ``iter_time_ms``; memory when it has
-    ``peak_alloc_gib`` (peak allocated) or ``model_states_plus_activations_gib``."""
+    """Predict one case. Time is compared when it has ``iter_time_ms``; memory as its
+    ``memory_measure`` says (peak allocated by default; peak reserved; weights + grads +
+    optimizer + stored activations) when ``measured`` holds that figure."""
     measured = case.get("measured", {})
     ref = case.get("reference_prediction", {})
     real_t = measured.get("iter_time_ms")
     real_t = real_t / 1e3 if real_t is not None else None
-    bars = measured.get("peak_alloc_gib") is None and measured.get("model_states_plus_activations_gib") is not None
-    measure = "states_plus_activations" if bars else "peak_alloc"
-    real_m = measured.get("peak_alloc_gib" if measure == "peak_alloc" else "model_states_plus_activations_gib")
+    measure = memory_measure(case)
+    real_m = measured.get(MEMORY_MEASURES[measure])
     real_m = real_m * GIB if real_m is not None else None
     ref_t = relative_error(ref.get("iter_time_ms") and ref["iter_time_ms"] / 1e3, real_t)
-    ref_m = relative_error(ref.get("peak_alloc_gib") and ref["peak_alloc_gib"] * GIB, real_m)
+    ref_m = relative_error(ref.get(MEMORY_MEASURES[measure]) and ref[MEMORY_MEASURES[measure]] * GIB, real_m)
     source, group = case_source(case["id"]), ranking_group(case)
     try:
         est = estimate_for_case(case, root)
@@ -134,7 +172,7 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
         t = cost.duration_time_per_iter if cost else None
         band = cost.duration_time_interval if cost else None
         memory = est.memory()
-        mem = memory.peak_mem if measure == "peak_alloc" else states_plus_stored_activations(est)
+        mem = predicted_memory(est, measure)
     except ConfigError as exc:
         return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc), source=source, mem_measure=measure, group=group)
     family = "moe" if est.model.is_moe else "dense"
@@ -142,7 +180,8 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
         case["id"], real_t, t, relative_error(t, real_t), ref_t, real_m, mem, relative_error(mem, real_m), ref_m,
         family=family, source=source, mem_measure=measure, group=group, time_band=band,
         record_does_not_fit=(real_t is not None and not memory.fits
-                             and (real_m is None or real_m / est.strategy.mem_factor <= memory.capacity)),
+                             and (real_m is None or real_m / (1.0 if measure == "peak_reserved" else est.strategy.mem_factor)
+                                  <= memory.capacity)),
     )
 
 

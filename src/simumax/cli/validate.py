@@ -45,15 +45,18 @@ def validate(
         if r.skipped:
             t.add_row(r.id, "skipped", "", "", "", "", "", "", r.skipped.split(": ", 1)[-1][:40])
             continue
-        # memory compared as weights + grads + optimizer + stored activations: marked with *
-        star = "*" if r.mem_measure != "peak_alloc" else ""
+        # memory compared as weights + grads + optimizer + stored activations (*) or as peak reserved (‡)
+        star = {"states_plus_activations": "*", "peak_reserved": "‡"}.get(r.mem_measure, "")
         t.add_row(
             r.id + ("†" if r.record_does_not_fit else ""), opt(r.predicted_time, fmt.ms), opt(r.measured_time, fmt.ms), pct(r.time_error), pct(r.reference_time_error),
             opt(r.predicted_mem, fmt.gib) + star, opt(r.measured_mem, fmt.gib) + star, pct(r.mem_error), pct(r.reference_mem_error),
         )
     cli.out_console.print(t)
-    if any(r.mem_measure != "peak_alloc" for r in results):
+    if any(r.mem_measure == "states_plus_activations" for r in results):
         cli.out_console.print("* weights + grads + optimizer + stored activations of the first stage (no transient buffers)", markup=False)
+    if any(r.mem_measure == "peak_reserved" for r in results):
+        cli.out_console.print("‡ peak reserved by the caching allocator (torch.cuda.max_memory_reserved; the prediction: "
+                              "peak allocated / the strategy's mem_factor), max over stages", markup=False)
     if any(r.record_does_not_fit for r in results):
         cli.out_console.print("† ran, but the recorded strategy does not fit the GPU in the memory model (reserved bytes): its "
                           "record misses a memory-saving setting (recompute, fp8 parameters, offload) or the model "
