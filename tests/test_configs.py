@@ -92,6 +92,12 @@ def test_preset_names_in_any_spelling() -> None:
     assert load_model("deepseekv3").model_name == "deepseek_v3"  # SimuMax's file keeps its own name
     with pytest.raises(ConfigError, match="did you mean llama3-70b, llama3-8b"):
         load_model("llama3-8")
+    # the start of a name suggests the few presets it begins
+    with pytest.raises(ConfigError, match="did you mean h100-nvl-94gb, h100-pcie-80gb, h100-sxm-80gb"):
+        load_system("h100")
+    with pytest.raises(ConfigError) as exc:
+        load_model("l")  # begins more than a few (llama*): no list of them
+    assert "did you mean" not in exc.value.rule
 
 
 def test_snapshot_sees_every_in_place_edit() -> None:

@@ -85,6 +85,16 @@ def test_missing_file_and_bad_json(tmp_path) -> None:
     assert "unknown preset" in exc.value.rule
 
 
+def test_set_suggests_the_field_meant() -> None:
+    from simumax.cli.options import apply_overrides
+
+    m, st, sy = load_model("llama3-8b"), load_strategy("tp1_pp2_dp4_mbs1"), load_system("a100_pcie")
+    with pytest.raises(ConfigError, match="did you mean strategy.tp_size"):
+        apply_overrides(m, st, sy, ["strategy.tp_sizee=2"])
+    with pytest.raises(ConfigError, match="did you mean micro_batch_num"):
+        apply_overrides(m, st, sy, ["micro_batch_nun=2"])
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -3,6 +3,7 @@ line naming the files a command wrote."""
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 from typing import Any
@@ -51,11 +52,16 @@ def apply_overrides(model: ModelConfig, strategy: StrategyConfig, system: System
         if not target:
             owners = [n for n, c in (("model", ModelConfig), ("strategy", StrategyConfig)) if field in c.model_fields]
             if not owners:
-                raise ConfigError(key, "unknown field in model and strategy configs")
+                close = difflib.get_close_matches(field.split(".")[0], [*ModelConfig.model_fields, *StrategyConfig.model_fields], n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise ConfigError(key, f"unknown field in model and strategy configs{hint}")
             target = owners[0]
         path = field.split(".")
-        if path[0] not in type(configs[target]).model_fields:
-            raise ConfigError(key, f"unknown field of the {target} config")
+        fields = type(configs[target]).model_fields
+        if path[0] not in fields:
+            close = difflib.get_close_matches(path[0], list(fields), n=3)
+            hint = f"; did you mean {', '.join(f'{target}.{c}' for c in close)}?" if close else ""
+            raise ConfigError(key, f"unknown field of the {target} config{hint}")
         data = dumps.setdefault(target, configs[target].model_dump())
         _set_path(data, path, _parse_value(value), key)
     for target, data in dumps.items():

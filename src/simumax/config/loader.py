@@ -40,7 +40,11 @@ def _preset_entry(kind: str, name: str) -> Any:
     same = [k for k in known if _canonical(k) == _canonical(name)]
     if len(same) == 1:  # another spelling of one preset's name
         return _preset_dir(kind).joinpath(f"{same[0]}.json")
-    close = difflib.get_close_matches(_canonical(name), [_canonical(k) for k in known], n=3, cutoff=0.6)
+    close = set(difflib.get_close_matches(_canonical(name), [_canonical(k) for k in known], n=3, cutoff=0.6))
+    # a name's start ("h100", "tp2") names the presets it begins, as far as they are few
+    starting = [k for k in known if _canonical(k).startswith(_canonical(name))]
+    if len(starting) <= 5:
+        close.update(_canonical(k) for k in starting)
     hint = f"; did you mean {', '.join(k for k in known if _canonical(k) in close)}?" if close else ""
     raise ConfigError(kind, f"unknown preset {name!r}{hint} (known: {', '.join(known)})")
 
