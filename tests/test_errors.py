@@ -85,6 +85,13 @@ def test_missing_file_and_bad_json(tmp_path) -> None:
     assert "unknown preset" in exc.value.rule
 
 
+def test_unknown_field_suggests_the_field_meant() -> None:
+    with pytest.raises(ConfigError, match="did you mean tp_size"):
+        StrategyConfig(**{**BASE, "tp_sizee": 2})
+    with pytest.raises(ConfigError, match="did you mean micro_batch_num"):
+        strategy(micro_batch_nun=2)
+
+
 def test_set_suggests_the_field_meant() -> None:
     from simumax.cli.options import apply_overrides
 

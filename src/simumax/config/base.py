@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import types
 from collections.abc import Callable
@@ -17,8 +18,9 @@ def _loc(err: dict[str, Any]) -> str:
     return ".".join(str(p) for p in err.get("loc", ())) or "<root>"
 
 
-def config_error_from(exc: ValidationError, source: str | None = None) -> ConfigError:
-    """Turn pydantic's report into one ConfigError naming the first bad field."""
+def config_error_from(exc: ValidationError, source: str | None = None, fields: Any = ()) -> ConfigError:
+    """Turn pydantic's report into one ConfigError naming the first bad field; an unknown
+    top-level field suggests the nearest of ``fields`` (the config's own)."""
     err = exc.errors()[0]
     inner = (err.get("ctx") or {}).get("error")
     if isinstance(inner, ConfigError):  # raised by a cross-field validator: keep its field
@@ -27,6 +29,9 @@ def config_error_from(exc: ValidationError, source: str | None = None) -> Config
     kind = err.get("type", "")
     if kind == "extra_forbidden":
         rule = "unknown field (not part of this config format)"
+        close = difflib.get_close_matches(field, list(fields), n=3) if len(err.get("loc", ())) == 1 else []
+        if close:
+            rule += f"; did you mean {', '.join(close)}?"
     elif kind == "missing":
         rule = "required field is missing"
     else:
@@ -228,7 +233,7 @@ class ConfigBase(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise config_error_from(exc) from None
+            raise config_error_from(exc, fields=type(self).model_fields) from None
 
     # pydantic runs a subclass's own __init__ for every nested config it validates, which
     # would name a nested field without its parent ("mem_gbs", not "accelerator.mem_gbs");
@@ -309,7 +314,7 @@ class ConfigBase(BaseModel):
         try:
             obj = cls.model_validate(data)
         except ValidationError as exc:
-            raise config_error_from(exc, source) from None
+            raise config_error_from(exc, source, cls.model_fields) from None
         obj._source = source
         return obj
 
