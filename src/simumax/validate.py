@@ -11,6 +11,7 @@ from simumax.config.base import check_readable_file, read_text
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
+from simumax.report.results import MemResult
 
 GIB = 2**30
 CASE_KEYS = ("id", "system", "model", "strategy", "measured")
@@ -107,10 +108,11 @@ def ranking_group(case: dict[str, Any]) -> str:
     return f"{model}|world={world}|gbs={gbs}|seq={st.get('seq_len')}"
 
 
-def states_plus_stored_activations(est: Estimate) -> float:
+def states_plus_stored_activations(est: Estimate, memory: MemResult | None = None) -> float:
     """Weights + gradients + optimizer states + the most stored activations the first
-    pipeline stage holds (Korthikanti et al. 2022, Fig. 1: no temporary buffers)."""
-    s = est.memory().stages[0]
+    pipeline stage holds (Korthikanti et al. 2022, Fig. 1: no temporary buffers);
+    ``memory``: the estimate's, when already made."""
+    s = (memory or est.memory()).stages[0]
     return s.weights + s.grads + s.optimizer + s.stored_activation_mem
 
 
@@ -142,11 +144,11 @@ def memory_measure(case: dict[str, Any]) -> str:
     return "peak_alloc"
 
 
-def predicted_memory(est: Estimate, measure: str) -> float:
-    """Bytes of the prediction comparable with a measurement of kind ``measure``."""
+def predicted_memory(est: Estimate, memory: MemResult, measure: str) -> float:
+    """Bytes of the prediction (``memory``: the estimate's) comparable with a measurement
+    of kind ``measure``."""
     if measure == "states_plus_activations":
-        return states_plus_stored_activations(est)
-    memory = est.memory()
+        return states_plus_stored_activations(est, memory)
     if measure == "peak_reserved":
         return max(s.peak_mem_with_reserved for s in memory.stages)
     return memory.peak_mem
@@ -161,10 +163,11 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
     real_t = measured.get("iter_time_ms")
     real_t = real_t / 1e3 if real_t is not None else None
     measure = memory_measure(case)
-    real_m = measured.get(MEMORY_MEASURES[measure])
+    mem_key = MEMORY_MEASURES[measure]
+    real_m = measured.get(mem_key)
     real_m = real_m * GIB if real_m is not None else None
     ref_t = relative_error(ref.get("iter_time_ms") and ref["iter_time_ms"] / 1e3, real_t)
-    ref_m = relative_error(ref.get(MEMORY_MEASURES[measure]) and ref[MEMORY_MEASURES[measure]] * GIB, real_m)
+    ref_m = relative_error(ref.get(mem_key) and ref[mem_key] * GIB, real_m)
     source, group = case_source(case["id"]), ranking_group(case)
     try:
         est = estimate_for_case(case, root)
@@ -172,7 +175,7 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
         t = cost.duration_time_per_iter if cost else None
         band = cost.duration_time_interval if cost else None
         memory = est.memory()
-        mem = predicted_memory(est, measure)
+        mem = predicted_memory(est, memory, measure)
     except ConfigError as exc:
         return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc), source=source, mem_measure=measure, group=group)
     family = "moe" if est.model.is_moe else "dense"
