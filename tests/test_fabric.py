@@ -77,7 +77,10 @@ def test_presets_say_which_are_measured_and_which_derived() -> None:
 
 def test_leaf_switches_by_hand() -> None:
     """Rail-optimised or top-of-rack leaves and their oversubscription (cost/fabric.py)."""
-    from simumax.cost.fabric import leaf_rate_factor, nodes_per_leaf, uplink_share
+    from simumax.cost.fabric import leaf_rate, nodes_per_leaf, uplink_share
+
+    def leaf_rate_factor(y, *collective):  # the system's leaf figures, as NetworkModel reads them
+        return leaf_rate(nodes_per_leaf(y), y.leaf_oversubscription, *collective)
 
     y = load_system("h100-sxm-80gb")
     assert nodes_per_leaf(y) is None and leaf_rate_factor(y, "all2all", 64, 1) == 1.0  # no leaf layer: unchanged

@@ -56,14 +56,9 @@ def uplink_share(op: str, nodes: int, node_stride: int, per_leaf: int) -> float:
     return 0.0 if m >= nodes else 1.0 / m
 
 
-def leaf_rate_factor(system: SystemConfig, op: str, nodes: int, node_stride: int) -> float:
-    """Multiplier (<= 1) on the inter-node bandwidth of one cross-node collective."""
-    return leaf_rate(nodes_per_leaf(system), system.leaf_oversubscription, op, nodes, node_stride)
-
-
 def leaf_rate(per_leaf: int | None, oversubscription: float, op: str, nodes: int, node_stride: int) -> float:
-    """``leaf_rate_factor`` from the system's two leaf figures (``nodes_per_leaf``, the
-    oversubscription), for callers that keep those rather than the system."""
+    """Multiplier (<= 1) on the inter-node bandwidth of one cross-node collective, from the
+    system's two leaf figures: ``nodes_per_leaf(system)`` and its oversubscription."""
     if per_leaf is None:
         return 1.0
     f = uplink_share(op, nodes, node_stride, per_leaf)
