@@ -14,7 +14,7 @@ from typing import Any
 
 from simumax.calibrate.fit import AlphaBeta
 from simumax.config.hardware import NIC_FIXED_US, NIC_STEP_US, SCALEUP_FIXED_US, SCALEUP_STEP_US, collective_tier, datasheet
-from simumax.config.system import MAX_LINK_EFFICIENCY, SIMUMAX_LINK_GB
+from simumax.config.system import MAX_LINK_EFFICIENCY, link_bytes_per_gb
 from simumax.cost.network import DEFAULT_SPECS, ring_steps
 from simumax.graph.kernels import MODEL_SDP_BWD_RATIO, SIMUMAX_SDP_BWD_RATIO
 
@@ -117,11 +117,12 @@ def merge_collectives(system: dict[str, Any], tier: str, fits: dict[str, AlphaBe
         nets[tier] = collective_tier(round(best, 3), 0.0, 0.0)
     t = nets[tier]
     t["provenance"] = "measured"
-    if t.get("gbps_unit") != "GB":  # a SimuMax tier (GiB): the same link in decimal GB/s, as fits measure
-        t["bandwidth"]["gbps"] *= SIMUMAX_LINK_GB / 1e9
+    to_gb = link_bytes_per_gb(t.get("gbps_unit")) / 1e9
+    if to_gb != 1.0:  # a SimuMax tier (GiB): the same link in decimal GB/s, as fits measure
+        t["bandwidth"]["gbps"] *= to_gb
         for spec in t.get("op", {}).values():
             if spec.get("dp_fixed_bw"):
-                spec["dp_fixed_bw"] = {k: v * SIMUMAX_LINK_GB / 1e9 for k, v in spec["dp_fixed_bw"].items()}
+                spec["dp_fixed_bw"] = {k: v * to_gb for k, v in spec["dp_fixed_bw"].items()}
         t["gbps_unit"] = "GB"
     gbps = float(t["bandwidth"]["gbps"])
     for op, fit in fits.items():

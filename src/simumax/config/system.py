@@ -22,6 +22,12 @@ MAX_LINK_EFFICIENCY = 2.0  # fitted bus-bandwidth fractions (the reference B200 
 SIMUMAX_LINK_GB = float(2**30)
 
 
+def link_bytes_per_gb(unit: str | None) -> float:
+    """Bytes in one "GB" of a network tier's bandwidth figures, by its ``gbps_unit``
+    (unset: SimuMax's files, 2^30)."""
+    return 1e9 if unit == "GB" else SIMUMAX_LINK_GB
+
+
 def _without_unset(out: dict[str, Any], field: str) -> dict[str, Any]:
     """A dump without ``field`` while it is unset: SimuMax files do not have it."""
     if out.get(field) is None:
@@ -152,7 +158,7 @@ class NetworkTier(ConfigBase):
     @property
     def bytes_per_gb(self) -> float:
         """Bytes per second in one unit of ``gbps``."""
-        return 1e9 if self.gbps_unit == "GB" else SIMUMAX_LINK_GB
+        return link_bytes_per_gb(self.gbps_unit)
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
