@@ -310,3 +310,31 @@ def test_moe_overlap_takes_hidden_time_off_the_groups_that_carry_it() -> None:
     assert all(v >= 0 for v in parts.values()), parts
     assert parts["ep_comm"] < off.breakdown["ep_comm"] and parts["etp_comm"] < off.breakdown["etp_comm"]
     assert sum(parts.values()) == pytest.approx(on.duration_time_per_iter, rel=1e-12)
+
+
+def test_optimizer_passes_by_hand_and_no_grad_copy_with_fp32_main_grads() -> None:
+    """Bytes of the step over one rank's shard (dp/optimizer_step.py), on the default line:
+    fp32 main grads are the optimizer's grads as they are (Megatron's ``main_grad.float()``
+    is the same tensor), so before the norm: the nan check over the buffer (4) and the norm
+    (4); after it: clip (8), Adam (4 + 2 * 12), the bf16 copy (6) and the zeroing (4). bf16
+    main grads add the copy to fp32 (2 + 4)."""
+    from simumax.dp.optimizer_step import step_passes
+    from simumax.graph.kernels import MemBound
+
+    est = _est("llama3-8b", pp_size=1, micro_batch_num=2)
+    seen: list[float] = []
+
+    def bytes_only(k: MemBound) -> float:
+        seen.append(k.bytes)
+        return k.bytes
+
+    stage, st = est.stages[0], est.strategy
+    assert st.main_grad_bytes == 4 and st.zero_state == 1
+    shard = stage.params / st.dp_size
+    before, after = step_passes(st, est.system, stage, bytes_only)
+    assert before == pytest.approx(stage.params * 4 + shard * 4)
+    assert after == pytest.approx(shard * (8 + 28 + 6) + stage.params * 4)
+    bf16 = st.with_updates({"use_fp32_accum_grad": False})
+    assert bf16.main_grad_bytes == 2
+    before16, _ = step_passes(bf16, est.system, stage, bytes_only)
+    assert before16 == pytest.approx(shard * (2 + 4) + stage.params * 2 + shard * 4)

@@ -16,7 +16,9 @@ from simumax.memory.model_states import device_optimizer_share, fp8_weight_param
 def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Callable[[MemBound], float]) -> tuple[float, float]:
     """(before, after) the gradient-norm all-reduce, in seconds, for one rank (bytes/param).
 
-    Before: main grad -> fp32 optimizer grad (g + 4), the nan/inf check (a norm over the
+    Before: main grad -> fp32 optimizer grad (g + 4 with bf16 main grads; none with fp32
+    ones: Megatron's ``_copy_model_grads_to_main_grads`` sets ``grad = main_grad.float()``,
+    which is the same tensor when it is fp32 already), the nan/inf check (a norm over the
     rank's whole main-grad buffer, g per local parameter: Megatron's default
     check_for_nan_in_grad runs it per bucket before the reduce), grad norm (4).
     After: clip scale (8), Adam (read grad, master, m, v; write master, m, v:
@@ -26,8 +28,8 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
     states = optimizer_bytes_per_param(st)
     full_shard = shard_params(st, stage)
     shard = full_shard * device_optimizer_share(st)  # what the GPU steps itself
-    before = [
-        MemBound("optimizer.copy_grads", shard * (g + 4)),
+    before = [MemBound("optimizer.copy_grads", shard * (g + 4))] if g != 4 else []
+    before += [
         MemBound("optimizer.check_finite", stage.params * g),
         MemBound("optimizer.grad_norm", shard * 4),
     ]
