@@ -40,6 +40,8 @@ def test_calibrate_cli_on_cpu_writes_a_system_the_job_hits(tmp_path, tiny_files)
     assert report["peak_source"] == "base" and report["peak_tflops"] == 312.0
     assert all(k["seconds"] > 0 for k in report["kernels"]) and len(report["kernels"]) >= 10
     assert {"default", "ce"} <= set(report["bandwidth"])
+    # on CPU kernels run back to back (no power limit to wait out) and no power curve is measured
+    assert report["cooldown_seconds"] == 0.0 and report["power_curve"] is None and system.accelerator.power_curve is None
     r = _cli("perf", "-m", str(m), "-s", str(s), "-y", str(out), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["cost"]["efficiency_lookups"]["misses"] == {}
@@ -183,3 +185,25 @@ def test_megatrons_cross_entropy_chain_is_the_cross_entropy() -> None:
     assert torch.allclose(megatron_cross_entropy(x, t).mean(), ref.detach(), atol=1e-6)
     assert torch.allclose(ours.float(), x.grad.float(), atol=1e-2)
 
+
+
+def test_timing_at_full_clock_idles_first_and_caps_the_timed_work() -> None:
+    """``cooldown`` idles before the first call; ``max_load`` trims the samples (at least
+    three) so a long kernel is timed within the limiter's full-clock window."""
+    import time
+
+    from simumax.calibrate.timing import median_seconds
+
+    calls = []
+
+    def work() -> None:
+        calls.append(time.perf_counter())
+        time.sleep(0.004)
+
+    t0 = time.perf_counter()
+    median_seconds(work, torch.device("cpu"), warmup=1, repeats=10, min_sample=1e-3, cooldown=0.05, max_load=0.001)
+    assert calls[0] - t0 >= 0.05
+    assert len(calls) == 1 + 1 + 3  # warm-up, probe, three samples of one call
+    calls.clear()
+    median_seconds(work, torch.device("cpu"), warmup=1, repeats=10, min_sample=1e-3)
+    assert len(calls) == 1 + 1 + 10

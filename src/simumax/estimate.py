@@ -17,6 +17,7 @@ from simumax.config.system import SystemConfig
 from simumax.cost.breakdown import critical_rank_breakdown
 from simumax.cost.efficiency import ComputeModel
 from simumax.cost.network import NetworkModel
+from simumax.cost.power import throttled
 from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import PhaseTime, StageTime
 from simumax.dp.buckets import GradBucket, bucket_key, grad_buckets
@@ -91,13 +92,16 @@ class Estimate:
     @cached_property
     def chunk_times(self) -> list[StageTime]:
         """Per virtual stage, one micro-batch; ``p2p`` is its send to the next virtual
-        stage (0 when that one is on the same rank, as at DualPipeV's turn)."""
+        stage (0 when that one is on the same rank, as at DualPipeV's turn). With a power
+        curve, each chunk's tensor-core time runs at the clock its own mix allows
+        (cost/power.py)."""
         out = []
         for k, c in enumerate(self.chunks):
             crosses = k + 1 < len(self.chunks) and self.chunks[k + 1].index != c.index
             p2p = self.network.time(Collective("p2p", c.p2p_bytes, "pp")) if crosses and c.p2p_bytes else 0.0
             out.append(self.layer_profiles.chunk_time(self.strategy, c, p2p))
-        return out
+        curve = self.system.accelerator.power_curve
+        return [throttled(t, curve) for t in out] if curve else out
 
     @cached_property
     def stage_times(self) -> list[StageTime]:

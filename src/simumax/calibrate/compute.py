@@ -199,6 +199,11 @@ def measure_hbm_gbps(device: torch.device, nbytes: int) -> float:
     return 2.0 * x.numel() * 2 / t / 1e9
 
 
+# timed work per kernel when calibrating at full clock: within the ~30 ms an H100 SXM runs
+# tensor-core kernels at full clock before its power limiter acts (benchmarks/power_ramp.py)
+BURST_LOAD_SECONDS = 0.02
+
+
 def calibrate_compute(
     kernels: JobKernels,
     device: torch.device,
@@ -209,6 +214,7 @@ def calibrate_compute(
     warmup: int = 3,
     repeats: int = 10,
     progress=None,
+    cooldown: float = 0.0,
 ) -> ComputeCalibration:
     """Time every kernel of ``kernels``; efficiencies against ``peak_tflops`` (datasheet
     by device name when None; measured when unknown: then efficiencies are relative to
@@ -244,7 +250,10 @@ def calibrate_compute(
             fn = group_gemm_fn(k, device)
         else:
             fn = attention_fn(k, device)
-        seconds = median_seconds(fn, device, warmup, repeats)
+        if cooldown > 0:  # each kernel at the clock of a GPU under its power limit
+            seconds = median_seconds(fn, device, 1, repeats, cooldown=cooldown, max_load=BURST_LOAD_SECONDS)
+        else:
+            seconds = median_seconds(fn, device, warmup, repeats)
         flops = k.table_flops(MODEL_SDP_BWD_RATIO) if isinstance(k, Attention) else k.flops
         timings.append(KernelTiming(family, k.key, flops, seconds, flops / (seconds * peak)))
         del fn

@@ -19,6 +19,11 @@ def _torch():
     return torch
 
 
+# idle before each compute kernel when calibrating a GPU: the limiter of an H100 SXM lets the
+# clock back to full within this (benchmarks/power_ramp.py ran from 2-5 s idle at full clock)
+DEFAULT_COOLDOWN_SECONDS = 0.3
+
+
 def calibrate_jobs(
     jobs: list[tuple[ModelConfig, StrategyConfig]],
     base: SystemConfig | None,
@@ -30,8 +35,15 @@ def calibrate_jobs(
     hbm_gbps: float | None = None,
     num_per_node: int = 8,
     progress: Callable[[int, int], None] | None = None,
+    cooldown: float | None = None,
+    power_curve: bool = True,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Time every kernel the jobs run; return (system dict, report dict)."""
+    """Time every kernel the jobs run; return (system dict, report dict).
+
+    ``cooldown`` (default 0.3 s on a GPU, 0 on CPU): idle seconds before each compute
+    kernel, timed then at full clock; with it on a GPU (and ``power_curve``) the clock's
+    response to the power limit is measured too (calibrate/power.py), so the estimate
+    slows tensor-core kernels by each step's own mix (cost/power.py)."""
     torch = _torch()
     from simumax.calibrate import compute, system_writer
     from simumax.calibrate.shapes import JobKernels, job_kernels
@@ -50,7 +62,10 @@ def calibrate_jobs(
             peak_tflops = base.accelerator.op["matmul"].tflops
         hbm_gbps = hbm_gbps or base.accelerator.bandwidth["default"].gbps
         source = source or "base"
-    cal = compute.calibrate_compute(merged, dev, dname, peak_tflops, hbm_gbps, source or "option", warmup, repeats, progress)
+    if cooldown is None:
+        cooldown = DEFAULT_COOLDOWN_SECONDS if dev.type == "cuda" else 0.0
+    cal = compute.calibrate_compute(merged, dev, dname, peak_tflops, hbm_gbps, source or "option", warmup, repeats, progress,
+                                   cooldown)
     props = torch.cuda.get_device_properties(dev) if dev.type == "cuda" else None
     mem_gib = props.total_memory / 2**30 if props else None
     sys_name = name or (base.sys_name if base else dname.replace(" ", "_").lower())
@@ -59,6 +74,11 @@ def calibrate_jobs(
         props.multi_processor_count if props else None)
     start["sys_name"] = sys_name
     system = system_writer.merge_compute(start, cal, mem_gib, set_fallbacks=base is None)
+    curve = None
+    if power_curve and cooldown > 0 and dev.type == "cuda":
+        from simumax.calibrate.power import measure_power_curve
+
+        curve = system["accelerator"]["power_curve"] = measure_power_curve(dev)
     SystemConfig.init_from_dict(system)  # what we write must load
     report = {
         "device": dname,
@@ -66,6 +86,8 @@ def calibrate_jobs(
         "peak_tflops": cal.peak_tflops,
         "hbm_gbps": cal.hbm_gbps,
         "peak_source": cal.peak_source,
+        "cooldown_seconds": cooldown,
+        "power_curve": curve,
         "kernels": [{"family": t.family, "key": t.key, "flops": t.flops, "seconds": t.seconds} for t in cal.timings],
         "bandwidth": {f: {"points": cal.bandwidth_points[f], "seconds_per_byte": a.seconds_per_byte,
                           "latency": a.latency, "max_rel_residual": a.max_rel_residual}

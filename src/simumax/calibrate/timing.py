@@ -15,20 +15,31 @@ def synchronize(device: torch.device) -> None:
 
 
 def median_seconds(fn: Callable[[], object], device: torch.device, warmup: int = 3, repeats: int = 10,
-                   min_sample: float = 1e-3) -> float:
+                   min_sample: float = 1e-3, cooldown: float = 0.0, max_load: float | None = None) -> float:
     """Median time of one call, calls issued back to back as a training step issues them.
 
     Each sample times ``inner`` consecutive calls (enough to last ``min_sample`` seconds)
     and divides: for a large kernel that is its device time; for a tiny one it is the
     rate the host can launch it, which is what bounds it in eager training too. CUDA
-    events on a GPU, a synchronised perf_counter on CPU."""
+    events on a GPU, a synchronised perf_counter on CPU.
+
+    ``cooldown`` seconds of idle first and at most ``max_load`` seconds of timed work
+    (fewer samples, at least three) time the kernel at the clock of a GPU under its power
+    limit: a power-capped GPU (H100 SXM, 700 W) runs tensor-core kernels at full clock for
+    ~30 ms, then lowers it (docs/calibration.md, "Power-limited clocks")."""
+    if cooldown > 0:
+        synchronize(device)
+        time.sleep(cooldown)
     for _ in range(max(warmup, 1)):
         fn()
     synchronize(device)
     t0 = time.perf_counter()
     fn()
     synchronize(device)
-    inner = max(1, min(1000, int(min_sample / max(time.perf_counter() - t0, 1e-7))))
+    one = max(time.perf_counter() - t0, 1e-7)
+    inner = max(1, min(1000, int(min_sample / one)))
+    if max_load is not None:
+        repeats = max(3, min(repeats, int(max_load / (inner * one))))
     samples: list[float] = []
     if device.type == "cuda":
         pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]

@@ -42,6 +42,14 @@ def calibrate(
     num_per_node: int = typer.Option(8, "--num-per-node", help="Accelerators per node when no --base."),
     warmup: int = typer.Option(3, "--warmup", min=0),
     repeats: int = typer.Option(10, "--repeats", min=1),
+    cooldown: Optional[float] = typer.Option(
+        None, "--cooldown", min=0.0,
+        help="Idle seconds before each GEMM/attention kernel, timed then for at most 20 ms: its rate at full clock, "
+             "before a power limit lowers it (default 0.3 on a GPU, 0 on CPU; 0: kernels back to back, as before)."),
+    power_curve: bool = typer.Option(
+        True, "--power-curve/--no-power-curve",
+        help="With --cooldown on a GPU: also measure how the power limit slows tensor-core kernels by their share "
+             "of the time (~40 s), written as accelerator.power_curve."),
     set_: list[str] = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the written system config as JSON."),
 ) -> None:
@@ -63,7 +71,7 @@ def calibrate(
         task = bar.add_task("timing kernels", total=None)
         system, report = calibrate_jobs(
             jobs, base_cfg, name, device, warmup, repeats, peak_tflops, hbm_gbps, num_per_node,
-            progress=lambda i, n: bar.update(task, completed=i, total=n),
+            progress=lambda i, n: bar.update(task, completed=i, total=n), cooldown=cooldown, power_curve=power_curve,
         )
     write_json_atomic(out, system)
     write_json_atomic(out.with_name(out.stem + ".report.json"), report)

@@ -133,17 +133,26 @@ NIC_FIXED_US, NIC_STEP_US = 20.0, 5.0
 # ~750 bf16 at 8192^3): the tensor cores draw more power per clock in fp8 and the 700 W
 # limit lowers the clock, so fp8 reaches ~0.67 of its peak where bf16 reaches ~0.72-0.76.
 H100_FP8_GEMM_EFF = 0.67
+# The same at full clock, for presets whose tables are timed at full clock and carry the
+# measured power response (accelerator.power_curve, cost/power.py), which lowers the rate
+# by the step's own tensor-core share: 8192^3 GEMMs from an idle H100 SXM ran at 784 TFLOP/s
+# bf16 (0.79 of 989.4) and 1483 fp8 (0.75 of 1978.9), and 675 / 1281 back to back
+# (benchmarks/sustained_gemm.py, docs/calibration.md "Power-limited clocks").
+H100_FULL_CLOCK_GEMM_EFF, H100_FULL_CLOCK_FP8_GEMM_EFF = 0.79, 0.75
 
 GPUS = (
     Gpu("a100-sxm-80gb", _sheet("A100"), 0.0, 80.0, 108, 8, 25.0, 0.80, 0.65, 0.95, 0.75, 0.85, NVLINK_EFF,
         note="A100 SXM4 80GB; no FP8 units (no fp8 families: fp8 is refused); HDR 200 Gb/s per GPU", host_link_gbps=25.0, host_mem_gbps=51.0),
-    Gpu("h100-sxm-80gb", _sheet("H100"), 1978.9, 79.65, 132, 8, 50.0, 0.72, 0.70, 0.93, 0.60, 0.90, NVLINK_EFF,
-        measured_base="nvidia_h100_80gb_hbm3", note="H100 SXM5; NDR 400 Gb/s per GPU; tables measured (docs/calibration.md)",
-        fp8_gemm_eff=H100_FP8_GEMM_EFF, host_link_gbps=50.0, host_mem_gbps=77.0),
-    Gpu("h200-sxm-141gb", _sheet("H200"), 1978.9, 140.4, 132, 8, 50.0, 0.74, 0.70, 0.93, 0.62, 0.90, NVLINK_EFF,
-        measured_base="nvidia_h100_80gb_hbm3",
-        note="H200 SXM: the H100's SMs, clocks and 700 W with HBM3e, so the H100 compute tables; NDR 400 Gb/s per GPU",
-        fp8_gemm_eff=H100_FP8_GEMM_EFF, host_link_gbps=50.0, host_mem_gbps=77.0),
+    Gpu("h100-sxm-80gb", _sheet("H100"), 1978.9, 79.65, 132, 8, 50.0, H100_FULL_CLOCK_GEMM_EFF, 0.70, 0.93, 0.60, 0.90,
+        NVLINK_EFF, measured_base="nvidia_h100_80gb_hbm3",
+        note="H100 SXM5; NDR 400 Gb/s per GPU; tables measured at full clock, with the measured power response "
+             "(docs/calibration.md)",
+        fp8_gemm_eff=H100_FULL_CLOCK_FP8_GEMM_EFF, host_link_gbps=50.0, host_mem_gbps=77.0),
+    Gpu("h200-sxm-141gb", _sheet("H200"), 1978.9, 140.4, 132, 8, 50.0, H100_FULL_CLOCK_GEMM_EFF, 0.70, 0.93, 0.62, 0.90,
+        NVLINK_EFF, measured_base="nvidia_h100_80gb_hbm3",
+        note="H200 SXM: the H100's SMs, clocks and 700 W with HBM3e, so the H100 compute tables and power response; "
+             "NDR 400 Gb/s per GPU",
+        fp8_gemm_eff=H100_FULL_CLOCK_FP8_GEMM_EFF, host_link_gbps=50.0, host_mem_gbps=77.0),
     Gpu("b200-sxm-180gb", _sheet("B200"), 4500.0, 179.06, 148, 8, 50.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
         measured_base="b200_bf16_ceperm", note="B200 (HGX/DGX B200); reference measured tables, true memory; 400 Gb/s per GPU",
         attn_bwd_flops_ratio=2.5, fp4_tflops=9000.0, host_link_gbps=50.0, host_mem_gbps=90.0),
@@ -216,6 +225,18 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
         for fam, spec in measured["accelerator"]["bandwidth"].items():
             if fam != "default":
                 bandwidth[fam] = {**copy.deepcopy(spec), "gbps": gpu.hbm_gbps}
+    accelerator: dict[str, Any] = {
+        "backend": "rocm" if gpu.name.startswith("mi") else "cuda",
+        "mem_gbs": gpu.mem_gib,
+        "mode": "roofline",
+        "sm_count": gpu.sm_count,
+        "op": ops,
+        "bandwidth": bandwidth,
+    }
+    if measured is not None and measured["accelerator"].get("power_curve"):
+        # tables timed at full clock come with the clock's response to the power limit
+        # (cost/power.py); a device of the same SMs, clocks and board power shares it
+        accelerator["power_curve"] = copy.deepcopy(measured["accelerator"]["power_curve"])
     return {
         "sys_name": gpu.name,
         "num_per_node": gpu.num_per_node,
@@ -224,14 +245,7 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
         "nic_gbps": gpu.nic_gbps * 8,
         "host_link_gbps": gpu.host_link_gbps,
         "host_mem_gbps": gpu.host_mem_gbps,
-        "accelerator": {
-            "backend": "rocm" if gpu.name.startswith("mi") else "cuda",
-            "mem_gbs": gpu.mem_gib,
-            "mode": "roofline",
-            "sm_count": gpu.sm_count,
-            "op": ops,
-            "bandwidth": bandwidth,
-        },
+        "accelerator": accelerator,
         "networks": {
             "intra_with_pcie": False,
             "high_intra_node": collective_tier(gpu.scaleup_gbps, SCALEUP_FIXED_US, SCALEUP_STEP_US, gpu.scaleup_eff),

@@ -89,6 +89,28 @@ class AcceleratorConfig(ConfigBase):
     bandwidth: dict[str, BandwidthSpec] = Field(
         description="Memory-bound families: default, permute_fwd, permute_bwd, ce, ce_fusion."
     )
+    power_curve: list[list[float]] | None = Field(
+        None,
+        description="Power-limited clocks: [tensor-core time share, tensor-core rate vs the tables] points, measured "
+        "by simumax calibrate on a GPU whose tables it timed at full clock (docs/calibration.md). Unset: tensor-core "
+        "kernels run at their table rate whatever their share.",
+    )
+
+    @field_validator("power_curve")
+    @classmethod
+    def _power_curve(cls, pts: list[list[float]] | None) -> list[list[float]] | None:
+        if pts is None:
+            return None
+        if not pts or any(len(p) != 2 for p in pts):
+            raise ConfigError("accelerator.power_curve", "give [share, rate] points (at least one), or leave it unset")
+        for share, rate in pts:
+            if not 0 < share <= 1 or not 0 < rate <= 1:
+                raise ConfigError("accelerator.power_curve",
+                                  f"points are [share, rate] with share in (0, 1] and rate in (0, 1] (got [{share}, {rate}])")
+        shares = [p[0] for p in pts]
+        if shares != sorted(set(shares)):
+            raise ConfigError("accelerator.power_curve", "shares must increase from point to point")
+        return [[float(a), float(b)] for a, b in pts]
 
     @model_validator(mode="after")
     def _defaults(self) -> "AcceleratorConfig":
