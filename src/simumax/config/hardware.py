@@ -104,6 +104,8 @@ class Gpu:
     fp4_tflops: float = 0.0  # dense FP4 (NVFP4) peak; 0: no fp4 families
     host_link_gbps: float = 25.0  # GPU <-> host, per GPU, one direction (PCIe Gen4 x16 ~25, Gen5 ~50, NVLink-C2C)
     host_mem_gbps: float = 50.0  # host DRAM bandwidth / GPUs of the node
+    # the board's own measured power response (cost/power.py), over the measured base's
+    power_curve: tuple[tuple[float, float], ...] | None = None
 
     @property
     def bf16_tflops(self) -> float:
@@ -139,6 +141,11 @@ H100_FP8_GEMM_EFF = 0.67
 # bf16 (0.79 of 989.4) and 1483 fp8 (0.75 of 1978.9), and 675 / 1281 back to back
 # (benchmarks/sustained_gemm.py, docs/calibration.md "Power-limited clocks").
 H100_FULL_CLOCK_GEMM_EFF, H100_FULL_CLOCK_FP8_GEMM_EFF = 0.79, 0.75
+# The H200 runs the H100's SMs and clocks at the same 700 W, but its HBM3e copies (4.2 TB/s)
+# draw more: on the lent H200 the limiter slowed the 8192^3 GEMM already at a 42 % share,
+# where the H100 held full clock (docs/calibration/h200_2026-11-24/duty_cycle_8192.json; full
+# clock 783 TFLOP/s, as the H100's 784)
+H200_POWER_CURVE = ((0.421, 0.948), (0.607, 0.892), (0.76, 0.871), (0.865, 0.861), (0.999, 0.847))
 
 GPUS = (
     Gpu("a100-sxm-80gb", _sheet("A100"), 0.0, 80.0, 108, 8, 25.0, 0.80, 0.65, 0.95, 0.75, 0.85, NVLINK_EFF,
@@ -150,9 +157,10 @@ GPUS = (
         fp8_gemm_eff=H100_FULL_CLOCK_FP8_GEMM_EFF, host_link_gbps=50.0, host_mem_gbps=77.0),
     Gpu("h200-sxm-141gb", _sheet("H200"), 1978.9, 140.4, 132, 8, 50.0, H100_FULL_CLOCK_GEMM_EFF, 0.70, 0.93, 0.62, 0.90,
         NVLINK_EFF, measured_base="nvidia_h100_80gb_hbm3",
-        note="H200 SXM: the H100's SMs, clocks and 700 W with HBM3e, so the H100 compute tables and power response; "
-             "NDR 400 Gb/s per GPU",
-        fp8_gemm_eff=H100_FULL_CLOCK_FP8_GEMM_EFF, host_link_gbps=50.0, host_mem_gbps=77.0),
+        note="H200 SXM: the H100's SMs, clocks and 700 W with HBM3e, so the H100 compute tables; its own measured "
+             "power response; NDR 400 Gb/s per GPU",
+        fp8_gemm_eff=H100_FULL_CLOCK_FP8_GEMM_EFF, host_link_gbps=50.0, host_mem_gbps=77.0,
+        power_curve=H200_POWER_CURVE),
     Gpu("b200-sxm-180gb", _sheet("B200"), 4500.0, 179.06, 148, 8, 50.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
         measured_base="b200_bf16_ceperm", note="B200 (HGX/DGX B200); reference measured tables, true memory; 400 Gb/s per GPU",
         attn_bwd_flops_ratio=2.5, fp4_tflops=9000.0, host_link_gbps=50.0, host_mem_gbps=90.0),
@@ -233,9 +241,11 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
         "op": ops,
         "bandwidth": bandwidth,
     }
-    if measured is not None and measured["accelerator"].get("power_curve"):
+    if gpu.power_curve is not None:
+        accelerator["power_curve"] = [list(p) for p in gpu.power_curve]
+    elif measured is not None and measured["accelerator"].get("power_curve"):
         # tables timed at full clock come with the clock's response to the power limit
-        # (cost/power.py); a device of the same SMs, clocks and board power shares it
+        # (cost/power.py); the same board at the same limit shares it
         accelerator["power_curve"] = copy.deepcopy(measured["accelerator"]["power_curve"])
     return {
         "sys_name": gpu.name,
