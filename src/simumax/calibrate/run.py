@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import Any, Callable
 
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def _torch():
@@ -79,6 +82,9 @@ def calibrate_jobs(
         from simumax.calibrate.power import measure_power_curve
 
         curve = system["accelerator"]["power_curve"] = measure_power_curve(dev)
+    elif cooldown == 0 and system["accelerator"].get("power_curve"):
+        log.warning("kernels timed back to back (--cooldown 0) into a base with a power curve: the new entries "
+                    "hold part of the power limit's slowdown, which the curve applies again")
     SystemConfig.init_from_dict(system)  # what we write must load
     report = {
         "device": dname,

@@ -49,7 +49,8 @@ def throttle_rate(points: list[list[float]], compute: float, other: float) -> fl
 
     On a segment where the curve is a + b·s, r = a + b·c / (c + r·o) is the quadratic
     o·r² + (c − a·o)·r − (a + b)·c = 0; the segment whose root puts s inside it is the one
-    (unique: r − curve(s(r)) rises with r for any curve flatter than slope −4)."""
+    (unique: r − curve(s(r)) rises with r while the curve's slope is gentler than 4 times its
+    lowest rate; measured slopes are under 0.4)."""
     knots = _knots(points)
     if compute <= 0:
         return 1.0
@@ -100,7 +101,9 @@ class _SlowedPhases(Sequence[dict[str, PhaseTime]]):
 def throttled(t: StageTime, points: list[list[float]]) -> StageTime:
     """``t`` with its tensor-core time at the rate its own mix allows (a new StageTime; the
     profile cache's is left as it is). The share is over the chunk's passes: compute over
-    everything it spends, exposed communication included (the SMs idle then)."""
+    everything it spends. Exposed communication counts as the memory-bound copies the curve
+    was measured beside; it draws less (NCCL kernels on few SMs, or idle), so the rate errs
+    low there."""
     compute = sum(getattr(t, ph).compute for ph in PHASES)
     r = throttle_rate(points, compute, t.total - compute)
     if r >= 1.0:
