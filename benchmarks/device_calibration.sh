@@ -2,6 +2,9 @@
 # Calibrate the local GPU and check real training steps against the prediction.
 # Writes into ${OUT:-out/device}: <name>.json (system config), its .report.json, check_*.json, log.
 # Used on the lent H100 (docs/calibration.md); needs torch and the simumax package importable.
+# calibrate times GEMM/attention at full clock (0.3 s idle before each) and measures the power
+# curve (~40 s per calibrate call); benchmarks/sustained_gemm.py, gemm_duty_cycle.py and
+# power_ramp.py print the power-limit readings behind it (docs/calibration.md).
 set -uo pipefail
 OUT=${OUT:-out/device}
 mkdir -p "$OUT"
@@ -20,7 +23,7 @@ $SM calibrate --name "$NAME" --out "$OUT/$NAME.json" \
 SYS="$OUT/$NAME.json"
 # fp8 GEMMs as TransformerEngine runs them (split accumulation in backward), on the shapes of
 # NeMo's fp8 rows (LLAMA2-7B TP1, Llama3-8B TP1/2, Llama3-70B TP4): docs/validation.md's fp8 lead
-$SM calibrate --base "$SYS" --name "${NAME}_fp8" --out "$OUT/${NAME}_fp8.json" --set strategy.fp8=true \
+$SM calibrate --base "$SYS" --name "${NAME}_fp8" --out "$OUT/${NAME}_fp8.json" --set strategy.fp8=true --no-power-curve \
   -m llama2-7b -s tp1_pp1_dp8_mbs1 -m llama3-8b -s tp1_pp1_dp8_mbs1 -m llama3-8b -s tp2_pp1_dp4_mbs1 \
   -m llama3-70b -s tp4_pp1_dp2_mbs1 || echo "fp8 calibration failed"
 $SM check-step -m llama3-8b --set layer_num=4 -y "$SYS" --seq-len 4096 --mbs 1 --mbc 2 --profile --json > "$OUT/check_llama3_8b_l4.json"
