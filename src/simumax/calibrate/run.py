@@ -40,13 +40,15 @@ def calibrate_jobs(
     progress: Callable[[int, int], None] | None = None,
     cooldown: float | None = None,
     power_curve: bool = True,
+    on_phase: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Time every kernel the jobs run; return (system dict, report dict).
 
     ``cooldown`` (default 0.3 s on a GPU, 0 on CPU): idle seconds before each compute
     kernel, timed then at full clock; with it on a GPU (and ``power_curve``) the clock's
     response to the power limit is measured too (calibrate/power.py), so the estimate
-    slows tensor-core kernels by each step's own mix (cost/power.py)."""
+    slows tensor-core kernels by each step's own mix (cost/power.py). ``on_phase`` hears
+    what a long step after the kernels is doing."""
     torch = _torch()
     from simumax.calibrate import compute, system_writer
     from simumax.calibrate.shapes import JobKernels, job_kernels
@@ -81,6 +83,8 @@ def calibrate_jobs(
     if power_curve and cooldown > 0 and dev.type == "cuda":
         from simumax.calibrate.power import measure_power_curve
 
+        if on_phase:
+            on_phase("measuring the power curve (~40 s)")
         curve = system["accelerator"]["power_curve"] = measure_power_curve(dev)
     elif cooldown == 0 and system["accelerator"].get("power_curve"):
         log.warning("kernels timed back to back (--cooldown 0) into a base with a power curve: the new entries "

@@ -72,6 +72,7 @@ def calibrate(
         system, report = calibrate_jobs(
             jobs, base_cfg, name, device, warmup, repeats, peak_tflops, hbm_gbps, num_per_node,
             progress=lambda i, n: bar.update(task, completed=i, total=n), cooldown=cooldown, power_curve=power_curve,
+            on_phase=lambda what: bar.update(task, description=what),
         )
     write_json_atomic(out, system)
     write_json_atomic(out.with_name(out.stem + ".report.json"), report)
