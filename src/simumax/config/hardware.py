@@ -268,8 +268,11 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
 SIMUMAX_MEASURED = {
     "a100_pcie": "measured: SimuMax's reference tables, 8x A100 80GB PCIe",
     "b200_bf16_ceperm": "measured: SimuMax's reference tables, 8x B200 (its file says 80 GB)",
-    "nvidia_h100_80gb_hbm3": "measured: our simumax calibrate run on one H100 SXM (docs/calibration.md)",
+    "nvidia_h100_80gb_hbm3": "measured: our simumax calibrate run on one H100 SXM, at full clock, with its power curve "
+                             "(docs/calibration.md)",
 }
+# measured presets whose tables are timed at full clock and carry the board's power curve
+FULL_CLOCK_MEASURED = ("nvidia_h100_80gb_hbm3",)
 
 
 def preset_provenance(name: str) -> str:
@@ -280,5 +283,7 @@ def preset_provenance(name: str) -> str:
     if gpu is None:
         return "user file"
     if gpu.measured_base:
-        return f"derived: datasheet peaks and fabric, compute tables of {gpu.measured_base}"
+        power = ("; its own measured power curve" if gpu.power_curve
+                 else "; its power curve" if gpu.measured_base in FULL_CLOCK_MEASURED else "")
+        return f"derived: datasheet peaks and fabric, compute tables of {gpu.measured_base}{power}"
     return "derived: datasheet peaks and fabric, default efficiency curves (no table)"
