@@ -115,3 +115,17 @@ def test_presets_say_which_carry_a_power_curve() -> None:
     assert preset_provenance("h100-sxm-80gb").endswith("; its power curve")
     assert preset_provenance("h200-sxm-141gb").endswith("; its own measured power curve")
     assert "power curve" not in preset_provenance("b200-sxm-180gb") + preset_provenance("a100_pcie")
+
+
+def test_each_stage_reports_the_rate_its_chunks_ran_at() -> None:
+    m = load_model("llama3-8b")
+    st = load_strategy("tp1_pp2_dp4_mbs1")
+    sysc = load_system("h100-sxm-80gb")
+    est = Estimate(m, st, sysc)
+    rates = [s.tensor_core_rate for s in est.cost().stages]
+    # the rate is the fixed point of each chunk's own unslowed mix
+    table_rate = Estimate(m, st, _without_curve(sysc))
+    for r, t in zip(rates, table_rate.chunk_times):
+        compute = sum(getattr(t, ph).compute for ph in PHASES)
+        assert r == pytest.approx(throttle_rate(H100_CURVE, compute, t.total - compute), rel=1e-9)
+    assert all(s.tensor_core_rate == 1.0 for s in table_rate.cost().stages)

@@ -17,7 +17,7 @@ from simumax.config.system import SystemConfig
 from simumax.cost.breakdown import critical_rank_breakdown
 from simumax.cost.efficiency import ComputeModel
 from simumax.cost.network import NetworkModel
-from simumax.cost.power import throttled
+from simumax.cost.power import stage_rates, throttled
 from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import PhaseTime, StageTime
 from simumax.dp.buckets import GradBucket, bucket_key, grad_buckets
@@ -316,6 +316,7 @@ class Estimate:
             run = self.iteration_times
             end_bwd, ends, ready = run.end_of_backward, run.end, run.norm_ready
         times = self.stage_times
+        rates = stage_rates(self.chunk_times, [c.index for c in self.chunks], len(self.stages), self.system.accelerator.power_curve)
         stage_costs = []
         for r, (s, t) in enumerate(zip(self.stages, times)):
             comm: dict[str, float] = {}
@@ -326,6 +327,7 @@ class Estimate:
                 StageCost(
                     stage=r, layers=len(s.layers), fwd=t.fwd.total, bwd=t.bwd.total, recompute=t.recompute.total,
                     p2p=t.p2p, comm_exposed=comm, dp_comm=dp_t[r], optimizer=opt_t[r], end_of_backward=end_bwd[r],
+                    tensor_core_rate=rates[r],
                 )
             )
         total = max(ends)

@@ -116,3 +116,18 @@ def throttled(t: StageTime, points: list[list[float]]) -> StageTime:
             done[id(phases)] = _SlowedPhases(phases, f)
         out.add_op_times(ops, done[id(phases)])  # type: ignore[arg-type]
     return out
+
+
+def stage_rates(chunks: list[StageTime], ranks: list[int], n_ranks: int, points: list[list[float]] | None) -> list[float]:
+    """Per pipeline rank, the tensor-core rate its chunks run at (1 without a curve): each
+    chunk's from its slowed times alone (at the fixed point the rate is the curve's at the
+    slowed share), weighted by the chunk's tensor-core seconds."""
+    if not points:
+        return [1.0] * n_ranks
+    seconds, weighted = [0.0] * n_ranks, [0.0] * n_ranks
+    for t, r in zip(chunks, ranks):
+        compute = sum(getattr(t, ph).compute for ph in PHASES)
+        if compute > 0 and t.total > 0:
+            seconds[r] += compute
+            weighted[r] += compute * curve_rate(points, compute / t.total)
+    return [w / s if s else 1.0 for w, s in zip(weighted, seconds)]

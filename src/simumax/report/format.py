@@ -59,6 +59,10 @@ def summary_table(cost: CostResult, mem: MemResult) -> Table:
     t.add_row("peak allocated (GiB, max stage)",
               f"{gib(mem.peak_mem)} (stage {mem.peak_stage})" + band(mem.peak_mem_interval, gib))
     t.add_row("peak reserved (GiB)", f"{gib(mem.peak_mem_with_reserved)} of {gib(mem.capacity)}")
+    rates = [s.tensor_core_rate for s in cost.stages]
+    if min(rates, default=1.0) < 1.0:  # the system carries a power curve (cost/power.py)
+        shown = f"{min(rates):.2f}" if max(rates) - min(rates) < 0.005 else f"{min(rates):.2f}–{max(rates):.2f}"
+        t.add_row("tensor-core clock (power limit)", f"{shown} of table rate")
     return t
 
 

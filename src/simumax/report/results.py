@@ -33,6 +33,8 @@ class StageCost(_ToDict):
     dp_comm: float  # per iteration
     optimizer: float  # per iteration
     end_of_backward: float  # when this stage's last backward finishes
+    # tensor-core rate vs the tables under the board's power limit (cost/power.py; 1 without a curve)
+    tensor_core_rate: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
