@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from sustained_gemm import _nvml, _reading
-
 
 def main() -> None:
     import torch
 
+    from simumax.calibrate.nvml import open_device, reading
     from simumax.calibrate.power import duty_cycle_rows
 
     ap = argparse.ArgumentParser()
@@ -30,9 +29,9 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     dev = torch.device("cuda", 0)
-    nv, h = _nvml()
+    nv, h = open_device()
     rows = duty_cycle_rows(dev, a.seconds, a.size, int(a.copy_mb * 2**20), tuple(int(v) for v in a.ratios.split(",")),
-                           reading=lambda: _reading(nv, h))
+                           reading=lambda: reading(nv, h))
     for row in rows:
         print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     if a.json:

@@ -20,32 +20,11 @@ import json
 import time
 
 
-def _nvml():
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
-    except Exception:  # noqa: BLE001 - readings are optional
-        return None, None
-
-
-def _reading(nv, h) -> dict:
-    if nv is None:
-        return {}
-    return {
-        "sm_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-        "mem_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
-        "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
-        "temp_c": nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
-        "throttle": int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)),
-    }
-
-
 def main() -> None:
     import torch
 
     from simumax.calibrate.compute import fp8_gemm_fn
+    from simumax.calibrate.nvml import open_device, reading
     from simumax.calibrate.timing import median_seconds
     from simumax.graph.kernels import Gemm
 
@@ -88,7 +67,7 @@ def main() -> None:
         def fn():
             return torch.add(x, y, out=z)
         flops = 6.0 * x.numel()  # bytes: read two bf16 operands, write one
-    nv, h = _nvml()
+    nv, h = open_device()
     burst = median_seconds(fn, dev)  # as calibrate times it
     per_window = max(1, int(a.window / burst))
     windows = []
@@ -102,7 +81,7 @@ def main() -> None:
         e.synchronize()
         dt = s.elapsed_time(e) * 1e-3 / per_window
         windows.append({"t": round(a.seconds - (t_end - time.perf_counter()), 2), "tflops": flops / dt / 1e12,
-                        **_reading(nv, h)})
+                        **reading(nv, h)})
     after = median_seconds(fn, dev)  # calibrate's timing again, now on a hot GPU
     out = {"device": torch.cuda.get_device_name(dev), "shape": [m, k, n], "dtype": a.dtype, "layout": a.layout,
            "burst_tflops": flops / burst / 1e12, "hot_burst_tflops": flops / after / 1e12, "windows": windows}

@@ -237,3 +237,13 @@ def test_a_flat_collective_fit_is_capped_with_a_warning(caplog: pytest.LogCaptur
     assert out["networks"]["intra_node_pcie_2x"]["op"]["p2p"]["efficient_factor"] == MAX_LINK_EFFICIENCY
     assert "p2p" in caplog.text and "do not resolve" in caplog.text
     SystemConfig.init_from_dict(out)
+
+
+def test_clock_readings_summarise_to_medians_and_the_capped_share() -> None:
+    from simumax.calibrate.nvml import SW_POWER_CAP, reading, summary
+
+    rows = [{"sm_mhz": 1980, "power_w": 400.0, "throttle": 0},
+            {"sm_mhz": 1500, "power_w": 699.0, "throttle": SW_POWER_CAP},
+            {"sm_mhz": 1600, "power_w": 690.0, "throttle": SW_POWER_CAP | 0x1}, {}]
+    assert summary(rows) == {"sm_mhz": 1600, "power_w": 690.0, "power_capped_share": 2 / 3}
+    assert summary([{}, {}]) is None and reading(None, None) == {}

@@ -84,6 +84,7 @@ def test_check_step_on_cpu(tiny_files) -> None:
     assert row["params_real"] == row["params_predicted"]  # same model, counted two ways
     assert row["step_time_real"] > 0 and row["step_time_predicted"] > 0
     assert row["peak_mem_real"] is None  # no allocator statistics on CPU
+    assert row["clocks_real"] is None and row["tensor_core_rate_predicted"] == 1.0  # no NVML, no power curve
     meas = row["measurement"]
     assert len(meas["step_seconds_all"]) == 2 and set(meas["phase_seconds"]) == {"fwd", "bwd", "optimizer"}
     assert row["activation_bytes_real"] > 0

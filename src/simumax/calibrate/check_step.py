@@ -25,6 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from simumax.calibrate.megatron_loss import megatron_cross_entropy
+from simumax.calibrate.nvml import open_device, reading
+from simumax.calibrate.nvml import summary as clock_summary
 from simumax.calibrate.timing import accumulate_fp32_, synchronize
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
@@ -165,6 +167,9 @@ class StepMeasurement:
     model_state_bytes: int | None  # allocated at the start of the last step: weights, grads, optimizer
     saved_activation_bytes: int  # one micro-batch's tensors saved for backward (unique storages, no parameters)
     kernels: list[dict[str, object]]  # with profile: {name, count, seconds} per kernel name, slowest first
+    # NVML over the timed steps (None without it): median SM clock (MHz) and board power (W),
+    # share of readings under the power cap (docs/calibration.md, "Power-limited clocks")
+    clocks: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -252,6 +257,8 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
 
     losses, times = [], []
     parts: dict[str, list[float]] = {"fwd": [], "bwd": [], "optimizer": []}
+    nv, handle = open_device() if device.type == "cuda" else (None, None)
+    readings = []
     states = 0
     for it in range(warmup + steps):
         synchronize(device)
@@ -261,6 +268,7 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
         fwd, bwd, optim, loss = one_step()
         if it >= warmup:
             times.append(time.perf_counter() - t0)
+            readings.append(reading(nv, handle))
             for k, v in (("fwd", fwd), ("bwd", bwd), ("optimizer", optim)):
                 parts[k].append(v)
         losses.append(loss)
@@ -269,7 +277,8 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
     n = sum(p.numel() for p in params)
     # the model and optimizer die with this frame; the next run empties the cache first
     return StepMeasurement(str(device), statistics.median(times), times, peak, n, losses[0], losses[-1],
-                           {k: statistics.median(v) for k, v in parts.items()}, states or None, saved, kernels)
+                           {k: statistics.median(v) for k, v in parts.items()}, states or None, saved, kernels,
+                           clock_summary(readings))
 
 
 def profile_step(step, device: torch.device, top: int = 400) -> list[dict[str, object]]:

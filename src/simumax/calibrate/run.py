@@ -214,6 +214,8 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
         "kernel_seconds_predicted": predicted_seconds_by_kind(est, cost.breakdown["optimizer"]),
         "kernel_seconds_real": _by_kind(real.kernels) if real.kernels else None,
         "wgrad_accumulation_fused": fp32_accumulation_fused(),
+        "clocks_real": real.clocks,  # NVML over the timed steps (cost/power.py's mechanism)
+        "tensor_core_rate_predicted": cost.stages[0].tensor_core_rate,
         "measurement": real.to_dict(),
     }
 

@@ -181,4 +181,9 @@ def check_step_table(row: dict) -> Table:
     else:
         t.add_row("peak allocated (GiB)", "- (CPU)", gib(row["peak_mem_predicted"]), "")
     t.add_row("parameters", f"{row['params_real']:,}", f"{row['params_predicted']:,}", "")
+    clocks = row.get("clocks_real")
+    if clocks or row.get("tensor_core_rate_predicted", 1.0) < 1.0:
+        real = (f"SM {clocks['sm_mhz']:.0f} MHz, {clocks['power_w']:.0f} W, {clocks['power_capped_share']:.0%} capped"
+                if clocks else "-")
+        t.add_row("clock under load", real, f"tensor cores at {row.get('tensor_core_rate_predicted', 1.0):.2f}", "")
     return t
