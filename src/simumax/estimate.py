@@ -20,8 +20,8 @@ from simumax.cost.network import NetworkModel
 from simumax.cost.power import stage_rates, throttled
 from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import PhaseTime, StageTime
-from simumax.dp.buckets import GradBucket, bucket_key, grad_buckets
-from simumax.dp.optimizer_step import step_passes
+from simumax.dp.buckets import GradBucket
+from simumax.dp.iteration_step import DataParallelStep
 from simumax.graph.kernels import Collective
 from simumax.graph.model_graph import build_virtual_stages, merge_chunks
 from simumax.graph.ops import Stage
@@ -40,7 +40,7 @@ from simumax.simulate.steady import steady_pipeline, steady_walk_counts
 from simumax.uncertainty import TIME_BAND, attribution, unmeasured_share
 
 @dataclass
-class Estimate:
+class Estimate(DataParallelStep):
     model: ModelConfig
     strategy: StrategyConfig
     system: SystemConfig
@@ -120,96 +120,6 @@ class Estimate:
             out[c.index][0] += t.fwd.total + t.p2p
             out[c.index][1] += t.bwd_input.total + t.bwd_weight.total + t.recompute.total + (times[k - 1].p2p if k else 0.0)
         return [(f, b) for f, b in out]
-
-    # ---- data-parallel gradient sync and optimizer ------------------------------------
-    def grad_buckets(self, chunk: Stage) -> list[GradBucket]:
-        """Megatron's DDP buckets of one model chunk (each chunk has its own buffers):
-        dense gradients reduce over DP x CP, expert gradients over the expert-data-parallel
-        group; reduce-scatter + ZeRO-1 all-gather, or all-reduce without ZeRO."""
-        key = chunk.vstage
-        got = self._bucket_cache.get(key)
-        if got is None:
-            dense = chunk.params - chunk.expert_params
-            got = self._bucket_cache[key] = self._buckets(dense, "dp") + self._buckets(chunk.expert_params, "edp")
-        return got
-
-    def _buckets(self, params: int, group: str) -> list[GradBucket]:
-        # shared through the profile cache: a search asks the same chunk sizes of the same
-        # groups for many layouts
-        key = bucket_key(self.strategy, self.network, params, group)
-        hit = self.profiles.grad_buckets.get(key)
-        if hit is None:
-            hit = self.profiles.grad_buckets[key] = grad_buckets(self.strategy, self.network, params, group)
-        return hit
-
-    def dp_comm_time(self, stage: Stage) -> float:
-        """All gradient buckets (and ZeRO-1 parameter gathers) of one rank's chunks."""
-        return self.dp_reduce_time(stage) + self.dp_gather_time(stage)
-
-    @cached_property
-    def embedding_grad_sync(self) -> list[float]:
-        """Per rank: the all-reduce of the tied word-embedding gradient between the first and
-        the last pipeline stage (Megatron ``finalize_model_grads`` ->
-        ``_allreduce_word_embedding_grads``: the fp32 main grad of the rank's vocab shard,
-        after the data-parallel reduce). 0 elsewhere, untied, or without PP."""
-        out = [0.0] * len(self.stages)
-        first, last = self.chunks[0].index, self.chunks[-1].index
-        shared = not self.model.untie_embeddings_and_output_weights or self.model.mtp_num_layers > 0  # MTP's copy too
-        if not shared or first == last:
-            return out
-        d = self.layer_profiles.source.dims
-        t = self.network.time(Collective("all_reduce", float(d.vocab * d.h * self.strategy.main_grad_bytes), "pp"))
-        out[first] = out[last] = t
-        return out
-
-    @cached_property
-    def _dp_times(self) -> list[tuple[float, float]]:
-        """Per rank: (gradient reduces, ZeRO-1 parameter gathers) of all its chunks; the
-        reduces include the tied-embedding gradient all-reduce."""
-        out = [[e, 0.0] for e in self.embedding_grad_sync]
-        for c in self.chunks:
-            rank = out[c.index]
-            red, gat = rank
-            for _, _, r, g in self.grad_buckets(c):  # (group, ready_fraction, reduce, gather)
-                red += r
-                gat += g
-            rank[0], rank[1] = red, gat
-        return [(r, g) for r, g in out]
-
-    def dp_reduce_time(self, stage: Stage) -> float:
-        """Gradient reduce-scatters (ZeRO-1) or all-reduces of one rank, before its step."""
-        return self._dp_times[stage.index][0]
-
-    def dp_gather_time(self, stage: Stage) -> float:
-        """ZeRO-1 parameter all-gathers of one rank, after its step."""
-        return self._dp_times[stage.index][1]
-
-    @cached_property
-    def optimizer_passes(self) -> list[tuple[float, float]]:
-        """Per rank: the optimizer step over its shard, (before, after) the gradient-norm
-        all-reduce in seconds (dp/optimizer_step.py)."""
-        cost = self.compute_model.membound
-        return [step_passes(self.strategy, self.system, stage, cost) for stage in self.stages]
-
-    def optimizer_time(self, stage: Stage) -> float:
-        return sum(self.optimizer_passes[stage.index])
-
-    def step_ends(self, grads_done: list[float]) -> tuple[list[float], list[float]]:
-        """(ready for the gradient-norm all-reduce, end of the iteration) per rank, from
-        when each rank's gradients are reduced.
-
-        The gradient norm (for clipping) is all-reduced over every rank, data- and
-        model-parallel alike, so no rank clips and steps before the slowest one has its
-        norm: a barrier. Ranks that end their backward early (a pipeline's last stage)
-        wait there, then each runs the rest of its step and its parameter all-gathers."""
-        passes = self.optimizer_passes
-        ready = [g + before for g, (before, _) in zip(grads_done, passes)]
-        barrier = max(ready)
-        return ready, [barrier + after + self.dp_gather_time(s) for s, (_, after) in zip(self.stages, passes)]
-
-    def step_ends_after(self, end_bwd: list[float]) -> tuple[list[float], list[float]]:
-        """``step_ends`` with nothing overlapped: each rank reduces its gradients after its last pass."""
-        return self.step_ends([e + self.dp_reduce_time(s) for e, s in zip(end_bwd, self.stages)])
 
     # ---- results ---------------------------------------------------------------------
     def model_flops_per_iter(self) -> float:
