@@ -315,9 +315,10 @@ def test_moe_overlap_takes_hidden_time_off_the_groups_that_carry_it() -> None:
 def test_optimizer_passes_by_hand_and_no_grad_copy_with_fp32_main_grads() -> None:
     """Bytes of the step over one rank's shard (dp/optimizer_step.py), on the default line:
     fp32 main grads are the optimizer's grads as they are (Megatron's ``main_grad.float()``
-    is the same tensor), so before the norm: the nan check over the buffer (4) and the norm
-    (4); after it: clip (8), Adam (4 + 2 * 12), the bf16 copy (6) and the zeroing (4). bf16
-    main grads add the copy to fp32 (2 + 4)."""
+    is the same tensor), so before the norm: DDP's 1/dp scaling of the whole buffer (read
+    and write 4), the nan check over it (4) and the norm (4); after it: clip (8), Adam
+    (4 + 2 * 12), the bf16 copy (6) and the zeroing (4). bf16 main grads add the copy to fp32
+    (2 + 4); ``--ddp-average-in-collective`` drops the scaling of a dense model."""
     from simumax.dp.optimizer_step import step_passes
     from simumax.graph.kernels import MemBound
 
@@ -332,9 +333,26 @@ def test_optimizer_passes_by_hand_and_no_grad_copy_with_fp32_main_grads() -> Non
     assert st.main_grad_bytes == 4 and st.zero_state == 1
     shard = stage.params / st.dp_size
     before, after = step_passes(st, est.system, stage, bytes_only)
-    assert before == pytest.approx(stage.params * 4 + shard * 4)
+    assert before == pytest.approx(stage.params * 8 + stage.params * 4 + shard * 4)
     assert after == pytest.approx(shard * (8 + 28 + 6) + stage.params * 4)
     bf16 = st.with_updates({"use_fp32_accum_grad": False})
     assert bf16.main_grad_bytes == 2
     before16, _ = step_passes(bf16, est.system, stage, bytes_only)
-    assert before16 == pytest.approx(shard * (2 + 4) + stage.params * 2 + shard * 4)
+    assert before16 == pytest.approx(stage.params * 4 + shard * (2 + 4) + stage.params * 2 + shard * 4)
+    averaged, _ = step_passes(st.with_updates({"ddp_average_in_collective": True}), est.system, stage, bytes_only)
+    assert averaged == pytest.approx(stage.params * 4 + shard * 4)
+
+
+def test_ddp_prescaling_follows_megatrons_factors() -> None:
+    """gradient_scaling_factor (distributed_data_parallel.py): 1/(dp x cp) on every buffer,
+    or, averaging in the collective, 1 on dense buffers and edp/(dp x cp) on expert ones;
+    a factor of 1 skips the pass."""
+    from simumax.dp.optimizer_step import prescaled_params
+
+    moe = _est("deepseek-v2-lite", ep_size=4, pp_size=1, micro_batch_num=2)  # 8 GPUs: dp 8, edp 2
+    st, stage = moe.strategy, moe.stages[0]
+    assert (st.dp_size, st.edp_size) == (8, 2) and 0 < stage.expert_params < stage.params
+    assert prescaled_params(st, stage) == stage.params
+    assert prescaled_params(st.with_updates({"ddp_average_in_collective": True}), stage) == stage.expert_params
+    one = _est("llama3-8b", world_size=1, pp_size=1, micro_batch_num=2)
+    assert prescaled_params(one.strategy, one.stages[0]) == 0  # dp 1: the factor is 1

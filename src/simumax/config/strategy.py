@@ -150,6 +150,10 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     ddp_bucket_size: PositiveInt | None = Field(
         None, description="DDP bucket in elements; default max(40M, 1M * dp) as Megatron."
     )
+    ddp_average_in_collective: bool = Field(
+        False, description="Megatron --ddp-average-in-collective: the DP collective averages. Without it (Megatron's "
+        "default) DDP scales each gradient buffer by 1/dp before its reduce, one pass over the buffer per iteration.",
+    )
     # kernels
     enable_dropout: bool = Field(False, description="Attention/hidden dropout on (saves masks).")
     use_fused_norm: bool = Field(True, description="Fused (TE/Apex) norm kernels.")

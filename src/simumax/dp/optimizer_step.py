@@ -16,7 +16,8 @@ from simumax.memory.model_states import device_optimizer_share, fp8_weight_param
 def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Callable[[MemBound], float]) -> tuple[float, float]:
     """(before, after) the gradient-norm all-reduce, in seconds, for one rank (bytes/param).
 
-    Before: main grad -> fp32 optimizer grad (g + 4 with bf16 main grads; none with fp32
+    Before: the DDP buffers' scaling by 1/dp (read and write g per scaled parameter,
+    ``prescaled_params``), main grad -> fp32 optimizer grad (g + 4 with bf16 main grads; none with fp32
     ones: Megatron's ``_copy_model_grads_to_main_grads`` sets ``grad = main_grad.float()``,
     which is the same tensor when it is fp32 already), the nan/inf check (a norm over the
     rank's whole main-grad buffer, g per local parameter: Megatron's default
@@ -28,7 +29,9 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
     states = optimizer_bytes_per_param(st)
     full_shard = shard_params(st, stage)
     shard = full_shard * device_optimizer_share(st)  # what the GPU steps itself
-    before = [MemBound("optimizer.copy_grads", shard * (g + 4))] if g != 4 else []
+    before = [MemBound("ddp.scale_grads", scaled * 2 * g)] if (scaled := prescaled_params(st, stage)) else []
+    if g != 4:
+        before.append(MemBound("optimizer.copy_grads", shard * (g + 4)))
     before += [
         MemBound("optimizer.check_finite", stage.params * g),
         MemBound("optimizer.grad_norm", shard * 4),
@@ -45,6 +48,22 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
         r = fp8.recipe(st.lp_recipe)
         after.append(MemBound("fp8.cast_weights", fp8.weight_cast_bytes(r, fp8_weight_params(stage), st.dtype_bytes)))
     return sum(map(cost, before)), sum(map(cost, after)) + offloaded_step(st, system, full_shard - shard)
+
+
+def prescaled_params(st: StrategyConfig, stage: Stage) -> int:
+    """Local parameters whose DDP gradient buffer is scaled before its reduce, once per
+    iteration (megatron/core/distributed/param_and_grad_buffer.py, ``start_grad_sync``:
+    ``bucket.grad_data *= bucket.gradient_scaling_factor`` when the factor is not 1). The
+    factor is 1/(dp x cp) for every buffer without ``--ddp-average-in-collective``; with it,
+    1 for dense buffers and edp / (dp x cp) for expert ones (distributed_data_parallel.py).
+    Megatron-FSDP (ZeRO-2/3) and DeepSpeed reduce otherwise: none here."""
+    if st.zero_state >= 2 or st.fsdp_impl == "deepspeed":
+        return 0
+    dp_cp = st.dp_size * st.cp_size
+    experts = stage.expert_params
+    if not st.ddp_average_in_collective:
+        return stage.params if dp_cp > 1 else 0
+    return experts if st.edp_size != dp_cp else 0
 
 
 def offloaded_step(st: StrategyConfig, system: SystemConfig, params: float) -> float:

@@ -73,6 +73,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {'optim_grads' if st.zero_state == 2 else 'optim_grads_params'}"]
     if st.use_fp32_accum_grad and not st.grad_reduce_in_bf16 and not ds:
         f.append(switch_flag("s", "use_fp32_accum_grad"))
+    if st.ddp_average_in_collective and not ds:
+        f.append(switch_flag("s", "ddp_average_in_collective"))
     if st.dtype in ("bf16", "fp16"):
         f.append(switch_flag("s", "dtype", st.dtype))
     if st.fp8_on:
