@@ -289,11 +289,12 @@ def test_megatron_defaults_for_flags_left_out() -> None:
 @pytest.mark.parametrize("upd", [
     {"fsdp_impl": "deepspeed", "zero_state": 1}, {"fsdp_impl": "deepspeed", "zero_state": 3, "pp_size": 1},
     {"cpu_offloading": True, "cpu_offloading_num_layers": 4, "pp_size": 1}, {"enable_dropout": True},
-    {"zero_state": 3, "pp_size": 1},
-], ids=["deepspeed-z1", "deepspeed-z3", "te-offload", "dropout", "megatron-fsdp-z3"])
+    {"zero_state": 3, "pp_size": 1}, {"ddp_average_in_collective": True},
+], ids=["deepspeed-z1", "deepspeed-z3", "te-offload", "dropout", "megatron-fsdp-z3", "average-in-collective"])
 def test_new_options_round_trip_through_the_flags(upd) -> None:
-    """DeepSpeed ZeRO (Megatron-DeepSpeed's flags), TE layer offload, dropout and
-    Megatron-FSDP: export then import gives the same estimate."""
+    """DeepSpeed ZeRO (Megatron-DeepSpeed's flags), TE layer offload, dropout,
+    Megatron-FSDP and averaging in the DP collective: export then import gives the same
+    estimate."""
     m0 = load_model("llama3.1-8b")
     s0 = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"seq_len": 8192, **upd})
     m, s, _ = parse_megatron_args(model_flags(m0) + megatron_flags(s0, m0), world_size=8)
