@@ -318,7 +318,8 @@ def test_optimizer_passes_by_hand_and_no_grad_copy_with_fp32_main_grads() -> Non
     is the same tensor), so before the norm: DDP's 1/dp scaling of the whole buffer (read
     and write 4), the nan check over it (4) and the norm (4); after it: clip (8), Adam
     (4 + 2 * 12), the bf16 copy (6) and the zeroing (4). bf16 main grads add the copy to fp32
-    (2 + 4); ``--ddp-average-in-collective`` drops the scaling of a dense model."""
+    (2 + 4); ``--ddp-average-in-collective`` drops the scaling of a dense model; fp16 adds
+    the loss scaler's unscale (read and write 4 per stepped parameter)."""
     from simumax.dp.optimizer_step import step_passes
     from simumax.graph.kernels import MemBound
 
@@ -341,6 +342,8 @@ def test_optimizer_passes_by_hand_and_no_grad_copy_with_fp32_main_grads() -> Non
     assert before16 == pytest.approx(stage.params * 4 + shard * (2 + 4) + stage.params * 2 + shard * 4)
     averaged, _ = step_passes(st.with_updates({"ddp_average_in_collective": True}), est.system, stage, bytes_only)
     assert averaged == pytest.approx(stage.params * 4 + shard * 4)
+    fp16, _ = step_passes(st.with_updates({"dtype": "fp16"}), est.system, stage, bytes_only)
+    assert fp16 == pytest.approx(before + shard * 8)  # the loss scaler's unscale of the fp32 main grads
 
 
 def test_ddp_prescaling_follows_megatrons_factors() -> None:

@@ -19,7 +19,8 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
     Before: the DDP buffers' scaling by 1/dp (read and write g per scaled parameter,
     ``prescaled_params``), main grad -> fp32 optimizer grad (g + 4 with bf16 main grads; none with fp32
     ones: Megatron's ``_copy_model_grads_to_main_grads`` sets ``grad = main_grad.float()``,
-    which is the same tensor when it is fp32 already), the nan/inf check (a norm over the
+    which is the same tensor when it is fp32 already), with fp16 the loss scaler's unscale
+    (read and write 4 per stepped parameter), the nan/inf check (a norm over the
     rank's whole main-grad buffer, g per local parameter: Megatron's default
     check_for_nan_in_grad runs it per bucket before the reduce), grad norm (4).
     After: clip scale (8), Adam (read grad, master, m, v; write master, m, v:
@@ -32,6 +33,10 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
     before = [MemBound("ddp.scale_grads", scaled * 2 * g)] if (scaled := prescaled_params(st, stage)) else []
     if g != 4:
         before.append(MemBound("optimizer.copy_grads", shard * (g + 4)))
+    if st.dtype == "fp16":
+        # the loss scaler's unscale and inf check over the fp32 main grads the step reads
+        # (optimizer.py, _unscale_main_grads_and_check_for_nan: _amp_foreach_non_finite_check_and_unscale_)
+        before.append(MemBound("optimizer.unscale", shard * 8))
     before += [
         MemBound("optimizer.check_finite", stage.params * g),
         MemBound("optimizer.grad_norm", shard * 4),
