@@ -3,7 +3,6 @@ line naming the files a command wrote."""
 
 from __future__ import annotations
 
-import difflib
 import json
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import typer
 
 from simumax import cli
+from simumax.config.base import did_you_mean
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
@@ -52,16 +52,13 @@ def apply_overrides(model: ModelConfig, strategy: StrategyConfig, system: System
         if not target:
             owners = [n for n, c in (("model", ModelConfig), ("strategy", StrategyConfig)) if field in c.model_fields]
             if not owners:
-                close = difflib.get_close_matches(field.split(".")[0], [*ModelConfig.model_fields, *StrategyConfig.model_fields], n=3)
-                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                hint = did_you_mean(field.split(".")[0], [*ModelConfig.model_fields, *StrategyConfig.model_fields])
                 raise ConfigError(key, f"unknown field in model and strategy configs{hint}")
             target = owners[0]
         path = field.split(".")
         fields = type(configs[target]).model_fields
         if path[0] not in fields:
-            close = difflib.get_close_matches(path[0], list(fields), n=3)
-            hint = f"; did you mean {', '.join(f'{target}.{c}' for c in close)}?" if close else ""
-            raise ConfigError(key, f"unknown field of the {target} config{hint}")
+            raise ConfigError(key, f"unknown field of the {target} config{did_you_mean(path[0], fields, f'{target}.')}")
         data = dumps.setdefault(target, configs[target].model_dump())
         _set_path(data, path, _parse_value(value), key)
     for target, data in dumps.items():

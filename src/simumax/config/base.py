@@ -18,6 +18,13 @@ def _loc(err: dict[str, Any]) -> str:
     return ".".join(str(p) for p in err.get("loc", ())) or "<root>"
 
 
+def did_you_mean(name: str, choices: Any, prefix: str = "") -> str:
+    """``"; did you mean a, b?"`` with up to three of ``choices`` close to ``name`` (each
+    after ``prefix``), or nothing when none is."""
+    close = difflib.get_close_matches(name, list(choices), n=3)
+    return f"; did you mean {', '.join(prefix + c for c in close)}?" if close else ""
+
+
 def config_error_from(exc: ValidationError, source: str | None = None, fields: Any = ()) -> ConfigError:
     """Turn pydantic's report into one ConfigError naming the first bad field; an unknown
     top-level field suggests the nearest of ``fields`` (the config's own)."""
@@ -29,9 +36,8 @@ def config_error_from(exc: ValidationError, source: str | None = None, fields: A
     kind = err.get("type", "")
     if kind == "extra_forbidden":
         rule = "unknown field (not part of this config format)"
-        close = difflib.get_close_matches(field, list(fields), n=3) if len(err.get("loc", ())) == 1 else []
-        if close:
-            rule += f"; did you mean {', '.join(close)}?"
+        if len(err.get("loc", ())) == 1:  # a top-level field: suggest the config's own
+            rule += did_you_mean(field, fields)
     elif kind == "missing":
         rule = "required field is missing"
     else:
