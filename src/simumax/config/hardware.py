@@ -268,22 +268,27 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
 SIMUMAX_MEASURED = {
     "a100_pcie": "measured: SimuMax's reference tables, 8x A100 80GB PCIe",
     "b200_bf16_ceperm": "measured: SimuMax's reference tables, 8x B200 (its file says 80 GB)",
-    "nvidia_h100_80gb_hbm3": "measured: our simumax calibrate run on one H100 SXM, at full clock, with its power curve "
-                             "(docs/calibration.md)",
+    "nvidia_h100_80gb_hbm3": "measured: our simumax calibrate run on one H100 SXM, at full clock (docs/calibration.md)",
 }
-# measured presets whose tables are timed at full clock and carry the board's power curve
-FULL_CLOCK_MEASURED = ("nvidia_h100_80gb_hbm3",)
+
+
+def _has_power_curve(preset: str) -> bool:
+    """Whether a shipped system preset carries a power curve (its file says; cost/power.py)."""
+    from simumax.config.loader import load_system  # the loader reads presets; this module only describes them
+
+    return load_system(preset).accelerator.power_curve is not None
 
 
 def preset_provenance(name: str) -> str:
-    """One line: measured tables, or datasheet peaks with which tables / default curves."""
+    """One line: measured tables, or datasheet peaks with which tables / default curves, and
+    whether a power curve comes with them."""
     if name in SIMUMAX_MEASURED:
-        return SIMUMAX_MEASURED[name]
+        return SIMUMAX_MEASURED[name] + ("; with its measured power curve" if _has_power_curve(name) else "")
     gpu = next((g for g in GPUS if g.name == name), None)
     if gpu is None:
         return "user file"
     if gpu.measured_base:
         power = ("; its own measured power curve" if gpu.power_curve
-                 else "; its power curve" if gpu.measured_base in FULL_CLOCK_MEASURED else "")
+                 else "; its power curve" if _has_power_curve(gpu.measured_base) else "")
         return f"derived: datasheet peaks and fabric, compute tables of {gpu.measured_base}{power}"
     return "derived: datasheet peaks and fabric, default efficiency curves (no table)"
