@@ -35,7 +35,9 @@ def test_local_global_pattern_and_its_cost() -> None:
     st = load_strategy({"seq_len": 8192, "world_size": 8, "ep_size": 8})
     # at the tables' rate: under the power curve a chunk's mix sets every kernel's clock
     # (cost/power.py), so shortening layer 0 would speed up layer 1 too
-    table_rate = SYSTEM.with_updates({"accelerator": {**SYSTEM.accelerator.model_dump(), "power_curve": None}})
+    from tests.test_power import _without_curve
+
+    table_rate = _without_curve(SYSTEM)
     windowed = Estimate(m, st, table_rate)
     full = Estimate(m.with_updates({"window_size": None}), st, table_rate)
     attn = lambda e, layer: sum(ph["fwd"].total for o, ph in e.chunk_times[0].op_times if o.name == f"L{layer}.attn")  # noqa: E731

@@ -71,6 +71,11 @@ def throttle_rate(points: list[list[float]], compute: float, other: float) -> fl
     return knots[-1][1]  # past the last point the curve is flat
 
 
+def _tensor_seconds(t: StageTime) -> float:
+    """A chunk's tensor-core (GEMM and attention) seconds over its passes."""
+    return sum(getattr(t, ph).compute for ph in PHASES)
+
+
 def _slowed(p: PhaseTime, f: float) -> PhaseTime:
     extra = (f - 1.0) * p.compute
     return PhaseTime(p.total + extra, p.compute + extra, p.membound, dict(p.comm), p.flops, p.bytes)
@@ -104,7 +109,7 @@ def throttled(t: StageTime, points: list[list[float]]) -> StageTime:
     everything it spends. Exposed communication counts as the memory-bound copies the curve
     was measured beside; it draws less (NCCL kernels on few SMs, or idle), so the rate errs
     low there."""
-    compute = sum(getattr(t, ph).compute for ph in PHASES)
+    compute = _tensor_seconds(t)
     r = throttle_rate(points, compute, t.total - compute)
     if r >= 1.0:
         return t
@@ -126,7 +131,7 @@ def stage_rates(chunks: list[StageTime], ranks: list[int], n_ranks: int, points:
         return [1.0] * n_ranks
     seconds, weighted = [0.0] * n_ranks, [0.0] * n_ranks
     for t, r in zip(chunks, ranks):
-        compute = sum(getattr(t, ph).compute for ph in PHASES)
+        compute = _tensor_seconds(t)
         if compute > 0 and t.total > 0:
             seconds[r] += compute
             weighted[r] += compute * curve_rate(points, compute / t.total)
