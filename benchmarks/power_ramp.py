@@ -56,27 +56,23 @@ def main() -> None:
     time.sleep(5)
     others = [(4096, 4096, 14336), (4096, 14336, 4096), (4096, 4096, 6144), (4096, 8192, 28672), (4096, 28672, 8192),
               (4096, 8192, 10240), (4096, 4096, 128256), (8192, 4096, 14336)]
-    rates = {}
-    for mm, kk, nn in others:
+
+    def rate(mm: int, kk: int, nn: int, idle: float = 0.0) -> float:
+        """TFLOP/s of one shape as calibrate times it, after ``idle`` seconds."""
         xa = torch.randn(mm, kk, device=dev, dtype=torch.bfloat16)
         wa = torch.randn(nn, kk, device=dev, dtype=torch.bfloat16)
-        t = median_seconds(lambda: xa @ wa.t(), dev)
-        rates[f"{mm}x{kk}x{nn}"] = round(2.0 * mm * kk * nn / t / 1e12, 1)
-        del xa, wa
+        torch.cuda.synchronize()
+        time.sleep(idle)
+        return round(2.0 * mm * kk * nn / median_seconds(lambda: xa @ wa.t(), dev) / 1e12, 1)
+
+    rates = {f"{mm}x{kk}x{nn}": rate(mm, kk, nn) for mm, kk, nn in others}
     t = median_seconds(lambda: x @ w.t(), dev)
     calib = flops / t / 1e12
     time.sleep(5)
     t = median_seconds(lambda: x @ w.t(), dev)
     idle = flops / t / 1e12
-    idle_rates = {}  # the same shapes, each from a GPU idle for 2 s
-    for mm, kk, nn in others:
-        xa = torch.randn(mm, kk, device=dev, dtype=torch.bfloat16)
-        wa = torch.randn(nn, kk, device=dev, dtype=torch.bfloat16)
-        torch.cuda.synchronize()
-        time.sleep(2)
-        t = median_seconds(lambda: xa @ wa.t(), dev)
-        idle_rates[f"{mm}x{kk}x{nn}"] = round(2.0 * mm * kk * nn / t / 1e12, 1)
-        del xa, wa
+    # the same shapes, each from a GPU idle for 2 s
+    idle_rates = {f"{mm}x{kk}x{nn}": rate(mm, kk, nn, idle=2.0) for mm, kk, nn in others}
     out = {"device": torch.cuda.get_device_name(dev), "shape": [m, k, n], "ramp": ramp,
            "calibrate_pattern_tflops": calib, "idle_burst_tflops": idle, "others_tflops": rates,
            "others_idle_tflops": idle_rates}
