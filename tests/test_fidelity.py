@@ -287,6 +287,33 @@ def test_delayed_scaling_reduces_amaxes_once_per_chunk_and_pass() -> None:
     assert Collective("all_reduce", 4.0, "tp") in _op(other, "L0.fc2").bwd_input
 
 
+@pytest.mark.parametrize(("recipe", "per_elem"), [
+    (None, 2.0),  # bf16: the gathered activation
+    ("delayed", 1.0), ("tensorwise", 1.0),  # FP8, one layout, no per-block scales
+    ("mxfp8", 1 + 1 / 32), ("blockwise", 1 + 4 / 128),  # + the row-wise scales
+])
+def test_sequence_parallel_gathers_carry_the_quantized_tensor(recipe: str | None, per_elem: float) -> None:
+    """TE quantizes a sequence-parallel linear's local shard and all-gathers the FP8 data
+    (forward input, its re-gather for the weight gradient, and a row-parallel linear's
+    output gradient); reduce-scatters keep bf16, and the LM head (Megatron's own linear,
+    not TE) gathers bf16 whatever the recipe."""
+    fp8_on = {"fp8": True, "fp8_recipe": recipe} if recipe else {}
+    est = _est(_llama(), "b200-sxm-180gb", world_size=8, tp_size=4, enable_sequence_parallel=True, seq_len=1024,
+               micro_batch_size=1, **fp8_on)
+    tokens, h, ffn = 1024, 1024, 2048
+
+    def tp(ks: tuple, op: str) -> list[float]:
+        return [k.bytes for k in ks if isinstance(k, Collective) and k.group == "tp" and k.op == op]
+
+    fc1, fc2 = _op(est, "L0.fc1"), _op(est, "L0.fc2")
+    assert tp(fc1.fwd, "all_gather") == tp(fc1.bwd_input, "all_gather") == [pytest.approx(tokens * h * per_elem)]
+    assert tp(fc2.bwd_input, "all_gather") == [pytest.approx(tokens * h * per_elem)]
+    assert tp(fc1.bwd_input, "reduce_scatter") == tp(fc2.fwd, "reduce_scatter") == [tokens * h * 2.0]
+    assert fc1.fwd_transient == pytest.approx(tokens * h * per_elem)  # the gathered input buffer
+    assert fc2.bwd_transient == pytest.approx(tokens * h * per_elem + tokens * ffn // 4 * 2.0)
+    assert tp(_op(est, "lm_head").fwd, "all_gather") == [tokens * h * 2.0]
+
+
 def test_fp8_needs_a_peak_and_a_device_that_runs_the_recipe(caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(ConfigError, match="fp8: system 'a100-sxm-80gb' has no FP8 peak"):
         _est(_llama(), "a100-sxm-80gb", fp8=True)

@@ -139,6 +139,24 @@ def _linear(
     )
 
 
+def gathered_bytes(d: Dims, full: float, te: bool) -> float:
+    """Bytes of a sequence-parallel all-gather feeding a linear's GEMM (``full``: the
+    gathered tensor in the activation dtype). TE quantizes the local shard first and gathers
+    the FP8 data row-wise with its scales: TE 1.x ``_LayerNormLinear`` / ``_LayerNormMLP``
+    gather ``ln_out``, which the norm wrote in FP8, and ``_Linear``'s backward casts the
+    output gradient before gathering it ("FP8 case with gather: unfused bgrad, cast,
+    transpose for efficient gather"); TE 2.x ``distributed.gather_along_first_dim`` gathers
+    Float8, blockwise and MXFP8 tensors quantized. So an FP8 linear's gathers carry 1 B and
+    the recipe's scales per element (NVFP4 kept in the activation dtype: its weight-gradient
+    operand takes the Hadamard transform over full columns)."""
+    if not (d.fp8 and te):
+        return full
+    r = fp8.recipe(d.fp8_recipe)
+    if r.family != "fp8":
+        return full
+    return full / d.act_bytes * (r.elem_bytes + r.act_scale_bytes)
+
+
 def _current_scaling(d: Dims) -> bool:
     return d.fp8 and fp8.recipe(d.fp8_recipe).amax_pass
 
@@ -152,11 +170,11 @@ def column_linear(
     linear without skip_bias_add: matmul, then ``output + bias``)."""
     full_in = d.act(k)
     add = [MemBound(f"{op_label(name)}.bias_add", 2 * d.act(n))] if bias and not bias_fused else []
-    gathered = full_in if d.sp else 0.0
-    gather = [Collective("all_gather", full_in, "tp")] if d.sp else []
+    gathered = gathered_bytes(d, full_in, te) if d.sp else 0.0
+    gather = [Collective("all_gather", gathered, "tp")] if d.sp else []
     if d.sp and te and _current_scaling(d):
         # current scaling of a sequence-sharded input: its amax is all-reduced over TP
-        # before the cast, so every rank quantizes the gathered tensor with one scale
+        # before the cast, so every rank quantizes its shard with the one TP-wide scale
         gather = [Collective("all_reduce", fp8.AMAX_BYTES_PER_TENSOR, "tp"), *gather]
     if d.sp:
         reduce = [Collective("reduce_scatter", full_in, "tp")]
@@ -171,15 +189,16 @@ def column_linear(
 def row_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, bias: bool = False) -> Op:
     """Row-parallel linear: k inputs on this rank -> n outputs (full, then reduced)."""
     full_out = d.act(n)
+    grad_gathered = gathered_bytes(d, full_out, True) if d.sp else full_out
     if d.sp:
-        reduce, gather = [Collective("reduce_scatter", full_out, "tp")], [Collective("all_gather", full_out, "tp")]
+        reduce, gather = [Collective("reduce_scatter", full_out, "tp")], [Collective("all_gather", grad_gathered, "tp")]
         if _current_scaling(d):  # the output gradient arrives sequence-sharded: amax over TP
             gather = [Collective("all_reduce", fp8.AMAX_BYTES_PER_TENSOR, "tp"), *gather]
     else:
         reduce, gather = ([Collective("all_reduce", full_out, "tp")] if d.tp > 1 else []), []
     op = _linear(
         name, module, layer, d, x, k, n, fwd_before=[], fwd_after=reduce, bwd_before=gather, bwd_after=[],
-        fwd_transient=full_out, bwd_transient=full_out + d.act(k), bias=bias, te=True,
+        fwd_transient=full_out, bwd_transient=grad_gathered + d.act(k), bias=bias, te=True,
     )
     # the bias is added after the reduction, so every TP rank holds all of it
     return op.with_(tp_replicated_params=n) if bias else op
