@@ -233,6 +233,7 @@ def test_local_linears_pay_their_bias_kernels() -> None:
 # ---- FP8 as each recipe runs --------------------------------------------------------------
 import logging  # noqa: E402
 
+from simumax.config.loader import load_strategy  # noqa: E402
 from simumax.errors import ConfigError  # noqa: E402
 from simumax.graph import fp8  # noqa: E402
 
@@ -312,6 +313,41 @@ def test_sequence_parallel_gathers_carry_the_quantized_tensor(recipe: str | None
     assert fc1.fwd_transient == pytest.approx(tokens * h * per_elem)  # the gathered input buffer
     assert fc2.bwd_transient == pytest.approx(tokens * h * per_elem + tokens * ffn // 4 * 2.0)
     assert tp(_op(est, "lm_head").fwd, "all_gather") == [tokens * h * 2.0]
+
+
+@pytest.mark.parametrize("fp8_on", [False, True])
+def test_weight_gradients_without_accumulation_fusion(fp8_on: bool) -> None:
+    """Megatron's --no-gradient-accumulation-fusion (SimuMax's use_accm_weight false): each
+    weight-gradient GEMM writes a 2 B gradient instead of accumulating into the fp32 main
+    grad, and DDP's hook adds it (read 2 + 4, write 4 B per parameter), every micro-batch;
+    the gradient is held between the two. Expert linears (grouped GEMM) get the same add."""
+    kw = {"fp8": True} if fp8_on else {}
+    fused = _est(_llama(), "h100-sxm-80gb", seq_len=1024, micro_batch_size=1, **kw)
+    plain = _est(_llama(), "h100-sxm-80gb", seq_len=1024, micro_batch_size=1, gradient_accumulation_fusion=False, **kw)
+    tokens, h, ffn = 1024, 1024, 2048
+    fam = "fp8_matmul" if fp8_on else "matmul"
+    fc2 = _op(plain, "L0.fc2")
+    assert _op(fused, "L0.fc2").bwd_weight == (Gemm(h, tokens, ffn, "NT", accumulate=True, out_dtype="fp32", family=fam),)
+    assert fc2.bwd_weight == (Gemm(h, tokens, ffn, "NT", accumulate=False, out_dtype="bf16", family=fam),
+                              MemBound("fc2.main_grad_add", h * ffn * (2 + 4 + 4)))
+    assert fc2.bwd_transient == _op(fused, "L0.fc2").bwd_transient + h * ffn * 2
+    assert plain.cost().duration_time_per_iter > fused.cost().duration_time_per_iter
+    # SimuMax's names for the same switch
+    base = {"seq_len": 1024, "world_size": 1}
+    assert load_strategy(base).gradient_accumulation_fusion is True
+    assert load_strategy({**base, "use_accm_weight": False}).gradient_accumulation_fusion is False
+    assert load_strategy({**base, "use_fused_grad_accumulation": False}).gradient_accumulation_fusion is False
+
+
+def test_expert_weight_gradients_without_accumulation_fusion() -> None:
+    m = load_model_preset("mixtral-8x1b").with_updates({"layer_num": 1})
+    st = {"world_size": 8, "ep_size": 8, "seq_len": 1024, "micro_batch_size": 1, "group_linear_mode": "grouped"}
+    fused = _est(m, "h100-sxm-80gb", **st)
+    plain = _est(m, "h100-sxm-80gb", gradient_accumulation_fusion=False, **st)
+    a = next(o for o in fused.stages[0].ops if o.expert_params)
+    b = next(o for o in plain.stages[0].ops if o.name == a.name)
+    assert b.bwd_weight[:-1] == a.bwd_weight  # the grouped GEMM as before, then the hook's add
+    assert b.bwd_weight[-1].bytes == pytest.approx(a.expert_params * (2 + 4 + 4))
 
 
 def test_fp8_needs_a_peak_and_a_device_that_runs_the_recipe(caplog: pytest.LogCaptureFixture) -> None:

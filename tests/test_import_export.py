@@ -289,8 +289,9 @@ def test_megatron_defaults_for_flags_left_out() -> None:
 @pytest.mark.parametrize("upd", [
     {"fsdp_impl": "deepspeed", "zero_state": 1}, {"fsdp_impl": "deepspeed", "zero_state": 3, "pp_size": 1},
     {"cpu_offloading": True, "cpu_offloading_num_layers": 4, "pp_size": 1}, {"enable_dropout": True},
-    {"zero_state": 3, "pp_size": 1}, {"ddp_average_in_collective": True},
-], ids=["deepspeed-z1", "deepspeed-z3", "te-offload", "dropout", "megatron-fsdp-z3", "average-in-collective"])
+    {"zero_state": 3, "pp_size": 1}, {"ddp_average_in_collective": True}, {"gradient_accumulation_fusion": False},
+], ids=["deepspeed-z1", "deepspeed-z3", "te-offload", "dropout", "megatron-fsdp-z3", "average-in-collective",
+        "no-wgrad-fusion"])
 def test_new_options_round_trip_through_the_flags(upd) -> None:
     """DeepSpeed ZeRO (Megatron-DeepSpeed's flags), TE layer offload, dropout,
     Megatron-FSDP and averaging in the DP collective: export then import gives the same

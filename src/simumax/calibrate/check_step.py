@@ -33,12 +33,15 @@ from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
 
 
-def single_device_strategy(seq_len: int, mbs: int, mbc: int) -> StrategyConfig:
+def single_device_strategy(seq_len: int, mbs: int, mbc: int, wgrad_fused: bool = True) -> StrategyConfig:
+    """``wgrad_fused``: whether the weight gradients went into the fp32 main grads in one GEMM
+    (``timing.accumulate_fp32_``; where torch lacks it they are added, as Megatron without
+    gradient-accumulation fusion)."""
     return StrategyConfig.init_from_dict({
         "seq_len": seq_len, "micro_batch_size": mbs, "micro_batch_num": mbc, "dtype": "bf16", "world_size": 1,
         "tp_size": 1, "pp_size": 1, "zero_state": 0, "use_fp32_accum_grad": True, "use_flash_sdp": True,
         "use_math_sdp": False, "use_fused_norm": True, "use_fused_swiglu": False, "cross_entropy_loss_fusion": False,
-        "enable_dropout": False, "enable_recompute": False,
+        "enable_dropout": False, "enable_recompute": False, "gradient_accumulation_fusion": wgrad_fused,
     })
 
 

@@ -189,11 +189,12 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
     from simumax.estimate import Estimate
     from simumax.validate import relative_error
 
-    strategy = single_device_strategy(seq_len, mbs, mbc)
-    est = Estimate(model, strategy, system)
-    cost, mem = est.cost(), est.memory()
     dev = pick_device(device)
     real = train_steps(model, seq_len, mbs, mbc, steps, warmup, dev, profile=profile, compile=compile)
+    # predicted after the run: whether torch fused the fp32 weight-gradient accumulation is known then
+    strategy = single_device_strategy(seq_len, mbs, mbc, wgrad_fused=fp32_accumulation_fused())
+    est = Estimate(model, strategy, system)
+    cost, mem = est.cost(), est.memory()
     pred_mem = mem.peak_mem
     return {
         "model": model.model_name, "layers": model.layer_num, "hidden": model.hidden_size, "seq_len": seq_len,

@@ -88,6 +88,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--no-masked-softmax-fusion": ("s", "masked_softmax_fusion", False),
     "--overlap-grad-reduce": ("s", "overlap_grad_reduce", True),
     "--ddp-average-in-collective": ("s", "ddp_average_in_collective", True),
+    "--no-gradient-accumulation-fusion": ("s", "gradient_accumulation_fusion", False),
     "--overlap-param-gather": ("s", "overlap_param_gather", True),
     "--tp-comm-overlap": ("s", "tp_comm_overlap", True),
     "--overlap-moe-expert-parallel-comm": ("s", "overlap_moe_expert_parallel_comm", True),

@@ -69,10 +69,10 @@ def strategy_input(data: Any, fields: dict[str, Any]) -> Any:
     if sparse not in (None, 0, 0.0):
         raise ConfigError("attention_sparse_ratio", f"sparse attention is not modelled (got {sparse!r}); use 0")
     for name in ("use_accm_weight", "use_fused_grad_accumulation"):
-        v = d.pop(name, None)
-        if v is False:
-            _warn(name, v, "weight gradients accumulate into the main grad inside the GEMM, as Megatron's "
-                  "--gradient-accumulation-fusion")
+        # SimuMax's names for Megatron's gradient-accumulation fusion: False writes each weight
+        # gradient and adds it to the main grad in DDP's hook (graph/blocks.weight_gradient)
+        if d.pop(name, None) is False:
+            d.setdefault("gradient_accumulation_fusion", False)
     mode = d.pop("cp_a2a_mode", None)
     if mode is not None and d.get("cp_size", 1) > 1:
         _warn("cp_a2a_mode", mode, "context parallelism follows cp_comm_type as TransformerEngine runs it")

@@ -154,6 +154,11 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         False, description="Megatron --ddp-average-in-collective: the DP collective averages. Without it (Megatron's "
         "default) DDP scales each gradient buffer by 1/dp before its reduce, one pass over the buffer per iteration.",
     )
+    gradient_accumulation_fusion: bool = Field(
+        True, description="Megatron's gradient-accumulation fusion (on by default; --no-gradient-accumulation-fusion "
+        "turns it off): weight-gradient GEMMs accumulate into the main grad. Off: each writes the gradient in the "
+        "parameter dtype and DDP's hook adds it to the main grad (main_grad.add_(grad)), every micro-batch.",
+    )
     # kernels
     enable_dropout: bool = Field(False, description="Attention/hidden dropout on (saves masks).")
     use_fused_norm: bool = Field(True, description="Fused (TE/Apex) norm kernels.")

@@ -75,6 +75,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f.append(switch_flag("s", "use_fp32_accum_grad"))
     if st.ddp_average_in_collective and not ds:
         f.append(switch_flag("s", "ddp_average_in_collective"))
+    if not st.gradient_accumulation_fusion:
+        f.append(switch_flag("s", "gradient_accumulation_fusion", False))
     if st.dtype in ("bf16", "fp16"):
         f.append(switch_flag("s", "dtype", st.dtype))
     if st.fp8_on:

@@ -12,7 +12,8 @@ place TP collectives and what they save is described here once (see docs/modelin
 * row-parallel linear (attention out, FC2): reduce-scatter (SP) or all-reduce of the output
   in forward; all-gather of the output gradient in backward with SP.
 * a linear saves its local (not gathered) input; weight gradients accumulate into fp32
-  main_grad (Megatron's gradient-accumulation fusion: NT GEMM with accumulate=True).
+  main_grad (Megatron's gradient-accumulation fusion: NT GEMM with accumulate=True), or
+  without the fusion are written and added by DDP's hook (``weight_gradient``).
 """
 
 from __future__ import annotations
@@ -123,20 +124,37 @@ def _linear(
     # cast-transpose); Megatron-Core's own linears reduce the output gradient over tokens
     # (grad_output.sum(0), or the autograd sum behind a fused bias-GeLU / bias-dropout-add)
     bias_grad = [MemBound(f"{op_label(name)}.bias_grad", t * n * d.act_bytes)] if bias and d.local else []
+    wgrad, grad_buffer = weight_gradient(name, d, Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32", family=fam))
     return Op(
         name=name,
         module=module,
         layer=layer,
         fwd=(*fwd_cast, *fwd_before, Gemm(t, k, n, "TN", family=fam), *fwd_after),
         bwd_input=(*bwd_cast, *bwd_before, Gemm(t, n, k, "NN", family=fam), *bwd_after),
-        bwd_weight=(Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32", family=fam), *bias_grad),
+        bwd_weight=(*wgrad, *bias_grad),
         saved=(saved,),
         input=(x,),
         fwd_transient=fwd_transient,
-        bwd_transient=bwd_transient,
+        bwd_transient=bwd_transient + grad_buffer,
         params=k * n + (n if bias else 0),
         weight_shapes=((n, k),) if te else (),
     )
+
+
+def weight_gradient(name: str, d: Dims, fused: Gemm) -> tuple[tuple[Gemm | MemBound, ...], float]:
+    """(kernels, transient bytes) of a linear's weight gradient. With Megatron's gradient-
+    accumulation fusion the GEMM accumulates into the main grad (``fused``). Without it
+    (``--no-gradient-accumulation-fusion``; TE's ``fuse_wgrad_accumulation`` follows it) the
+    GEMM writes the gradient in the parameter dtype, and DDP's backward hook adds it to the
+    main grad (``param_and_grad_buffer`` / ``distributed_data_parallel._make_backward_post_hook``:
+    ``param.main_grad.add_(param.grad.data)``, then ``param.grad = None``): read both, write
+    the main grad, every micro-batch; the gradient lives between the two."""
+    if d.wgrad_fused:
+        return (fused,), 0.0
+    params = fused.m * fused.n * fused.b
+    gemm = fused._replace(accumulate=False, out_dtype="bf16" if d.act_bytes == 2 else "fp32")  # 2 B: bf16 or fp16
+    add = MemBound(f"{op_label(name)}.main_grad_add", params * (d.act_bytes + 2 * d.main_grad_bytes))
+    return (gemm, add), float(params * d.act_bytes)
 
 
 def gathered_bytes(d: Dims, full: float, te: bool) -> float:

@@ -29,6 +29,8 @@ class Dims:
     local: bool = False  # Megatron-Core's own modules (transformer_impl local), not TransformerEngine
     fp8_recipe: str = "delayed"  # graph/fp8.RECIPES
     fp8_weight_caching: bool = True  # weights cast once per iteration, not per micro-batch
+    main_grad_bytes: int = 4  # bytes of one main-gradient element (fp32; 2 with bf16 main grads)
+    wgrad_fused: bool = True  # weight-gradient GEMMs accumulate into the main grad (gradient_accumulation_fusion)
 
     @classmethod
     def of(cls, model: ModelConfig, st: StrategyConfig) -> "Dims":
@@ -56,6 +58,8 @@ class Dims:
             local=st.transformer_impl == "local",
             fp8_recipe=st.lp_recipe,
             fp8_weight_caching=st.fp8_weight_caching,
+            main_grad_bytes=st.main_grad_bytes,
+            wgrad_fused=st.gradient_accumulation_fusion,
         )
 
     def act(self, width: int, local: bool = False) -> float:

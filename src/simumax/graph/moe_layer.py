@@ -185,10 +185,18 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
         casts, grad_cast = fp8_recipe.linear_casts(recipe, f"{P}.{name}", x[1] / st.dtype_bytes, out_bytes / st.dtype_bytes,
                                                    ng * k * n, st.dtype_bytes, st.fp8_weight_caching)
         fwd, dgrad = (*casts, *fwd), (*grad_cast, *dgrad)
+    grad_buffer = 0.0
+    if not st.gradient_accumulation_fusion:
+        # TE GroupedLinear's fuse_wgrad_accumulation off: the weight gradients are written in
+        # the parameter dtype and DDP's hook adds each to its main grad (blocks.weight_gradient)
+        if mode != "grouped":
+            wgrad = tuple(g._replace(accumulate=False, out_dtype="bf16" if st.dtype_bytes == 2 else "fp32") for g in wgrad)
+        wgrad = (*wgrad, MemBound(f"{P}.{name}.main_grad_add", ng * k * n * (st.dtype_bytes + 2 * st.main_grad_bytes)))
+        grad_buffer = float(ng * k * n * st.dtype_bytes)
     params = ng * (k * n + (n if bias else 0))
     return Op(
         name=f"{P}.{name}", module=module, layer=layer, fwd=fwd, bwd_input=dgrad, bwd_weight=wgrad,
-        saved=saved, input=(x,), bwd_transient=out_bytes + x[1],
+        saved=saved, input=(x,), bwd_transient=out_bytes + x[1] + grad_buffer,
         params=params, expert_params=params, weight_shapes=((n, k),),
     )
 
