@@ -142,19 +142,28 @@ def _linear(
 
 
 def weight_gradient(name: str, d: Dims, fused: Gemm) -> tuple[tuple[Gemm | MemBound, ...], float]:
-    """(kernels, transient bytes) of a linear's weight gradient. With Megatron's gradient-
-    accumulation fusion the GEMM accumulates into the main grad (``fused``). Without it
-    (``--no-gradient-accumulation-fusion``; TE's ``fuse_wgrad_accumulation`` follows it) the
-    GEMM writes the gradient in the parameter dtype, and DDP's backward hook adds it to the
-    main grad (``param_and_grad_buffer`` / ``distributed_data_parallel._make_backward_post_hook``:
-    ``param.main_grad.add_(param.grad.data)``, then ``param.grad = None``): read both, write
-    the main grad, every micro-batch; the gradient lives between the two."""
+    """(kernels, transient bytes) of a linear's weight gradient: the GEMM accumulating into
+    the main grad (``fused``, Megatron's gradient-accumulation fusion), or without the fusion
+    the GEMM writing it and DDP's hook adding it (``written_wgrad``, ``wgrad_hook_add``)."""
     if d.wgrad_fused:
         return (fused,), 0.0
-    params = fused.m * fused.n * fused.b
-    gemm = fused._replace(accumulate=False, out_dtype="bf16" if d.act_bytes == 2 else "fp32")  # 2 B: bf16 or fp16
-    add = MemBound(f"{op_label(name)}.main_grad_add", params * (d.act_bytes + 2 * d.main_grad_bytes))
-    return (gemm, add), float(params * d.act_bytes)
+    add, held = wgrad_hook_add(op_label(name), fused.m * fused.n * fused.b, d.act_bytes, d.main_grad_bytes)
+    return (written_wgrad(fused, d.act_bytes), add), held
+
+
+def written_wgrad(g: Gemm, act_bytes: int) -> Gemm:
+    """A weight-gradient GEMM without gradient-accumulation fusion (``--no-gradient-
+    accumulation-fusion``; TE's ``fuse_wgrad_accumulation`` follows it): it writes the
+    gradient in the parameter dtype instead of accumulating into the main grad."""
+    return g._replace(accumulate=False, out_dtype="bf16" if act_bytes == 2 else "fp32")  # 2 B: bf16 or fp16
+
+
+def wgrad_hook_add(label: str, params: float, act_bytes: int, main_grad_bytes: int) -> tuple[MemBound, float]:
+    """(kernel, bytes held) of DDP's backward hook adding a written weight gradient to the
+    main grad (``distributed_data_parallel._make_backward_post_hook``:
+    ``param.main_grad.add_(param.grad.data)``, then ``param.grad = None``): read both,
+    write the main grad, every micro-batch; the gradient is held from its GEMM to the add."""
+    return MemBound(f"{label}.main_grad_add", params * (act_bytes + 2 * main_grad_bytes)), float(params * act_bytes)
 
 
 def gathered_bytes(d: Dims, full: float, te: bool) -> float:

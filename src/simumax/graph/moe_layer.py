@@ -187,12 +187,12 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
         fwd, dgrad = (*casts, *fwd), (*grad_cast, *dgrad)
     grad_buffer = 0.0
     if not st.gradient_accumulation_fusion:
-        # TE GroupedLinear's fuse_wgrad_accumulation off: the weight gradients are written in
-        # the parameter dtype and DDP's hook adds each to its main grad (blocks.weight_gradient)
+        # TE GroupedLinear's fuse_wgrad_accumulation off: the weight gradients are written and
+        # DDP's hook adds them (blocks.weight_gradient); the grouped GEMM keeps its table key
         if mode != "grouped":
-            wgrad = tuple(g._replace(accumulate=False, out_dtype="bf16" if st.dtype_bytes == 2 else "fp32") for g in wgrad)
-        wgrad = (*wgrad, MemBound(f"{P}.{name}.main_grad_add", ng * k * n * (st.dtype_bytes + 2 * st.main_grad_bytes)))
-        grad_buffer = float(ng * k * n * st.dtype_bytes)
+            wgrad = tuple(blocks.written_wgrad(g, st.dtype_bytes) for g in wgrad if isinstance(g, Gemm))
+        add, grad_buffer = blocks.wgrad_hook_add(f"{P}.{name}", ng * k * n, st.dtype_bytes, st.main_grad_bytes)
+        wgrad = (*wgrad, add)
     params = ng * (k * n + (n if bias else 0))
     return Op(
         name=f"{P}.{name}", module=module, layer=layer, fwd=fwd, bwd_input=dgrad, bwd_weight=wgrad,
