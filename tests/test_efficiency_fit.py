@@ -101,6 +101,21 @@ def test_estimate_reports_sources() -> None:
     assert again.cost().efficiency_lookups == lookups
 
 
+
+def test_compute_time_shares_by_source() -> None:
+    """The share of GEMM / attention seconds per source that `perf` prints beside the
+    unmeasured shapes: from the seconds, not the lookup counts, and summing to one."""
+    from simumax.cost.sources import compute_shares
+    lookups = {"seconds": {"matmul": {"measured": 3.0, "fitted": 1.0, "default": 0.0},
+                           "sdp_fwd": {"measured": 0.0, "fitted": 0.0, "default": 4.0},
+                           "memory/default": {"measured": 0.0, "fitted": 0.0, "default": 50.0},
+                           "comm/tp": {"default": 9.0}}}
+    assert compute_shares(lookups) == {"measured": 3 / 8, "fitted": 1 / 8, "default": 4 / 8}
+    assert compute_shares({}) == {"measured": 0.0, "fitted": 0.0, "default": 0.0}
+    est = Estimate(load_model("llama3-8b"), load_strategy("tp1_pp2_dp4_mbs1"), load_system("a100-sxm-80gb"))
+    assert compute_shares(est.cost().efficiency_lookups) == {"measured": 0.0, "fitted": 0.0, "default": 1.0}
+
+
 @settings(max_examples=200, deadline=None)
 @given(m=st.integers(1, 65536), n=st.integers(1, 65536), k=st.integers(1, 65536))
 def test_default_curve_bounds(m: int, n: int, k: int) -> None:

@@ -15,6 +15,7 @@ from simumax.api import PerfLLM
 from simumax.atomic import dumps_finite, write_json_atomic
 from simumax.cli.options import SetOpt, _job_size, _say_written, _training, apply_overrides
 from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.cost.sources import compute_shares
 from simumax.errors import ConfigError
 from simumax.report import format as fmt
 
@@ -92,11 +93,10 @@ def perf(
         cli.out_console.print(f"[red]{oom}[/]")
     misses = cost.efficiency_lookups.get("misses", {})
     if misses:
-        src = cost.efficiency_lookups.get("sources", {})
-        fitted = sum(v["fitted"] for k, v in src.items() if not k.startswith("memory/"))
-        default = sum(v["default"] for k, v in src.items() if not k.startswith("memory/"))
-        cli.out_console.print(f"[yellow]{len(misses)} kernel shapes not measured: {fitted} lookups fitted from the table, "
-                          f"{default} on the default curve (docs/hardware.md); keys in --json efficiency_lookups[/]")
+        shares = compute_shares(cost.efficiency_lookups)
+        cli.out_console.print(f"[yellow]{len(misses)} kernel shapes not measured: {shares['fitted']:.0%} of the GEMM / "
+                              f"attention time fitted from the table, {shares['default']:.0%} read off the default curve "
+                              "(docs/hardware.md); shapes in --json efficiency_lookups[/]")
 
 
 @cli.app.command()
