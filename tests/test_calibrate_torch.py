@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -68,6 +69,25 @@ def test_calibrate_comm_under_torchrun_gloo(tmp_path) -> None:
     assert report["backend"] == "gloo" and report["world_size"] == 2
     assert set(report["fits_by_group_size"]["all_reduce"]) == {"2"}
     assert len(report["points"]) == 5 * 3 and all(p["seconds"] > 0 for p in report["points"])
+    # the GEMMs beside the collectives: one point per op that runs beside compute in training,
+    # at the largest size, and the tier's processor_usage their median
+    points = report["contention"]
+    assert [p["op"] for p in points] == ["reduce_scatter", "all_gather", "all2all"]
+    assert all(p["bytes"] == 2**20 and p["gemm_alone"] > 0 and p["comm_beside"] > 0 and 0 <= p["usage"] <= 1 for p in points)
+    assert tier.processor_usage == report["processor_usage"] == round(statistics.median(p["usage"] for p in points), 4)
+
+
+def test_contention_usage_is_the_extra_time_per_overlapped_second() -> None:
+    """u = (GEMM loop beside - alone) / the compute overlapped: the collectives' time when
+    shorter than the loop, else the whole loop (the cost model adds u x that overlap)."""
+    from simumax.calibrate.contention import ContentionPoint, tier_usage
+    short = ContentionPoint("reduce_scatter", 8, 1 << 26, gemm_alone=0.020, gemm_beside=0.021, comm_beside=0.010)
+    assert short.usage == pytest.approx(0.1)
+    long = ContentionPoint("all_gather", 8, 1 << 26, gemm_alone=0.020, gemm_beside=0.023, comm_beside=0.050)
+    assert long.usage == pytest.approx(0.15)
+    faster = ContentionPoint("all2all", 8, 1 << 26, gemm_alone=0.020, gemm_beside=0.019, comm_beside=0.010)
+    assert faster.usage == 0.0  # noise below zero is none
+    assert tier_usage([short, long, faster]) == 0.1 and tier_usage([]) is None
 
 
 def test_calibrate_comm_outside_torchrun_is_one_line(tmp_path) -> None:

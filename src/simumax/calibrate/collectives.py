@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from simumax.calibrate import contention as overlap
+from simumax.calibrate.contention import ContentionPoint
 from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
 from simumax.calibrate.timing import synchronize
 from simumax.cost.network import DEFAULT_SPECS, ring_bytes
@@ -38,6 +40,7 @@ class CommCalibration:
     world_size: int
     intra_node: bool  # every rank on one node
     points: list[CommPoint]
+    contention: list[ContentionPoint] = field(default_factory=list)  # calibrate/contention.py
 
     def fits(self) -> dict[str, AlphaBeta]:
         """One α-β line per op over all group sizes (the config has one entry per op and tier)."""
@@ -106,11 +109,16 @@ def _time(fn, device: torch.device, warmup: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
+CONTENTION_OPS = ("reduce_scatter", "all_gather", "all2all")  # what runs beside compute in training
+
+
 def run_collectives(
     sizes: list[int], group_sizes: list[int] | None = None, ops: tuple[str, ...] = OPS,
-    warmup: int = 3, repeats: int = 10,
+    warmup: int = 3, repeats: int = 10, contention: bool = False,
 ) -> CommCalibration:
-    """Call on every rank after ``init_process_group``; every rank returns the same result."""
+    """Call on every rank after ``init_process_group``; every rank returns the same result.
+    ``contention``: also how much the largest group's reduce-scatter, all-gather and
+    all-to-all (at the largest size) slow GEMMs beside them (calibrate/contention.py)."""
     world = dist.get_world_size()
     rank = dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -125,11 +133,24 @@ def run_collectives(
                 continue
             for nbytes in sizes:
                 fn = _op_fn(op, nbytes, n, handles[mine], blocks[mine], device)
-                t = torch.tensor([_time(fn, device, warmup, repeats)], dtype=torch.float64)
-                t = t.to(device) if device.type == "cuda" else t
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                points.append(CommPoint(op, n, nbytes, float(t.item())))
+                points.append(CommPoint(op, n, nbytes, _world_max(_time(fn, device, warmup, repeats), device)))
+    beside: list[ContentionPoint] = []
+    if contention and groups:
+        n = groups[-1]
+        blocks = [list(range(s, s + n)) for s in range(0, world, n)]
+        handles = [dist.new_group(b) for b in blocks]
+        mine = rank // n
+        for op in (o for o in CONTENTION_OPS if o in ops):
+            fn = _op_fn(op, max(sizes), n, handles[mine], blocks[mine], device)
+            beside.append(overlap.measure(op, n, max(sizes), fn, lambda x: _world_max(x, device), device))
     import os
 
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    return CommCalibration(dist.get_backend(), world, local == world, points)
+    return CommCalibration(dist.get_backend(), world, local == world, points, beside)
+
+
+def _world_max(x: float, device: torch.device) -> float:
+    """The largest ``x`` over every rank (an all-reduce: it also lines the ranks up)."""
+    t = torch.tensor([x], dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())

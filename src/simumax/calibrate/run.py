@@ -107,9 +107,11 @@ def calibrate_jobs(
 
 
 def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier: str | None,
-                          base: SystemConfig | None, warmup: int, repeats: int) -> tuple[dict[str, Any], dict[str, Any], bool]:
+                          base: SystemConfig | None, warmup: int, repeats: int,
+                          contention: bool = True) -> tuple[dict[str, Any], dict[str, Any], bool]:
     """Under torchrun: (system dict, report, is rank 0). Initialises and tears down the
-    process group (NCCL when CUDA is available, else gloo)."""
+    process group (NCCL when CUDA is available, else gloo). ``contention``: measure the
+    tier's processor_usage too (calibrate/contention.py)."""
     torch = _torch()
     import os
 
@@ -117,6 +119,7 @@ def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier:
 
     from simumax.calibrate import system_writer
     from simumax.calibrate.collectives import run_collectives
+    from simumax.calibrate.contention import tier_usage
 
     if "RANK" not in os.environ:
         raise ConfigError("calibrate-comm", "run it under torchrun: torchrun --nproc-per-node N --no-python simumax calibrate-comm ...")
@@ -125,7 +128,7 @@ def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend)
     try:
-        cal = run_collectives(sizes, group_sizes, warmup=warmup, repeats=repeats)
+        cal = run_collectives(sizes, group_sizes, warmup=warmup, repeats=repeats, contention=contention)
         rank0 = dist.get_rank() == 0
     finally:
         dist.destroy_process_group()
@@ -135,7 +138,7 @@ def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier:
         dname = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         mem = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 16.0
         start = system_writer.fresh_system(dname.replace(" ", "_").lower(), dname, mem, None, None, cal.world_size)
-    system = system_writer.merge_collectives(start, tier, cal.fits(), cal.fits_by_size())
+    system = system_writer.merge_collectives(start, tier, cal.fits(), cal.fits_by_size(), tier_usage(cal.contention))
     SystemConfig.init_from_dict(system)
     report = {
         "backend": cal.backend, "world_size": cal.world_size, "tier": tier,
@@ -143,6 +146,10 @@ def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier:
         "fits_by_group_size": {op: {str(n): {"seconds_per_byte": f.seconds_per_byte, "latency": f.latency,
                                              "max_rel_residual": f.max_rel_residual} for n, f in by.items()}
                                for op, by in cal.fits_by_size().items()},
+        "contention": [{"op": p.op, "group_size": p.group_size, "bytes": p.nbytes, "gemm_alone": p.gemm_alone,
+                        "gemm_beside": p.gemm_beside, "comm_beside": p.comm_beside, "usage": p.usage}
+                       for p in cal.contention],
+        "processor_usage": tier_usage(cal.contention),
     }
     return system, report, rank0
 

@@ -101,9 +101,11 @@ def merge_compute(system: dict[str, Any], cal: Any, mem_gib: float | None = None
 
 
 def merge_collectives(system: dict[str, Any], tier: str, fits: dict[str, AlphaBeta],
-                      by_size: dict[str, dict[int, AlphaBeta]] | None = None) -> dict[str, Any]:
+                      by_size: dict[str, dict[int, AlphaBeta]] | None = None,
+                      usage: float | None = None) -> dict[str, Any]:
     """Per-op efficiency and latency of one network tier (created at the measured
-    bandwidth when the system lacks it).
+    bandwidth when the system lacks it), and its ``processor_usage`` when measured
+    (``usage``, calibrate/contention.py; the base's otherwise).
 
     The cost model's latency is ``steps * latency_us + fixed`` (cost/network.py). With
     ``by_size`` (fits per group size), ``latency_us`` is the largest per-step latency no
@@ -117,6 +119,8 @@ def merge_collectives(system: dict[str, Any], tier: str, fits: dict[str, AlphaBe
         nets[tier] = collective_tier(round(best, 3), 0.0, 0.0)
     t = nets[tier]
     t["provenance"] = "measured"
+    if usage is not None:
+        t["processor_usage"] = usage
     to_gb = link_bytes_per_gb(t.get("gbps_unit")) / 1e9
     if to_gb != 1.0:  # a SimuMax tier (GiB): the same link in decimal GB/s, as fits measure
         t["bandwidth"]["gbps"] *= to_gb

@@ -93,13 +93,16 @@ def calibrate_comm(
     group_sizes: Optional[str] = typer.Option(None, "--group-sizes", help="Group sizes to time (default the world size)."),
     warmup: int = typer.Option(3, "--warmup", min=0),
     repeats: int = typer.Option(10, "--repeats", min=1),
+    contention: bool = typer.Option(True, "--contention/--no-contention", help="Also measure how much the reduce-scatter, "
+                                    "all-gather and all-to-all slow GEMMs beside them: the tier's processor_usage (a few seconds)."),
 ) -> None:
     """Under torchrun: time all-reduce / all-gather / reduce-scatter / all-to-all / p2p, fit α-β, write the tier."""
     from simumax.calibrate.run import calibrate_collectives
 
     base_cfg = load_system(base) if base else None
     groups = _int_list(group_sizes, "--group-sizes") if group_sizes else None
-    system, report, rank0 = calibrate_collectives(_sizes(sizes, "--sizes"), groups, tier, base_cfg, warmup, repeats)
+    system, report, rank0 = calibrate_collectives(_sizes(sizes, "--sizes"), groups, tier, base_cfg, warmup, repeats,
+                                                  contention)
     if rank0:
         write_json_atomic(out, system)
         write_json_atomic(out.with_name(out.stem + ".comm_report.json"), report)

@@ -168,6 +168,9 @@ def comm_table(report: dict, system: dict) -> Table:
     for op, spec in tier["op"].items():
         if "latency_us" in spec and spec.get("efficient_factor") is not None:
             t.add_row(op, f"{spec['efficient_factor']:.3f}", f"{spec['latency_us']:.1f}")
+    if report.get("processor_usage") is not None:
+        beside = ", ".join(f"{p['op']} {p['usage']:.2f}" for p in report.get("contention", []))
+        t.caption = f"GEMMs beside a collective: processor_usage {report['processor_usage']:.3f} ({beside})"
     return t
 
 
