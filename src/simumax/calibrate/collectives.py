@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from simumax.calibrate import contention as overlap
 from simumax.calibrate.contention import ContentionPoint
+from simumax.calibrate.contention import measure as measure_beside_gemms
 from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
 from simumax.calibrate.timing import synchronize
 from simumax.cost.network import DEFAULT_SPECS, ring_bytes
@@ -142,7 +142,7 @@ def run_collectives(
         mine = rank // n
         for op in (o for o in CONTENTION_OPS if o in ops):
             fn = _op_fn(op, max(sizes), n, handles[mine], blocks[mine], device)
-            beside.append(overlap.measure(op, n, max(sizes), fn, lambda x: _world_max(x, device), device))
+            beside.append(measure_beside_gemms(op, n, max(sizes), fn, lambda x: _world_max(x, device), device))
     import os
 
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
