@@ -70,7 +70,7 @@ def strategy_input(data: Any, fields: dict[str, Any]) -> Any:
         raise ConfigError("attention_sparse_ratio", f"sparse attention is not modelled (got {sparse!r}); use 0")
     for name in ("use_accm_weight", "use_fused_grad_accumulation"):
         # SimuMax's names for Megatron's gradient-accumulation fusion: False writes each weight
-        # gradient and adds it to the main grad in DDP's hook (graph/blocks.weight_gradient)
+        # gradient and adds it to the main grad in DDP's hook (graph/linears.weight_gradient)
         if d.pop(name, None) is False:
             d.setdefault("gradient_accumulation_fusion", False)
     mode = d.pop("cp_a2a_mode", None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
-from simumax.graph import attention, blocks
+from simumax.graph import attention, blocks, linears
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import MemBound
 from simumax.graph.ops import Op
@@ -33,7 +33,7 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
         # TE adds the QKV bias in the GEMM epilogue; the local linear adds it separately
         # (FC1's bias goes with the fused bias-GeLU/SwiGLU, the row-parallel ones with the
         # fused bias-dropout-add)
-        blocks.column_linear(f"{P}.qkv", "qkv", layer, d, ln_out, d.h, q_w + 2 * kv_w + gate_w, bias=bias, bias_fused=not local).with_(
+        linears.column_linear(f"{P}.qkv", "qkv", layer, d, ln_out, d.h, q_w + 2 * kv_w + gate_w, bias=bias, bias_fused=not local).with_(
             output=mixed, **_replicated_kv(model, st, d.h, kv_w, bias)
         ),
     ]
@@ -60,7 +60,7 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     if gate_w:
         proj_in = (f"{P}.attn.gated", d.act(q_w))
         ops.append(_output_gate(P, layer, out, mixed, proj_in))
-    ops.append(blocks.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, proj_in, q_w, d.h, bias=bias))
+    ops.append(linears.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, proj_in, q_w, d.h, bias=bias))
     ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))
     return ops
 
@@ -116,8 +116,8 @@ def mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_mid: 
         act = blocks.gelu(f"{P}.act", layer, d, fc1_out, d.ffn)
     return [
         blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance, residual=True).with_(output=ln_out),
-        blocks.column_linear(f"{P}.fc1", "fc1", layer, d, ln_out, d.h, fc1_n, bias=bias).with_(output=fc1_out),
+        linears.column_linear(f"{P}.fc1", "fc1", layer, d, ln_out, d.h, fc1_n, bias=bias).with_(output=fc1_out),
         act.with_(output=act_out),
-        blocks.row_linear(f"{P}.fc2", "fc2", layer, d, act_out, d.ffn, d.h, bias=bias),
+        linears.row_linear(f"{P}.fc2", "fc2", layer, d, act_out, d.ffn, d.h, bias=bias),
         blocks.dropout_add(f"{P}.mlp_add", "mlp_add", layer, d, dropout=st.enable_dropout),
     ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
-from simumax.graph import attention, blocks
+from simumax.graph import attention, blocks, linears
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective, MemBound, op_label
 from simumax.graph.ops import Op, Tensor
@@ -71,24 +71,24 @@ def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
         q_c = (f"{P}.q_down.out", d.act(q_rank, local=True))
         q_c_norm = (f"{P}.q_norm.out", d.act(q_rank, local=True))
         ops += [
-            blocks.replicated_linear(f"{P}.q_down", "q_down", layer, d, ln_out, d.h, q_rank).with_(output=q_c),
+            linears.replicated_linear(f"{P}.q_down", "q_down", layer, d, ln_out, d.h, q_rank).with_(output=q_c),
             blocks.norm(f"{P}.q_norm", "mla_q_norm", layer, d, q_c, rms=rms, save_rstd=save_rstd, width=q_rank).with_(output=q_c_norm),
         ]
     kv_comb = (f"{P}.kv_down.out", d.act(kv_rank + rope_dim, local=True))
     kv_c = (f"{P}.kv_c", d.act(kv_rank, local=True))  # contiguous copy of the split for the norm
     kv_c_norm = (f"{P}.kv_norm.out", d.act(kv_rank, local=True))
     ops += [
-        blocks.replicated_linear(f"{P}.kv_down", "kv_down", layer, d, ln_out, d.h, kv_rank + rope_dim).with_(output=kv_comb),
+        linears.replicated_linear(f"{P}.kv_down", "kv_down", layer, d, ln_out, d.h, kv_rank + rope_dim).with_(output=kv_comb),
         blocks.norm(f"{P}.kv_norm", "mla_kv_norm", layer, d, kv_c, rms=rms, save_rstd=save_rstd, width=kv_rank).with_(
             input=(kv_comb,), output=kv_c_norm
         ),
     ]
     if q_rank:
-        ops.append(blocks.column_linear(f"{P}.q_up", "mla_up_proj", layer, d, q_c_norm, q_rank, heads * q_dim).with_(output=q_full))
+        ops.append(linears.column_linear(f"{P}.q_up", "mla_up_proj", layer, d, q_c_norm, q_rank, heads * q_dim).with_(output=q_full))
     else:  # DeepSeek-V2-Lite: full-rank query projection on the hidden state
-        ops.append(blocks.column_linear(f"{P}.q_proj", "mla_up_proj", layer, d, ln_out, d.h, heads * q_dim).with_(output=q_full))
+        ops.append(linears.column_linear(f"{P}.q_proj", "mla_up_proj", layer, d, ln_out, d.h, heads * q_dim).with_(output=q_full))
     kv_full = (f"{P}.kv_up.out", d.act(heads * (nope + v_dim)))
-    ops.append(blocks.column_linear(f"{P}.kv_up", "mla_up_proj", layer, d, kv_c_norm, kv_rank, heads * (nope + v_dim)).with_(output=kv_full))
+    ops.append(linears.column_linear(f"{P}.kv_up", "mla_up_proj", layer, d, kv_c_norm, kv_rank, heads * (nope + v_dim)).with_(output=kv_full))
 
     query = (f"{P}.query", d.act(heads * q_dim))
     key = (f"{P}.key", d.act(heads * q_dim))
@@ -101,6 +101,6 @@ def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
     else:
         core = attention.flash_attention(f"{P}.attn", layer, d, query, key, value, out, qk_dim=q_dim, v_dim=v_dim, kv_heads=heads)
     ops.append(core.with_(output=out))
-    ops.append(blocks.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, out, heads * v_dim, d.h, bias=model.add_bias_linear))
+    ops.append(linears.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, out, heads * v_dim, d.h, bias=model.add_bias_linear))
     ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))
     return ops

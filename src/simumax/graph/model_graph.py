@@ -8,7 +8,7 @@ from functools import partial
 from simumax.config.checks import vstage_layer_counts
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
-from simumax.graph import blocks, fp8
+from simumax.graph import blocks, fp8, linears
 from simumax.graph.dense_layer import attention_ops, mlp_ops
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective
@@ -28,7 +28,7 @@ def _head_ops(model: ModelConfig, st: StrategyConfig, d: Dims, same_rank_as_embe
     x = (f"L{model.layer_num}.x", d.act(d.h, local=True))  # the last layer's output
     ln_out = ("final_norm.out", d.act(d.h, local=True))
     logits = ("logits", d.act(d.vocab))
-    head = blocks.column_linear("lm_head", "lm_head", -1, d, ln_out, d.h, d.vocab, te=False).with_(output=logits)
+    head = linears.column_linear("lm_head", "lm_head", -1, d, ln_out, d.h, d.vocab, te=False).with_(output=logits)
     if not model.untie_embeddings_and_output_weights and same_rank_as_embedding:
         head = head.with_(params=0)  # shares the embedding weight
     return [

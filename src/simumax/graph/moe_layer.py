@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
-from simumax.graph import blocks
+from simumax.graph import blocks, linears
 from simumax.graph import fp8 as fp8_recipe
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective, Gemm, GroupGemm, Kernel, MemBound
@@ -188,10 +188,10 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
     grad_buffer = 0.0
     if not st.gradient_accumulation_fusion:
         # TE GroupedLinear's fuse_wgrad_accumulation off: the weight gradients are written and
-        # DDP's hook adds them (blocks.weight_gradient); the grouped GEMM keeps its table key
+        # DDP's hook adds them (linears.weight_gradient); the grouped GEMM keeps its table key
         if mode != "grouped":
-            wgrad = tuple(blocks.written_wgrad(g, st.dtype_bytes) for g in wgrad if isinstance(g, Gemm))
-        add, grad_buffer = blocks.wgrad_hook_add(f"{P}.{name}", ng * k * n, st.dtype_bytes, st.main_grad_bytes)
+            wgrad = tuple(linears.written_wgrad(g, st.dtype_bytes) for g in wgrad if isinstance(g, Gemm))
+        add, grad_buffer = linears.wgrad_hook_add(f"{P}.{name}", ng * k * n, st.dtype_bytes, st.main_grad_bytes)
         wgrad = (*wgrad, add)
     params = ng * (k * n + (n if bias else 0))
     return Op(
@@ -325,9 +325,9 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         else:
             s_act_op = blocks.gelu(f"{P}.shared_act", layer, d, s_fc1, ffn_s)
         ops += [
-            blocks.column_linear(f"{P}.shared_fc1", "shared_fc1", layer, d, ln_out, h, s_n, bias=model.add_bias_linear).with_(output=s_fc1),
+            linears.column_linear(f"{P}.shared_fc1", "shared_fc1", layer, d, ln_out, h, s_n, bias=model.add_bias_linear).with_(output=s_fc1),
             s_act_op.with_(module="shared_act", output=s_act),
-            blocks.row_linear(f"{P}.shared_fc2", "shared_fc2", layer, d, s_act, ffn_s, h, bias=model.add_bias_linear),
+            linears.row_linear(f"{P}.shared_fc2", "shared_fc2", layer, d, s_act, ffn_s, h, bias=model.add_bias_linear),
             Op(name=f"{P}.moe_sum", module="moe_sum", layer=layer, fwd=(MemBound("moe_sum", 3 * routed[1]),)),
         ]
     ops.append(blocks.dropout_add(f"{P}.mlp_add", "mlp_add", layer, d, dropout=st.enable_dropout))

@@ -18,7 +18,7 @@ from typing import Callable
 
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
-from simumax.graph import blocks
+from simumax.graph import blocks, linears
 from simumax.graph.dims import Dims
 from simumax.graph.ops import Op, Tensor
 
@@ -69,7 +69,7 @@ def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable
         out.append(blocks.norm(p + "enorm", "mtp_norm", k, d, emb_out, rms=rms).with_(output=e_norm))
         out.append(blocks.norm(p + "hnorm", "mtp_norm", k, d, hidden, rms=rms, residual=True).with_(output=h_norm))
         cat: Tensor = (p + "cat", 2 * act)  # [enorm, hnorm] along the features
-        proj = blocks.column_linear(p + "eh_proj", "mtp_proj", k, d, cat, 2 * d.h, d.h // d.tp)
+        proj = linears.column_linear(p + "eh_proj", "mtp_proj", k, d, cat, 2 * d.h, d.h // d.tp)
         out.append(proj.with_(output=(p + "x", act), input=(cat,)))  # the layer's input, renamed
         ren = _renamer(k, p)
         out += [_renamed(o, ren) for o in layer_ops(k)]
@@ -77,7 +77,7 @@ def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable
         ln: Tensor = (p + "final_norm.out", act)
         logits: Tensor = (p + "logits", d.act(d.vocab))
         out.append(blocks.norm(p + "final_norm", "mtp_norm", k, d, hidden, rms=rms).with_(output=ln))
-        head = blocks.column_linear(p + "lm_head", "lm_head", -1, d, ln, d.h, d.vocab, te=False)
+        head = linears.column_linear(p + "lm_head", "lm_head", -1, d, ln, d.h, d.vocab, te=False)
         out.append(head.with_(output=logits, params=0))  # the shared output head (the main head's weight)
         loss = blocks.cross_entropy(d, logits, fused=st.cross_entropy_loss_fusion, impl=st.cross_entropy_fusion_impl)
         out.append(loss.with_(name=p + "loss", saved=tuple((p + n if n.startswith("loss.") else n, b) for n, b in loss.saved)))
