@@ -102,3 +102,27 @@ def test_cli_names_the_parallel_sizes_and_warns_when_it_does_not_fit() -> None:
     assert not mem.fits and f"needs {mem.peak_mem_with_reserved / 2**30:.2f} GiB reserved" in " ".join(r.stdout.split())
     ok = run_cli("perf", "--model", "llama3-8b", "--system", "a100_pcie", "--strategy", "tp1_pp2_dp4_mbs1")
     assert "does not fit" not in ok.stdout and "tp1 pp2 dp4 mbs1 mbc8 zero1" in ok.stdout
+
+
+def test_perf_says_when_overlapped_communication_is_taken_as_free() -> None:
+    """With an overlap option on a tier whose processor_usage is 0 (every preset) perf says
+    so in one line, naming the options; without overlap, or once the tier has a measured
+    usage, it says nothing."""
+    from simumax.estimate import Estimate
+    from simumax.report.format import free_overlap
+
+    base = {"strategy_config": "tp2_pp1_dp4_mbs1", "model_config": "llama3-8b", "system_config": "h100-sxm-80gb"}
+    perf = PerfLLM().configure(**base)
+    st = perf.strategy.with_updates({"overlap_grad_reduce": True, "tp_comm_overlap": True})
+    est = Estimate(perf.model_config, st, perf.system)
+    note = free_overlap(st, est.network)
+    assert note is not None and note.startswith("overlap_grad_reduce, tp_comm_overlap:") and "calibrate-comm" in note
+    assert free_overlap(perf.strategy, est.network) is None
+    d = perf.system.to_dict()
+    for tier in d["networks"].values():
+        if isinstance(tier, dict):
+            tier["processor_usage"] = 0.12
+    measured = Estimate(perf.model_config, st, SystemConfig.init_from_dict(d))
+    assert free_overlap(st, measured.network) is None
+    r = run_cli("perf", "-m", "llama3-8b", "-s", "tp2_pp1_dp4_mbs1", "-y", "h100-sxm-80gb", "--set", "overlap_grad_reduce=true")
+    assert r.returncode == 0 and "overlap_grad_reduce: the overlapped communication takes nothing" in " ".join(r.stdout.split())

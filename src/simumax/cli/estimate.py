@@ -91,6 +91,9 @@ def perf(
     oom = fmt.out_of_memory(mem)
     if oom:
         cli.out_console.print(f"[red]{oom}[/]")
+    free = fmt.free_overlap(st, p.estimate.network)
+    if free:
+        cli.out_console.print(f"[yellow]{free}[/]")
     misses = cost.efficiency_lookups.get("misses", {})
     if misses:
         shares = compute_shares(cost.efficiency_lookups)

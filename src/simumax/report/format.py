@@ -6,6 +6,7 @@ from rich import box
 from rich.table import Table
 
 from simumax.config.strategy import StrategyConfig
+from simumax.cost.network import NetworkModel
 from simumax.report.results import CostResult, MemResult, SimResult
 
 GIB = 2**30
@@ -44,6 +45,27 @@ def out_of_memory(mem: MemResult) -> str | None:
     worst = max(mem.stages, key=lambda s: s.peak_mem_with_reserved)
     return (f"does not fit: stage {worst.stage} needs {gib(worst.peak_mem_with_reserved)} GiB reserved, the device has "
             f"{gib(mem.capacity)} GiB (recompute, more TP/PP/EP/CP or ZeRO cut it; simumax search finds what fits)")
+
+
+# overlap options and the group whose tier's processor_usage slows the compute beside them
+OVERLAP_GROUPS = (("overlap_grad_reduce", "dp"), ("overlap_param_gather", "dp"), ("tp_comm_overlap", "tp"),
+                  ("overlap_moe_expert_parallel_comm", "ep"))
+
+
+def free_overlap(st: StrategyConfig, network: NetworkModel) -> str | None:
+    """A one-line note when communication the strategy overlaps with compute runs on a tier
+    whose ``processor_usage`` is 0: the estimate then takes the overlap as free (nothing
+    taken from the GEMMs beside it), which real NCCL kernels are not."""
+    def free(group: str) -> bool:
+        return network.groups[group].size > 1 and network.tier(group).processor_usage == 0
+
+    on = [opt for opt, g in OVERLAP_GROUPS if getattr(st, opt) and free(g)]
+    if st.zero_state >= 2 and free("dp"):
+        on.append(f"zero_state {st.zero_state}")
+    if not on:
+        return None
+    return (f"{', '.join(on)}: the overlapped communication takes nothing from the compute beside it here "
+            "(processor_usage 0 on its tier, as in every preset); `simumax calibrate-comm` measures it")
 
 
 def summary_table(cost: CostResult, mem: MemResult) -> Table:
