@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
 from simumax.calibrate.megatron_loss import megatron_cross_entropy
 from simumax.calibrate.shapes import JobKernels
-from simumax.calibrate.timing import accumulate_fp32_, median_seconds
+from simumax.calibrate.timing import FULL_CLOCK_LOAD_SECONDS, accumulate_fp32_, median_seconds
 from simumax.config.hardware import datasheet
 from simumax.graph.blocks import LOSS_FWD_PASSES, loss_fwd_bytes_per_logit
 from simumax.graph.kernels import MODEL_SDP_BWD_RATIO, Attention, Gemm, GroupGemm
@@ -199,11 +199,6 @@ def measure_hbm_gbps(device: torch.device, nbytes: int) -> float:
     return 2.0 * x.numel() * 2 / t / 1e9
 
 
-# timed work per kernel when calibrating at full clock: within the ~30 ms an H100 SXM runs
-# tensor-core kernels at full clock before its power limiter acts (benchmarks/power_ramp.py)
-BURST_LOAD_SECONDS = 0.02
-
-
 def calibrate_compute(
     kernels: JobKernels,
     device: torch.device,
@@ -251,7 +246,7 @@ def calibrate_compute(
         else:
             fn = attention_fn(k, device)
         if cooldown > 0:  # each kernel at the clock of a GPU under its power limit
-            seconds = median_seconds(fn, device, 1, repeats, cooldown=cooldown, max_load=BURST_LOAD_SECONDS)
+            seconds = median_seconds(fn, device, 1, repeats, cooldown=cooldown, max_load=FULL_CLOCK_LOAD_SECONDS)
         else:
             seconds = median_seconds(fn, device, warmup, repeats)
         flops = k.table_flops(MODEL_SDP_BWD_RATIO) if isinstance(k, Attention) else k.flops

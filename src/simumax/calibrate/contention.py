@@ -21,11 +21,9 @@ from typing import Callable
 
 import torch
 
-from simumax.calibrate.timing import synchronize
+from simumax.calibrate.timing import FULL_CLOCK_COOLDOWN_SECONDS, FULL_CLOCK_LOAD_SECONDS, synchronize
 
 GEMM_SIZE = {"cuda": 8192, "cpu": 512}  # square GEMM of the loop: tensor-core bound on a GPU
-TARGET_SECONDS = 0.02  # each timed loop: under the ~30 ms an H100 runs at full clock from idle
-COOLDOWN = 0.3  # idle before each timed loop on a GPU (docs/calibration.md, "Power-limited clocks")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,14 +119,14 @@ def measure(op: str, group_size: int, nbytes: int, coll: Callable[[], object], a
     def gemm() -> None:
         torch.mm(a, b, out=c)
 
-    cooldown = COOLDOWN if device.type == "cuda" else 0.0
+    cooldown = FULL_CLOCK_COOLDOWN_SECONDS if device.type == "cuda" else 0.0
     for fn in (gemm, coll):  # warm up: kernels chosen, communicators built
         fn()
     per_gemm = max(_timed(_loop(gemm, 3), device) / 3, 1e-7)
     agree(0.0)
     per_coll = max(_timed(_loop(coll, 3), device) / 3, 1e-7)
-    gemms = _loop(gemm, max(1, round(TARGET_SECONDS / per_gemm)))
-    comms = _loop(coll, int(agree(max(1, round(TARGET_SECONDS / per_coll)))))  # the same count on every rank
+    gemms = _loop(gemm, max(1, round(FULL_CLOCK_LOAD_SECONDS / per_gemm)))
+    comms = _loop(coll, int(agree(max(1, round(FULL_CLOCK_LOAD_SECONDS / per_coll)))))  # the same count on every rank
     alone, beside, comm = [], [], []
     for _ in range(repeats):
         time.sleep(cooldown)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from simumax.calibrate.timing import median_seconds
+from simumax.calibrate.timing import FULL_CLOCK_LOAD_SECONDS, median_seconds
 
 POWER_CURVE_RATIOS = (8, 4, 2, 1, 0)  # copies per GEMM: shares ~0.3 to 1 on an H100
 
@@ -33,7 +33,7 @@ def duty_cycle_rows(device: torch.device, seconds: float = 6.0, size: int = 8192
     dst = torch.empty_like(src)
     torch.cuda.synchronize(device)
     time.sleep(2.0)
-    full_clock = median_seconds(lambda: x @ w.t(), device, warmup=1, repeats=5, max_load=0.02)
+    full_clock = median_seconds(lambda: x @ w.t(), device, warmup=1, repeats=5, max_load=FULL_CLOCK_LOAD_SECONDS)
     rows = []
     for r in ratios:
         gemm_t: list[float] = []

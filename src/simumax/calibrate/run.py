@@ -22,11 +22,6 @@ def _torch():
     return torch
 
 
-# idle before each compute kernel when calibrating a GPU: the limiter of an H100 SXM lets the
-# clock back to full within this (benchmarks/power_ramp.py ran from 2-5 s idle at full clock)
-DEFAULT_COOLDOWN_SECONDS = 0.3
-
-
 def calibrate_jobs(
     jobs: list[tuple[ModelConfig, StrategyConfig]],
     base: SystemConfig | None,
@@ -52,7 +47,7 @@ def calibrate_jobs(
     torch = _torch()
     from simumax.calibrate import compute, system_writer
     from simumax.calibrate.shapes import JobKernels, job_kernels
-    from simumax.calibrate.timing import device_name, pick_device
+    from simumax.calibrate.timing import FULL_CLOCK_COOLDOWN_SECONDS, device_name, pick_device
     from simumax.config.loader import load_system
 
     dev = pick_device(device)
@@ -68,7 +63,7 @@ def calibrate_jobs(
         hbm_gbps = hbm_gbps or base.accelerator.bandwidth["default"].gbps
         source = source or "base"
     if cooldown is None:
-        cooldown = DEFAULT_COOLDOWN_SECONDS if dev.type == "cuda" else 0.0
+        cooldown = FULL_CLOCK_COOLDOWN_SECONDS if dev.type == "cuda" else 0.0
     cal = compute.calibrate_compute(merged, dev, dname, peak_tflops, hbm_gbps, source or "option", warmup, repeats, progress,
                                    cooldown)
     props = torch.cuda.get_device_properties(dev) if dev.type == "cuda" else None

@@ -9,6 +9,14 @@ from typing import Callable
 import torch
 
 
+# Timing a kernel at full clock (docs/calibration.md, "Power-limited clocks"): idle this long
+# first (an H100 SXM's limiter lets the clock back to full within it; benchmarks/power_ramp.py
+# ran from 2-5 s idle at full clock), then at most this much work, within the ~30 ms an H100
+# SXM runs tensor-core kernels at full clock before its power limiter acts
+FULL_CLOCK_COOLDOWN_SECONDS = 0.3
+FULL_CLOCK_LOAD_SECONDS = 0.02
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
