@@ -105,15 +105,12 @@ def test_estimate_reports_sources() -> None:
 def test_compute_time_shares_by_source() -> None:
     """The share of GEMM / attention seconds per source that `perf` prints beside the
     unmeasured shapes: from the seconds, not the lookup counts, and summing to one."""
-    from simumax.cost.sources import compute_shares
-    lookups = {"seconds": {"matmul": {"measured": 3.0, "fitted": 1.0, "default": 0.0},
-                           "sdp_fwd": {"measured": 0.0, "fitted": 0.0, "default": 4.0},
-                           "memory/default": {"measured": 0.0, "fitted": 0.0, "default": 50.0},
-                           "comm/tp": {"default": 9.0}}}
-    assert compute_shares(lookups) == {"measured": 3 / 8, "fitted": 1 / 8, "default": 4 / 8}
+    from simumax.uncertainty import attribution, compute_shares
+    attr = {"compute/measured": 3.0, "compute/fitted": 1.0, "compute/default": 4.0, "memory": 50.0, "comm/default": 9.0}
+    assert compute_shares(attr) == {"measured": 3 / 8, "fitted": 1 / 8, "default": 4 / 8}
     assert compute_shares({}) == {"measured": 0.0, "fitted": 0.0, "default": 0.0}
     est = Estimate(load_model("llama3-8b"), load_strategy("tp1_pp2_dp4_mbs1"), load_system("a100-sxm-80gb"))
-    assert compute_shares(est.cost().efficiency_lookups) == {"measured": 0.0, "fitted": 0.0, "default": 1.0}
+    assert compute_shares(attribution(est)) == {"measured": 0.0, "fitted": 0.0, "default": 1.0}
 
 
 @settings(max_examples=200, deadline=None)

@@ -63,6 +63,14 @@ def attribution(est: "Estimate") -> dict[str, float]:
     return dict(out)
 
 
+def compute_shares(attr: dict[str, float]) -> dict[str, float]:
+    """Share of the compute-kernel seconds (GEMM, grouped GEMM, attention) per source:
+    measured, fitted, default (all 0 when ``attr`` has none)."""
+    parts = {src: attr.get(f"compute/{src}", 0.0) for src in ("measured", "fitted", "default")}
+    whole = sum(parts.values())
+    return {src: (t / whole if whole > 0 else 0.0) for src, t in parts.items()}
+
+
 def unmeasured_share(attr: dict[str, float]) -> float:
     """Share of the compute-kernel and collective seconds that nothing measured gave: no
     measured table entry, or a network tier from a datasheet (issue 20: the band's width

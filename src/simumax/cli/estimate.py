@@ -15,9 +15,9 @@ from simumax.api import PerfLLM
 from simumax.atomic import dumps_finite, write_json_atomic
 from simumax.cli.options import SetOpt, _job_size, _say_written, _training, apply_overrides
 from simumax.config.loader import load_model, load_strategy, load_system
-from simumax.cost.sources import compute_shares
 from simumax.errors import ConfigError
 from simumax.report import format as fmt
+from simumax.uncertainty import attribution, compute_shares
 
 # what the numbers of `perf --json` are: SI units, and which are per micro-batch
 JSON_UNITS = {
@@ -96,7 +96,7 @@ def perf(
         cli.out_console.print(f"[yellow]{free}[/]")
     misses = cost.efficiency_lookups.get("misses", {})
     if misses:
-        shares = compute_shares(cost.efficiency_lookups)
+        shares = compute_shares(attribution(p.estimate))
         cli.out_console.print(f"[yellow]{len(misses)} kernel shapes not measured: {shares['fitted']:.0%} of the GEMM / "
                               f"attention time fitted from the table, {shares['default']:.0%} read off the default curve "
                               "(docs/hardware.md); shapes in --json efficiency_lookups[/]")

@@ -53,18 +53,6 @@ class KernelSources:
         return {"hits": hits, "misses": dict(sorted(self.misses.items())), "sources": sources, "seconds": seconds}
 
 
-def compute_shares(lookups: dict[str, Any]) -> dict[str, float]:
-    """Share of the GEMM / grouped GEMM / attention seconds per source (measured, fitted,
-    default) in a ``CostResult.efficiency_lookups``; all 0 when it has none."""
-    totals = dict.fromkeys(SOURCES, 0.0)
-    for fam, by_source in lookups.get("seconds", {}).items():
-        if not fam.startswith(("memory/", "comm/")):
-            for src in SOURCES:
-                totals[src] += by_source.get(src, 0.0)
-    whole = sum(totals.values())
-    return {src: (t / whole if whole > 0 else 0.0) for src, t in totals.items()}
-
-
 def of_ops(ops: list[Op], compute: ComputeModel, network: NetworkModel) -> KernelSources:
     out = KernelSources()
     counts, seconds, misses = out.counts, out.seconds, out.misses
