@@ -123,25 +123,32 @@ def run_collectives(
     rank = dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     groups = [n for n in (group_sizes or [world]) if 2 <= n <= world and world % n == 0]
+    made: dict[int, tuple[object, list[int]]] = {}
+
+    def my_group(n: int) -> tuple[object, list[int]]:
+        """This rank's group of size n and its ranks (consecutive); every rank creates every
+        group of that size, once."""
+        if n not in made:
+            blocks = [list(range(s, s + n)) for s in range(0, world, n)]
+            handles = [dist.new_group(b) for b in blocks]
+            made[n] = handles[rank // n], blocks[rank // n]
+        return made[n]
+
     points: list[CommPoint] = []
     for n in groups:
-        blocks = [list(range(s, s + n)) for s in range(0, world, n)]
-        handles = [dist.new_group(b) for b in blocks]  # every rank creates every group
-        mine = rank // n
+        group, members = my_group(n)
         for op in ops:
             if op == "p2p" and n != 2:
                 continue
             for nbytes in sizes:
-                fn = _op_fn(op, nbytes, n, handles[mine], blocks[mine], device)
+                fn = _op_fn(op, nbytes, n, group, members, device)
                 points.append(CommPoint(op, n, nbytes, _world_max(_time(fn, device, warmup, repeats), device)))
     beside: list[ContentionPoint] = []
     if contention and groups:
-        n = groups[-1]
-        blocks = [list(range(s, s + n)) for s in range(0, world, n)]
-        handles = [dist.new_group(b) for b in blocks]
-        mine = rank // n
+        n = max(groups)
+        group, members = my_group(n)
         for op in (o for o in CONTENTION_OPS if o in ops):
-            fn = _op_fn(op, max(sizes), n, handles[mine], blocks[mine], device)
+            fn = _op_fn(op, max(sizes), n, group, members, device)
             beside.append(measure_beside_gemms(op, n, max(sizes), fn, lambda x: _world_max(x, device), device))
     import os
 
