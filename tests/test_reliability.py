@@ -216,23 +216,23 @@ def test_bucket_count_bounded_and_totals_exact() -> None:
     buckets are modelled several at a time; the total reduce / gather time is unchanged
     (head_size 10**11 used to raise MemoryError building 10**9 buckets)."""
     from simumax.config.loader import load_model, load_strategy, load_system
-    from simumax.dp.buckets import MAX_MODELLED_BUCKETS
+    from simumax.dp.buckets import MAX_MODELLED_BUCKETS, GradBucket
     from simumax.estimate import Estimate
     from simumax.graph.kernels import Collective
 
-    st = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"ddp_bucket_size": 10_000})
+    st = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"ddp_bucket_size": 10_000, "overlap_grad_reduce": True})
     est = Estimate(load_model("llama3-8b"), st, load_system("a100_pcie"))
-    chunk = est.chunks[0]
+    chunk = est.chunks[0]  # pipeline rank 0, first chunk: bucketed; the embedding comes last
     buckets = est.grad_buckets(chunk)
-    params = chunk.params - chunk.expert_params
-    n_full, rest = divmod(params, 10_000)
+    order, _ = est.param_orders(chunk)
+    assert order.head == 0 and order.embedding > 10_000
+    n_full, rest = divmod(order.layers, 10_000)
     assert n_full > MAX_MODELLED_BUCKETS and len(buckets) <= MAX_MODELLED_BUCKETS + 2
     rs = lambda e: est.network.time(Collective("reduce_scatter", e * st.main_grad_bytes, "dp"))  # noqa: E731
     ag = lambda e: est.network.time(Collective("all_gather", e * st.dtype_bytes, "dp"))  # noqa: E731
-    assert abs(sum(b.reduce for b in buckets) - (n_full * rs(10_000) + rs(rest))) <= 1e-9 * n_full * rs(10_000)
-    assert abs(sum(b.gather for b in buckets) - (n_full * ag(10_000) + ag(rest))) <= 1e-9 * n_full * ag(10_000)
-    assert buckets[-1].ready_fraction == 1.0
-    from simumax.dp.buckets import GradBucket
-
-    fractions = [b.ready_fraction for b in buckets]
-    assert all(type(b) is GradBucket and b.group == "dp" for b in buckets) and fractions == sorted(set(fractions))
+    last = rest + order.embedding
+    assert abs(sum(b.reduce for b in buckets) - (n_full * rs(10_000) + rs(last))) <= 1e-9 * n_full * rs(10_000)
+    assert abs(sum(b.gather for b in buckets) - (n_full * ag(10_000) + ag(last))) <= 1e-9 * n_full * ag(10_000)
+    positions = [b.position for b in buckets]
+    assert positions[-1] == chunk.params and positions == sorted(set(positions))
+    assert all(type(b) is GradBucket and b.group == "dp" for b in buckets)

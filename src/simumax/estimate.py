@@ -20,7 +20,7 @@ from simumax.cost.network import NetworkModel
 from simumax.cost.power import stage_rates, throttled
 from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import PhaseTime, StageTime
-from simumax.dp.buckets import GradBucket
+from simumax.dp.buckets import GradBucket, ParamOrder
 from simumax.dp.iteration_step import DataParallelStep
 from simumax.graph.kernels import Collective
 from simumax.graph.model_graph import build_virtual_stages, merge_chunks
@@ -47,7 +47,8 @@ class Estimate(DataParallelStep):
     # layer profiles shared with other estimates of this model and system (the search's);
     # None: the one kept with the system config (ProfileCache.of). Results are the same.
     profiles: ProfileCache | None = field(default=None, repr=False, compare=False)
-    _bucket_cache: dict[int, list[GradBucket]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # per chunk (vstage): its (dense, expert) parameter orders and its buckets
+    _bucket_cache: dict[int, tuple[tuple[ParamOrder, ParamOrder], list[GradBucket]]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for cfg in (self.model, self.strategy, self.system):

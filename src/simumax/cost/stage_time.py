@@ -199,6 +199,11 @@ class StageTime:
         """The ops' per-phase times in order, without making the ops."""
         return [ph for _, phases in self._segments for ph in phases]
 
+    def ends(self) -> tuple[list[dict[str, PhaseTime]], list[dict[str, PhaseTime]]]:
+        """A model chunk's per-op times of its ops before its layers (embedding) and after
+        them (head, loss): ``LayerProfiles.chunk_time`` adds them first and last."""
+        return self._segments[0][1], self._segments[-1][1]
+
     def add_op_times(self, ops: list[Op] | Callable[[], list[Op]], phases: list[dict[str, PhaseTime]]) -> None:
         """Append ops (or a function making them) with their per-phase times."""
         self._segments.append((ops, phases))

@@ -5,6 +5,16 @@ an all-reduce without ZeRO; a reduce-scatter, and after the step a parameter all
 with the distributed optimizer (ZeRO-1); ZeRO-2/3 reduce in every backward (their
 collectives are ops, graph/sharding.py), so here only HSDP's all-reduce across replicas
 and ZeRO-2's one gather per iteration remain.
+
+The layout follows Megatron-Core's ``_ParamAndGradBuffer``: parameters are taken in reverse
+order (roughly the order backward makes their gradients: the LM head first, the layers from
+the last, the embedding last), a bucket closes as soon as it holds ``bucket_size`` elements,
+so a parameter larger than a bucket (a word embedding or LM head of a large vocabulary)
+closes one with whatever was pending. A bucket reduces once its last gradient is ready;
+``overlap_param_gather`` gathers the buckets in forward order (the embedding's first).
+``DistributedDataParallel`` does not bucket (one bucket per buffer) without
+``overlap_grad_reduce``, on pipeline ranks after the first and for model chunks after the
+first (``disable_bucketing``): their reduces are off the critical path.
 """
 
 from __future__ import annotations
@@ -19,30 +29,106 @@ MEGATRON_MIN_BUCKET = 40_000_000  # elements (Megatron DDP default bucket)
 MAX_MODELLED_BUCKETS = 1024  # per chunk and group; beyond, full buckets are merged (grad_buckets)
 
 
+class ParamOrder(NamedTuple):
+    """A chunk's parameters of one group in the order backward makes their gradients: the
+    ops after its layers (final norm, LM head, MTP), its layers, the ops before them
+    (embedding). Elements."""
+
+    head: int
+    layers: int
+    embedding: int
+
+    @property
+    def total(self) -> int:
+        return self.head + self.layers + self.embedding
+
+    def ready_all(self, positions: list[int], head_share: float, layer_share: float) -> list[float]:
+        """The share of the chunk's last weight-gradient pass done when the gradient at each
+        position (elements into the reverse order) is ready: the head's after the head's
+        backward (``head_share`` of the pass), a layer's pro rata through the layers
+        (``layer_share``), the embedding's at the end."""
+        h, end = self.head, self.head + self.layers
+        per = layer_share / self.layers if self.layers else 0.0
+        return [1.0 if p > end else head_share if p <= h else head_share + per * (p - h) for p in positions]
+
+
 class GradBucket(NamedTuple):
     """One bucket (a named tuple: a chunk has up to MAX_MODELLED_BUCKETS, built per estimate)."""
 
     group: str  # dp or edp
-    ready_fraction: float  # share of the chunk's last weight-gradient pass done when it fills
+    position: int  # elements of the chunk's reverse parameter order up to the bucket's last
     reduce: float  # seconds: reduce-scatter (ZeRO-1) or all-reduce
     gather: float  # seconds: ZeRO-1 parameter all-gather after the optimizer step
 
 
-def bucket_key(st: StrategyConfig, network: NetworkModel, params: int, group: str) -> tuple[object, ...]:
+def bucket_size(st: StrategyConfig, network: NetworkModel, group: str, pp_rank: int, chunk: int) -> int | None:
+    """Elements per bucket, None for one bucket (Megatron ``DistributedDataParallel``:
+    ``bucket_size`` None without ``overlap_grad_reduce`` and on pipeline ranks > 0,
+    ``disable_bucketing`` for model chunks > 0). ZeRO-2/3 keep their buckets."""
+    if st.zero_state <= 1 and (not st.overlap_grad_reduce or pp_rank > 0 or chunk > 0):
+        return None
+    return st.ddp_bucket_size or max(MEGATRON_MIN_BUCKET, 1_000_000 * network.groups[group].size)
+
+
+def bucket_key(st: StrategyConfig, network: NetworkModel, order: ParamOrder, group: str, size: int | None) -> tuple[object, ...]:
     """Everything grad_buckets depends on (a search shares buckets across layouts by it)."""
     groups = network.groups
-    return (params, group, st.ddp_bucket_size, st.zero_state, st.fsdp_replicate_size, st.dp_shard_size,
+    return (order, group, size, st.zero_state, st.fsdp_replicate_size, st.dp_shard_size,
             st.main_grad_bytes, st.dtype_bytes, groups[group], groups["dp_shard"], groups["dp_rep"])
 
 
-def grad_buckets(st: StrategyConfig, network: NetworkModel, params: int, group: str) -> list[GradBucket]:
-    """The buckets of ``params`` gradients reduced over ``group``, in the order they fill."""
-    size = network.groups[group].size
-    if size <= 1 or params <= 0:
-        return []
-    bucket = st.ddp_bucket_size or max(MEGATRON_MIN_BUCKET, 1_000_000 * size)
-    n_full, rest = divmod(params, bucket)
+def fill(order: ParamOrder, size: int | None) -> list[tuple[int, int, int]]:
+    """(position of the last element, elements per bucket, buckets) per entry in fill order.
+    The head and the embedding are taken whole (one large parameter each), the layers'
+    parameters as a continuum (a bucket of them closes at ``size``). Past
+    MAX_MODELLED_BUCKETS, consecutive full buckets make one entry of k buckets: the totals
+    stay exact and the overlap granularity stays under 0.1 % of the chunk, so a model of
+    any size costs the same to estimate."""
+    total = order.total
+    if size is None or total <= size:
+        return [(total, total, 1)] if total else []
+    out: list[tuple[int, int, int]] = []
+    pos = pending = 0
 
+    def whole(n: int) -> None:  # one parameter: it closes the bucket it fills
+        nonlocal pos, pending
+        pos += n
+        pending += n
+        if pending >= size:
+            out.append((pos, pending, 1))
+            pending = 0
+
+    if order.head:
+        whole(order.head)
+    n = order.layers
+    if n and pending + n >= size:
+        first = size - pending
+        pos += first
+        out.append((pos, size, 1))
+        n_full, pending = divmod(n - first, size)
+        k = -(-(n_full + 1) // MAX_MODELLED_BUCKETS) if n_full + 1 > MAX_MODELLED_BUCKETS else 1
+        for _ in range(n_full // k):
+            pos += size * k
+            out.append((pos, size, k))
+        if n_full % k:
+            pos += size * (n_full % k)
+            out.append((pos, size, n_full % k))
+        pos += pending
+    else:
+        pos += n
+        pending += n
+    if order.embedding:
+        whole(order.embedding)
+    if pending:
+        out.append((pos, pending, 1))
+    return out
+
+
+def grad_buckets(st: StrategyConfig, network: NetworkModel, order: ParamOrder, group: str,
+                 size: int | None) -> list[GradBucket]:
+    """The buckets of ``order``'s gradients reduced over ``group``, in the order they fill."""
+    if network.groups[group].size <= 1 or order.total <= 0:
+        return []
     hsdp = group == "dp" and st.fsdp_replicate_size > 1
     shard = "dp_shard" if hsdp else group  # HSDP: states shard inside one replica
 
@@ -62,22 +148,12 @@ def grad_buckets(st: StrategyConfig, network: NetworkModel, params: int, group: 
                     network.time(Collective("all_gather", elems * st.dtype_bytes, shard)))
         return network.time(Collective("all_reduce", elems * st.main_grad_bytes, group)), 0.0
 
-    full = times(bucket) if n_full else (0.0, 0.0)  # every full bucket costs the same
-    # past MAX_MODELLED_BUCKETS, consecutive full buckets are modelled k at a time (k
-    # times the cost of one, latencies included): the totals stay exact, the overlap
-    # granularity is still under 0.1 % of the chunk, and a model of any size costs the same
-    k = -(-n_full // MAX_MODELLED_BUCKETS) if n_full > MAX_MODELLED_BUCKETS else 1
-    out = []
-    done = 0
+    cost: dict[int, tuple[float, float]] = {}  # most buckets are full: one size, costed once
     new = tuple.__new__  # a chunk of a large model has hundreds of buckets: the named tuple's __new__ is a Python call
-    red, gat = full[0] * k, full[1] * k
-    for _ in range(n_full // k):
-        done += bucket * k
-        out.append(new(GradBucket, (group, done / params, red, gat)))
-    if n_full % k:
-        done += bucket * (n_full % k)
-        out.append(new(GradBucket, (group, done / params, full[0] * (n_full % k), full[1] * (n_full % k))))
-    if rest:
-        done += rest
-        out.append(new(GradBucket, (group, done / params, *times(rest))))
+    out = []
+    for pos, elems, k in fill(order, size):
+        c = cost.get(elems)
+        if c is None:
+            c = cost[elems] = times(elems)
+        out.append(new(GradBucket, (group, pos, c[0] * k, c[1] * k)))
     return out

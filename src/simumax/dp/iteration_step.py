@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from simumax.dp.buckets import GradBucket, bucket_key, grad_buckets
+from simumax.dp.buckets import GradBucket, ParamOrder, bucket_key, bucket_size, grad_buckets
 from simumax.dp.optimizer_step import step_passes
 from simumax.graph.kernels import Collective
 from simumax.graph.ops import Stage
@@ -32,7 +32,7 @@ class DataParallelStep:
         strategy: StrategyConfig
         system: SystemConfig
         profiles: ProfileCache
-        _bucket_cache: dict[int, list[GradBucket]]
+        _bucket_cache: dict[int, tuple[tuple[ParamOrder, ParamOrder], list[GradBucket]]]
 
         @property
         def chunks(self) -> list[Stage]: ...
@@ -49,20 +49,34 @@ class DataParallelStep:
         """Megatron's DDP buckets of one model chunk (each chunk has its own buffers):
         dense gradients reduce over DP x CP, expert gradients over the expert-data-parallel
         group; reduce-scatter + ZeRO-1 all-gather, or all-reduce without ZeRO."""
-        key = chunk.vstage
-        got = self._bucket_cache.get(key)
+        return self._chunk_buckets(chunk)[1]
+
+    def param_orders(self, chunk: Stage) -> tuple[ParamOrder, ParamOrder]:
+        """(dense, expert) parameters of a chunk in backward's order: its ops after the
+        layers, its layers, its ops before them (dp/buckets.py)."""
+        return self._chunk_buckets(chunk)[0]
+
+    def _chunk_buckets(self, chunk: Stage) -> tuple[tuple[ParamOrder, ParamOrder], list[GradBucket]]:
+        got = self._bucket_cache.get(chunk.vstage)
         if got is None:
-            dense = chunk.params - chunk.expert_params
-            got = self._bucket_cache[key] = self._buckets(dense, "dp") + self._buckets(chunk.expert_params, "edp")
+            pre, _, post = chunk.sections()
+            head = sum(o.params - o.expert_params for o in post)
+            embedding = sum(o.params - o.expert_params for o in pre)
+            experts = chunk.expert_params
+            dense = ParamOrder(head, chunk.params - experts - head - embedding, embedding)
+            expert = ParamOrder(0, experts, 0)
+            got = self._bucket_cache[chunk.vstage] = (
+                (dense, expert), self._buckets(chunk, dense, "dp") + self._buckets(chunk, expert, "edp"))
         return got
 
-    def _buckets(self, params: int, group: str) -> list[GradBucket]:
+    def _buckets(self, chunk: Stage, order: ParamOrder, group: str) -> list[GradBucket]:
         # shared through the profile cache: a search asks the same chunk sizes of the same
         # groups for many layouts
-        key = bucket_key(self.strategy, self.network, params, group)
+        size = bucket_size(self.strategy, self.network, group, chunk.index, chunk.chunk)
+        key = bucket_key(self.strategy, self.network, order, group, size)
         hit = self.profiles.grad_buckets.get(key)
         if hit is None:
-            hit = self.profiles.grad_buckets[key] = grad_buckets(self.strategy, self.network, params, group)
+            hit = self.profiles.grad_buckets[key] = grad_buckets(self.strategy, self.network, order, group, size)
         return hit
 
     def dp_comm_time(self, stage: Stage) -> float:
@@ -93,7 +107,7 @@ class DataParallelStep:
         for c in self.chunks:
             rank = out[c.index]
             red, gat = rank
-            for _, _, r, g in self.grad_buckets(c):  # (group, ready_fraction, reduce, gather)
+            for _, _, r, g in self.grad_buckets(c):  # (group, position, reduce, gather)
                 red += r
                 gat += g
             rank[0], rank[1] = red, gat

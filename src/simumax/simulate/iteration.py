@@ -4,11 +4,12 @@ parameter all-gather, per pipeline rank. The step's gradient-norm all-reduce spa
 rank: no rank clips and updates before all have their norm (``Estimate.step_ends``).
 
 Overlap model (each option off by default, as in Megatron):
-- ``overlap_grad_reduce``: a chunk's buckets fill in order over its last
-  weight-gradient pass (by parameter share) and reduce on the comm stream from then.
+- ``overlap_grad_reduce``: a chunk's buckets (dp/buckets.py) fill over its last
+  weight-gradient pass — the head's after the head's backward, the layers' pro rata,
+  the embedding's at the end — and reduce on the comm stream in the order they fill.
 - ``overlap_param_gather``: the all-gathers run at the start of the (next) iteration
-  on the comm stream, bucket by bucket; a chunk's first forward starts after its
-  first bucket and cannot finish before its last.
+  on the comm stream, bucket by bucket in forward order (the embedding's first); a
+  chunk's first forward starts after its first bucket and cannot finish before its last.
 - ``defer_embedding_wgrad_compute``: the LM-head weight gradients of every micro-batch
   run after the rank's last pass.
 - Communication overlapping compute slows it by the tier's ``processor_usage`` times
@@ -27,6 +28,7 @@ from simumax.simulate.engine import Event, PassCosts, PipelineOptions, run_pipel
 from simumax.simulate.ep_overlap import layer_slots
 
 if TYPE_CHECKING:
+    from simumax.dp.buckets import GradBucket
     from simumax.estimate import Estimate
 
 
@@ -55,6 +57,46 @@ def lm_head_wgrad(est: "Estimate") -> float:
     """Seconds of the LM head's weight-gradient GEMMs for one micro-batch."""
     t = est.chunk_times[-1]
     return sum(ph["bwd_weight"].total for o, ph in t.op_times if o.name == "lm_head")
+
+
+def bucket_readiness(est: "Estimate", k: int) -> list[tuple[float, GradBucket]]:
+    """Chunk ``k``'s gradient buckets, each with the share of its last weight-gradient pass
+    done when its last gradient is ready, in that order (-1: the LM head's weight
+    gradients deferred past the pass, ready at its end)."""
+    chunk = est.chunks[k]
+    buckets = est.grad_buckets(chunk)
+    st = est.strategy
+    if not (st.overlap_grad_reduce or st.overlap_param_gather):
+        # every reduce waits for the pass's end, every gather runs before the next
+        # iteration: when each bucket fills is moot
+        return [(1.0, b) for b in buckets]
+    t = est.chunk_times[k]
+    split = st.schedule in SPLIT_BACKWARD
+    passes = ("bwd_weight",) if split else ("recompute", "bwd_input", "bwd_weight")
+    pre, post = t.ends()
+    total = sum(getattr(t, ph).total for ph in passes)
+    head = sum(d[ph].total for d in post for ph in passes)
+    embedding = sum(d[ph].total for d in pre for ph in passes)
+    deferred = k == len(est.chunks) - 1 and st.defer_embedding_wgrad_compute
+    if deferred:
+        dw = lm_head_wgrad(est)
+        total, head = total - dw, head - dw
+    hs, ls = (head / total, (total - head - embedding) / total) if total > 0 else (0.0, 1.0)
+    dense, expert = est.param_orders(chunk)
+    out = []
+    groups = 0
+    for group, order in (("dp", dense), ("edp", expert)):
+        mine = [b for b in buckets if b.group == group]
+        if not mine:
+            continue
+        groups += 1
+        fr = order.ready_all([b.position for b in mine], hs, ls)
+        if deferred and order.head > 0:
+            fr[0] = -1.0  # a group's first bucket fills from the head
+        out.extend(zip(fr, mine))
+    if groups > 1 or deferred:  # one group's buckets fill in order already
+        out.sort(key=lambda fb: 2.0 if fb[0] < 0 else fb[0])
+    return out
 
 
 def pass_costs(est: "Estimate") -> PassCosts:
@@ -107,7 +149,8 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     orders: RankOrders = []  # the full task order: only when every pass is run
     ranks = st.pp_size
     chunks_of = [[c for c in est.chunks if c.index == r] for r in range(ranks)]
-    buckets = {c.vstage: est.grad_buckets(c) for c in est.chunks}
+    # per chunk, its buckets in the order they fill, with when in the pass each is ready
+    filled = {c.vstage: bucket_readiness(est, k) for k, c in enumerate(est.chunks)}
     usage = {g: net.tier(g).processor_usage for g in ("dp", "edp")}
     comm: list[list[Event]] = [[] for _ in range(ranks)]
     comm_free = [0.0] * ranks
@@ -119,7 +162,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         """ZeRO-1 parameter all-gathers of one chunk, back to back on the comm stream
         from ``start``; returns when each bucket is gathered."""
         done = []
-        for b in buckets[vstage]:
+        for _, b in reversed(filled[vstage]):  # forward order
             if b.gather:
                 if record:
                     comm[r].append(Event(r, "comm", f"{b.group} all_gather params", start, start + b.gather, "param_gather", vstage))
@@ -165,10 +208,13 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         last_pass = {c.vstage: run.last_weight_pass[c.vstage] for c in chunks_of[r]}
         for c in sorted(chunks_of[r], key=lambda c: last_pass[c.vstage][1]):
             w_start, w_end = last_pass[c.vstage]
-            for b in buckets[c.vstage]:
+            for frac, b in filled[c.vstage]:
                 if not b.reduce:  # ZeRO-2/3: reduced inside every backward
                     continue
-                ready = w_start + b.ready_fraction * (w_end - w_start) if st.overlap_grad_reduce else compute_end
+                if not st.overlap_grad_reduce or frac < 0:
+                    ready = compute_end
+                else:
+                    ready = w_start + frac * (w_end - w_start)
                 s = max(ready, comm_free[r])
                 comm_free[r] = s + b.reduce
                 if record:
