@@ -192,6 +192,26 @@ def test_hardware_presets_datasheet() -> None:
     assert load_system("h200-sxm-141gb").accelerator.bandwidth["default"].gbps == 4800.0
 
 
+def test_gb200_runs_b200_kernels_in_b200_time() -> None:
+    """GB200 is the B200 die (148 SMs); its higher datasheet rate is a larger power budget.
+    Its preset takes B200's measured tables as kernel times: every measured, fitted and
+    default GEMM / attention shape costs the same seconds on both, bf16 and fp8, while MFU
+    is counted against GB200's own peak."""
+    from simumax.cost.efficiency import ComputeModel
+    from simumax.graph.kernels import Attention, Gemm, GroupGemm
+
+    b200, gb200 = ComputeModel(load_system("b200-sxm-180gb")), ComputeModel(load_system("gb200-nvl72"))
+    table = load_system("b200_bf16_ceperm").accelerator.op["matmul"].accurate_efficient_factor
+    assert table  # measured shapes exist, and unmeasured ones below go through the fit and curve
+    kernels = [Gemm(4096, 8192, 4096, "NN"), Gemm(8192, 8192, 28672, "TN"), Gemm(333, 1000, 77, "NT", True, "fp32"),
+               Gemm(4096, 4096, 4096, "TN", family="fp8_matmul"), GroupGemm(8, 2048, 7168, 2048, "fwd"),
+               Attention("fwd", 1, 4096, 64, 8, 128, 128, True),
+               Attention("bwd", 2, 8192, 32, 32, 128, 128, True)]
+    for k in kernels:
+        assert gb200.compute(k)[0] == pytest.approx(b200.compute(k)[0], rel=1e-5), k
+    assert load_system("gb200-nvl72").accelerator.op["matmul"].tflops == 2500.0
+
+
 # ---- collectives across nodes -----------------------------------------------------------
 def _net(tp: int, dp: int, system: str = "h100-sxm-80gb") -> NetworkModel:
     st_ = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"world_size": tp * dp, "tp_size": tp}, source="test")

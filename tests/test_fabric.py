@@ -68,7 +68,8 @@ def test_presets_say_which_are_measured_and_which_derived() -> None:
     assert preset_provenance("nvidia_h100_80gb_hbm3").startswith("measured")
     assert preset_provenance("a100_pcie").startswith("measured")
     assert "nvidia_h100_80gb_hbm3" in preset_provenance("h100-sxm-80gb") and preset_provenance("h100-sxm-80gb").startswith("derived")
-    assert "default efficiency curves" in preset_provenance("gb200-nvl72")
+    assert "default efficiency curves" in preset_provenance("b300-sxm-288gb")
+    assert "b200_bf16_ceperm as that device's kernel times" in preset_provenance("gb200-nvl72")
     text = run_cli("presets", "system").stdout
     assert "a100-sxm-80gb" in text and "derived" in text and "measured" in text
     payload = json.loads(run_cli("presets", "system", "--json").stdout)

@@ -15,7 +15,7 @@ typical NCCL bus-bandwidth fractions (nccl-tests) and latencies.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -106,6 +106,13 @@ class Gpu:
     host_mem_gbps: float = 50.0  # host DRAM bandwidth / GPUs of the node
     # the board's own measured power response (cost/power.py), over the measured base's
     power_curve: tuple[tuple[float, float], ...] | None = None
+    # the bf16 peak of the device the measured base was timed on, when that is a sibling of
+    # this one with the same die and a lower datasheet rate (GB200 on B200's tables: the
+    # same 148 SMs; GB200's 2.5 PFLOP/s is its 1200 W budget against B200's 1000 W): every
+    # compute efficiency and asymptote is rescaled by table_tflops / bf16_tflops, so a
+    # kernel takes the time measured on the sibling. What the larger power budget gains
+    # under a training load is not measured for either board (no power curve).
+    table_tflops: float | None = None
 
     @property
     def bf16_tflops(self) -> float:
@@ -165,8 +172,10 @@ GPUS = (
         measured_base="b200_bf16_ceperm", note="B200 (HGX/DGX B200); reference measured tables, true memory; 400 Gb/s per GPU",
         attn_bwd_flops_ratio=2.5, fp4_tflops=9000.0, host_link_gbps=50.0, host_mem_gbps=90.0),
     Gpu("gb200-nvl72", _sheet("GB200"), 5000.0, 184.0, 148, 72, 100.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
-        note="GB200 NVL72: 72 GPUs on one NVLink domain (placed as one node); ConnectX-8 800 Gb/s per GPU to other racks",
-        attn_bwd_flops_ratio=2.5, fp4_tflops=10000.0, host_link_gbps=225.0, host_mem_gbps=256.0),
+        measured_base="b200_bf16_ceperm",
+        note="GB200 NVL72: 72 GPUs on one NVLink domain (placed as one node); ConnectX-8 800 Gb/s per GPU to other racks; "
+             "the B200 die, so B200's measured kernel times",
+        attn_bwd_flops_ratio=2.5, fp4_tflops=10000.0, host_link_gbps=225.0, host_mem_gbps=256.0, table_tflops=2250.0),
     Gpu("b300-sxm-288gb", _sheet("B300"), 4500.0, 288.0, 148, 8, 100.0, 0.60, 0.45, 0.70, 0.69, 0.85, NVLINK_EFF,
         note="B300 (HGX B300, Blackwell Ultra): 288 GB HBM3e (nominal), ConnectX-8 800 Gb/s per GPU",
         attn_bwd_flops_ratio=2.5, fp4_tflops=13500.0, host_link_gbps=50.0, host_mem_gbps=90.0),
@@ -209,6 +218,11 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
     tables = {}
     if measured is not None:
         tables = {name: spec.get("accurate_efficient_factor", {}) for name, spec in measured["accelerator"]["op"].items()}
+    if gpu.table_tflops is not None:  # a sibling's kernel times: same seconds at this peak
+        k = gpu.table_tflops / gpu.bf16_tflops
+        tables = {name: {key: round(v * k, 6) for key, v in t.items()} for name, t in tables.items()}
+        gpu = replace(gpu, gemm_eff=round(gpu.gemm_eff * k, 6), group_gemm_eff=round(gpu.group_gemm_eff * k, 6),
+                      attn_fwd_eff=round(gpu.attn_fwd_eff * k, 6), attn_bwd_eff=round(gpu.attn_bwd_eff * k, 6))
     ops = {
         "default": _family(gpu.bf16_tflops, gpu.gemm_eff),
         "matmul": _family(gpu.bf16_tflops, gpu.gemm_eff, tables.get("matmul")),
@@ -290,5 +304,6 @@ def preset_provenance(name: str) -> str:
     if gpu.measured_base:
         power = ("; its own measured power curve" if gpu.power_curve
                  else "; its power curve" if _has_power_curve(gpu.measured_base) else "")
-        return f"derived: datasheet peaks and fabric, compute tables of {gpu.measured_base}{power}"
+        same = " as that device's kernel times (the same die)" if gpu.table_tflops else ""
+        return f"derived: datasheet peaks and fabric, compute tables of {gpu.measured_base}{same}{power}"
     return "derived: datasheet peaks and fabric, default efficiency curves (no table)"
