@@ -59,6 +59,8 @@ def test_bucketing_is_off_where_megatron_turns_it_off() -> None:
     assert bucket_size(off.strategy, off.network, "dp", 0, 0) is None  # no overlap_grad_reduce
     assert len(off.grad_buckets(off.chunks[0])) == 1
     assert off.grad_buckets(off.chunks[0])[0].position == off.chunks[0].params
+    ds = _est(fsdp_impl="deepspeed", ds_reduce_bucket_size=10**8)  # DeepSpeed ZeRO-1: its own reduce buckets
+    assert bucket_size(ds.strategy, ds.network, "dp", 1, 0) == 10**8
 
 
 def test_overlapped_reduce_leaves_the_embedding_bucket_exposed_and_its_gather_first() -> None:

@@ -64,7 +64,10 @@ class GradBucket(NamedTuple):
 def bucket_size(st: StrategyConfig, network: NetworkModel, group: str, pp_rank: int, chunk: int) -> int | None:
     """Elements per bucket, None for one bucket (Megatron ``DistributedDataParallel``:
     ``bucket_size`` None without ``overlap_grad_reduce`` and on pipeline ranks > 0,
-    ``disable_bucketing`` for model chunks > 0). ZeRO-2/3 keep their buckets."""
+    ``disable_bucketing`` for model chunks > 0). ZeRO-2/3 keep their buckets; DeepSpeed
+    reduces in its ``reduce_bucket_size``."""
+    if st.fsdp_impl == "deepspeed":
+        return st.ds_reduce_bucket_size
     if st.zero_state <= 1 and (not st.overlap_grad_reduce or pp_rank > 0 or chunk > 0):
         return None
     return st.ddp_bucket_size or max(MEGATRON_MIN_BUCKET, 1_000_000 * network.groups[group].size)
