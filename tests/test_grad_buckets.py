@@ -5,6 +5,8 @@ when each bucket's reduce and gather run on the event engine. Hand derivations."
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.dp.buckets import MEGATRON_MIN_BUCKET, ParamOrder, bucket_size, fill
@@ -24,6 +26,25 @@ def test_fill_takes_head_and_embedding_whole_and_layers_as_a_continuum() -> None
     assert fill(ParamOrder(10, 100, 5), 40) == [(40, 40, 1), (80, 40, 1), (115, 35, 1)]
     assert fill(ParamOrder(3, 10, 5), None) == [(18, 18, 1)]  # no bucketing: one bucket
     assert fill(ParamOrder(0, 0, 0), 40) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(head=hs.integers(0, 10**6), layers=hs.integers(0, 10**7), embedding=hs.integers(0, 10**6),
+       size=hs.one_of(hs.none(), hs.integers(1, 10**6)))
+def test_fill_invariants(head: int, layers: int, embedding: int, size: int | None) -> None:
+    """Every element in exactly one bucket, buckets in fill order, each closed bucket at
+    least ``size`` (Megatron closes a bucket once it holds that many), one bucket without
+    bucketing."""
+    order = ParamOrder(head, layers, embedding)
+    got = fill(order, size)
+    assert sum(e * k for _, e, k in got) == order.total
+    positions = [p for p, _, _ in got]
+    assert positions == sorted(set(positions)) and (not got or positions[-1] == order.total)
+    if size is None:
+        assert len(got) == (1 if order.total else 0)
+    else:
+        assert all(e >= size for _, e, _ in got[:-1])
+        assert len(got) <= 1024 + 3
 
 
 def test_fill_merges_full_buckets_past_the_modelled_count_and_keeps_totals() -> None:
