@@ -192,6 +192,28 @@ def test_hardware_presets_datasheet() -> None:
     assert load_system("h200-sxm-141gb").accelerator.bandwidth["default"].gbps == 4800.0
 
 
+def test_preset_memory_bound_fractions_are_the_measured_systems() -> None:
+    """The presets' generic memory-bound line is the fraction of datasheet HBM bandwidth
+    that SimuMax's two measured Megatron systems' lines give (A100 80GB PCIe, B200), the mean
+    of the two for architectures without one — not a STREAM copy's 0.85-0.94."""
+    from simumax.config.hardware import (MEMBOUND_EFF_AMPERE, MEMBOUND_EFF_BLACKWELL, MEMBOUND_EFF_UNMEASURED,
+                                         datasheet)
+
+    def fraction(name: str) -> float:
+        line = load_system(name).accelerator.bandwidth["default"]
+        sheet = datasheet(name.replace("_pcie", "-pcie"))
+        assert sheet is not None
+        return line.efficient_factor * line.gbps / sheet.hbm_gbps
+
+    ampere, blackwell = fraction("a100_pcie"), fraction("b200_bf16_ceperm")
+    assert (MEMBOUND_EFF_AMPERE, MEMBOUND_EFF_BLACKWELL) == (round(ampere, 2), round(blackwell, 2))
+    assert MEMBOUND_EFF_UNMEASURED == round((ampere + blackwell) / 2, 2)
+    for preset, eff in (("a100-sxm-80gb", MEMBOUND_EFF_AMPERE), ("b200-sxm-180gb", MEMBOUND_EFF_BLACKWELL),
+                        ("gb200-nvl72", MEMBOUND_EFF_BLACKWELL), ("h100-sxm-80gb", MEMBOUND_EFF_UNMEASURED),
+                        ("mi300x", MEMBOUND_EFF_UNMEASURED)):
+        assert load_system(preset).accelerator.bandwidth["default"].efficient_factor == eff, preset
+
+
 def test_gb200_runs_b200_kernels_in_b200_time() -> None:
     """GB200 is the B200 die (148 SMs); its higher datasheet rate is a larger power budget.
     Its preset takes B200's measured tables as kernel times: every measured, fitted and
