@@ -93,7 +93,9 @@ def test_overlapped_reduce_leaves_the_embedding_bucket_exposed_and_its_gather_fi
     size = bucket_size(est.strategy, est.network, "dp", 0, 0)
     assert dense.head >= size  # the LM head fills a bucket alone; the layers start the next
     last = dense.layers % size + dense.embedding
-    buckets = [b for _, b in bucket_readiness(est, 0)]
+    filled, forward = bucket_readiness(est, 0)
+    buckets = [b for _, b in filled]
+    assert forward == buckets[::-1]  # gathered in forward order: the embedding's first
     assert buckets[-1].position == dense.total  # ready last
     rs = est.network.time(Collective("reduce_scatter", last * est.strategy.main_grad_bytes, "dp"))
     ag = est.network.time(Collective("all_gather", last * est.strategy.dtype_bytes, "dp"))
@@ -111,5 +113,7 @@ def test_overlapped_reduce_leaves_the_embedding_bucket_exposed_and_its_gather_fi
 
 def test_deferred_head_gradients_hold_their_bucket_to_the_end() -> None:
     est = _est(overlap_grad_reduce=True, defer_embedding_wgrad_compute=True)
-    fr = bucket_readiness(est, 0)
-    assert fr[-1][0] == -1.0 and fr[-1][1].position == est.param_orders(est.chunks[0])[0].head
+    fr, forward = bucket_readiness(est, 0)
+    head = est.param_orders(est.chunks[0])[0].head
+    assert fr[-1][0] == -1.0 and fr[-1][1].position == head  # reduced last
+    assert forward[-1].position == head  # but still gathered last: the forward needs it last

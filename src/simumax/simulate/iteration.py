@@ -59,17 +59,18 @@ def lm_head_wgrad(est: "Estimate") -> float:
     return sum(ph["bwd_weight"].total for o, ph in t.op_times if o.name == "lm_head")
 
 
-def bucket_readiness(est: "Estimate", k: int) -> list[tuple[float, GradBucket]]:
+def bucket_readiness(est: "Estimate", k: int) -> tuple[list[tuple[float, GradBucket]], list[GradBucket]]:
     """Chunk ``k``'s gradient buckets, each with the share of its last weight-gradient pass
     done when its last gradient is ready, in that order (-1: the LM head's weight
-    gradients deferred past the pass, ready at its end)."""
+    gradients deferred past the pass, ready at its end); and the buckets in the order the
+    forward needs their parameters (the reverse of the fill)."""
     chunk = est.chunks[k]
     buckets = est.grad_buckets(chunk)
     st = est.strategy
     if not (st.overlap_grad_reduce or st.overlap_param_gather):
         # every reduce waits for the pass's end, every gather runs before the next
         # iteration: when each bucket fills is moot
-        return [(1.0, b) for b in buckets]
+        return [(1.0, b) for b in buckets], buckets
     t = est.chunk_times[k]
     split = st.schedule in SPLIT_BACKWARD
     passes = ("bwd_weight",) if split else ("recompute", "bwd_input", "bwd_weight")
@@ -90,13 +91,16 @@ def bucket_readiness(est: "Estimate", k: int) -> list[tuple[float, GradBucket]]:
         if not mine:
             continue
         groups += 1
-        fr = order.ready_all([b.position for b in mine], hs, ls)
-        if deferred and order.head > 0:
-            fr[0] = -1.0  # a group's first bucket fills from the head
-        out.extend(zip(fr, mine))
-    if groups > 1 or deferred:  # one group's buckets fill in order already
-        out.sort(key=lambda fb: 2.0 if fb[0] < 0 else fb[0])
-    return out
+        out.extend(zip(order.ready_all([b.position for b in mine], hs, ls), mine))
+    if groups > 1:  # one group's buckets fill in order already
+        out.sort(key=lambda fb: fb[0])
+    forward = [b for _, b in reversed(out)]
+    if deferred and dense.head > 0:
+        # the dense group's first bucket fills from the head: it waits for the deferred pass
+        first = next((i for i, (_, b) in enumerate(out) if b.group == "dp"), None)
+        if first is not None:
+            out.append((-1.0, out.pop(first)[1]))
+    return out, forward
 
 
 def pass_costs(est: "Estimate") -> PassCosts:
@@ -150,7 +154,9 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     ranks = st.pp_size
     chunks_of = [[c for c in est.chunks if c.index == r] for r in range(ranks)]
     # per chunk, its buckets in the order they fill, with when in the pass each is ready
-    filled = {c.vstage: bucket_readiness(est, k) for k, c in enumerate(est.chunks)}
+    filled, forward = {}, {}
+    for k, c in enumerate(est.chunks):
+        filled[c.vstage], forward[c.vstage] = bucket_readiness(est, k)
     usage = {g: net.tier(g).processor_usage for g in ("dp", "edp")}
     comm: list[list[Event]] = [[] for _ in range(ranks)]
     comm_free = [0.0] * ranks
@@ -162,7 +168,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         """ZeRO-1 parameter all-gathers of one chunk, back to back on the comm stream
         from ``start``; returns when each bucket is gathered."""
         done = []
-        for _, b in reversed(filled[vstage]):  # forward order
+        for b in forward[vstage]:
             if b.gather:
                 if record:
                     comm[r].append(Event(r, "comm", f"{b.group} all_gather params", start, start + b.gather, "param_gather", vstage))
