@@ -12,7 +12,7 @@ from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.dp.buckets import MEGATRON_MIN_BUCKET, ParamOrder, bucket_size, fill
 from simumax.estimate import Estimate
 from simumax.graph.kernels import Collective
-from simumax.simulate.iteration import bucket_readiness, simulate_iteration
+from simumax.simulate.iteration import bucket_readiness, lm_head_wgrad, simulate_iteration
 
 
 def test_fill_takes_head_and_embedding_whole_and_layers_as_a_continuum() -> None:
@@ -93,7 +93,7 @@ def test_overlapped_reduce_leaves_the_embedding_bucket_exposed_and_its_gather_fi
     size = bucket_size(est.strategy, est.network, "dp", 0, 0)
     assert dense.head >= size  # the LM head fills a bucket alone; the layers start the next
     last = dense.layers % size + dense.embedding
-    filled, forward = bucket_readiness(est, 0)
+    filled, forward = bucket_readiness(est, 0, 0.0)
     buckets = [b for _, b in filled]
     assert forward == buckets[::-1]  # gathered in forward order: the embedding's first
     assert buckets[-1].position == dense.total  # ready last
@@ -113,7 +113,7 @@ def test_overlapped_reduce_leaves_the_embedding_bucket_exposed_and_its_gather_fi
 
 def test_deferred_head_gradients_hold_their_bucket_to_the_end() -> None:
     est = _est(overlap_grad_reduce=True, defer_embedding_wgrad_compute=True)
-    fr, forward = bucket_readiness(est, 0)
+    fr, forward = bucket_readiness(est, 0, lm_head_wgrad(est))
     head = est.param_orders(est.chunks[0])[0].head
     assert fr[-1][0] == -1.0 and fr[-1][1].position == head  # reduced last
     assert forward[-1].position == head  # but still gathered last: the forward needs it last

@@ -59,10 +59,11 @@ def lm_head_wgrad(est: "Estimate") -> float:
     return sum(ph["bwd_weight"].total for o, ph in t.op_times if o.name == "lm_head")
 
 
-def bucket_readiness(est: "Estimate", k: int) -> tuple[list[tuple[float, GradBucket]], list[GradBucket]]:
+def bucket_readiness(est: "Estimate", k: int, head_wgrad: float) -> tuple[list[tuple[float, GradBucket]], list[GradBucket]]:
     """Chunk ``k``'s gradient buckets, each with the share of its last weight-gradient pass
     done when its last gradient is ready, in that order (-1: the LM head's weight
-    gradients deferred past the pass, ready at its end); and the buckets in the order the
+    gradients deferred past the pass, ready at its end; ``head_wgrad``: their seconds per
+    micro-batch, ``lm_head_wgrad``, 0 when not deferred); and the buckets in the order the
     forward needs their parameters (the reverse of the fill)."""
     chunk = est.chunks[k]
     buckets = est.grad_buckets(chunk)
@@ -80,8 +81,7 @@ def bucket_readiness(est: "Estimate", k: int) -> tuple[list[tuple[float, GradBuc
     embedding = sum(d[ph].total for d in pre for ph in passes)
     deferred = k == len(est.chunks) - 1 and st.defer_embedding_wgrad_compute
     if deferred:
-        dw = lm_head_wgrad(est)
-        total, head = total - dw, head - dw
+        total, head = total - head_wgrad, head - head_wgrad
     hs, ls = (head / total, (total - head - embedding) / total) if total > 0 else (0.0, 1.0)
     dense, expert = est.param_orders(chunk)
     out = []
@@ -153,10 +153,11 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     orders: RankOrders = []  # the full task order: only when every pass is run
     ranks = st.pp_size
     chunks_of = [[c for c in est.chunks if c.index == r] for r in range(ranks)]
+    head_wgrad = lm_head_wgrad(est) if st.defer_embedding_wgrad_compute else 0.0
     # per chunk, its buckets in the order they fill, with when in the pass each is ready
     filled, forward = {}, {}
     for k, c in enumerate(est.chunks):
-        filled[c.vstage], forward[c.vstage] = bucket_readiness(est, k)
+        filled[c.vstage], forward[c.vstage] = bucket_readiness(est, k, head_wgrad)
     usage = {g: net.tier(g).processor_usage for g in ("dp", "edp")}
     comm: list[list[Event]] = [[] for _ in range(ranks)]
     comm_free = [0.0] * ranks
@@ -195,7 +196,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     else:
         orders = est.profiles.orders(st)
         run = run_pipeline(orders, pass_costs(est), opts, gate)
-    deferred = lm_head_wgrad(est) * st.micro_batch_num if st.defer_embedding_wgrad_compute else 0.0
+    deferred = head_wgrad * st.micro_batch_num
     events, end_bwd, end, busy = [], [], [], []
     grads_done: list[float] = []
     all_events: list[list[Event]] = []
