@@ -463,9 +463,34 @@ def test_cp_ring_hides_the_next_chunk_under_this_steps_attention() -> None:
     ph = coster.sequence(kernels)
     t_attn = [coster.kernel(k) for k in steps]
     t_send = coster.kernel(sends[0])
+    t_mem = [coster.kernel(k) for k in kernels if isinstance(k, MemBound)]
     exposed = sum(max(0.0, t_send - a) for a in t_attn[:-1])  # each send under the step before it
     assert ph.comm.get("cp", 0.0) == pytest.approx(exposed, abs=1e-12)
-    assert ph.total == pytest.approx(sum(t_attn) + exposed)
+    assert ph.total == pytest.approx(sum(t_attn) + exposed + sum(t_mem))
+
+
+def test_cp_ring_elementwise_work_as_transformer_engine_does_it() -> None:
+    """Llama3-70B, CP8, 128K, per rank 16384 tokens: Q and O 8192 wide, K and V 1024 each.
+    Forward: cat(K, V) into the ring buffer (2 KV), per later step half of KV or of Q made
+    contiguous ((KV + Q) / 2 on average), the output merge (2 O, then 2.25 O a step).
+    Backward: KV into the ring buffer (2 KV), dQ and dKV first copies (2 (Q + KV)), per
+    later step the halves of q, out, dout or KV ((KV + Q + 2 O) / 2) and the adds
+    (2.25 (Q + KV))."""
+    attn = _op(_cp_est("p2p"), "L0.attn")
+    s_local, bf16, later = 16384, 2, 7
+    q = out = s_local * 8192 * bf16
+    kv = 2 * s_local * 1024 * bf16
+    fwd = sum(k.bytes for k in attn.fwd if isinstance(k, MemBound))
+    bwd = sum(k.bytes for k in attn.bwd_input if isinstance(k, MemBound))
+    assert fwd == pytest.approx(2 * kv + later * (kv + q) / 2 + 2 * out + later * 2.25 * out)
+    assert bwd == pytest.approx(2 * kv + 2 * (q + kv) + later * ((kv + q + 2 * out) / 2 + 2.25 * (q + kv)))
+    # launches: cat, one copy a later step, the merge of cp partial outputs
+    assert sum(k.launches for k in attn.fwd if isinstance(k, MemBound)) == 1 + later + 8
+    # the partial outputs live until the merge, beside the ring's two KV buffers
+    assert attn.fwd_transient == pytest.approx(2 * kv + 8 * out)
+    # none of it without CP
+    plain = _op(_cp_est("p2p", cp_size=1), "L0.attn")
+    assert not [k for k in plain.fwd + plain.bwd_input if isinstance(k, MemBound)]
 
 
 def test_cp_groups_across_nodes_use_the_inter_node_tier() -> None:

@@ -64,9 +64,45 @@ def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[floa
         return fwd, bwd
     step = dict(shape, kv_seq_len=s // 2, causal=False)
     send = Collective("p2p", kv_bytes, "cp")
-    fwd = [Attention("fwd", **shape)] + [send, Attention("fwd", **step)] * (cp - 1)
-    bwd = [Attention("bwd", **shape)] + [send, Collective("p2p", kv_bytes, "cp"), Attention("bwd", **step)] * (cp - 1)
+    ring = ring_elementwise(name, cp, q_b, kv_bytes, out_bytes)
+    fwd = ([ring["kv_buffer"], Attention("fwd", **shape)]
+           + [send, ring["fwd_half"], Attention("fwd", **step)] * (cp - 1)
+           + [ring["out_correction"]])
+    bwd = ([ring["kv_buffer"], Attention("bwd", **shape), ring["grad_init"]]
+           + [send, Collective("p2p", kv_bytes, "cp"), ring["bwd_half"], Attention("bwd", **step), ring["grad_accumulate"]] * (cp - 1))
     return fwd, bwd
+
+
+def ring_elementwise(name: str, cp: int, q_bytes: float, kv_bytes: float, out_bytes: float) -> dict[str, MemBound]:
+    """The memory-bound work of TransformerEngine's load-balanced KV ring around its
+    attention kernels (``AttnFuncWithCPAndKVP2P`` in
+    ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``,
+    TE 2.x; TE 1.x's ``AttnFuncWithCP`` does the same work), for a rank in the middle of the
+    ring: steps after the first take the full output or only its second half by rank
+    (rank r corrects the full output on r of its cp - 1 steps), so each counts the mean of
+    both.
+
+    Forward: K and V are concatenated into the ring's send buffer (``torch.cat``: read,
+    write); each later step makes the half it attends with contiguous for the fused kernel
+    (half of KV or half of Q: read + write of the half, both halves on average); the
+    partial outputs are merged after the last step (``flash_attn_fwd_out_correction_init``:
+    read O_0, write O; then per step ``out.add_(out_i · exp(lse_i - lse))``: read O_i and O,
+    write O, or half of it for ``second_half_out_correction``: 3·O and 1.5·O, 2.25·O on
+    average). Backward: KV is copied into the ring buffer again; dQ and dKV start as copies
+    of the first step's (read + write) and each later step adds its partial into them
+    (``dq.add_``, ``dkv.add_``: 2.25· on average as above); the halves of q, out and dout
+    (or of KV) are made contiguous as in forward. The lse merges (fp32, s values a head)
+    run on the second stream beside the next step's attention and are not counted."""
+    later = cp - 1
+    return {
+        "kv_buffer": MemBound(f"{op_label(name)}.cp_kv_buffer", 2 * kv_bytes),
+        "fwd_half": MemBound(f"{op_label(name)}.cp_half_copy", (kv_bytes + q_bytes) / 2),
+        "out_correction": MemBound(f"{op_label(name)}.cp_out_correction", 2 * out_bytes + later * 2.25 * out_bytes,
+                                   launches=cp),
+        "grad_init": MemBound(f"{op_label(name)}.cp_grad_init", 2 * (q_bytes + kv_bytes), launches=2),
+        "bwd_half": MemBound(f"{op_label(name)}.cp_half_copy", (kv_bytes + q_bytes + 2 * out_bytes) / 2, launches=2),
+        "grad_accumulate": MemBound(f"{op_label(name)}.cp_grad_accumulate", 2.25 * (q_bytes + kv_bytes), launches=2),
+    }
 
 
 def flash_attention(
@@ -96,6 +132,12 @@ def flash_attention(
         saved = (*((f"{name}.{p}_heads", b) for p, b in zip("qkv", own)), out, lse)
         fwd_transient = sum(own)  # the layout copies in flight around the all-to-alls
         bwd_transient = sum(own) + out_bytes
+    elif d.cp > 1 and d.cp_comm == "p2p":
+        kv = own[1] + own[2]
+        # the ring's send and receive KV buffers and every step's partial output until the
+        # merge; in backward two KV buffers, the second dKV buffer, and a step's dq, dKV
+        fwd_transient = 2 * kv + d.cp * out_bytes
+        bwd_transient = 3 * kv + own[0] + kv
     return Op(
         name=name,
         module="core_attn",
