@@ -23,19 +23,20 @@ def _offloading(*mods: str):
     return BASE.with_updates({"fine_grained_activation_offloading": True, "offload_modules": list(mods)})
 
 
-def test_core_attention_offloads_q_k_the_qkv_buffer_and_lse_not_its_output() -> None:
-    """Flash attention saves q, k, v (a view that keeps the fused QKV output), its output and
-    the fp32 log-sum-exp; the output is also the projection's input, so it stays."""
+def test_core_attention_offloads_q_k_v_and_lse_not_its_output() -> None:
+    """Flash attention saves q, k (RoPE's outputs), the contiguous copy of v that TE makes
+    (a strided view of the QKV output beside contiguous q, k), its output and the fp32
+    log-sum-exp; the output is also the projection's input, so it stays."""
     est = Estimate(MODEL, _offloading("core_attn"), SYSTEM)
     layer = est.chunks[0].ops
     off = next(o for o in layer if o.module == MODULE)
     names = {n for n, _ in off.offloads}
-    assert names == {"L0.q", "L0.k", "L0.qkv.out", "L0.attn.lse"}  # not L0.attn.out
-    q, kv, qkv_buffer, lse = S * H * 2, S * 8 * 128 * 2, S * (H + 2 * 8 * 128) * 2, 32 * S * 4
-    assert sum(b for _, b in off.offloads) == q + kv + qkv_buffer + lse
+    assert names == {"L0.q", "L0.k", "L0.v_contiguous", "L0.attn.lse"}  # not L0.attn.out
+    q, kv, lse = S * H * 2, S * 8 * 128 * 2, 32 * S * 4
+    assert sum(b for _, b in off.offloads) == q + 2 * kv + lse
     # stored per micro-batch drops by that much per layer of the stage (16)
     plain = Estimate(MODEL, BASE, SYSTEM).memory().stages[0].fwd_activation_cache_per_micro_batch
-    assert plain - est.memory().stages[0].fwd_activation_cache_per_micro_batch == 16 * (q + kv + qkv_buffer + lse)
+    assert plain - est.memory().stages[0].fwd_activation_cache_per_micro_batch == 16 * (q + 2 * kv + lse)
 
 
 def test_copies_over_the_host_link_hide_under_the_layer() -> None:

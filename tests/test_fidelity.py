@@ -445,9 +445,11 @@ def test_cp_a2a_moves_q_k_v_separately_and_saves_what_they_produce() -> None:
     lse = 64 * s_local * 4
     assert sorted(saved.values()) == sorted([q, kv, kv, out, lse])
     assert "L0.qkv.out" not in saved  # v no longer keeps the fused QKV buffer
+    # the ring (p2p) takes q, k, v made contiguous by TE: RoPE's q, k and a copy of v (a
+    # strided view of the QKV buffer), which is what it keeps, not the buffer
     plain = _op(_cp_est("p2p"), "L0.attn")
-    assert dict(plain.saved)["L0.qkv.out"] == s_local * (8192 + 2 * 1024) * bf16  # without a2a: v is a view of it
-    assert dict(plain.saved)["L0.qkv.out"] - kv == 288 * 2**20  # what the a2a fix stops counting
+    assert dict(plain.saved)["L0.v_contiguous"] == kv and "L0.qkv.out" not in dict(plain.saved)
+    assert [k.bytes for k in plain.fwd if isinstance(k, MemBound) and k.name == "attn.contiguous"] == [2 * kv]
 
 
 def test_cp_ring_hides_the_next_chunk_under_this_steps_attention() -> None:
@@ -480,17 +482,17 @@ def test_cp_ring_elementwise_work_as_transformer_engine_does_it() -> None:
     s_local, bf16, later = 16384, 2, 7
     q = out = s_local * 8192 * bf16
     kv = 2 * s_local * 1024 * bf16
-    fwd = sum(k.bytes for k in attn.fwd if isinstance(k, MemBound))
-    bwd = sum(k.bytes for k in attn.bwd_input if isinstance(k, MemBound))
+    fwd = sum(k.bytes for k in attn.fwd if isinstance(k, MemBound) and ".cp_" in k.name)
+    bwd = sum(k.bytes for k in attn.bwd_input if isinstance(k, MemBound) and ".cp_" in k.name)
     assert fwd == pytest.approx(2 * kv + later * (kv + q) / 2 + 2 * out + later * 2.25 * out)
     assert bwd == pytest.approx(2 * kv + 2 * (q + kv) + later * ((kv + q + 2 * out) / 2 + 2.25 * (q + kv)))
     # launches: cat, one copy a later step, the merge of cp partial outputs
-    assert sum(k.launches for k in attn.fwd if isinstance(k, MemBound)) == 1 + later + 8
+    assert sum(k.launches for k in attn.fwd if isinstance(k, MemBound) and ".cp_" in k.name) == 1 + later + 8
     # the partial outputs live until the merge, beside the ring's two KV buffers
     assert attn.fwd_transient == pytest.approx(2 * kv + 8 * out)
     # none of it without CP
     plain = _op(_cp_est("p2p", cp_size=1), "L0.attn")
-    assert not [k for k in plain.fwd + plain.bwd_input if isinstance(k, MemBound)]
+    assert not [k for k in plain.fwd + plain.bwd_input if isinstance(k, MemBound) and ".cp_" in k.name]
 
 
 def test_cp_groups_across_nodes_use_the_inter_node_tier() -> None:
@@ -608,7 +610,8 @@ def test_cp_all_gather_gathers_reorders_and_reduce_scatters() -> None:
     gathered = 8 * kv_local
     assert [k.bytes for k in attn.fwd if isinstance(k, Collective)] == [gathered]
     assert [(k.op, k.bytes) for k in attn.bwd_input if isinstance(k, Collective)] == [("all_gather", gathered), ("reduce_scatter", gathered)]
-    assert [k.bytes for k in attn.fwd if isinstance(k, MemBound)] == [2 * gathered, 2 * 16384 * 8192 * 2]
+    v_copy = 2 * 16384 * 1024 * 2  # TE's contiguous copy of v (RoPE made q and k new)
+    assert [k.bytes for k in attn.fwd if isinstance(k, MemBound)] == [v_copy, 2 * gathered, 2 * 16384 * 8192 * 2]
     assert [k.bytes for k in attn.bwd_input if isinstance(k, MemBound)] == [2 * gathered, 2 * gathered]
 
 
@@ -623,3 +626,45 @@ def test_fp8_gemms_derived_from_bf16_shapes_count_as_default() -> None:
     assert sources["fp8_matmul"]["default"] > 0
     assert sources["fp8_matmul"]["measured"] == sources["fp8_matmul"]["fitted"] == 0
     assert sources["matmul"]["measured"] > 0  # the bf16 LM head's shape is in the H100 table
+
+
+# ---- q, k, v between the QKV GEMM and attention (Megatron-Core split, TE layouts) ---------
+def _names(ops) -> list[str]:
+    return [o.name for o in ops]
+
+
+def test_gqa_rope_layer_reshapes_q_copies_v_and_concatenates_the_gradients() -> None:
+    """Llama-like GQA (16 heads, 4 KV heads, head_dim 64) with RoPE and TE flash attention,
+    2 x 2048 tokens: Megatron-Core's reshape of the split q copies it (2 Q); TE copies the
+    strided v beside RoPE's contiguous q, k (2 V) and keeps the copy, not the QKV buffer;
+    backward concatenates dq, dk, dv into the QKV gradient (2 (Q + K + V))."""
+    est = _est(_llama(), system="h100-sxm-80gb")
+    tokens, bf16 = 2 * 2048, 2
+    q, kv = tokens * 1024 * bf16, tokens * 256 * bf16
+    split = _op(est, "L0.qkv_split")
+    assert [k.bytes for k in split.fwd] == [2 * q]
+    assert [k.bytes for k in split.bwd_input] == [2 * (q + 2 * kv)]
+    attn = _op(est, "L0.attn")
+    assert [k.bytes for k in attn.fwd if isinstance(k, MemBound)] == [2 * kv]
+    saved = dict(attn.saved)
+    assert saved["L0.v_contiguous"] == kv and "L0.qkv.out" not in saved
+    assert ("L0.v_contiguous", kv) in attn.also_outputs
+
+
+def test_mha_without_rope_on_te_flash_keeps_views_and_needs_no_copy() -> None:
+    """GPT-style MHA, learned positions, TE flash attention: q, k, v are views of the QKV
+    output in TE's sbh3d layout, so nothing is copied, the gradients come back as views of
+    one buffer (``_SplitAlongDim``'s no-op) and attention keeps the QKV buffer."""
+    est = _est(_gpt(), system="h100-sxm-80gb")
+    assert "L0.qkv_split" not in _names(est.chunks[0].ops)
+    attn = _op(est, "L0.attn")
+    assert not [k for k in attn.fwd if isinstance(k, MemBound)]
+    assert "L0.qkv.out" in dict(attn.saved)
+
+
+def test_unfused_attention_concatenates_its_separate_gradients() -> None:
+    """The math path's dq, dk, dv come from separate GEMMs: the split's backward is a cat."""
+    est = _est(_gpt(), use_math_sdp=True, use_flash_sdp=False)
+    split = _op(est, "L0.qkv_split")
+    tokens = 2 * 2048
+    assert not split.fwd and [k.bytes for k in split.bwd_input] == [2 * tokens * 3 * 1024 * 2]

@@ -157,6 +157,15 @@ def _checkpoints_core_attention(variant: dict) -> bool:
     return bool(names & ATTN_CHECKPOINTS) or "core_attn" in variant.get("megatron_recompute_modules", [])
 
 
+def _attention_keeps_copies(model: ModelConfig, st: StrategyConfig) -> bool:
+    """TE flash attention that keeps copies of its inputs, where a core-attention checkpoint
+    keeps the inputs themselves (v a view of the whole QKV buffer): after RoPE or q/k norms
+    (v copied contiguous), under CP (q, k, v made contiguous, or a2a's own copies)."""
+    flash = not (st.use_math_sdp or st.transformer_impl == "local") and model.attention_type != "mla"
+    new_qk = model.position_embedding_type == "rope" or model.qk_layernorm
+    return flash and (new_qk or st.cp_size > 1)
+
+
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(pairs(), hs.integers(1, 6), hs.sampled_from(SELECTIVE_VARIANTS))
 def test_invariants_hold_on_random_pairs(case, extra_mb, selective) -> None:
@@ -208,7 +217,7 @@ def test_invariants_hold_on_random_pairs(case, extra_mb, selective) -> None:
         assert full.memory().peak_mem <= mem.peak_mem
         assert full.cost().duration_time_per_iter >= t
         # selective recompute frees what its group saved and keeps the group's inputs
-        if not (st.cp_size > 1 and st.cp_comm_type == "a2a" and _checkpoints_core_attention(selective)):
+        if not (_attention_keeps_copies(model, st) and _checkpoints_core_attention(selective)):
             try:
                 sel = Estimate(model, st.with_updates(selective), sy).memory()
             except ConfigError:  # e.g. MoE modules on a dense model
@@ -284,28 +293,29 @@ def test_breakdown_sums_to_the_iteration_time(case, overlaps, ep_overlap, schedu
     assert math.isclose(sum(parts.values()), cost.duration_time_per_iter, rel_tol=1e-9), (sum(parts.values()), cost.duration_time_per_iter, parts)
 
 
-def test_cp_a2a_core_attn_checkpoint_keeps_its_inputs() -> None:
+def test_core_attn_checkpoint_keeps_its_inputs() -> None:
     """The one selective recompute that raises memory, as Megatron runs it: the core-attention
     checkpoint (Megatron-Core ``Attention._checkpointed_attention_forward`` ->
     ``tensor_parallel.checkpoint``) saves its arguments: the RoPE'd q and k and v, a view that
-    keeps the whole fused QKV output alive. Without it, TransformerEngine's CP a2a attention
-    (``AttnFuncWithCPAndQKVOA2A``) saves its own post-all-to-all copies of q, k, v (same sizes)
-    and the fp32 log-sum-exp, and the pre-all-to-all tensors die. Per recomputed layer the
-    checkpoint therefore holds q + k more and the lse less; p2p and all_gather CP save the
-    inputs themselves, so there the checkpoint saves the lse."""
+    keeps the whole fused QKV output alive. Without it, TransformerEngine's attention saves
+    its own contiguous copies: CP a2a (``AttnFuncWithCPAndQKVOA2A``) its post-all-to-all q,
+    k, v, the others RoPE's q, k and the copy of v that ``get_qkv_layout`` makes (a strided
+    view beside contiguous q, k), with the fp32 log-sum-exp; the QKV buffer dies. Per
+    recomputed layer the checkpoint therefore holds q + k more and the lse less, with or
+    without CP."""
     sy = SYSTEMS["a100_pcie"]
-    s, cp, h, hd = 1024, 2, 1024, 128
+    s, h, hd = 1024, 1024, 128
     for kv in (8, 2):
         m = ModelConfig(hidden_size=h, head_num=8, kv_head_num=kv, intermediate_size=4096, layer_num=2, vocab_size=4096,
                         use_swiglu=True, norm_type="rmsnorm")
-        tokens = s // cp
-        q, k, lse = tokens * h * 2, tokens * kv * hd * 2, 8 * tokens * 4
-        for cp_comm, per_layer in (("a2a", q + k - lse), ("p2p", -lse), ("all_gather", -lse)):
+        for cp, cp_comm in ((2, "a2a"), (2, "p2p"), (2, "all_gather"), (1, "p2p")):
+            tokens = s // cp
+            q, k, lse = tokens * h * 2, tokens * kv * hd * 2, 8 * tokens * 4
             base = dict(seq_len=s, micro_batch_size=1, micro_batch_num=1, world_size=cp, cp_size=cp, cp_comm_type=cp_comm)
             none = Estimate(m, StrategyConfig(**base), sy).memory().stages[0]
             sel = Estimate(m, StrategyConfig(**base, enable_recompute=True, recompute_granularity="selective_recompute",
                                              attn_recompute=True), sy).memory().stages[0]
-            assert sel.stored_activation_mem - none.stored_activation_mem == 2 * per_layer, (kv, cp_comm)
+            assert sel.stored_activation_mem - none.stored_activation_mem == 2 * (q + k - lse), (kv, cp, cp_comm)
 
 
 def test_kernels_of_different_kinds_never_compare_equal() -> None:

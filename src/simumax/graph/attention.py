@@ -107,9 +107,11 @@ def ring_elementwise(name: str, cp: int, q_bytes: float, kv_bytes: float, out_by
 
 def flash_attention(
     name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tensor, out: Tensor, *, qk_dim: int, v_dim: int, kv_heads: int | None = None,
-    window: int | None = None, sink_params: int = 0,
+    window: int | None = None, sink_params: int = 0, copies: dict[str, Tensor] | None = None,
 ) -> Op:
     """Flash attention: saves q, k, v, the output and the fp32 log-sum-exp (per CP rank).
+    ``copies``: which of "q", "k", "v" TE copies into contiguous tensors first (read and
+    write), and the copies, which the kernels then take and attention keeps.
 
     q, k, v may be views of a larger buffer (v of the fused QKV output): keeping them keeps
     that buffer. With CP a2a the attention saves the tensors its all-to-alls produced (each
@@ -123,10 +125,13 @@ def flash_attention(
            float(d.tokens * kvh * v_dim * d.act_bytes))
     out_bytes = float(d.tokens * d.heads * v_dim * d.act_bytes)
     fwd, bwd = _cp_attention_kernels(d, shape, name, own, out_bytes)
+    copies = copies or {}
+    if copies:  # q, k, v made contiguous before the kernels (the caller says which)
+        fwd = [MemBound(f"{op_label(name)}.contiguous", 2 * sum(t[1] for t in copies.values())), *fwd]
     lse = (f"{name}.lse", float(d.b * d.heads * d.s * FP32))
     grads = sum(own) + out_bytes
     gathered_kv = (own[1] + own[2]) * (d.cp - 1) if d.cp > 1 and d.cp_comm == "all_gather" else 0.0  # other ranks' K, V
-    saved: tuple[Tensor, ...] = (q, k, v, out, lse)
+    saved: tuple[Tensor, ...] = (copies.get("q", q), copies.get("k", k), copies.get("v", v), out, lse)
     fwd_transient = bwd_transient = 0.0
     if d.cp > 1 and d.cp_comm == "a2a":
         saved = (*((f"{name}.{p}_heads", b) for p, b in zip("qkv", own)), out, lse)
@@ -149,6 +154,7 @@ def flash_attention(
         fwd_transient=fwd_transient + gathered_kv,
         bwd_transient=bwd_transient + grads + gathered_kv,
         params=sink_params,
+        also_outputs=tuple(copies.values()),
     )
 
 

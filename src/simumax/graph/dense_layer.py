@@ -20,7 +20,8 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     ln_out = (f"{P}.attn_norm.out", d.act(d.h, local=True))
     mixed = (f"{P}.qkv.out", d.act(q_w + 2 * kv_w + gate_w))
     # q, k, v are views into the fused QKV output, so keeping v (or q, k without RoPE)
-    # keeps that whole buffer alive; RoPE writes new q and k tensors
+    # keeps that whole buffer alive; RoPE writes new q and k tensors (and TE's fused
+    # attention then keeps a contiguous copy of v instead: ``copies`` below)
     v = mixed
     rotary = model.position_embedding_type == "rope"
     q = (f"{P}.q", d.act(q_w)) if rotary else mixed
@@ -37,6 +38,20 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
             output=mixed, **_replicated_kv(model, st, d.h, kv_w, bias)
         ),
     ]
+    flash = not (st.use_math_sdp or local)
+    new_qk = rotary or model.qk_layernorm  # q and k become tensors of their own
+    split = qkv_split(P, layer, d, mixed, q_w, kv_w, flash=flash, new_qk=new_qk)
+    if split is not None:
+        ops.append(split)
+    # TE's get_qkv_layout: a strided v beside contiguous q, k is no layout its kernels take,
+    # so all three are made contiguous (only v copies); context parallelism makes them
+    # contiguous too (TE's CP functions). The fused kernel keeps the copy, not the QKV buffer.
+    copies: dict[str, tuple[str, float]] = {}
+    if flash and (d.cp == 1 or d.cp_comm != "a2a") and (new_qk or d.cp > 1):
+        strided = {"v": d.act(kv_w)} if new_qk else {"k": d.act(kv_w), "v": d.act(kv_w)}
+        if not new_qk and d.kv_heads == d.heads:
+            strided["q"] = d.act(q_w)  # MHA's q is a view too (GQA's was reshaped)
+        copies = {n: (f"{P}.{n}_contiguous", b) for n, b in strided.items()}
     rope_in = mixed
     if model.qk_layernorm:
         ops.append(_qk_norm(P, layer, d, mixed, q_w + kv_w))
@@ -54,7 +69,8 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     else:
         # GPT-OSS's attention sinks: one learned logit per head in the softmax denominator
         core = attention.flash_attention(f"{P}.attn", layer, d, q, k, v, out, qk_dim=hd, v_dim=hd,
-                                         window=model.attention_window(layer), sink_params=d.heads if model.attention_sinks else 0)
+                                         window=model.attention_window(layer), sink_params=d.heads if model.attention_sinks else 0,
+                                         copies=copies)
     ops.append(core.with_(output=out))
     proj_in = out
     if gate_w:
@@ -63,6 +79,28 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     ops.append(linears.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, proj_in, q_w, d.h, bias=bias))
     ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))
     return ops
+
+
+def qkv_split(P: str, layer: int, d: Dims, mixed: tuple[str, float], q_w: int, kv_w: int, *, flash: bool, new_qk: bool) -> Op | None:
+    """Megatron-Core's ``get_query_key_value_tensors``: the QKV output viewed as
+    [s, b, groups, (heads/groups + 2)·head_dim] and split into q, k, v (TE's
+    ``SplitAlongDim``). With GQA, ``query.reshape(s, b, heads, head_dim)`` cannot be a view
+    of the split (a copy: read and write q). In backward the split's gradient is one
+    ``torch.cat`` of dq, dk, dv into the QKV layout (read them, write it) unless they are
+    views of one buffer in that layout, which only TE's fused attention on an MHA layer
+    whose q, k, v went in as views gives (the ``sbh3d`` layout, ``_SplitAlongDim``'s no-op);
+    after RoPE or q/k norms they are separate tensors (Megatron-Core's
+    ``fused_single_qkv_rope``, off by default, exists to avoid "concatenating ROPE dgrads")."""
+    gqa = d.kv_heads < d.heads
+    one_buffer = flash and not gqa and not new_qk and d.cp == 1
+    fwd = (MemBound("qkv_split.q_reshape", 2 * d.act(q_w)),) if gqa else ()
+    bwd = () if one_buffer else (MemBound("qkv_split.grad_cat", 2 * mixed[1]),)
+    if not fwd and not bwd:
+        return None
+    return Op(
+        name=f"{P}.qkv_split", module="qkv_split", layer=layer, fwd=fwd, bwd_input=bwd,
+        input=(mixed,), fwd_transient=d.act(q_w) if gqa else 0.0, bwd_transient=mixed[1] if bwd else 0.0,
+    )
 
 
 def _output_gate(P: str, layer: int, out: tuple[str, float], mixed: tuple[str, float], gated: tuple[str, float]) -> Op:

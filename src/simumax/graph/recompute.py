@@ -36,7 +36,7 @@ MEGATRON_MODULES = {
 
 SUB_BLOCKS = {
     "attn_only": [("attn", {"attn_norm", "qkv", "q_down", "mla_q_norm", "kv_down", "mla_kv_norm", "mla_up_proj",
-                            "mla_rope", "rope", "core_attn", "attn_proj"})],
+                            "mla_rope", "qkv_split", "rope", "core_attn", "attn_proj"})],
     "mlp_only": [("mlp", {"mlp_norm", "fc1", "act", "fc2", "router", "dispatch", "expert_fc1", "moe_act", "expert_fc2",
                           "combine", "shared_fc1", "shared_act", "shared_fc2", "moe_sum"})],
     "sdp_only": [("attn", {"core_attn"})],
