@@ -31,6 +31,7 @@ from simumax import ConfigError, ModelConfig, StrategyConfig
 from simumax.config.checks import check_compatible
 from simumax.config.loader import load_system
 from simumax.estimate import Estimate
+from simumax.graph.kernels import Attention as AttentionKernel
 from simumax.graph.params import count_params, count_params_of
 from simumax.graph.recompute import is_recomputed
 from simumax.memory.model_states import optimizer_bytes_per_param
@@ -157,13 +158,15 @@ def _checkpoints_core_attention(variant: dict) -> bool:
     return bool(names & ATTN_CHECKPOINTS) or "core_attn" in variant.get("megatron_recompute_modules", [])
 
 
-def _attention_keeps_copies(model: ModelConfig, st: StrategyConfig) -> bool:
-    """TE flash attention that keeps copies of its inputs, where a core-attention checkpoint
-    keeps the inputs themselves (v a view of the whole QKV buffer): after RoPE or q/k norms
-    (v copied contiguous), under CP (q, k, v made contiguous, or a2a's own copies)."""
-    flash = not (st.use_math_sdp or st.transformer_impl == "local") and model.attention_type != "mla"
-    new_qk = model.position_embedding_type == "rope" or model.qk_layernorm
-    return flash and (new_qk or st.cp_size > 1)
+def _attention_keeps_copies(est: Estimate) -> bool:
+    """Flash attention that keeps tensors of its own instead of its inputs (TE's contiguous
+    v after RoPE, the CP schemes' copies), where a core-attention checkpoint keeps the
+    inputs themselves (v a view of the whole QKV buffer): read off the IR's attention op."""
+    attn = next((o for c in est.chunks for o in c.ops if o.module == "core_attn"), None)
+    if attn is None or not any(isinstance(k, AttentionKernel) for k in attn.fwd):
+        return False
+    own = {n for n, _ in attn.saved} - {n for n, _ in attn.input} - {attn.output[0] if attn.output else None, f"{attn.name}.lse"}
+    return bool(own)
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -217,7 +220,7 @@ def test_invariants_hold_on_random_pairs(case, extra_mb, selective) -> None:
         assert full.memory().peak_mem <= mem.peak_mem
         assert full.cost().duration_time_per_iter >= t
         # selective recompute frees what its group saved and keeps the group's inputs
-        if not (_attention_keeps_copies(model, st) and _checkpoints_core_attention(selective)):
+        if not (_attention_keeps_copies(est) and _checkpoints_core_attention(selective)):
             try:
                 sel = Estimate(model, st.with_updates(selective), sy).memory()
             except ConfigError:  # e.g. MoE modules on a dense model

@@ -140,9 +140,9 @@ def flash_attention(
     elif d.cp > 1 and d.cp_comm == "p2p":
         kv = own[1] + own[2]
         # the ring's send and receive KV buffers and every step's partial output until the
-        # merge; in backward two KV buffers, the second dKV buffer, and a step's dq, dKV
+        # merge; in backward two KV buffers, the second dKV buffer, and a step's dq and dKV
         fwd_transient = 2 * kv + d.cp * out_bytes
-        bwd_transient = 3 * kv + own[0] + kv
+        bwd_transient = 2 * kv + kv + (own[0] + kv)
     return Op(
         name=name,
         module="core_attn",
