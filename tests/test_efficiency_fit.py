@@ -148,13 +148,13 @@ def test_attention_efficiency_at_most_one(system: str) -> None:
             assert cm.compute(a)[1] <= 1.0
 
 
-@pytest.mark.parametrize("system", ["h100-sxm-80gb", "a100-sxm-80gb"])  # fitted from a measured table; default curve
+@pytest.mark.parametrize("system", ["b200-sxm-180gb", "a100-sxm-80gb"])  # fitted from a measured table; default curve
 def test_non_causal_attention_block_runs_at_the_causal_work_rate(system: str) -> None:
     """Tables count a causal kernel's FLOPs over the whole score matrix while flash attention
     computes (s + 1) / 2s of it; a non-causal block (context-parallel steps) computes all
-    of it. At the same work rate the non-causal s x s block takes 2s / (s + 1) times the
-    causal kernel of that shape (before: it was fitted from the causal entries as if they
-    had done the whole matrix, and on the H100 table ran at the full bf16 peak)."""
+    of it. Where a table has no non-causal entries, the s x s block runs at the causal
+    kernel's work rate: 2s / (s + 1) times its time (before: it was fitted from the causal
+    entries as if they had done the whole matrix, and on the H100 table ran at the full bf16 peak)."""
     cm = ComputeModel(load_system(system))
     for s, phase in ((4096, "fwd"), (4096, "bwd"), (2048, "bwd")):
         shape = dict(batch=1, seq_len=s, head_num=32, kv_head_num=8, qk_head_dim=128, v_head_dim=128)
@@ -164,6 +164,48 @@ def test_non_causal_attention_block_runs_at_the_causal_work_rate(system: str) ->
         assert cm.compute(block)[0] == pytest.approx(cm.compute(causal)[0] * 2 * s / (s + 1), rel=1e-9)
         assert cm.compute(block)[1] == pytest.approx(cm.compute(causal)[1], rel=1e-9)  # same work rate
     assert "causal" not in parse_key(causal.key)[1] and parse_key(block.key)[1]["causal"] == 0.0
+    assert parse_key(block.key)[0] == ("causal=False",) and parse_key(causal.key)[0] == ()
+
+
+def test_measured_non_causal_blocks_run_faster_than_the_causal_kernel() -> None:
+    """Measured on the lent H100 (docs/calibration/h100_2026-11-27/non_causal_blocks.json):
+    cuDNN's non-causal blocks do their work 1.2-1.4x faster than the causal kernel of the
+    same shape (no masked diagonal tiles, no rows of unequal length), so a table that has
+    non-causal entries fits a block from them, not from the causal work rate."""
+    cm = ComputeModel(load_system("h100-sxm-80gb"))
+    for s, h, g in ((4096, 32, 8), (8192, 16, 2)):
+        for phase in ("fwd", "bwd"):
+            causal = Attention(phase, 1, s, h, g, 128, 128)
+            block = Attention(phase, 1, s, h, g, 128, 128, kv_seq_len=s, causal=False)
+            assert cm.seconds_and_source(block)[2] == "measured"
+            rate = cm.compute(block)[1] / cm.compute(causal)[1]  # work rates on model FLOPs
+            print(f"{phase} s={s} heads {h}/{g}: non-causal / causal work rate {rate:.2f}")
+            assert 1.1 < rate < 1.6
+
+
+def test_h100_attention_shapes_held_out() -> None:
+    """The NeMo rows' attention kernels, timed on the lent H100 (torch's default SDPA backend,
+    cuDNN, as TransformerEngine picks it on Hopper; docs/calibration.md, "Attention shapes")
+    and kept out of the table, against the fit over the table: batch 4 x 16 heads was 21-25 %
+    too slow when batch and heads were separate distances (now within 10 %), the context-parallel
+    blocks 30-50 % too slow at the causal work rate (now fitted from measured non-causal blocks,
+    none of them these shapes). What stays off: short sequences the table has no entry near
+    (2048 tokens x 24 heads, 22-26 % fast) and the 192-dim backward."""
+    data = json.loads((ROOT / "docs" / "calibration" / "h100_2026-11-27" / "attention_backends.json").read_text())
+    cm = ComputeModel(load_system("nvidia_h100_80gb_hbm3"))
+    errs = []
+    for row in data["attn"]:
+        k = Attention(**row["kernel"])
+        real = min(t for t in (row["default"], row["cudnn"]) if t)  # both cuDNN; the GQA path differs
+        pred, _, source = cm.seconds_and_source(k)
+        err = pred / real - 1
+        errs.append(abs(err))
+        print(f"{k.phase} b{k.batch} s{k.seq_len} kv{k.kv_seq_len or k.seq_len} h{k.head_num}/{k.kv_head_num} "
+              f"causal={k.causal}: {err:+.1%} ({source})")
+        if k.batch > 1 and k.seq_len == 4096 or not k.causal:
+            assert abs(err) < 0.12
+    print(f"median |error| {statistics.median(errs):.1%}, max {max(errs):.1%}")
+    assert statistics.median(errs) < 0.06
 
 
 # ---- hardware presets --------------------------------------------------------------------

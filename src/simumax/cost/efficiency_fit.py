@@ -3,13 +3,14 @@ else a documented default curve (c). ComputeModel uses: (a) the exact measured e
 (b) ``TableFit.predict``, (c) ``default_curve``.
 
 (b) Shapes are parsed from the SimuMax table keys. Entries of the same class (GEMM: layout,
-accumulation and output dtype; grouped GEMM: stage and dtype; attention: all) are compared
-in log2 space of their sizes (GEMM: b, m, n, k; grouped: ng, M, N, K; attention: batch,
-seq_len, kv_seq_len, heads, kv heads, head dims). The prediction is the wave-quantisation
-and size-saturation baseline of (c) times the inverse-distance-weighted mean of the nearest
-entries' measured / baseline ratios: the baseline carries what the shape itself implies
-(partial last wave of tiles, small-problem saturation), the neighbours what the hardware
-and library do that the baseline does not know.
+accumulation and output dtype; grouped GEMM: stage and dtype; attention: causal or not) are
+compared in log2 space of their sizes (GEMM: b, m, n, k; grouped: ng, M, N, K; attention:
+batch x heads, seq_len, kv_seq_len, query heads per kv head, head dims — a flash kernel's
+grid runs batch x heads x query tiles, so batch and heads are one parallel dimension to
+it). The prediction is the wave-quantisation and size-saturation baseline of (c) times
+the inverse-distance-weighted mean of the nearest entries' measured / baseline ratios: the
+baseline carries what the shape itself implies (partial last wave of tiles, small-problem
+saturation), the neighbours what the hardware and library do that the baseline does not know.
 
 (c) eff = family efficient_factor x wave(m, n) x saturation(FLOPs): the configured
 fallback becomes the asymptote of a curve instead of a constant. wave = tiles / (waves x
@@ -33,15 +34,15 @@ DIM_WEIGHTS: dict[str, float] = {"k": 0.5, "K": 0.5}
 
 
 _NUMERIC = frozenset(NUMERIC)
-_CLASS_FIELDS = ("layout", "accumulate", "out_dtype", "stage", "dtype")
+_CLASS_FIELDS = ("layout", "accumulate", "out_dtype", "stage", "dtype", "causal")
 _CLASS_RANK = {name: i for i, name in enumerate(_CLASS_FIELDS)}
 
 
 def parse_key(key: str) -> tuple[tuple[str, ...], dict[str, float]]:
     """(class, sizes) of a SimuMax table key (``b=1, m=4096, ..., layout=TN``), in one pass
     over its fields: the class is the ``name=value`` texts of the class fields (layout,
-    accumulation, output dtype; stage and dtype for grouped GEMMs) in that order, the sizes
-    the numeric fields as floats."""
+    accumulation, output dtype; stage and dtype for grouped GEMMs; ``causal=False`` for a
+    non-causal attention block) in that order, the sizes the numeric fields as floats."""
     cls: list[str] = []
     sizes: dict[str, float] = {}
     causal = True
@@ -51,10 +52,12 @@ def parse_key(key: str) -> tuple[tuple[str, ...], dict[str, float]]:
             continue
         if name in _NUMERIC:
             sizes[name] = float(value)
-        elif name in _CLASS_RANK:
-            cls.append(part)
         elif name == "causal":
             causal = value != "False"
+            if not causal:  # a non-causal block runs at its own work rate: its own class
+                cls.append("causal=False")
+        elif name in _CLASS_RANK:
+            cls.append(part)
     if len(cls) > 1:
         cls.sort(key=lambda part: _CLASS_RANK[part.partition("=")[0]])
     if "seq_len" in sizes:
@@ -64,6 +67,21 @@ def parse_key(key: str) -> tuple[tuple[str, ...], dict[str, float]]:
             # causal): 0, so the log-size distance leaves it out and baseline() sees it
             sizes["causal"] = 0.0
     return tuple(cls), sizes
+
+
+def fit_coordinates(sizes: dict[str, float]) -> dict[str, float]:
+    """log2 of the sizes the distance compares: a GEMM's own; an attention kernel's batch x
+    heads (``bh``: cuDNN's and FlashAttention's grid is batch x heads x query tiles, the kernel
+    does not tell batch from heads), query heads per kv head (``group``), sequence lengths and
+    head dims. Measured on an H100 (docs/calibration.md, "Attention shapes"): batch 4 x 16
+    heads ran 21-25 % faster than the batch-1 16-head entries, near 64 heads' rate."""
+    if "seq_len" in sizes:
+        heads = sizes["head_num"]
+        coords = {n: v for n, v in sizes.items() if n not in ("batch", "head_num", "kv_head_num")}
+        coords["bh"] = sizes.get("batch", 1.0) * heads
+        coords["group"] = heads / sizes.get("kv_head_num", heads)
+        sizes = coords
+    return {n: math.log2(v) for n, v in sizes.items() if v > 0}
 
 
 def _gemm_dims(s: dict[str, float]) -> tuple[float, float, float, float]:
@@ -155,7 +173,7 @@ class TableFit:
         for _, eff, sizes in entries:
             base = baseline(sizes, self.sm_count)
             if base > 0:
-                rows.append(({n: math.log2(v) for n, v in sizes.items() if v > 0}, eff / base))
+                rows.append((fit_coordinates(sizes), eff / base))
         return rows
 
     def _pool(self, cls: tuple[str, ...] | None) -> _Pool:
@@ -181,7 +199,7 @@ class TableFit:
             pool = self._pool(None)
             if len(pool.ratios) < MIN_FIT_ENTRIES:
                 return None
-        logs = {n: math.log2(v) for n, v in sizes.items() if v > 0}
+        logs = fit_coordinates(sizes)
         root = self._root_w
         vecs = pool.vecs
         extra = sorted(n for n in logs if n not in pool.index)
