@@ -6,30 +6,9 @@ import json, os, sys, time
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
-FULL_CLOCK_COOLDOWN_SECONDS, FULL_CLOCK_LOAD_SECONDS = 0.3, 0.02
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from time_attention import dev, median_seconds  # noqa: E402  (simumax's timing loop, by path)
 
-def median_seconds(fn, device, warmup=3, repeats=10, min_sample=1e-3, cooldown=0.0, max_load=None):
-    """simumax.calibrate.timing.median_seconds, inline (no pydantic on the device)."""
-    if cooldown > 0:
-        torch.cuda.synchronize(); time.sleep(cooldown)
-    for _ in range(max(warmup, 1)):
-        fn()
-    torch.cuda.synchronize(); t0 = time.perf_counter(); fn(); torch.cuda.synchronize()
-    one = max(time.perf_counter() - t0, 1e-7)
-    inner = max(1, min(1000, int(min_sample / one)))
-    if max_load is not None:
-        repeats = max(3, min(repeats, int(max_load / (inner * one))))
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-    for a, b in pairs:
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-    torch.cuda.synchronize()
-    xs = sorted(a.elapsed_time(b) / 1e3 / inner for a, b in pairs)
-    return xs[len(xs) // 2]
-
-dev = torch.device("cuda")
 shapes = json.load(open(sys.argv[1]))
 res = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "cudnn": torch.backends.cudnn.version(), "attn": [], "mem": []}
 
@@ -60,7 +39,7 @@ for s in shapes:
     for b in ("default", "flash", "cudnn"):
         try:
             fn = make(k, b)
-            row[b] = median_seconds(fn, dev, cooldown=FULL_CLOCK_COOLDOWN_SECONDS, max_load=FULL_CLOCK_LOAD_SECONDS)
+            row[b] = median_seconds(fn)
         except Exception as e:
             row[b] = None; row[b + "_err"] = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         torch.cuda.empty_cache()
@@ -91,7 +70,7 @@ for rows, cols in ((4096, 4096), (4096, 11008), (8192, 4096), (4096, 14336), (20
         "add": (lambda: x + x, 4 * n),
     }
     for name, (fn, nbytes) in tests.items():
-        t = median_seconds(fn, dev, cooldown=0.05)
+        t = median_seconds(fn, cooldown=0.05, max_load=None)
         res["mem"].append({"name": name, "rows": rows, "cols": cols, "bytes": nbytes, "s": t, "gbps": nbytes / t / 1e9})
         print(name, rows, cols, "%.1f us %.0f GB/s" % (t * 1e6, nbytes / t / 1e9), flush=True)
     del x; torch.cuda.empty_cache()
