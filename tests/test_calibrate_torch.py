@@ -228,3 +228,19 @@ def test_timing_at_full_clock_idles_first_and_caps_the_timed_work() -> None:
     calls.clear()
     median_seconds(work, torch.device("cpu"), warmup=1, repeats=10, min_sample=1e-3)
     assert len(calls) == 1 + 1 + 10
+
+
+def test_attention_calls_are_graphed_on_a_gpu_only() -> None:
+    """Off a GPU the timed call is the eager one; an attention backward call runs the
+    kernel's gradient (on a GPU it is replayed from a CUDA graph: docs/calibration.md,
+    "Attention shapes", measured on the lent H100)."""
+    from simumax.calibrate.compute import attention_fn
+    from simumax.calibrate.timing import graphed
+    from simumax.graph.kernels import Attention
+
+    def fn() -> int:
+        return 1
+
+    assert graphed(fn, torch.device("cpu")) is fn
+    grads = attention_fn(Attention("bwd", 1, 16, 2, 1, 8, 8), torch.device("cpu"), torch.float32)()
+    assert [tuple(g.shape) for g in grads] == [(1, 2, 16, 8), (1, 1, 16, 8), (1, 1, 16, 8)]

@@ -9,8 +9,10 @@ drawn from a normal distribution, so the tensor cores see realistic bit patterns
   accumulation per GEMM (``fp8_gemm_fn``); grouped fp8 GEMMs are not measured.
 - GroupGemm: ``torch.bmm`` over ``ng`` experts of equal rows (balanced routing: a grouped
   GEMM of equal groups is a batched GEMM).
-- Attention: ``scaled_dot_product_attention`` (torch picks flash / memory-efficient), the
-  backward timed alone from a saved forward graph.
+- Attention: ``scaled_dot_product_attention`` (torch picks its backend: cuDNN's flash
+  kernels on Hopper, TransformerEngine's choice there too), the backward timed alone from a
+  saved forward graph; on a GPU both replayed from a CUDA graph (``timing.graphed``): the
+  kernels' device time, not the harness's host time.
 - MemBound families: a kernel with the IR's own byte accounting: ``default`` an add
   (reads 2, writes 1 element), ``permute_*`` a row ``index_select``, ``ce`` Megatron's
   unfused cross-entropy chain on bf16 logits (``megatron_loss``; sized in the table
@@ -23,6 +25,7 @@ attention counted without halving, so its entries may exceed 1).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -32,7 +35,7 @@ import torch.nn.functional as F
 from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
 from simumax.calibrate.megatron_loss import megatron_cross_entropy
 from simumax.calibrate.shapes import JobKernels
-from simumax.calibrate.timing import FULL_CLOCK_LOAD_SECONDS, accumulate_fp32_, median_seconds
+from simumax.calibrate.timing import FULL_CLOCK_LOAD_SECONDS, accumulate_fp32_, graphed, median_seconds
 from simumax.config.hardware import datasheet
 from simumax.graph.blocks import LOSS_FWD_PASSES, loss_fwd_bytes_per_logit
 from simumax.graph.kernels import MODEL_SDP_BWD_RATIO, Attention, Gemm, GroupGemm
@@ -115,23 +118,35 @@ def group_gemm_fn(k: GroupGemm, device: torch.device, dtype: torch.dtype = torch
 
 
 def attention_fn(k: Attention, device: torch.device, dtype: torch.dtype = torch.bfloat16):
-    kv = k.kv_seq_len or k.seq_len
-    q = _randn((k.batch, k.head_num, k.seq_len, k.qk_head_dim), dtype, device)
-    key = _randn((k.batch, k.kv_head_num, kv, k.qk_head_dim), dtype, device)
-    v = _randn((k.batch, k.kv_head_num, kv, k.v_head_dim), dtype, device)
-    gqa = k.kv_head_num != k.head_num
-    causal = k.causal and kv == k.seq_len
+    """A call running the kernel ``k`` once. On a GPU it is replayed from a CUDA graph
+    (``timing.graphed``), so it costs the kernels' device time: one eager
+    ``torch.autograd.grad`` costs ~0.14 ms of host time and one SDPA call ~0.04 ms, which
+    would set the time of every small kernel, where a training step launches them while
+    earlier work runs (measured on an H100: docs/calibration.md, "Attention shapes")."""
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        # the forward on the stream the call is captured on: autograd waits on its stream
+        kv = k.kv_seq_len or k.seq_len
+        q = _randn((k.batch, k.head_num, k.seq_len, k.qk_head_dim), dtype, device)
+        key = _randn((k.batch, k.kv_head_num, kv, k.qk_head_dim), dtype, device)
+        v = _randn((k.batch, k.kv_head_num, kv, k.v_head_dim), dtype, device)
+        gqa = k.kv_head_num != k.head_num
+        causal = k.causal and kv == k.seq_len
 
-    def fwd():
-        return F.scaled_dot_product_attention(q, key, v, is_causal=causal, enable_gqa=gqa)
+        def fwd():
+            return F.scaled_dot_product_attention(q, key, v, is_causal=causal, enable_gqa=gqa)
 
-    if k.phase == "fwd":
-        return fwd
-    for t in (q, key, v):
-        t.requires_grad_(True)
-    out = fwd()
-    grad = torch.randn_like(out)
-    return lambda: torch.autograd.grad(out, (q, key, v), grad, retain_graph=True)
+        if k.phase == "fwd":
+            fn = fwd
+        else:
+            for t in (q, key, v):
+                t.requires_grad_(True)
+            out = fwd()
+            grad = torch.randn_like(out)
+            fn = lambda: torch.autograd.grad(out, (q, key, v), grad, retain_graph=True)  # noqa: E731
+    if stream is not None:
+        torch.cuda.current_stream(device).wait_stream(stream)
+    return graphed(fn, device, stream)
 
 
 PERMUTE_HIDDEN = 4096  # bf16 rows of the permute stand-in
