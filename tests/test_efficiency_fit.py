@@ -202,7 +202,7 @@ def test_h100_attention_shapes_held_out() -> None:
         errs.append(abs(err))
         print(f"{k.phase} b{k.batch} s{k.seq_len} kv{k.kv_seq_len or k.seq_len} h{k.head_num}/{k.kv_head_num} "
               f"causal={k.causal}: {err:+.1%} ({source})")
-        if k.batch > 1 and k.seq_len == 4096 or not k.causal:
+        if (k.batch > 1 and k.seq_len == 4096) or not k.causal:
             assert abs(err) < 0.12
     print(f"median |error| {statistics.median(errs):.1%}, max {max(errs):.1%}")
     assert statistics.median(errs) < 0.06

@@ -4,11 +4,10 @@ small_attention.json and four large ones: the eager wall time per call, the grap
 the device time of the call's kernels (torch.profiler). python3 graph_check.py; writes
 $OUT/graph_check.json."""
 import json
+import logging
 import os
 import sys
 from pathlib import Path
-
-import logging
 
 import torch
 

@@ -1,15 +1,15 @@
-"""Merge the attention kernels timed on the lent H100 by time_attention.py (as `simumax
-calibrate` times attention: non_causal_blocks.json, context-parallel blocks; causal_grid.json,
-causal kernels of 1K-32K tokens; session22_entries_graphed.json) into the nvidia_h100_80gb_hbm3 preset's sdp tables, in the
-preset's own FLOP convention; then `python docs/make_hardware_presets.py`. The preset's own
+"""Merge the attention kernels timed on the lent H100 (time_attention.py: non_causal_blocks.json,
+context-parallel blocks; causal_grid.json, causal kernels of 1K-32K tokens;
+retime_session22.py: session22_entries_graphed.json) into the nvidia_h100_80gb_hbm3 preset's
+sdp tables, in the preset's own FLOP convention; then `python docs/make_hardware_presets.py`. The preset's own
 18 attention entries (session 22, timed eagerly) are replaced by their re-timing with
 calibrate's CUDA-graph replay (session22_entries_graphed.json). Small kernels
 whose time per call was the host's (small_attention.json: wall time over 1.1x the device
 time of the call's kernels; torch.autograd.grad costs ~0.14 ms of host time per call, a
 training step's backward launches the same kernels for ~10 us each) enter at their device
 time. Kernels of over 5 ms are left out: their three warm-up calls alone load the GPU past
-the ~30 ms its power limiter allows at full clock, so they read the throttled rate, which the preset's power
-curve applies on top. Run from the repository root:
+the ~30 ms its power limiter allows at full clock, so they read the throttled rate, which
+the preset's power curve applies on top. Run from the repository root:
 python docs/calibration/h100_2026-11-27/merge_attention.py"""
 
 import json

@@ -1,4 +1,6 @@
-"""Re-time the session-22 H100 attention entries with calibrate's CUDA-graph replay (python3 retime_session22.py ENTRIES.json from the repository root, pydantic importable); writes $OUT/session22_entries_graphed.json."""
+"""Re-time the session-22 H100 attention entries with calibrate's CUDA-graph replay
+(python3 retime_session22.py ENTRIES.json from the repository root, pydantic importable);
+writes $OUT/session22_entries_graphed.json."""
 import json, os, sys
 sys.path.insert(0, "src")
 import torch
@@ -7,7 +9,7 @@ from simumax.calibrate.timing import median_seconds, FULL_CLOCK_COOLDOWN_SECONDS
 from simumax.graph.kernels import Attention
 dev = torch.device("cuda")
 rows = []
-for f in json.load(open(sys.argv[1]))  # graph.kernels.Attention fields of the entries:
+for f in json.load(open(sys.argv[1])):  # graph.kernels.Attention fields of the entries
     k = Attention(**f)
     t = median_seconds(attention_fn(k, dev), dev, 1, 10, cooldown=FULL_CLOCK_COOLDOWN_SECONDS, max_load=FULL_CLOCK_LOAD_SECONDS)
     rows.append({"kernel": k._asdict(), "seconds": t})

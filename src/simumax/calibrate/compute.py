@@ -25,7 +25,6 @@ attention counted without halving, so its entries may exceed 1).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -124,7 +123,7 @@ def attention_fn(k: Attention, device: torch.device, dtype: torch.dtype = torch.
     would set the time of every small kernel, where a training step launches them while
     earlier work runs (measured on an H100: docs/calibration.md, "Attention shapes")."""
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+    with torch.cuda.stream(stream):  # None (off a GPU): no stream change
         # the forward on the stream the call is captured on: autograd waits on its stream
         kv = k.kv_seq_len or k.seq_len
         q = _randn((k.batch, k.head_num, k.seq_len, k.qk_head_dim), dtype, device)
