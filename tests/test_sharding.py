@@ -62,6 +62,23 @@ def test_communication_volume_by_hand() -> None:
     assert z3.dp_reduce_time(stage) == 0 and z3.dp_gather_time(stage) == 0
 
 
+def test_fsdp2_gathers_follow_the_reshard_policy() -> None:
+    """torchtitan's FSDP2 gathers a unit again for backward only if it resharded after
+    forward: by default every unit but the final norm + output layer; "always" every
+    unit (ZeRO-3's 2x); "never", or any policy left at default with a pipeline, none (1x).
+    Gradients reduce-scatter in fp32 either way."""
+    m = load_model("llama3-8b").with_updates({"layer_num": 4})
+    base = {"seq_len": 4096, "world_size": 8, "zero_state": 3, "fsdp_impl": "torch_fsdp2"}
+    head = 128384 * 4096 + 4096  # output layer + final norm
+    for policy, gathered in (("always", 2.0), ("default", None), ("never", 1.0)):
+        est = Estimate(m, load_strategy({**base, "fsdp_reshard_after_forward": policy}), H100)
+        params = est.params.total
+        want = 2 * (2 * params - head) if gathered is None else 2 * gathered * params
+        assert _sharding_bytes(est) == {"all_gather": pytest.approx(want), "reduce_scatter": 4 * params}, policy
+    piped = Estimate(m, load_strategy({**base, "world_size": 16, "pp_size": 2}), H100)
+    assert all(not o.bwd_input for s in piped.chunks for o in s.ops if o.module == MODULE)
+
+
 def test_zero3_memory_by_hand() -> None:
     """ZeRO-3 keeps 1/dp of the bf16 parameters, fp32 main grads and optimizer states, plus
     the current and the prefetched unit's parameters (bf16) and one unit's gradients; the
@@ -149,8 +166,11 @@ def test_optimizer_cpu_offload_lowers_memory_and_raises_time() -> None:
 
 def test_torch_fsdp2_memory_and_torchtitan_export() -> None:
     """FSDP2 as torchtitan runs it: fp32 sharded parameters stepped in place (no separate
-    master), fp32 gradient shards, Adam's two moments: 16 B per parameter / dp, plus bf16
-    copies of the current and prefetched unit; its gradients reduce-scatter in fp32."""
+    master), Adam's two moments, fp32 gradient shards once a backward has reduced (not at
+    the first micro-batch's forward peak): 12 (16) B per parameter / dp, plus bf16 copies
+    of the unit kept gathered (final norm + output layer) and of the last all-gather's
+    output; its gradients reduce-scatter in fp32 (tests/test_fsdp2_torch.py checks the same
+    against fully_shard itself)."""
     from simumax.export.torchtitan import torchtitan_toml
 
     m = load_model("llama3-8b").with_updates({"layer_num": 4})
@@ -159,8 +179,10 @@ def test_torch_fsdp2_memory_and_torchtitan_export() -> None:
     s = est.memory().stages[0]
     shard = est.stages[0].params / 8
     head = 128384 * 4096 + 4096  # the largest unit
-    assert s.weights == pytest.approx(4 * shard + 2 * 2 * head)
-    assert s.grads == pytest.approx(4 * (shard + head)) and s.optimizer == pytest.approx(8 * shard)
+    assert s.weights == pytest.approx(4 * shard + 2 * head + 2 * head)
+    assert s.grads == 0 and s.optimizer == pytest.approx(8 * shard)
+    s2 = Estimate(m, st.with_updates({"micro_batch_num": 2}), H100).memory().stages[0]
+    assert s2.grads == pytest.approx(4 * shard) and s2.weights == s.weights
     assert _sharding_bytes(est)["reduce_scatter"] == 4 * est.params.total  # fp32, whatever the main-grad dtype
     with pytest.raises(Exception, match="torch_fsdp2.*zero_state 3"):
         load_strategy({"seq_len": 4096, "world_size": 8, "zero_state": 2, "fsdp_impl": "torch_fsdp2"})
@@ -168,6 +190,10 @@ def test_torch_fsdp2_memory_and_torchtitan_export() -> None:
     assert "data_parallel_replicate_degree = 2" in toml and "data_parallel_shard_degree = 4" in toml
     assert "tensor_parallel_degree = 4" in toml and 'mode = "full"' in toml and "pipeline_parallel_degree = 2" in toml
     assert "local_batch_size = 4" in toml and "pipeline_parallel_microbatch_size = 1" in toml
+    never = {**LLAMA70, "zero_state": 3, "fsdp_impl": "torch_fsdp2", "fsdp_reshard_after_forward": "never"}
+    assert 'fsdp_reshard_after_forward = "never"' in torchtitan_toml(load_strategy(never))
+    with pytest.raises(Exception, match="fsdp_reshard_after_forward.*torch_fsdp2"):
+        load_strategy({**LLAMA70, "zero_state": 3, "fsdp_reshard_after_forward": "never"})  # Megatron-FSDP's is fixed
     out = run_cli("export", "-m", "llama3-8b", "-s", "tp2_pp1_dp4_mbs1", "--format", "torchtitan")
     assert out.returncode == 2 and "zero_state" in out.stderr  # ZeRO-1 has no torchtitan form
 

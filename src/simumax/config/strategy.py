@@ -130,6 +130,12 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         "no separate master, bf16 gathers, fp32 reduce-scatters; deepspeed (zero_state 1-3, DeepSpeed ZeRO with bf16): "
         "gradients kept and reduced in bf16, reduced every micro-batch from stage 2, in ds_reduce_bucket_size buckets.",
     )
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = Field(
+        "default", description="torch_fsdp2: torchtitan's parallelism.fsdp_reshard_after_forward. always: every unit "
+        "(layer, embedding, final norm + output layer) frees its gathered parameters after its forward and gathers "
+        "them again for backward; never: all stay gathered until backward; default: the layers and the embedding "
+        "reshard, the final norm + output layer unit does not, and with pp_size > 1 nothing reshards.",
+    )
     ds_overlap_comm: bool | None = Field(
         None, description="DeepSpeed zero_optimization.overlap_comm: gradient reduces overlap the backward (two reduce "
         "buckets); null: DeepSpeed's default, true at stage 3, false below.",
@@ -287,6 +293,18 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     @property
     def p2p_overlapped(self) -> bool:
         return self.overlap_p2p_comm or self.pp_comm_async
+
+    def fsdp_unit_reshards(self, unit: str) -> bool:
+        """Whether a ZeRO-3 unit (``layer``, ``embedding``, ``head``: the final norm with the
+        output layer; ``tied_embedding`` / ``tied_head``: the embedding and the final norm of a
+        tied output layer, one unit) frees its gathered parameters after forward and gathers them again for
+        backward: always for Megatron-FSDP and DeepSpeed; for torch_fsdp2 as torchtitan's
+        ``apply_fsdp_to_decoder`` sets it (default: layers and embedding unless pipelined,
+        the head unit only under "always")."""
+        policy = self.fsdp_reshard_after_forward
+        if self.fsdp_impl != "torch_fsdp2" or policy == "always":
+            return True
+        return policy == "default" and unit not in ("head", "tied_head", "tied_embedding") and self.pp_size == 1
 
     @property
     def dp_shard_size(self) -> int:

@@ -57,6 +57,8 @@ def check_rules(st: "StrategyConfig") -> None:
 def _check_sharding(st: "StrategyConfig") -> None:
     if st.fsdp_impl == "torch_fsdp2" and st.zero_state != 3:
         raise ConfigError("fsdp_impl", "torch_fsdp2 (fully_shard) shards parameters: it needs zero_state 3")
+    if st.fsdp_reshard_after_forward != "default" and st.fsdp_impl != "torch_fsdp2":
+        raise ConfigError("fsdp_reshard_after_forward", "is torchtitan's FSDP2 option: it needs fsdp_impl torch_fsdp2")
     if st.fsdp_impl == "deepspeed":
         _check_deepspeed(st)
     if st.fsdp_replicate_size > 1:

@@ -208,21 +208,27 @@ class OpSource:
 
     def embedding(self) -> Op:
         if self._embedding is None:
-            tied_here = not self.model.untie_embeddings_and_output_weights and self.st.pp_size == 1
             self._embedding = blocks.embedding(self.dims, self.dims.vocab, self.model.position_rows(self.st.seq_len),
-                                               main_grad_bytes=self.st.main_grad_bytes, shares_head_weight=tied_here)
+                                               main_grad_bytes=self.st.main_grad_bytes, shares_head_weight=self._tied_here)
         return self._embedding
+
+    @property
+    def _tied_here(self) -> bool:
+        """The output layer uses the embedding's weight on the same rank."""
+        return not self.model.untie_embeddings_and_output_weights and self.st.pp_size == 1
 
     def pre_ops(self) -> list[Op]:
         """What the first virtual stage runs before its layers: the embedding (and its
         ZeRO-2/3 collectives)."""
-        return with_sharding("embedding", -1, [self.embedding()], self.st)
+        # torchtitan shards a tied embedding with the final norm and output layer as one unit
+        return with_sharding("embedding", -1, [self.embedding()], self.st, "tied_embedding" if self._tied_here else "embedding")
 
     def head(self, same_rank_as_embedding: bool) -> list[Op]:
         ops = self._head.get(same_rank_as_embedding)
         if ops is None:
             own = _head_ops(self.model, self.st, self.dims, same_rank_as_embedding)
-            ops = self._head[same_rank_as_embedding] = with_sharding("head", -1, own, self.st)
+            unit = "tied_head" if same_rank_as_embedding and not self.model.untie_embeddings_and_output_weights else "head"
+            ops = self._head[same_rank_as_embedding] = with_sharding("head", -1, own, self.st, unit)
         return ops
 
 

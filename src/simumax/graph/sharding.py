@@ -25,10 +25,12 @@ MODULE = "fsdp"
 SYNC_MODULE = "fsdp_sync"  # collectives on the compute stream (exposed)
 
 
-def sharding_ops(name: str, layer: int, ops: list[Op], st: StrategyConfig) -> list[Op]:
+def sharding_ops(name: str, layer: int, ops: list[Op], st: StrategyConfig, unit: str = "") -> list[Op]:
     """The ZeRO-2/3 collectives of the parameters held by ``ops``: one prefetched op (none
     below ZeRO-2 or without parameters), and for DeepSpeed without ``overlap_comm`` a
-    second, exposed one with the gradient reduce, which then runs on the compute stream."""
+    second, exposed one with the gradient reduce, which then runs on the compute stream.
+    ``unit``: which FSDP unit they form for the reshard policy (``StrategyConfig.fsdp_unit_reshards``;
+    default: ``name`` for the embedding and the head, else a layer)."""
     if st.zero_state < 2:
         return []
     dense = sum(o.params - o.expert_params for o in ops)
@@ -40,10 +42,12 @@ def sharding_ops(name: str, layer: int, ops: list[Op], st: StrategyConfig) -> li
     for params, group in ((dense, dense_group), (expert, "edp")):
         if params <= 0:
             continue
-        if st.zero_state >= 3:
+        # torchtitan shards a tied output layer's final norm with the embedding: no gather of its own
+        if st.zero_state >= 3 and not (unit == "tied_head" and st.fsdp_impl == "torch_fsdp2"):
             gather = Collective("all_gather", float(params * st.dtype_bytes), group)
             fwd.append(gather)
-            bwd_in.append(gather)
+            if st.fsdp_unit_reshards(unit or (name if name in ("embedding", "head") else "layer")):
+                bwd_in.append(gather)  # gathered again for backward (resharded after forward)
         grad_bytes = 4 if st.fsdp_impl == "torch_fsdp2" else st.main_grad_bytes  # FSDP2 reduce_dtype fp32 (torchtitan)
         bwd_w.append(Collective("reduce_scatter", float(params * grad_bytes), group))
     if not bwd_w:
@@ -58,7 +62,7 @@ def sharding_ops(name: str, layer: int, ops: list[Op], st: StrategyConfig) -> li
     return out
 
 
-def with_sharding(name: str, layer: int, ops: list[Op], st: StrategyConfig) -> list[Op]:
+def with_sharding(name: str, layer: int, ops: list[Op], st: StrategyConfig, unit: str = "") -> list[Op]:
     """``ops`` followed by their sharding op, if any."""
-    extra = sharding_ops(name, layer, ops, st)
+    extra = sharding_ops(name, layer, ops, st, unit)
     return [*ops, *extra] if extra else ops  # the plain list itself: passes without sharding share it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from simumax.config.strategy import StrategyConfig
 from simumax.graph import fp8
@@ -18,6 +19,11 @@ class ModelStates:
     grads: float
     optimizer: float
     te_buffers: float
+    # FSDP2 (``fsdp2_states``), where its backward can outweigh the forward peak: bytes added
+    # to the states while the output layer reduce-scatters (the stored activations still
+    # held), and all bytes held at the end of the backward (activations freed); 0: never
+    reduce_extra: float = 0.0
+    end_of_backward: float = 0.0
 
     @property
     def total(self) -> float:
@@ -89,11 +95,8 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
         if st.fsdp_impl == "deepspeed":
             weights, grads = deepspeed_states(st, stage, shard, layer)
         elif st.fsdp_impl == "torch_fsdp2":
-            # torchtitan's FSDP2: the sharded parameters are the fp32 originals (the optimizer
-            # steps them, no separate master); gathers cast to bf16, gradients reduce in fp32
-            weights = FP32 * shard + st.dtype_bytes * 2 * layer
-            grads = FP32 * (shard + layer)
             opt = ADAM_STATE_BYTES * shard * device_optimizer_share(st)
+            return fsdp2_states(st, stage, shard, opt, te)
         else:
             # Megatron-FSDP: the rank keeps its shard of the main grads plus one layer's
             # unsharded gradients for the reduce-scatter in flight; ZeRO-3 also its shard of
@@ -121,3 +124,71 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, layer: int)
     if st.zero_state >= 3:
         weights = b * (shard + layer + min(st.ds_prefetch_bucket_size, layer))
     return weights, grads
+
+
+class Fsdp2Units(NamedTuple):
+    """A stage's FSDP2 units as its ZeRO-3 ops gather them (graph/sharding.py)."""
+
+    kept: float  # bf16 bytes of the units kept gathered from forward to backward (not resharded)
+    last: float  # bf16 bytes of the last unit gathered in forward
+    last_kept: bool
+    first: float  # ... of the first unit (the embedding: the last reduced in backward)
+    second: float  # ... of the unit after it (reduced just before it)
+    tied: bool  # the first unit holds a tied output layer: its gradient lives through the backward
+
+
+def fsdp2_units(stage: Stage) -> Fsdp2Units:
+    """A unit not gathered again for backward was not resharded; a tied output layer's
+    head op gathers nothing of its own."""
+    kept, gathers, tied = 0.0, [], False
+    for ops, n in stage.groups():
+        for o in ops:
+            if o.module != "fsdp":
+                continue
+            gathered = sum(c.bytes for c in o.fwd if c.op == "all_gather")
+            if gathered <= 0:
+                tied = tied or o.name == "head.fsdp"
+                continue
+            if not o.bwd_input:
+                kept += n * gathered
+            gathers += [(gathered, not o.bwd_input)] * min(n, 2)
+    if not gathers:
+        return Fsdp2Units(0.0, 0.0, True, 0.0, 0.0, False)
+    second = gathers[1][0] if len(gathers) > 1 else 0.0
+    return Fsdp2Units(kept, gathers[-1][0], gathers[-1][1], gathers[0][0], second, tied)
+
+
+def fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te: float) -> ModelStates:
+    """torchtitan's FSDP2 (``fully_shard`` per block, ``MixedPrecisionPolicy(bf16, fp32)``;
+    torch ``distributed/fsdp/_fully_shard``), checked category by category against
+    ``fully_shard`` itself (tests/test_fsdp2_torch.py). At the end of a micro-batch's
+    forward, where activations peak:
+
+    - the sharded parameters are the fp32 originals the optimizer steps (no separate master);
+    - gathered bf16 parameters of the units not resharded after forward (the final norm +
+      output layer by default, every unit with pipeline parallelism or "never"), plus the
+      all-gather output of the last unit gathered, which FSDP2 holds until the next
+      all-gather (``AllGatherState``: it keeps the CPU from running ahead of the copy-out);
+    - sharded fp32 gradients exist only once a backward has reduced into them (the step
+      starts with ``zero_grad`` setting them to None): at a later micro-batch's forward
+      peak, not at the first's.
+
+    Where the states outweigh the activations the backward holds the peak, at one of two
+    moments: the last unit of the forward (the output layer) reduce-scattering its
+    gradients — gathered again if it was resharded, its fp32 reduce-scatter input (2x its
+    bf16 bytes) and its new gradient shard beside the forward's states and stored
+    activations (``reduce_extra``) — or the first unit's (the embedding's) backward, with
+    every shard: its bf16 gradients and fp32 reduce-scatter input (3x), or while it runs,
+    itself gathered, the previous unit's reduce-scatter input (``ReduceScatterState``,
+    freed at the next reduce) and its gradient (three bf16 copies when the output layer
+    is tied to it: the two uses' gradients and their sum) (``end_of_backward``).
+    """
+    u = fsdp2_units(stage)
+    weights = FP32 * shard + u.kept + u.last
+    grads = FP32 * shard if st.micro_batch_num > 1 else 0.0
+    extra = (0.0 if u.last_kept else u.last) + 2 * u.last + (0.0 if grads else 2 * u.last / st.dp_shard_size)
+    own_shard = 0.0 if grads else 2 * u.first / st.dp_shard_size  # the first unit's gradient shard, not reduced yet
+    during = u.first + (3 if u.tied else 1) * u.first + 2 * u.second - own_shard
+    end = FP32 * shard * 2 + opt + te + max(3 * u.first, during)
+    return ModelStates(weights=float(weights), grads=float(grads), optimizer=float(opt), te_buffers=te,
+                       reduce_extra=extra, end_of_backward=end)

@@ -7,7 +7,8 @@ import math
 from typing import TYPE_CHECKING
 
 from simumax.memory.chunk_walk import op_name_at
-from simumax.memory.model_states import model_states
+from simumax.memory.model_states import ModelStates, model_states
+from simumax.memory.schedule_walk import RankActivations
 from simumax.report.results import MemResult, StageMemory
 from simumax.uncertainty import MEMORY_BAND
 
@@ -15,6 +16,20 @@ if TYPE_CHECKING:
     from simumax.estimate import Estimate
 
 PHASE_NAMES = {"F": "fwd", "B": "bwd", "W": "wgrad"}
+
+
+def stage_peak(states: ModelStates, act: RankActivations) -> tuple[float, str]:
+    """A rank's peak bytes: its model states plus its activation walk's worst moment, or,
+    where FSDP2's backward buffers outweigh the forward's transients (memory/model_states.py
+    ``fsdp2_states``), that moment, named."""
+    peak, moment = states.total + act.peak, ""
+    for extra, at, what in ((states.reduce_extra, states.total + states.reduce_extra + act.stored_peak,
+                             "output layer's gradient reduce-scatter"),
+                            (states.end_of_backward, states.end_of_backward,
+                             "embedding unit's backward and gradient reduce-scatter")):
+        if extra and at > peak:
+            peak, moment = at, what
+    return peak, moment
 
 
 def memory_result(est: "Estimate") -> MemResult:
@@ -32,18 +47,22 @@ def memory_result(est: "Estimate") -> MemResult:
             w = est.chunk_walks[t.vstage]
             op = op_name_at(next(c for c in est.chunks if c.vstage == t.vstage),
                             w.fwd_peak_at if t.kind == "F" else w.bwd_peak_at)
-        peak = states.total + act.peak
+        peak, sharded_moment = stage_peak(states, act)
+        path = {
+            "phase": PHASE_NAMES.get(t.kind, "") if t else "",
+            "op": op, "in_flight": float(n), "micro_batch": t.mb if t else None,
+            "vstage": t.vstage if t else None,
+        }
+        if sharded_moment:
+            path = {"phase": "bwd", "op": sharded_moment, "in_flight": float(n),
+                    "micro_batch": st.micro_batch_num - 1, "vstage": 0}
         out.append(
             StageMemory(
                 stage=s.index, layers=len(s.layers), params=s.params, weights=states.weights, grads=states.grads,
                 optimizer=states.optimizer, te_buffers=states.te_buffers, model_mem=states.total,
                 fwd_activation_cache_per_micro_batch=stored, in_flight_micro_batches=n,
                 activation_mem=act.peak, stored_activation_mem=act.stored_peak, peak_mem=peak, peak_mem_with_reserved=peak / st.mem_factor,
-                peak_path={
-                    "phase": PHASE_NAMES.get(t.kind, "") if t else "",
-                    "op": op, "in_flight": float(n), "micro_batch": t.mb if t else None,
-                    "vstage": t.vstage if t else None,
-                },
+                peak_path=path,
             )
         )
     top = max(out, key=lambda x: x.peak_mem)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from simumax.atomic import write_bytes_atomic, write_json_atomic
 from simumax.memory.model_states import model_states
+from simumax.memory.result import stage_peak
 from simumax.report.gantt import plot_gantt
 from simumax.report.memory_trace import memory_snapshot, memory_timeline
 from simumax.report.results import SimRank, SimResult
@@ -45,7 +46,7 @@ def simulate_to(
         SimRank(
             rank=r, end_of_backward=run.end_of_backward[r], end=run.end[r], busy=run.busy[r],
             bubble_fraction=max(0.0, 1.0 - run.busy[r] / run.end_of_backward[r]) if run.end_of_backward[r] else 0.0,
-            peak_mem=base[r] + acts[r].peak,
+            peak_mem=stage_peak(states[r], acts[r])[0],
         )
         for r in range(len(run.end))
     ]

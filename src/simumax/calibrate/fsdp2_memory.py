@@ -1,0 +1,109 @@
+"""PyTorch FSDP2 itself, wrapped as torchtitan wraps a Llama, tracked on fake tensors: what
+its sharded-data-parallel state holds at the step's peak, to check ``fsdp_impl: torch_fsdp2``
+against the implementation rather than a hand count.
+
+The model is check-step's plain-PyTorch Llama (``check_step.LlamaStyle``) built under
+``FakeTensorMode`` (no memory is allocated, so an 8B model runs on a laptop), sharded over
+a fake process group of ``world_size`` ranks with torch's ``fully_shard`` the way
+torchtitan 0.3's ``distributed/fsdp.py::apply_fsdp_to_decoder`` does it: the embedding, each
+block and (the final norm, the output layer) as units with
+``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, the reshard-after-forward
+policy per unit as ``get_fsdp_reshard_after_forward_policy``, a tied output layer sharded
+with the embedding, then the root. One step (``mbc`` forward-backward passes after the step
+that creates the AdamW states) runs under torch's ``FSDPMemTracker``, which files every live
+tensor under FSDP's categories in host order.
+
+The activations it reports are CPU kernels' (fake tensors dispatch to CPU attention and
+loss kernels), not a GPU's: compare the state categories, not the activation bytes.
+FSDP2's hooks leave reference cycles and a process group behind: run it in a process of
+its own (``python -m simumax.calibrate.fsdp2_memory``, below).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Literal
+
+import torch
+
+from simumax.calibrate.check_step import LlamaStyle
+from simumax.config.model import ModelConfig
+
+STATE_CATEGORIES = ("Sharded Param", "Unsharded Param", "All Gather", "Sharded Grad", "Unsharded Grad",
+                    "Reduce Scatter", "OptState")
+
+
+def _wrap_like_torchtitan(net: LlamaStyle, mesh: object, policy: str) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    reshard = policy == "always" or policy == "default"  # pp_enabled False: one rank holds every layer here
+    cfg = {"mesh": mesh, "mp_policy": mp}
+    if net.head is None:  # tied: embedding, final norm and output layer are one unit
+        if policy == "always":  # the tied output GEMM reads the weight outside the unit's forward here
+            raise ValueError("a tied output layer resharded after forward is not built by this model")
+        fully_shard([net.embed, net.norm], **cfg, reshard_after_forward=policy == "always")
+    else:
+        fully_shard(net.embed, **cfg, reshard_after_forward=reshard)
+        fully_shard([net.norm, net.head], **cfg, reshard_after_forward=policy == "always")
+    for layer in net.layers:
+        fully_shard(layer, **cfg, reshard_after_forward=reshard)
+    fully_shard(net, **cfg)
+
+
+def track_fsdp2_step(model: ModelConfig, world_size: int, seq_len: int, mbs: int = 1, mbc: int = 1,
+                     reshard: Literal["default", "always", "never"] = "default") -> dict[str, int]:
+    """Bytes per FSDPMemTracker category (``STATE_CATEGORIES``, "Activation", "Temp",
+    "Inputs", "Total") at the peak of one training step on rank 0 of ``world_size``."""
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        mesh = init_device_mesh("cpu", (world_size,))
+        with FakeTensorMode():
+            net = LlamaStyle(model)
+            _wrap_like_torchtitan(net, mesh, reshard)
+            opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=False)  # states only: no foreach temporaries
+            tokens = torch.randint(0, net.vocab, (mbs, seq_len))
+            labels = torch.randint(0, net.vocab, (mbs, seq_len))
+            net(tokens, labels).backward()  # a first step creates the optimizer states
+            opt.step()
+            opt.zero_grad()  # set_to_none, as torchtitan's step starts
+            tracker = FSDPMemTracker(net, opt)
+            tracker.track_inputs((tokens, labels))
+            with tracker:
+                for _ in range(mbc):  # torchtitan's gradient accumulation: each backward reduce-scatters
+                    net(tokens, labels).backward()
+            snapshot = tracker.get_tracker_snapshot("peak")
+    finally:
+        dist.destroy_process_group()
+    out: dict[str, int] = {}
+    for per_device in snapshot.values():
+        for key, value in per_device.items():
+            name = getattr(key, "value", key)
+            out[str(name)] = out.get(str(name), 0) + int(value)
+    return out
+
+
+
+def main() -> None:
+    """``python -m simumax.calibrate.fsdp2_memory`` reads a JSON list of runs on stdin —
+    ``{"model": {ModelConfig fields}, "world_size", "seq_len", "mbs", "mbc", "reshard"}`` —
+    and writes the list of their category bytes (``track_fsdp2_step``) to stdout."""
+    out = []
+    for run in json.load(sys.stdin):
+        model = ModelConfig.init_from_dict(run["model"])
+        out.append(track_fsdp2_step(model, run["world_size"], run["seq_len"], run.get("mbs", 1), run.get("mbc", 1),
+                                    run.get("reshard", "default")))
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""``fsdp_impl: torch_fsdp2`` against PyTorch FSDP2 itself (issue 23): torch's ``fully_shard``
+wrapped as torchtitan wraps a Llama, run on fake tensors over a fake process group and
+tracked by torch's FSDPMemTracker (``calibrate/fsdp2_memory.py``, in a process of its own).
+What FSDP2 holds for data parallelism at the step's peak — fp32 parameter shards, gathered
+bf16 units, the all-gather buffer it keeps, gradient shards, AdamW states — must equal the
+estimate's weights + gradients + optimizer states; where those outweigh the activations the
+whole peak must match. Skipped without torch (the ``calibrate`` extra)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.estimate import Estimate
+from simumax.report.results import StageMemory
+
+pytest.importorskip("torch")
+pytest.importorskip("torch.distributed._tools.fsdp2_mem_tracker")
+
+from simumax.calibrate.fsdp2_memory import STATE_CATEGORIES  # noqa: E402
+
+SMALL = {"hidden_size": 1024, "head_num": 8, "kv_head_num": 4, "intermediate_size": 2816, "layer_num": 3,
+         "vocab_size": 32000, "use_swiglu": True, "norm_type": "rmsnorm", "position_embedding_type": "rope"}
+WORLD = 8
+# (tied output layer, reshard-after-forward policy, micro-batches, tokens)
+FORWARD_PEAK = [
+    (False, "default", 1, 1024),  # the final norm + output layer unit kept gathered, no gradient shards yet
+    (False, "default", 2, 1024),  # the second micro-batch's forward peak holds the first's reduced gradients
+    (False, "always", 2, 1024),
+    (False, "never", 1, 1024),
+    (True, "default", 2, 1024),  # a tied output layer is gathered with the embedding, kept
+]
+# 32 tokens: activations of a few MiB, FSDP2's own buffers set the peak, in the backward
+BACKWARD_PEAK = [(False, "default", 1, 32), (False, "always", 1, 32), (False, "never", 2, 32),
+                 (True, "default", 1, 32), (True, "never", 2, 32)]
+
+
+def _model(tied: bool):
+    return load_model("llama3-8b").with_updates({**SMALL, "untie_embeddings_and_output_weights": not tied})
+
+
+@pytest.fixture(scope="module")
+def fully_shard_runs() -> dict[tuple, dict[str, int]]:
+    cases = FORWARD_PEAK + BACKWARD_PEAK
+    runs = [{"model": _model(t).to_dict(), "world_size": WORLD, "seq_len": s, "mbc": n, "reshard": r}
+            for t, r, n, s in cases]
+    out = subprocess.run([sys.executable, "-m", "simumax.calibrate.fsdp2_memory"], input=json.dumps(runs),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return dict(zip(cases, json.loads(out.stdout)))
+
+
+def _estimate(tied: bool, reshard: str, mbc: int, seq: int) -> StageMemory:
+    st = load_strategy({"seq_len": seq, "world_size": WORLD, "micro_batch_num": mbc, "zero_state": 3,
+                        "fsdp_impl": "torch_fsdp2", "fsdp_reshard_after_forward": reshard})
+    return Estimate(_model(tied), st, load_system("h100-sxm-80gb")).memory().stages[0]
+
+
+@pytest.mark.parametrize("case", FORWARD_PEAK)
+def test_fsdp2_state_at_the_peak_equals_fully_shard(case: tuple, fully_shard_runs) -> None:
+    real = fully_shard_runs[case]
+    s = _estimate(*case)
+    real_states = sum(real.get(k, 0) for k in STATE_CATEGORIES)
+    ours = s.weights + s.grads + s.optimizer
+    print(f"{case}: FSDP2 {real_states / 2**20:.2f} MiB ({ {k: round(v / 2**20, 2) for k, v in real.items() if v} }), "
+          f"estimate {ours / 2**20:.2f} MiB")
+    assert ours == pytest.approx(real_states, rel=0.005)
+
+
+@pytest.mark.parametrize("case", BACKWARD_PEAK)
+def test_fsdp2_backward_peak_where_the_states_dominate(case: tuple, fully_shard_runs) -> None:
+    """At the output layer's reduce-scatter (untied) or the tied embedding's backward (three
+    bf16 copies of its gradient, the previous unit's reduce-scatter input held until the
+    next reduce). Whole peak against fully_shard's, within 1 %."""
+    real = fully_shard_runs[case]["Total"]
+    s = _estimate(*case)
+    print(f"{case}: FSDP2 peak {real / 2**20:.2f} MiB, estimate {s.peak_mem / 2**20:.2f} MiB "
+          f"({s.peak_mem / real - 1:+.2%}) at {s.peak_path['op']}")
+    assert s.peak_path["phase"] == "bwd"
+    assert s.peak_mem == pytest.approx(real, rel=0.01)
