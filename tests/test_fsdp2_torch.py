@@ -33,13 +33,16 @@ FORWARD_PEAK = [
     (False, "always", 2, 1024),
     (False, "never", 1, 1024),
     (True, "default", 2, 1024),  # a tied output layer is gathered with the embedding, kept
+    ("llama3-8b", "default", 1, 8192),  # torchtitan's Llama 3 8B job: 8 ranks, 8192 tokens
 ]
 # 32 tokens: activations of a few MiB, FSDP2's own buffers set the peak, in the backward
 BACKWARD_PEAK = [(False, "default", 1, 32), (False, "always", 1, 32), (False, "never", 2, 32),
                  (True, "default", 1, 32), (True, "never", 2, 32)]
 
 
-def _model(tied: bool):
+def _model(tied: bool | str):
+    if isinstance(tied, str):  # a preset as it is
+        return load_model(tied)
     return load_model("llama3-8b").with_updates({**SMALL, "untie_embeddings_and_output_weights": not tied})
 
 
@@ -54,7 +57,7 @@ def fully_shard_runs() -> dict[tuple, dict[str, int]]:
     return dict(zip(cases, json.loads(out.stdout)))
 
 
-def _estimate(tied: bool, reshard: str, mbc: int, seq: int) -> StageMemory:
+def _estimate(tied: bool | str, reshard: str, mbc: int, seq: int) -> StageMemory:
     st = load_strategy({"seq_len": seq, "world_size": WORLD, "micro_batch_num": mbc, "zero_state": 3,
                         "fsdp_impl": "torch_fsdp2", "fsdp_reshard_after_forward": reshard})
     return Estimate(_model(tied), st, load_system("h100-sxm-80gb")).memory().stages[0]
