@@ -132,6 +132,7 @@ class Fsdp2Units(NamedTuple):
     kept: float  # bf16 bytes of the units kept gathered from forward to backward (not resharded)
     last: float  # bf16 bytes of the last unit gathered in forward
     last_kept: bool
+    prefetched: float  # ... of the unit before it, if gathered again for backward (prefetched then), else 0
     first: float  # ... of the first unit (the embedding: the last reduced in backward)
     second: float  # ... of the unit after it (reduced just before it)
     tied: bool  # the first unit holds a tied output layer: its gradient lives through the backward
@@ -153,9 +154,10 @@ def fsdp2_units(stage: Stage) -> Fsdp2Units:
                 kept += n * gathered
             gathers += [(gathered, not o.bwd_input)] * min(n, 2)
     if not gathers:
-        return Fsdp2Units(0.0, 0.0, True, 0.0, 0.0, False)
+        return Fsdp2Units(0.0, 0.0, True, 0.0, 0.0, 0.0, False)
     second = gathers[1][0] if len(gathers) > 1 else 0.0
-    return Fsdp2Units(kept, gathers[-1][0], gathers[-1][1], gathers[0][0], second, tied)
+    prefetched = gathers[-2][0] if len(gathers) > 1 and not gathers[-2][1] else 0.0
+    return Fsdp2Units(kept, gathers[-1][0], gathers[-1][1], prefetched, gathers[0][0], second, tied)
 
 
 def fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te: float) -> ModelStates:
@@ -175,9 +177,10 @@ def fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te:
 
     Where the states outweigh the activations the backward holds the peak, at one of two
     moments: the last unit of the forward (the output layer) reduce-scattering its
-    gradients — gathered again if it was resharded, its fp32 reduce-scatter input (2x its
-    bf16 bytes) and its new gradient shard beside the forward's states and stored
-    activations (``reduce_extra``) — or the first unit's (the embedding's) backward, with
+    gradients — itself resharded by then (FSDP2 reshards before it reduces), its bf16
+    gradients, their fp32 reduce-scatter input (2x) and its output shard, the unit
+    before it prefetched for backward, beside the stored activations (``reduce_extra``,
+    over the forward peak's states) — or the first unit's (the embedding's) backward, with
     every shard: its bf16 gradients and fp32 reduce-scatter input (3x), or while it runs,
     itself gathered, the previous unit's reduce-scatter input (``ReduceScatterState``,
     freed at the next reduce) and its gradient (three bf16 copies when the output layer
@@ -186,7 +189,10 @@ def fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te:
     u = fsdp2_units(stage)
     weights = FP32 * shard + u.kept + u.last
     grads = FP32 * shard if st.micro_batch_num > 1 else 0.0
-    extra = (0.0 if u.last_kept else u.last) + 2 * u.last + (0.0 if grads else 2 * u.last / st.dp_shard_size)
+    # at the last unit's reduce it is resharded (its gathered copy and all-gather output gone),
+    # its bf16 gradients and their fp32 reduce-scatter input live, the unit before it prefetched
+    # (the reduce-scatter's output shard is new memory even when it then adds into existing gradients)
+    extra = 2 * u.last + u.prefetched + 2 * u.last / st.dp_shard_size - (u.last if u.last_kept else 0.0)
     own_shard = 0.0 if grads else 2 * u.first / st.dp_shard_size  # the first unit's gradient shard, not reduced yet
     during = u.first + (3 if u.tied else 1) * u.first + 2 * u.second - own_shard
     end = FP32 * shard * 2 + opt + te + max(3 * u.first, during)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from simumax.memory.chunk_walk import op_name_at
 from simumax.memory.model_states import ModelStates, model_states
 from simumax.memory.schedule_walk import RankActivations
+from simumax.graph.ops import Stage
 from simumax.report.results import MemResult, StageMemory
 from simumax.uncertainty import MEMORY_BAND
 
@@ -18,12 +19,16 @@ if TYPE_CHECKING:
 PHASE_NAMES = {"F": "fwd", "B": "bwd", "W": "wgrad"}
 
 
-def stage_peak(states: ModelStates, act: RankActivations) -> tuple[float, str]:
+def stage_peak(states: ModelStates, act: RankActivations, stage: Stage) -> tuple[float, str]:
     """A rank's peak bytes: its model states plus its activation walk's worst moment, or,
     where FSDP2's backward buffers outweigh the forward's transients (memory/model_states.py
-    ``fsdp2_states``), that moment, named."""
+    ``fsdp2_states``), that moment, named. At the output layer's reduce its own and the
+    loss's saved tensors are gone (the ops after the stage's last layers)."""
     peak, moment = states.total + act.peak, ""
-    for extra, at, what in ((states.reduce_extra, states.total + states.reduce_extra + act.stored_peak,
+    if not (states.reduce_extra or states.end_of_backward):
+        return peak, moment
+    held = act.stored_peak - sum(o.saved_bytes for o in stage.parts[-1].ops) if stage.parts else act.stored_peak
+    for extra, at, what in ((states.reduce_extra, states.total + states.reduce_extra + max(held, 0.0),
                              "output layer's gradient reduce-scatter"),
                             (states.end_of_backward, states.end_of_backward,
                              "embedding unit's backward and gradient reduce-scatter")):
@@ -47,7 +52,7 @@ def memory_result(est: "Estimate") -> MemResult:
             w = est.chunk_walks[t.vstage]
             op = op_name_at(next(c for c in est.chunks if c.vstage == t.vstage),
                             w.fwd_peak_at if t.kind == "F" else w.bwd_peak_at)
-        peak, sharded_moment = stage_peak(states, act)
+        peak, sharded_moment = stage_peak(states, act, s)
         path = {
             "phase": PHASE_NAMES.get(t.kind, "") if t else "",
             "op": op, "in_flight": float(n), "micro_batch": t.mb if t else None,

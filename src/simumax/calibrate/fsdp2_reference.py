@@ -1,6 +1,6 @@
-"""PyTorch FSDP2 itself, wrapped as torchtitan wraps a Llama, tracked on fake tensors: what
-its sharded-data-parallel state holds at the step's peak, to check ``fsdp_impl: torch_fsdp2``
-against the implementation rather than a hand count.
+"""PyTorch FSDP2 itself, wrapped as torchtitan wraps a Llama, run on fake tensors: what its
+sharded-data-parallel state holds at the step's peak and which collectives it issues, to
+check ``fsdp_impl: torch_fsdp2`` against the implementation rather than a hand count.
 
 The model is check-step's plain-PyTorch Llama (``check_step.LlamaStyle``) built under
 ``FakeTensorMode`` (no memory is allocated, so an 8B model runs on a laptop), sharded over
@@ -9,14 +9,14 @@ torchtitan 0.3's ``distributed/fsdp.py::apply_fsdp_to_decoder`` does it: the emb
 block and (the final norm, the output layer) as units with
 ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, the reshard-after-forward
 policy per unit as ``get_fsdp_reshard_after_forward_policy``, a tied output layer sharded
-with the embedding, then the root. One step (``mbc`` forward-backward passes after the step
+with the embedding (its final norm, a few KiB, with the root), then the root. One step (``mbc`` forward-backward passes after the step
 that creates the AdamW states) runs under torch's ``FSDPMemTracker``, which files every live
 tensor under FSDP's categories in host order.
 
 The activations it reports are CPU kernels' (fake tensors dispatch to CPU attention and
 loss kernels), not a GPU's: compare the state categories, not the activation bytes.
 FSDP2's hooks leave reference cycles and a process group behind: run it in a process of
-its own (``python -m simumax.calibrate.fsdp2_memory``, below).
+its own (``python -m simumax.calibrate.fsdp2_reference``, below).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import sys
 from typing import Literal
 
 import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from simumax.calibrate.check_step import LlamaStyle
 from simumax.config.model import ModelConfig
@@ -34,28 +36,59 @@ STATE_CATEGORIES = ("Sharded Param", "Unsharded Param", "All Gather", "Sharded G
                     "Reduce Scatter", "OptState")
 
 
+class _NormAndOutput(nn.Module):
+    """The final norm and the output layer as one module: torchtitan's ``fully_shard([norm,
+    output])`` unit, made one module because FSDPMemTracker instruments each module of a
+    multi-module unit as a unit of its own (it re-gathers and reduces them apart)."""
+
+    def __init__(self, norm: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.norm, self.head = norm, head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(x))
+
+
 def _wrap_like_torchtitan(net: LlamaStyle, mesh: object, policy: str) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
     reshard = policy == "always" or policy == "default"  # pp_enabled False: one rank holds every layer here
     cfg = {"mesh": mesh, "mp_policy": mp}
-    if net.head is None:  # tied: embedding, final norm and output layer are one unit
+    if net.head is None:  # tied: the embedding unit holds the output layer (its final norm stays with the root)
         if policy == "always":  # the tied output GEMM reads the weight outside the unit's forward here
             raise ValueError("a tied output layer resharded after forward is not built by this model")
-        fully_shard([net.embed, net.norm], **cfg, reshard_after_forward=policy == "always")
+        fully_shard(net.embed, **cfg, reshard_after_forward=False)
     else:
         fully_shard(net.embed, **cfg, reshard_after_forward=reshard)
-        fully_shard([net.norm, net.head], **cfg, reshard_after_forward=policy == "always")
+        net.norm, net.head = _NormAndOutput(net.norm, net.head), nn.Identity()  # logits = head(norm(x)), as before
+        fully_shard(net.norm, **cfg, reshard_after_forward=policy == "always")
     for layer in net.layers:
         fully_shard(layer, **cfg, reshard_after_forward=reshard)
     fully_shard(net, **cfg)
 
 
+class _Collectives(TorchDispatchMode):
+    """Bytes per c10d collective kind, as ``graph.kernels.Collective`` counts them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = {"all_gather": 0, "reduce_scatter": 0}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = str(func)
+        if "_allgather_base_" in name:  # (output, input, ...)
+            self.bytes["all_gather"] += args[0].numel() * args[0].element_size()
+        elif "_reduce_scatter_base_" in name:  # (output, input, ...)
+            self.bytes["reduce_scatter"] += args[1].numel() * args[1].element_size()
+        return func(*args, **(kwargs or {}))
+
+
 def track_fsdp2_step(model: ModelConfig, world_size: int, seq_len: int, mbs: int = 1, mbc: int = 1,
                      reshard: Literal["default", "always", "never"] = "default") -> dict[str, int]:
     """Bytes per FSDPMemTracker category (``STATE_CATEGORIES``, "Activation", "Temp",
-    "Inputs", "Total") at the peak of one training step on rank 0 of ``world_size``."""
+    "Inputs", "Total") at the peak of one training step on rank 0 of ``world_size``, and
+    the step's collective bytes ("all_gather", "reduce_scatter")."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -78,8 +111,10 @@ def track_fsdp2_step(model: ModelConfig, world_size: int, seq_len: int, mbs: int
             opt.zero_grad()  # set_to_none, as torchtitan's step starts
             tracker = FSDPMemTracker(net, opt)
             tracker.track_inputs((tokens, labels))
-            with tracker:
+            comms = _Collectives()
+            with tracker, comms:
                 for _ in range(mbc):  # torchtitan's gradient accumulation: each backward reduce-scatters
+                    tracker.reset_mod_stats()  # per-module stats only (the peak is kept): one forward each
                     net(tokens, labels).backward()
             snapshot = tracker.get_tracker_snapshot("peak")
     finally:
@@ -89,14 +124,15 @@ def track_fsdp2_step(model: ModelConfig, world_size: int, seq_len: int, mbs: int
         for key, value in per_device.items():
             name = getattr(key, "value", key)
             out[str(name)] = out.get(str(name), 0) + int(value)
-    return out
+    return {**out, **comms.bytes}
 
 
 
 def main() -> None:
-    """``python -m simumax.calibrate.fsdp2_memory`` reads a JSON list of runs on stdin —
+    """``python -m simumax.calibrate.fsdp2_reference`` reads a JSON list of runs on stdin —
     ``{"model": {ModelConfig fields}, "world_size", "seq_len", "mbs", "mbc", "reshard"}`` —
-    and writes the list of their category bytes (``track_fsdp2_step``) to stdout."""
+    and writes the list of their category and collective bytes (``track_fsdp2_step``) to
+    stdout."""
     out = []
     for run in json.load(sys.stdin):
         model = ModelConfig.init_from_dict(run["model"])
