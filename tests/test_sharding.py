@@ -65,8 +65,8 @@ def test_communication_volume_by_hand() -> None:
 def test_fsdp2_gathers_follow_the_reshard_policy() -> None:
     """torchtitan's FSDP2 gathers a unit again for backward only if it resharded after
     forward: by default every unit but the final norm + output layer; "always" every
-    unit (ZeRO-3's 2x); "never", or any policy left at default with a pipeline, none (1x).
-    Gradients reduce-scatter in fp32 either way."""
+    unit (ZeRO-3's 2x); "never" none (1x). Gradients reduce-scatter in fp32 either way.
+    (With a pipeline: once per step, the next test.)"""
     m = load_model("llama3-8b").with_updates({"layer_num": 4})
     base = {"seq_len": 4096, "world_size": 8, "zero_state": 3, "fsdp_impl": "torch_fsdp2"}
     head = 128384 * 4096 + 4096  # output layer + final norm
@@ -75,8 +75,31 @@ def test_fsdp2_gathers_follow_the_reshard_policy() -> None:
         params = est.params.total
         want = 2 * (2 * params - head) if gathered is None else 2 * gathered * params
         assert _sharding_bytes(est) == {"all_gather": pytest.approx(want), "reduce_scatter": 4 * params}, policy
-    piped = Estimate(m, load_strategy({**base, "world_size": 16, "pp_size": 2}), H100)
-    assert all(not o.bwd_input for s in piped.chunks for o in s.ops if o.module == MODULE)
+
+
+def test_fsdp2_under_pipelining_gathers_and_reduces_once_per_step() -> None:
+    """torch.distributed.pipelining runs every backward of an FSDP2 stage without gradient
+    sync or resharding (stage.py ``backward_maybe_with_nosync``) and reduce-scatters after
+    the last (``perform_reduce_grad``): no per-micro-batch collectives; per step one bf16
+    gather and one fp32 reduce-scatter of the stage's parameters; the stage's bf16
+    parameters gathered and its fp32 gradients accumulated unsharded all step."""
+    m = load_model("llama3-8b").with_updates({"layer_num": 4})
+    st = load_strategy({"seq_len": 4096, "world_size": 16, "pp_size": 2, "micro_batch_num": 4, "zero_state": 3,
+                        "fsdp_impl": "torch_fsdp2", "overlap_grad_reduce": True})
+    est = Estimate(m, st, H100)
+    assert not any(o.module == MODULE for s in est.chunks for o in s.ops)
+    for stage in est.stages:
+        params = stage.params
+        assert est.dp_reduce_time(stage) == pytest.approx(est.network.time(Collective("reduce_scatter", 4 * params, "dp")))
+        assert est.dp_gather_time(stage) == pytest.approx(est.network.time(Collective("all_gather", 2 * params, "dp")))
+        mem = est.memory().stages[stage.index]
+        shard = params / 8
+        assert mem.grads == 4 * params and mem.optimizer == pytest.approx(8 * shard)
+        assert mem.weights >= 4 * shard + 2 * params
+    with pytest.raises(Exception, match="fsdp_reshard_after_forward.*pp_size"):
+        st.with_updates({"fsdp_reshard_after_forward": "always"})
+    one = Estimate(m, st.with_updates({"pp_size": 1, "world_size": 8}), H100)  # without pipelining: per layer
+    assert any(o.module == MODULE for s in one.chunks for o in s.ops)
 
 
 def test_zero3_memory_by_hand() -> None:

@@ -74,7 +74,7 @@ def family_key(st: StrategyConfig, network: NetworkModel) -> tuple[Any, ...]:
     groups = LAYER_GROUPS
     if st.zero_state >= 2:  # ZeRO-2/3 layers carry data-parallel collectives (graph/sharding.py)
         # the level, and whether layers gather again for backward (FSDP2's default depends on pp_size)
-        fields += (("sharding", repr((st.zero_state, st.fsdp_unit_reshards("layer")))),)
+        fields += (("sharding", repr((st.zero_state, st.fsdp_unit_reshards("layer"), st.fsdp2_pipelined))),)
         groups = (*LAYER_GROUPS, *SHARDING_GROUPS)
     elif st.low_precision and fp8.recipe(st.lp_recipe).history_amax:
         groups = (*LAYER_GROUPS, "dp")  # each chunk's fp8 amax all-reduce runs on DP (graph/model_graph.py)

@@ -134,7 +134,8 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         "default", description="torch_fsdp2: torchtitan's parallelism.fsdp_reshard_after_forward. always: every unit "
         "(layer, embedding, final norm + output layer) frees its gathered parameters after its forward and gathers "
         "them again for backward; never: all stay gathered until backward; default: the layers and the embedding "
-        "reshard, the final norm + output layer unit does not, and with pp_size > 1 nothing reshards.",
+        "reshard, the final norm + output layer unit does not. With pp_size > 1 (torch's pipelining) units are "
+        "gathered once per step and reduced after the last backward (default or never; always is refused).",
     )
     ds_overlap_comm: bool | None = Field(
         None, description="DeepSpeed zero_optimization.overlap_comm: gradient reduces overlap the backward (two reduce "
@@ -305,6 +306,16 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         if self.fsdp_impl != "torch_fsdp2" or policy == "always":
             return True
         return policy == "default" and unit not in ("head", "tied_head", "tied_embedding") and self.pp_size == 1
+
+    @property
+    def fsdp2_pipelined(self) -> bool:
+        """FSDP2 under torch.distributed.pipelining (torchtitan with pp_size > 1): every
+        backward runs with ``set_requires_gradient_sync(False)`` and
+        ``set_reshard_after_backward(False)`` (``pipelining/stage.py``,
+        ``backward_maybe_with_nosync``), so a unit is gathered once per step and its
+        gradients accumulate unsharded in fp32 until ``perform_reduce_grad`` reduce-scatters
+        them after the last backward."""
+        return self.fsdp_impl == "torch_fsdp2" and self.pp_size > 1
 
     @property
     def dp_shard_size(self) -> int:

@@ -4,7 +4,8 @@ Dense gradients reduce over DP x CP, expert gradients over the expert-data-paral
 an all-reduce without ZeRO; a reduce-scatter, and after the step a parameter all-gather,
 with the distributed optimizer (ZeRO-1); ZeRO-2/3 reduce in every backward (their
 collectives are ops, graph/sharding.py), so here only HSDP's all-reduce across replicas
-and ZeRO-2's one gather per iteration remain.
+and ZeRO-2's one gather per iteration remain; FSDP2 under torch's pipelining gathers and
+reduces once per step, here.
 
 The layout follows Megatron-Core's ``_ParamAndGradBuffer``: parameters are taken in reverse
 order (roughly the order backward makes their gradients: the LM head first, the layers from
@@ -68,6 +69,8 @@ def bucket_size(st: StrategyConfig, network: NetworkModel, group: str, pp_rank: 
     reduces in its ``reduce_bucket_size``."""
     if st.fsdp_impl == "deepspeed":
         return st.ds_reduce_bucket_size
+    if st.fsdp2_pipelined:  # reduced after the last backward (perform_reduce_grad): nothing to overlap
+        return None
     if st.zero_state <= 1 and (not st.overlap_grad_reduce or pp_rank > 0 or chunk > 0):
         return None
     return st.ddp_bucket_size or max(MEGATRON_MIN_BUCKET, 1_000_000 * network.groups[group].size)
@@ -76,7 +79,7 @@ def bucket_size(st: StrategyConfig, network: NetworkModel, group: str, pp_rank: 
 def bucket_key(st: StrategyConfig, network: NetworkModel, order: ParamOrder, group: str, size: int | None) -> tuple[object, ...]:
     """Everything grad_buckets depends on (a search shares buckets across layouts by it)."""
     groups = network.groups
-    return (order, group, size, st.zero_state, st.fsdp_replicate_size, st.dp_shard_size,
+    return (order, group, size, st.zero_state, st.fsdp2_pipelined, st.fsdp_replicate_size, st.dp_shard_size,
             st.main_grad_bytes, st.dtype_bytes, groups[group], groups["dp_shard"], groups["dp_rep"])
 
 
@@ -142,6 +145,9 @@ def grad_buckets(st: StrategyConfig, network: NetworkModel, order: ParamOrder, g
         return network.time(Collective("all_reduce", elems / st.dp_shard_size * st.main_grad_bytes, "dp_rep"))
 
     def times(elems: int) -> tuple[float, float]:
+        if st.fsdp2_pipelined:  # once per step: fp32 gradients reduce-scattered, bf16 parameters gathered
+            return (network.time(Collective("reduce_scatter", elems * 4, shard)) + across_replicas(elems),
+                    network.time(Collective("all_gather", elems * st.dtype_bytes, shard)))
         if st.zero_state >= 2:  # gradients reduce-scattered in every backward (graph/sharding.py)
             # ZeRO-2 gathers the updated parameters once per iteration; ZeRO-3 per layer, per pass
             gather = network.time(Collective("all_gather", elems * st.dtype_bytes, shard)) if st.zero_state == 2 else 0.0

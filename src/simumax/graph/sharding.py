@@ -31,7 +31,7 @@ def sharding_ops(name: str, layer: int, ops: list[Op], st: StrategyConfig, unit:
     second, exposed one with the gradient reduce, which then runs on the compute stream.
     ``unit``: which FSDP unit they form for the reshard policy (``StrategyConfig.fsdp_unit_reshards``;
     default: ``name`` for the embedding and the head, else a layer)."""
-    if st.zero_state < 2:
+    if st.zero_state < 2 or st.fsdp2_pipelined:  # pipelined FSDP2 gathers and reduces once per step (dp/buckets.py)
         return []
     dense = sum(o.params - o.expert_params for o in ops)
     expert = sum(o.expert_params for o in ops)

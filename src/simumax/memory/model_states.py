@@ -186,6 +186,8 @@ def fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te:
     freed at the next reduce) and its gradient (three bf16 copies when the output layer
     is tied to it: the two uses' gradients and their sum) (``end_of_backward``).
     """
+    if st.fsdp2_pipelined:
+        return _pipelined_fsdp2_states(st, stage, shard, opt, te)
     u = fsdp2_units(stage)
     weights = FP32 * shard + u.kept + u.last
     grads = FP32 * shard if st.micro_batch_num > 1 else 0.0
@@ -198,3 +200,17 @@ def fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te:
     end = FP32 * shard * 2 + opt + te + max(3 * u.first, during)
     return ModelStates(weights=float(weights), grads=float(grads), optimizer=float(opt), te_buffers=te,
                        reduce_extra=extra, end_of_backward=end)
+
+
+def _pipelined_fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te: float) -> ModelStates:
+    """FSDP2 under torch.distributed.pipelining (``StrategyConfig.fsdp2_pipelined``): the
+    stage's units stay gathered in bf16 from the step's first forward to its final reduce
+    (plus the last all-gather's output, held with no further gather to release it), and
+    from the first backward its gradients accumulate unsharded in fp32 (FSDP2 upcasts them
+    to the reduce dtype, ``FSDPParam.to_accumulated_grad_if_needed``). After the last
+    backward each unit's accumulated gradients are copied into a reduce-scatter input."""
+    gathered = st.dtype_bytes * (stage.params + largest_layer_params(stage))
+    weights = FP32 * shard + gathered
+    grads = float(FP32 * stage.params)
+    end = weights + grads + opt + te + FP32 * (largest_layer_params(stage) + shard)
+    return ModelStates(weights=float(weights), grads=grads, optimizer=float(opt), te_buffers=te, end_of_backward=end)

@@ -218,7 +218,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
             for frac, b in filled[c.vstage]:
                 if not b.reduce:  # ZeRO-2/3: reduced inside every backward
                     continue
-                if not st.overlap_grad_reduce or frac < 0:
+                if not st.overlap_grad_reduce or frac < 0 or st.fsdp2_pipelined:
                     ready = compute_end
                 else:
                     ready = w_start + frac * (w_end - w_start)
