@@ -300,12 +300,12 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         output layer; ``tied_embedding`` / ``tied_head``: the embedding and the final norm of a
         tied output layer, one unit) frees its gathered parameters after forward and gathers them again for
         backward: always for Megatron-FSDP and DeepSpeed; for torch_fsdp2 as torchtitan's
-        ``apply_fsdp_to_decoder`` sets it (default: layers and embedding unless pipelined,
-        the head unit only under "always")."""
+        ``apply_fsdp_to_decoder`` sets it (default: layers and embedding, the head unit only
+        under "always"; pipelined, ``fsdp2_pipelined``, nothing gathers per micro-batch)."""
         policy = self.fsdp_reshard_after_forward
         if self.fsdp_impl != "torch_fsdp2" or policy == "always":
             return True
-        return policy == "default" and unit not in ("head", "tied_head", "tied_embedding") and self.pp_size == 1
+        return policy == "default" and unit not in ("head", "tied_head", "tied_embedding")
 
     @property
     def fsdp2_pipelined(self) -> bool:

@@ -168,7 +168,7 @@ def fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te:
 
     - the sharded parameters are the fp32 originals the optimizer steps (no separate master);
     - gathered bf16 parameters of the units not resharded after forward (the final norm +
-      output layer by default, every unit with pipeline parallelism or "never"), plus the
+      output layer by default, every unit with "never"), plus the
       all-gather output of the last unit gathered, which FSDP2 holds until the next
       all-gather (``AllGatherState``: it keeps the CPU from running ahead of the copy-out);
     - sharded fp32 gradients exist only once a backward has reduced into them (the step
