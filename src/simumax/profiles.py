@@ -29,6 +29,7 @@ from simumax.cost.network import NetworkModel
 from simumax.cost import sources
 from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import Coster, PhaseTime, StageTime
+from simumax.dp.sharding_plan import ShardingPlan
 from simumax.graph import fp8
 from simumax.graph.model_graph import CostKind, OpSource, PlainLayers
 from simumax.graph.ops import PHASES, Op, Stage, StagePart
@@ -73,8 +74,8 @@ def family_key(st: StrategyConfig, network: NetworkModel) -> tuple[Any, ...]:
     fields = tuple(sorted((k, repr(v)) for k, v in st.__dict__.items() if k not in LAYOUT_FIELDS))
     groups = LAYER_GROUPS
     if st.zero_state >= 2:  # ZeRO-2/3 layers carry data-parallel collectives (graph/sharding.py)
-        # the level, and whether layers gather again for backward (FSDP2's default depends on pp_size)
-        fields += (("sharding", repr((st.zero_state, st.fsdp_unit_reshards("layer"), st.fsdp2_pipelined))),)
+        # the plan's part the layer ops depend on (FSDP2 under pipelining depends on pp_size)
+        fields += (("sharding", repr(ShardingPlan.of(st).key)),)
         groups = (*LAYER_GROUPS, *SHARDING_GROUPS)
     elif st.low_precision and fp8.recipe(st.lp_recipe).history_amax:
         groups = (*LAYER_GROUPS, "dp")  # each chunk's fp8 amax all-reduce runs on DP (graph/model_graph.py)

@@ -295,28 +295,6 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     def p2p_overlapped(self) -> bool:
         return self.overlap_p2p_comm or self.pp_comm_async
 
-    def fsdp_unit_reshards(self, unit: str) -> bool:
-        """Whether a ZeRO-3 unit (``layer``, ``embedding``, ``head``: the final norm with the
-        output layer; ``tied_embedding`` / ``tied_head``: the embedding and the final norm of a
-        tied output layer, one unit) frees its gathered parameters after forward and gathers them again for
-        backward: always for Megatron-FSDP and DeepSpeed; for torch_fsdp2 as torchtitan's
-        ``apply_fsdp_to_decoder`` sets it (default: layers and embedding, the head unit only
-        under "always"; pipelined, ``fsdp2_pipelined``, nothing gathers per micro-batch)."""
-        policy = self.fsdp_reshard_after_forward
-        if self.fsdp_impl != "torch_fsdp2" or policy == "always":
-            return True
-        return policy == "default" and unit not in ("head", "tied_head", "tied_embedding")
-
-    @property
-    def fsdp2_pipelined(self) -> bool:
-        """FSDP2 under torch.distributed.pipelining (torchtitan with pp_size > 1): every
-        backward runs with ``set_requires_gradient_sync(False)`` and
-        ``set_reshard_after_backward(False)`` (``pipelining/stage.py``,
-        ``backward_maybe_with_nosync``), so a unit is gathered once per step and its
-        gradients accumulate unsharded in fp32 until ``perform_reduce_grad`` reduce-scatters
-        them after the last backward."""
-        return self.fsdp_impl == "torch_fsdp2" and self.pp_size > 1
-
     @property
     def dp_shard_size(self) -> int:
         """Ranks one dense state is sharded over: dp x cp, or one HSDP replica of them."""

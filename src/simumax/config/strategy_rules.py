@@ -59,7 +59,7 @@ def _check_sharding(st: "StrategyConfig") -> None:
         raise ConfigError("fsdp_impl", "torch_fsdp2 (fully_shard) shards parameters: it needs zero_state 3")
     if st.fsdp_reshard_after_forward != "default" and st.fsdp_impl != "torch_fsdp2":
         raise ConfigError("fsdp_reshard_after_forward", "is torchtitan's FSDP2 option: it needs fsdp_impl torch_fsdp2")
-    if st.fsdp_reshard_after_forward == "always" and st.fsdp2_pipelined:
+    if st.fsdp_reshard_after_forward == "always" and st.fsdp_impl == "torch_fsdp2" and st.pp_size > 1:
         raise ConfigError("fsdp_reshard_after_forward", "always with pp_size > 1 (a gather in every forward and "
                           "backward under torch's pipelining) is not modelled: use default or never")
     if st.fsdp_impl == "deepspeed":

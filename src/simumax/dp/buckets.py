@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from simumax.config.strategy import StrategyConfig
 from simumax.cost.network import NetworkModel
+from simumax.dp.sharding_plan import ShardingPlan
 from simumax.graph.kernels import Collective
 
 MEGATRON_MIN_BUCKET = 40_000_000  # elements (Megatron DDP default bucket)
@@ -69,7 +70,7 @@ def bucket_size(st: StrategyConfig, network: NetworkModel, group: str, pp_rank: 
     reduces in its ``reduce_bucket_size``."""
     if st.fsdp_impl == "deepspeed":
         return st.ds_reduce_bucket_size
-    if st.fsdp2_pipelined:  # reduced after the last backward (perform_reduce_grad): nothing to overlap
+    if ShardingPlan.of(st).pipelined:  # reduced after the last backward (perform_reduce_grad): nothing to overlap
         return None
     if st.zero_state <= 1 and (not st.overlap_grad_reduce or pp_rank > 0 or chunk > 0):
         return None
@@ -79,7 +80,7 @@ def bucket_size(st: StrategyConfig, network: NetworkModel, group: str, pp_rank: 
 def bucket_key(st: StrategyConfig, network: NetworkModel, order: ParamOrder, group: str, size: int | None) -> tuple[object, ...]:
     """Everything grad_buckets depends on (a search shares buckets across layouts by it)."""
     groups = network.groups
-    return (order, group, size, st.zero_state, st.fsdp2_pipelined, st.fsdp_replicate_size, st.dp_shard_size,
+    return (order, group, size, st.zero_state, ShardingPlan.of(st).pipelined, st.fsdp_replicate_size, st.dp_shard_size,
             st.main_grad_bytes, st.dtype_bytes, groups[group], groups["dp_shard"], groups["dp_rep"])
 
 
@@ -135,6 +136,7 @@ def grad_buckets(st: StrategyConfig, network: NetworkModel, order: ParamOrder, g
     """The buckets of ``order``'s gradients reduced over ``group``, in the order they fill."""
     if network.groups[group].size <= 1 or order.total <= 0:
         return []
+    plan = ShardingPlan.of(st)
     hsdp = group == "dp" and st.fsdp_replicate_size > 1
     shard = "dp_shard" if hsdp else group  # HSDP: states shard inside one replica
 
@@ -145,8 +147,8 @@ def grad_buckets(st: StrategyConfig, network: NetworkModel, order: ParamOrder, g
         return network.time(Collective("all_reduce", elems / st.dp_shard_size * st.main_grad_bytes, "dp_rep"))
 
     def times(elems: int) -> tuple[float, float]:
-        if st.fsdp2_pipelined:  # once per step: fp32 gradients reduce-scattered, bf16 parameters gathered
-            return (network.time(Collective("reduce_scatter", elems * 4, shard)) + across_replicas(elems),
+        if plan.pipelined:  # once per step: fp32 gradients reduce-scattered, bf16 parameters gathered
+            return (network.time(Collective("reduce_scatter", elems * plan.reduce_bytes, shard)) + across_replicas(elems),
                     network.time(Collective("all_gather", elems * st.dtype_bytes, shard)))
         if st.zero_state >= 2:  # gradients reduce-scattered in every backward (graph/sharding.py)
             # ZeRO-2 gathers the updated parameters once per iteration; ZeRO-3 per layer, per pass

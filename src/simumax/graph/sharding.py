@@ -18,6 +18,7 @@ iteration (docs/modeling.md)."""
 from __future__ import annotations
 
 from simumax.config.strategy import StrategyConfig
+from simumax.dp.sharding_plan import ShardingPlan
 from simumax.graph.kernels import Collective
 from simumax.graph.ops import Op
 
@@ -29,31 +30,31 @@ def sharding_ops(name: str, layer: int, ops: list[Op], st: StrategyConfig, unit:
     """The ZeRO-2/3 collectives of the parameters held by ``ops``: one prefetched op (none
     below ZeRO-2 or without parameters), and for DeepSpeed without ``overlap_comm`` a
     second, exposed one with the gradient reduce, which then runs on the compute stream.
-    ``unit``: which FSDP unit they form for the reshard policy (``StrategyConfig.fsdp_unit_reshards``;
+    ``unit``: which FSDP unit they form for the reshard policy (``ShardingPlan.reshards``;
     default: ``name`` for the embedding and the head, else a layer)."""
-    if st.zero_state < 2 or st.fsdp2_pipelined:  # pipelined FSDP2 gathers and reduces once per step (dp/buckets.py)
+    plan = ShardingPlan.of(st)
+    if not plan.per_micro_batch:  # below ZeRO-2, or pipelined FSDP2: once per step (dp/buckets.py)
         return []
+    unit = unit or (name if name in ("embedding", "head") else "layer")
     dense = sum(o.params - o.expert_params for o in ops)
     expert = sum(o.expert_params for o in ops)
     fwd: list[Collective] = []
     bwd_in: list[Collective] = []
     bwd_w: list[Collective] = []
-    dense_group = "dp_shard" if st.fsdp_replicate_size > 1 else "dp"  # HSDP: inside one replica
-    for params, group in ((dense, dense_group), (expert, "edp")):
+    for params, group in ((dense, plan.group), (expert, "edp")):  # HSDP: dense inside one replica
         if params <= 0:
             continue
         # torchtitan shards a tied output layer's final norm with the embedding: no gather of its own
-        if st.zero_state >= 3 and not (unit == "tied_head" and st.fsdp_impl == "torch_fsdp2"):
+        if plan.gathers and not (unit == "tied_head" and plan.impl == "torch_fsdp2"):
             gather = Collective("all_gather", float(params * st.dtype_bytes), group)
             fwd.append(gather)
-            if st.fsdp_unit_reshards(unit or (name if name in ("embedding", "head") else "layer")):
+            if plan.reshards(unit):
                 bwd_in.append(gather)  # gathered again for backward (resharded after forward)
-        grad_bytes = 4 if st.fsdp_impl == "torch_fsdp2" else st.main_grad_bytes  # FSDP2 reduce_dtype fp32 (torchtitan)
-        bwd_w.append(Collective("reduce_scatter", float(params * grad_bytes), group))
+        bwd_w.append(Collective("reduce_scatter", float(params * plan.reduce_bytes), group))
     if not bwd_w:
         return []
     out = []
-    exposed = st.fsdp_impl == "deepspeed" and not st.ds_overlap
+    exposed = plan.reduce_on_compute_stream
     if fwd or not exposed:
         out.append(Op(name=f"{name}.fsdp", module=MODULE, layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd_in),
                       bwd_weight=() if exposed else tuple(bwd_w)))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from simumax.config.strategy import StrategyConfig
+from simumax.dp.sharding_plan import ShardingPlan
 from simumax.graph import fp8
 from simumax.graph.ops import Stage
 
@@ -186,7 +187,7 @@ def fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te:
     freed at the next reduce) and its gradient (three bf16 copies when the output layer
     is tied to it: the two uses' gradients and their sum) (``end_of_backward``).
     """
-    if st.fsdp2_pipelined:
+    if ShardingPlan.of(st).pipelined:
         return _pipelined_fsdp2_states(st, stage, shard, opt, te)
     u = fsdp2_units(stage)
     weights = FP32 * shard + u.kept + u.last
@@ -203,7 +204,7 @@ def fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te:
 
 
 def _pipelined_fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te: float) -> ModelStates:
-    """FSDP2 under torch.distributed.pipelining (``StrategyConfig.fsdp2_pipelined``): the
+    """FSDP2 under torch.distributed.pipelining (``ShardingPlan.pipelined``): the
     stage's units stay gathered in bf16 from the step's first forward to its final reduce
     (plus the last all-gather's output, held with no further gather to release it), and
     from the first backward its gradients accumulate unsharded in fp32 (FSDP2 upcasts them

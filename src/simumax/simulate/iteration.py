@@ -22,6 +22,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from simumax.dp.sharding_plan import ShardingPlan
 from simumax.schedule import SPLIT_BACKWARD
 from simumax.schedule.tasks import BACKWARD, FORWARD, WEIGHT, RankOrders
 from simumax.simulate.engine import Event, PassCosts, PipelineOptions, run_pipeline
@@ -149,6 +150,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     compute (a tier's ``processor_usage``) needs the passes' intervals, so then every
     pass is run."""
     st = est.strategy
+    pipelined = ShardingPlan.of(st).pipelined  # FSDP2 under torch pipelining: reduced after the last backward
     net = est.network
     orders: RankOrders = []  # the full task order: only when every pass is run
     ranks = st.pp_size
@@ -218,7 +220,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
             for frac, b in filled[c.vstage]:
                 if not b.reduce:  # ZeRO-2/3: reduced inside every backward
                     continue
-                if not st.overlap_grad_reduce or frac < 0 or st.fsdp2_pipelined:
+                if not st.overlap_grad_reduce or frac < 0 or pipelined:
                     ready = compute_end
                 else:
                     ready = w_start + frac * (w_end - w_start)

@@ -1,0 +1,67 @@
+"""What a strategy's data-parallel sharding does, read once from it: the one place the
+ZeRO level, the implementation (Megatron-FSDP, PyTorch FSDP2, DeepSpeed), HSDP replicas,
+FSDP2's reshard policy and torch's pipelining turn into mechanisms. The IR pass
+(graph/sharding.py), the model states (memory/model_states.py), the per-step gradient sync
+(dp/buckets.py, simulate/iteration.py) and the profile cache's key all read this plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from simumax.config.strategy import StrategyConfig
+
+# FSDP units by what they hold: "layer", "embedding", "head" (the final norm with the output
+# layer), "tied_embedding" / "tied_head" (the embedding and final norm of a tied output layer:
+# one unit in torchtitan)
+HEAD_UNITS = frozenset({"head", "tied_head", "tied_embedding"})
+ALL_UNITS = frozenset({"layer", "embedding"}) | HEAD_UNITS
+
+
+@dataclass(frozen=True, slots=True)
+class ShardingPlan:
+    level: int  # ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters
+    impl: str  # megatron_fsdp, torch_fsdp2, deepspeed
+    group: str  # where dense states shard: "dp", or "dp_shard" (one HSDP replica)
+    per_micro_batch: bool  # ZeRO-2/3 collectives in every micro-batch, as ops of the IR
+    gathers: bool  # ZeRO-3: each unit's parameters gathered before they are used
+    reduce_bytes: int  # per gradient element reduce-scattered
+    kept_units: frozenset[str]  # units gathered in forward and kept for backward (not resharded)
+    reduce_on_compute_stream: bool  # DeepSpeed without overlap_comm: the reduce is exposed
+    # FSDP2 under torch.distributed.pipelining (torchtitan with pp_size > 1): every backward
+    # runs with set_requires_gradient_sync(False) and set_reshard_after_backward(False)
+    # (pipelining/stage.py, backward_maybe_with_nosync), so a unit is gathered once per step
+    # and its gradients accumulate unsharded in fp32 until perform_reduce_grad reduce-scatters
+    # them after the last backward
+    pipelined: bool
+
+    @classmethod
+    def of(cls, st: "StrategyConfig") -> "ShardingPlan":
+        fsdp2 = st.fsdp_impl == "torch_fsdp2"
+        policy = st.fsdp_reshard_after_forward
+        if not fsdp2 or policy == "always":
+            kept: frozenset[str] = frozenset()  # Megatron-FSDP and DeepSpeed reshard every unit
+        elif policy == "never":
+            kept = ALL_UNITS
+        else:  # torchtitan's apply_fsdp_to_decoder: the output unit is not resharded after forward
+            kept = HEAD_UNITS
+        pipelined = fsdp2 and st.pp_size > 1
+        return cls(
+            level=st.zero_state, impl=st.fsdp_impl, group="dp_shard" if st.fsdp_replicate_size > 1 else "dp",
+            per_micro_batch=st.zero_state >= 2 and not pipelined, gathers=st.zero_state >= 3,
+            reduce_bytes=4 if fsdp2 else st.main_grad_bytes,  # FSDP2's reduce_dtype fp32 (torchtitan)
+            kept_units=kept, reduce_on_compute_stream=st.fsdp_impl == "deepspeed" and not st.ds_overlap,
+            pipelined=pipelined,
+        )
+
+    def reshards(self, unit: str) -> bool:
+        """Whether ``unit`` frees its gathered parameters after forward and gathers them
+        again for backward."""
+        return unit not in self.kept_units
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """What of the plan the layer ops depend on (the profile cache's family key)."""
+        return (self.level, self.per_micro_batch, self.kept_units)
