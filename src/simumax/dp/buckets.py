@@ -63,6 +63,11 @@ class GradBucket(NamedTuple):
     gather: float  # seconds: ZeRO-1 parameter all-gather after the optimizer step
 
 
+def _pipelined(st: StrategyConfig) -> bool:
+    """``ShardingPlan.pipelined`` (asked per chunk and group: the plan only where it can be)."""
+    return st.fsdp_impl == "torch_fsdp2" and ShardingPlan.of(st).pipelined
+
+
 def bucket_size(st: StrategyConfig, network: NetworkModel, group: str, pp_rank: int, chunk: int) -> int | None:
     """Elements per bucket, None for one bucket (Megatron ``DistributedDataParallel``:
     ``bucket_size`` None without ``overlap_grad_reduce`` and on pipeline ranks > 0,
@@ -70,7 +75,7 @@ def bucket_size(st: StrategyConfig, network: NetworkModel, group: str, pp_rank: 
     reduces in its ``reduce_bucket_size``."""
     if st.fsdp_impl == "deepspeed":
         return st.ds_reduce_bucket_size
-    if ShardingPlan.of(st).pipelined:  # reduced after the last backward (perform_reduce_grad): nothing to overlap
+    if _pipelined(st):  # reduced after the last backward (perform_reduce_grad): nothing to overlap
         return None
     if st.zero_state <= 1 and (not st.overlap_grad_reduce or pp_rank > 0 or chunk > 0):
         return None
@@ -80,7 +85,7 @@ def bucket_size(st: StrategyConfig, network: NetworkModel, group: str, pp_rank: 
 def bucket_key(st: StrategyConfig, network: NetworkModel, order: ParamOrder, group: str, size: int | None) -> tuple[object, ...]:
     """Everything grad_buckets depends on (a search shares buckets across layouts by it)."""
     groups = network.groups
-    return (order, group, size, st.zero_state, ShardingPlan.of(st).pipelined, st.fsdp_replicate_size, st.dp_shard_size,
+    return (order, group, size, st.zero_state, _pipelined(st), st.fsdp_replicate_size, st.dp_shard_size,
             st.main_grad_bytes, st.dtype_bytes, groups[group], groups["dp_shard"], groups["dp_rep"])
 
 

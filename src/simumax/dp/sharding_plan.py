@@ -39,6 +39,14 @@ class ShardingPlan:
 
     @classmethod
     def of(cls, st: "StrategyConfig") -> "ShardingPlan":
+        """The plan of ``st``, kept with it while the fields it reads stay the same (the
+        estimate asks for it per gradient bucket)."""
+        contents = (st.zero_state, st.fsdp_impl, st.fsdp_reshard_after_forward, st.pp_size, st.fsdp_replicate_size,
+                    st.grad_reduce_in_bf16, st.use_fp32_accum_grad, st.ds_overlap_comm)
+        return st.derived("sharding plan", contents, lambda: cls._build(st))
+
+    @classmethod
+    def _build(cls, st: "StrategyConfig") -> "ShardingPlan":
         fsdp2 = st.fsdp_impl == "torch_fsdp2"
         policy = st.fsdp_reshard_after_forward
         if not fsdp2 or policy == "always":

@@ -32,6 +32,8 @@ def sharding_ops(name: str, layer: int, ops: list[Op], st: StrategyConfig, unit:
     second, exposed one with the gradient reduce, which then runs on the compute stream.
     ``unit``: which FSDP unit they form for the reshard policy (``ShardingPlan.reshards``;
     default: ``name`` for the embedding and the head, else a layer)."""
+    if st.zero_state < 2:  # (asked per layer: the plan only where it can matter)
+        return []
     plan = ShardingPlan.of(st)
     if not plan.per_micro_batch:  # below ZeRO-2, or pipelined FSDP2: once per step (dp/buckets.py)
         return []
