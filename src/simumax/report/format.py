@@ -7,6 +7,7 @@ from rich.table import Table
 
 from simumax.config.strategy import StrategyConfig
 from simumax.cost.network import NetworkModel
+from simumax.dp.sharding_plan import ShardingPlan
 from simumax.report.results import CostResult, MemResult, SimResult
 
 GIB = 2**30
@@ -60,7 +61,7 @@ def free_overlap(st: StrategyConfig, network: NetworkModel) -> str | None:
         return network.groups[group].size > 1 and network.tier(group).processor_usage == 0
 
     on = [opt for opt, g in OVERLAP_GROUPS if getattr(st, opt) and free(g)]
-    if st.zero_state >= 2 and free("dp"):
+    if st.zero_state >= 2 and ShardingPlan.of(st).per_micro_batch and free("dp"):  # its per-layer collectives
         on.append(f"zero_state {st.zero_state}")
     if not on:
         return None
