@@ -73,7 +73,7 @@ class _Collectives(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.bytes = {"all_gather": 0, "reduce_scatter": 0}
+        self.bytes = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         name = str(func)
@@ -81,14 +81,17 @@ class _Collectives(TorchDispatchMode):
             self.bytes["all_gather"] += args[0].numel() * args[0].element_size()
         elif "_reduce_scatter_base_" in name:  # (output, input, ...)
             self.bytes["reduce_scatter"] += args[1].numel() * args[1].element_size()
+        elif "allreduce_" in name:  # ([tensors], ...): HSDP's across replicas
+            self.bytes["all_reduce"] += sum(t.numel() * t.element_size() for t in args[0])
         return func(*args, **(kwargs or {}))
 
 
 def track_fsdp2_step(model: ModelConfig, world_size: int, seq_len: int, mbs: int = 1, mbc: int = 1,
-                     reshard: Literal["default", "always", "never"] = "default") -> dict[str, int]:
+                     reshard: Literal["default", "always", "never"] = "default", replicate: int = 1) -> dict[str, int]:
     """Bytes per FSDPMemTracker category (``STATE_CATEGORIES``, "Activation", "Temp",
     "Inputs", "Total") at the peak of one training step on rank 0 of ``world_size``, and
-    the step's collective bytes ("all_gather", "reduce_scatter")."""
+    the step's collective bytes ("all_gather", "reduce_scatter", "all_reduce"). ``replicate``
+    > 1: HSDP, torchtitan's 2-D mesh (replicate, shard)."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -99,7 +102,8 @@ def track_fsdp2_step(model: ModelConfig, world_size: int, seq_len: int, mbs: int
         dist.destroy_process_group()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
-        mesh = init_device_mesh("cpu", (world_size,))
+        mesh = (init_device_mesh("cpu", (world_size,)) if replicate == 1 else
+                init_device_mesh("cpu", (replicate, world_size // replicate), mesh_dim_names=("dp_replicate", "dp_shard")))
         with FakeTensorMode():
             net = LlamaStyle(model)
             _wrap_like_torchtitan(net, mesh, reshard)
@@ -130,14 +134,14 @@ def track_fsdp2_step(model: ModelConfig, world_size: int, seq_len: int, mbs: int
 
 def main() -> None:
     """``python -m simumax.calibrate.fsdp2_reference`` reads a JSON list of runs on stdin —
-    ``{"model": {ModelConfig fields}, "world_size", "seq_len", "mbs", "mbc", "reshard"}`` —
+    ``{"model": {ModelConfig fields}, "world_size", "seq_len", "mbs", "mbc", "reshard", "replicate"}`` —
     and writes the list of their category and collective bytes (``track_fsdp2_step``) to
     stdout."""
     out = []
     for run in json.load(sys.stdin):
         model = ModelConfig.init_from_dict(run["model"])
         out.append(track_fsdp2_step(model, run["world_size"], run["seq_len"], run.get("mbs", 1), run.get("mbc", 1),
-                                    run.get("reshard", "default")))
+                                    run.get("reshard", "default"), run.get("replicate", 1)))
     json.dump(out, sys.stdout)
 
 

@@ -146,10 +146,11 @@ def grad_buckets(st: StrategyConfig, network: NetworkModel, order: ParamOrder, g
     shard = "dp_shard" if hsdp else group  # HSDP: states shard inside one replica
 
     def across_replicas(elems: int) -> float:
-        """HSDP: each replica's gradient shard all-reduced with the other replicas'."""
-        if not hsdp:
+        """HSDP: each replica's gradient shard all-reduced with the other replicas', once per
+        step (FSDP2 does it in every backward: graph/sharding.py)."""
+        if not hsdp or plan.replicas_per_micro_batch:
             return 0.0
-        return network.time(Collective("all_reduce", elems / st.dp_shard_size * st.main_grad_bytes, "dp_rep"))
+        return network.time(Collective("all_reduce", elems / st.dp_shard_size * plan.reduce_bytes, "dp_rep"))
 
     def times(elems: int) -> tuple[float, float]:
         if plan.pipelined:  # once per step: fp32 gradients reduce-scattered, bf16 parameters gathered

@@ -30,6 +30,10 @@ class ShardingPlan:
     reduce_bytes: int  # per gradient element reduce-scattered
     kept_units: frozenset[str]  # units gathered in forward and kept for backward (not resharded)
     reduce_on_compute_stream: bool  # DeepSpeed without overlap_comm: the reduce is exposed
+    # HSDP's all-reduce of each gradient shard across replicas in every backward (FSDP2's
+    # foreach_reduce, which torchtitan never defers) rather than once per step (Megatron's
+    # distributed-optimizer instances)
+    replicas_per_micro_batch: bool
     # FSDP2 under torch.distributed.pipelining (torchtitan with pp_size > 1): every backward
     # runs with set_requires_gradient_sync(False) and set_reshard_after_backward(False)
     # (pipelining/stage.py, backward_maybe_with_nosync), so a unit is gathered once per step
@@ -61,7 +65,7 @@ class ShardingPlan:
             per_micro_batch=st.zero_state >= 2 and not pipelined, gathers=st.zero_state >= 3,
             reduce_bytes=4 if fsdp2 else st.main_grad_bytes,  # FSDP2's reduce_dtype fp32 (torchtitan)
             kept_units=kept, reduce_on_compute_stream=st.fsdp_impl == "deepspeed" and not st.ds_overlap,
-            pipelined=pipelined,
+            replicas_per_micro_batch=fsdp2 and st.fsdp_replicate_size > 1 and not pipelined, pipelined=pipelined,
         )
 
     def reshards(self, unit: str) -> bool:
@@ -72,4 +76,4 @@ class ShardingPlan:
     @property
     def key(self) -> tuple[object, ...]:
         """What of the plan the layer ops depend on (the profile cache's family key)."""
-        return (self.level, self.per_micro_batch, self.kept_units)
+        return (self.level, self.per_micro_batch, self.kept_units, self.replicas_per_micro_batch)

@@ -53,6 +53,8 @@ def sharding_ops(name: str, layer: int, ops: list[Op], st: StrategyConfig, unit:
             if plan.reshards(unit):
                 bwd_in.append(gather)  # gathered again for backward (resharded after forward)
         bwd_w.append(Collective("reduce_scatter", float(params * plan.reduce_bytes), group))
+        if plan.replicas_per_micro_batch and group == plan.group == "dp_shard":  # HSDP: the shard across replicas
+            bwd_w.append(Collective("all_reduce", float(params / st.dp_shard_size * plan.reduce_bytes), "dp_rep"))
     if not bwd_w:
         return []
     out = []
