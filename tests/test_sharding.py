@@ -231,21 +231,24 @@ def test_deepspeed_zero_memory_by_hand() -> None:
     """DeepSpeed ZeRO with bf16, per the ZeRO paper's count (2 B parameters, 2 B gradients,
     12 B fp32 master + Adam moments; Rajbhandari et al. SC'20 Fig. 1): stage 1 keeps
     2 + 2 + 12/N, stage 2 2 + 2/N + 12/N, stage 3 (2 + 2 + 12)/N per parameter, plus the
-    reduce bucket(s) (two with overlap_comm) and, at stage 3, the unit being run and what
+    reduce bucket, reduce_bucket_size elements whatever the model's size (two at stages
+    1-2 with overlap_comm, one at stage 3) and, at stage 3, the unit being run and what
     the prefetcher has gathered ahead."""
     head = 128384 * 4096 + 4096  # the largest unit (output layer + final norm)
+    bucket = 500_000_000  # DeepSpeed's default reduce_bucket_size, allocated whole
     z1 = _ds(1)
     psi = z1.stages[0].params
     s1 = z1.memory().stages[0]
-    assert (s1.weights, s1.grads, s1.optimizer) == pytest.approx((2 * psi, 2 * psi, 12 * psi / 8))
-    bucket = min(500_000_000, psi)
+    assert (s1.weights, s1.grads, s1.optimizer) == pytest.approx((2 * psi, 2 * (psi + bucket), 12 * psi / 8))
+    small = _ds(2, ds_reduce_bucket_size=10**6).memory().stages[0]
+    assert small.grads == pytest.approx(2 * (psi / 8 + 10**6))
     s2 = _ds(2).memory().stages[0]
     assert (s2.weights, s2.grads, s2.optimizer) == pytest.approx((2 * psi, 2 * (psi / 8 + bucket), 12 * psi / 8))
     s2o = _ds(2, ds_overlap_comm=True).memory().stages[0]
     assert s2o.grads == pytest.approx(2 * (psi / 8 + 2 * bucket))  # a second bucket fills while one reduces
-    s3 = _ds(3, ds_reduce_bucket_size=10**8).memory().stages[0]  # overlap_comm on by default at stage 3
+    s3 = _ds(3, ds_reduce_bucket_size=10**8).memory().stages[0]  # overlap_comm on by default at stage 3: one bucket
     assert s3.weights == pytest.approx(2 * (psi / 8 + head + 5 * 10**7))
-    assert (s3.grads, s3.optimizer) == pytest.approx((2 * (psi / 8 + 2 * 10**8), 12 * psi / 8))
+    assert (s3.grads, s3.optimizer) == pytest.approx((2 * (psi / 8 + 10**8), 12 * psi / 8))
 
 
 def test_deepspeed_reduce_in_bf16_exposed_without_overlap_comm() -> None:

@@ -90,12 +90,12 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
         te += fp8.weight_copy_bytes_per_param(fp8.recipe(st.lp_recipe)) * fp8_weight_params(stage)
     weights = float(total * st.dtype_bytes)
     grads = float(total * st.main_grad_bytes)
-    if st.zero_state >= 2:
+    if st.fsdp_impl == "deepspeed":  # stages 1-3 (the strategy rules ask zero_state >= 1)
+        weights, grads = deepspeed_states(st, stage, shard_params(st, stage), largest_layer_params(stage))
+    elif st.zero_state >= 2:
         shard = shard_params(st, stage)
         layer = largest_layer_params(stage)
-        if st.fsdp_impl == "deepspeed":
-            weights, grads = deepspeed_states(st, stage, shard, layer)
-        elif st.fsdp_impl == "torch_fsdp2":
+        if st.fsdp_impl == "torch_fsdp2":
             opt = ADAM_STATE_BYTES * shard * device_optimizer_share(st)
             return fsdp2_states(st, stage, shard, opt, te)
         else:
@@ -109,18 +109,21 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
 
 
 def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, layer: int) -> tuple[float, float]:
-    """(weights, gradients) of DeepSpeed ZeRO-2/3 with bf16 (the ZeRO paper's 2 + 2 + 12
+    """(weights, gradients) of DeepSpeed ZeRO-1/2/3 with bf16 (the ZeRO paper's 2 + 2 + 12
     bytes per parameter, Rajbhandari et al. SC'20 Fig. 1, and its buffers).
 
-    Gradients: the rank's partition in the model dtype (``grads_in_partition`` /
-    ``grad_partitions_flat_buffer``) plus the contiguous reduce bucket(s) the backward
-    fills, ``reduce_bucket_size`` elements, two with ``overlap_comm`` (one fills while the
-    other reduces). ZeRO-2 keeps every parameter; ZeRO-3 its partition plus the module
-    being run and what the prefetcher has gathered ahead (``stage3_prefetch_bucket_size``
-    elements, at most the next unit)."""
+    Gradients: stage 1 every parameter's, stages 2-3 the rank's partition, in the model
+    dtype (``grads_in_partition`` / ``grad_partitions_flat_buffer``), plus the contiguous
+    reduce bucket the backward fills: ``reduce_bucket_size`` elements allocated whole,
+    whatever the model's size (``stage_1_and_2.py::setup_buckets``, ``stage3.py``'s IPG
+    buffer; 5e8 by default: 1 GB in bf16), two at stages 1-2 with ``overlap_comm`` (one
+    fills while the other reduces; stage 3 keeps one). ZeRO-1/2 keep every parameter;
+    ZeRO-3 its partition plus the module being run and what the prefetcher has gathered
+    ahead (``stage3_prefetch_bucket_size`` elements, at most the next unit). Checked on
+    DeepSpeed 0.19.8 itself on CPU (docs/validation.md)."""
     b = st.dtype_bytes
-    bucket = min(st.ds_reduce_bucket_size, stage.params) * (2 if st.ds_overlap else 1)
-    grads = b * (shard + bucket)
+    bucket = st.ds_reduce_bucket_size * (2 if st.ds_overlap and st.zero_state < 3 else 1)
+    grads = b * ((stage.params if st.zero_state < 2 else shard) + bucket)
     weights = float(stage.params * b)
     if st.zero_state >= 3:
         weights = b * (shard + layer + min(st.ds_prefetch_bucket_size, layer))
