@@ -9,9 +9,12 @@ torchtitan 0.3's ``distributed/fsdp.py::apply_fsdp_to_decoder`` does it: the emb
 block and (the final norm, the output layer) as units with
 ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, the reshard-after-forward
 policy per unit as ``get_fsdp_reshard_after_forward_policy``, a tied output layer sharded
-with the embedding (its final norm, a few KiB, with the root), then the root. One step (``mbc`` forward-backward passes after the step
-that creates the AdamW states) runs under torch's ``FSDPMemTracker``, which files every live
-tensor under FSDP's categories in host order.
+with the embedding (its final norm, a few KiB, with the root), then the root; HSDP on
+torchtitan's (replicate, shard) mesh. One step (``mbc`` forward-backward passes after the
+step that creates the AdamW states) runs under torch's ``FSDPMemTracker``, which files every
+live tensor under FSDP's categories in host order, and a dispatch mode that records the
+bytes of every c10d all-gather (its gathered output), reduce-scatter (its full input) and
+all-reduce.
 
 The activations it reports are CPU kernels' (fake tensors dispatch to CPU attention and
 loss kernels), not a GPU's: compare the state categories, not the activation bytes.
