@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from simumax.graph.ops import Stage
 from simumax.memory.chunk_walk import op_name_at
 from simumax.memory.model_states import ModelStates, model_states
 from simumax.memory.schedule_walk import RankActivations
-from simumax.graph.ops import Stage
 from simumax.report.results import MemResult, StageMemory
 from simumax.uncertainty import MEMORY_BAND
 
@@ -31,7 +31,7 @@ def stage_peak(states: ModelStates, act: RankActivations, stage: Stage) -> tuple
     for extra, at, what in ((states.reduce_extra, states.total + states.reduce_extra + max(held, 0.0),
                              "output layer's gradient reduce-scatter"),
                             (states.end_of_backward, states.end_of_backward,
-                             "embedding unit's backward and gradient reduce-scatter")):
+                             "end of backward: the first unit's gradient reduce-scatter")):
         if extra and at > peak:
             peak, moment = at, what
     return peak, moment
