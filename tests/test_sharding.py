@@ -13,6 +13,7 @@ from simumax.export.megatron_flags import megatron_flags
 from simumax.graph.kernels import Collective
 from simumax.graph.sharding import MODULE
 from simumax.importers.megatron_args import parse_megatron_args
+from simumax.memory.model_states import model_states
 
 from tests.conftest import run_cli
 
@@ -103,19 +104,28 @@ def test_fsdp2_under_pipelining_gathers_and_reduces_once_per_step() -> None:
 
 
 def test_zero3_memory_by_hand() -> None:
-    """ZeRO-3 keeps 1/dp of the bf16 parameters, fp32 main grads and optimizer states, plus
-    the current and the prefetched unit's parameters (bf16) and one unit's gradients; the
-    largest unit of Llama3-8B is its output head (128384 x 4096 + the final norm)."""
+    """Megatron-FSDP ZeRO-3 (megatron-core 0.19 megatron_fsdp, default communication unit
+    C = max(1e9, 2 x unit) elements): 1/dp of the bf16 parameters, fp32 main grads and
+    optimizer states persist; the unit being run plus up to C/2 prefetched elements are
+    gathered (bf16); in backward up to C + a unit of unsharded fp32 gradients wait in the
+    reduce-scatter queue, while the activations behind them are freed. The largest unit of
+    Llama3-8B is its output head (128384 x 4096 + the final norm)."""
     m = load_model("llama3-8b").with_updates({"layer_num": 4})
     est = Estimate(m, load_strategy({"seq_len": 4096, "world_size": 8, "zero_state": 3}), H100)
     st = est.memory().stages[0]
     layer = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096
     head = 128384 * 4096 + 4096
     assert head > layer
-    shard = est.stages[0].params / 8
-    assert st.weights == pytest.approx(2 * (shard + 2 * head))
-    assert st.grads == pytest.approx(4 * (shard + head))
-    assert st.optimizer == pytest.approx(12 * shard)
+    params = est.stages[0].params
+    shard, cap = params / 8, max(10**9, 2 * head)
+    assert st.weights == pytest.approx(2 * (shard + min(params, head + cap / 2)))
+    assert st.grads == pytest.approx(4 * shard)
+    states = model_states(est.strategy, est.stages[0])
+    assert states.reduce_extra == pytest.approx(4 * min(params, cap + head))
+    assert states.reduce_frees == pytest.approx(min(params, cap + head) / params)
+    # a short sequence: the gradients in flight, not the activations, set the peak
+    short = Estimate(m, load_strategy({"seq_len": 256, "world_size": 8, "zero_state": 3}), H100).memory().stages[0]
+    assert short.peak_path["op"] == "gradient reduce-scatters in flight"
 
 
 def test_layer_collectives_hide_under_compute() -> None:

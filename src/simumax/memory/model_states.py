@@ -25,6 +25,7 @@ class ModelStates:
     # held), and all bytes held at the end of the backward (activations freed); 0: never
     reduce_extra: float = 0.0
     end_of_backward: float = 0.0
+    reduce_frees: float = 0.0  # share of the stored activations backward has freed at that moment
 
     @property
     def total(self) -> float:
@@ -99,13 +100,36 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
             opt = ADAM_STATE_BYTES * shard * device_optimizer_share(st)
             return fsdp2_states(st, stage, shard, opt, te)
         else:
-            # Megatron-FSDP: the rank keeps its shard of the main grads plus one layer's
-            # unsharded gradients for the reduce-scatter in flight; ZeRO-3 also its shard of
-            # the parameters plus the current and the prefetched layer unsharded
-            grads = st.main_grad_bytes * (shard + layer)
-            if st.zero_state >= 3:
-                weights = st.dtype_bytes * (shard + 2 * layer)
+            return megatron_fsdp_states(st, stage, shard, layer, float(opt), te)
     return ModelStates(weights=weights, grads=float(grads), optimizer=float(opt), te_buffers=te)
+
+
+MEGATRON_FSDP_MIN_UNIT = 1_000_000_000  # elements: megatron_fsdp.py's floor on suggested_communication_unit_size
+
+
+def megatron_fsdp_states(st: StrategyConfig, stage: Stage, shard: float, layer: int, opt: float,
+                         te: float) -> ModelStates:
+    """Megatron-FSDP (megatron-core 0.19 ``megatron_fsdp``; ``--use-megatron-fsdp``) with its
+    default ``suggested_communication_unit_size`` C = max(1e9, 2 x the average unit's
+    parameters) elements (``MegatronFSDP.__init__``):
+
+    - the rank's shards of the main gradients (and, ZeRO-3, of the bf16 parameters) persist;
+    - ZeRO-3 gathers the unit being run and prefetches up to C / 2 elements ahead
+      (``suggested_AG_prefetch_size``), all in bf16;
+    - in backward each unit's unsharded gradients (main-grad dtype) are reduce-scattered
+      asynchronously and their buffer freed only when the queue of buffers in flight holds
+      more than C elements (``GradReducePipeline.wait_for_previous_grad_reduce``): up to C
+      plus a unit's unsharded gradients live while the backward has freed the activations
+      of the layers behind them (``reduce_extra``, ``reduce_frees``); none at the forward's
+      peak."""
+    cap = max(MEGATRON_FSDP_MIN_UNIT, 2 * layer)
+    params = max(float(stage.params), 1.0)
+    weights = float(stage.params * st.dtype_bytes)
+    if st.zero_state >= 3:
+        weights = st.dtype_bytes * (shard + min(params, layer + cap / 2))
+    queued = min(params, cap + layer)
+    return ModelStates(weights=weights, grads=float(st.main_grad_bytes * shard), optimizer=opt, te_buffers=te,
+                       reduce_extra=st.main_grad_bytes * queued, reduce_frees=queued / params)
 
 
 def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, layer: int) -> tuple[float, float]:

@@ -21,15 +21,17 @@ PHASE_NAMES = {"F": "fwd", "B": "bwd", "W": "wgrad"}
 
 def stage_peak(states: ModelStates, act: RankActivations, stage: Stage) -> tuple[float, str]:
     """A rank's peak bytes: its model states plus its activation walk's worst moment, or,
-    where FSDP2's backward buffers outweigh the forward's transients (memory/model_states.py
-    ``fsdp2_states``), that moment, named. At the output layer's reduce its own and the
-    loss's saved tensors are gone (the ops after the stage's last layers)."""
+    where a sharded implementation's backward buffers outweigh the forward's transients
+    (memory/model_states.py ``fsdp2_states``, ``megatron_fsdp_states``), that moment,
+    named. By then the output layer's and the loss's saved tensors are gone (the ops after
+    the stage's last layers), and ``reduce_frees`` of the rest."""
     peak, moment = states.total + act.peak, ""
     if not (states.reduce_extra or states.end_of_backward):
         return peak, moment
     held = act.stored_peak - sum(o.saved_bytes for o in stage.parts[-1].ops) if stage.parts else act.stored_peak
-    for extra, at, what in ((states.reduce_extra, states.total + states.reduce_extra + max(held, 0.0),
-                             "output layer's gradient reduce-scatter"),
+    for extra, at, what in ((states.reduce_extra,
+                             states.total + states.reduce_extra + max(held, 0.0) * (1.0 - states.reduce_frees),
+                             "gradient reduce-scatters in flight"),
                             (states.end_of_backward, states.end_of_backward,
                              "end of backward: the first unit's gradient reduce-scatter")):
         if extra and at > peak:
