@@ -58,9 +58,10 @@ def fp8_weight_params(stage: Stage) -> int:
     return sum(n * sum(o.params for o in ops if fp8.low_precision_linear(o)) for ops, n in stage.groups())
 
 
-def largest_layer_params(stage: Stage) -> int:
-    """Parameters of the stage's largest unit ZeRO-3 gathers at once (graph/sharding.py):
-    a transformer layer, the embedding, or the head with its final norm."""
+def unit_params(stage: Stage) -> dict[object, int]:
+    """Parameters of each unit ZeRO-3 gathers at once (graph/sharding.py), by unit: a
+    transformer layer (its index; one per run of alike layers), "embedding", or "head"
+    (the output layer with its final norm)."""
     per: dict[object, int] = {}
     for p in stage.parts:
         if p.layers:  # a run: every layer holds the same parameters
@@ -69,7 +70,12 @@ def largest_layer_params(stage: Stage) -> int:
         for o in p.ops:
             unit = o.layer if o.layer >= 0 else ("embedding" if o.module == "embedding" else "head")
             per[unit] = per.get(unit, 0) + o.params
-    return max(per.values(), default=0)
+    return per
+
+
+def largest_layer_params(stage: Stage) -> int:
+    """Parameters of the stage's largest unit."""
+    return max(unit_params(stage).values(), default=0)
 
 
 def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
@@ -99,8 +105,7 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
         if st.fsdp_impl == "torch_fsdp2":
             opt = ADAM_STATE_BYTES * shard * device_optimizer_share(st)
             return fsdp2_states(st, stage, shard, opt, te)
-        else:
-            return megatron_fsdp_states(st, stage, shard, layer, float(opt), te)
+        return megatron_fsdp_states(st, stage, shard, layer, float(opt), te)
     return ModelStates(weights=weights, grads=float(grads), optimizer=float(opt), te_buffers=te)
 
 
@@ -122,7 +127,9 @@ def megatron_fsdp_states(st: StrategyConfig, stage: Stage, shard: float, layer: 
       plus a unit's unsharded gradients live while the backward has freed the activations
       of the layers behind them (``reduce_extra``, ``reduce_frees``); none at the forward's
       peak."""
-    cap = max(MEGATRON_FSDP_MIN_UNIT, 2 * layer)
+    runs = [(sum(o.params for o in p.ops), len(p.layers)) for p in stage.parts if p.layers]  # its FSDP units: the layers
+    average = sum(n * k for n, k in runs) // max(sum(k for _, k in runs), 1)
+    cap = max(MEGATRON_FSDP_MIN_UNIT, 2 * average)
     params = max(float(stage.params), 1.0)
     weights = float(stage.params * st.dtype_bytes)
     if st.zero_state >= 3:
