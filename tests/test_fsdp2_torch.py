@@ -16,6 +16,7 @@ import pytest
 
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.estimate import Estimate
+from simumax.graph.kernels import Collective
 from simumax.graph.sharding import MODULE
 from simumax.report.results import StageMemory
 
@@ -103,18 +104,21 @@ def test_fsdp2_backward_peak_where_the_states_dominate(case: tuple, fully_shard_
 @pytest.mark.parametrize("case", [c for c in FORWARD_PEAK + BACKWARD_PEAK if c[3] == 32 or c[0] is False] + HSDP[:2])
 def test_fsdp2_collectives_equal_fully_shard(case: tuple, fully_shard_runs) -> None:
     """Per step, the bf16 all-gathers (again in backward for the units resharded after
-    forward), the fp32 reduce-scatters and, with HSDP, the all-reduces of the shards across
-    replicas (every micro-batch) that fully_shard issues equal the estimate's ZeRO-3
-    collectives, byte for byte."""
+    forward) with their copy-out into the parameters on the compute stream, the fp32
+    reduce-scatters and, with HSDP, the all-reduces of the shards across replicas (every
+    micro-batch) that fully_shard issues equal the estimate's ZeRO-3 kernels, byte for byte."""
     real = fully_shard_runs[case]
     est = _est(*case)
-    ours = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0}
+    ours = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0, "copy_out": 0.0}
     for ops, n in est.stages[0].groups():
         for o in ops:
             if o.module == MODULE:
-                for k in (*o.fwd, *o.bwd_input, *o.bwd_weight):
-                    ours[k.op] += n * k.bytes * case[2]  # per micro-batch, case[2] of them
-    print(f"{case}: gathered / reduce-scattered / all-reduced: fully_shard "
+                for k in (*o.fwd, *o.bwd_input, *o.bwd_weight):  # per micro-batch, case[2] of them
+                    if isinstance(k, Collective):
+                        ours[k.op] += n * k.bytes * case[2]
+                    else:  # the copy-out reads the gathered buffer and writes the parameters
+                        ours["copy_out"] += n * k.bytes / 2 * case[2]
+    print(f"{case}: gathered / reduce-scattered / all-reduced / copied out: fully_shard "
           f"{' / '.join(f'{real[k] / 2**20:.2f}' for k in ours)} MiB, estimate "
           f"{' / '.join(f'{v / 2**20:.2f}' for v in ours.values())} MiB")
     # a tied model's final norm (h parameters) is gathered with the root here, with the embedding in torchtitan

@@ -36,7 +36,9 @@ def _sharding_bytes(est: Estimate) -> dict[str, float]:
             if o.module == MODULE:
                 for ph in ("fwd", "bwd_input", "bwd_weight"):
                     for k in o.kernels(ph):
-                        assert isinstance(k, Collective) and k.group == "dp"
+                        if not isinstance(k, Collective):  # FSDP2's copy-out of a gather (test_fsdp2_torch.py)
+                            continue
+                        assert k.group == "dp"
                         out[k.op] += k.bytes
     return out
 

@@ -76,7 +76,7 @@ class _Collectives(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.bytes = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
+        self.bytes = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0, "copy_out": 0}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         name = str(func)
@@ -86,6 +86,9 @@ class _Collectives(TorchDispatchMode):
             self.bytes["reduce_scatter"] += args[1].numel() * args[1].element_size()
         elif "allreduce_" in name:  # ([tensors], ...): HSDP's across replicas
             self.bytes["all_reduce"] += sum(t.numel() * t.element_size() for t in args[0])
+        elif "split_with_sizes_copy" in name:  # the gathered buffer copied out into the parameters
+            out = (kwargs or {}).get("out") or args[-1]
+            self.bytes["copy_out"] += sum(t.numel() * t.element_size() for t in out)
         return func(*args, **(kwargs or {}))
 
 

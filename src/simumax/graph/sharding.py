@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from simumax.config.strategy import StrategyConfig
 from simumax.dp.sharding_plan import ShardingPlan
-from simumax.graph.kernels import Collective
+from simumax.graph.kernels import Collective, Kernel, MemBound
 from simumax.graph.ops import Op
 
 MODULE = "fsdp"
@@ -40,18 +40,22 @@ def sharding_ops(name: str, layer: int, ops: list[Op], st: StrategyConfig, unit:
     unit = unit or (name if name in ("embedding", "head") else "layer")
     dense = sum(o.params - o.expert_params for o in ops)
     expert = sum(o.expert_params for o in ops)
-    fwd: list[Collective] = []
-    bwd_in: list[Collective] = []
-    bwd_w: list[Collective] = []
+    fwd: list[Kernel] = []
+    bwd_in: list[Kernel] = []
+    bwd_w: list[Kernel] = []
     for params, group in ((dense, plan.group), (expert, "edp")):  # HSDP: dense inside one replica
         if params <= 0:
             continue
         # torchtitan shards a tied output layer's final norm with the embedding: no gather of its own
         if plan.gathers and not (unit == "tied_head" and plan.impl == "torch_fsdp2"):
-            gather = Collective("all_gather", float(params * st.dtype_bytes), group)
-            fwd.append(gather)
+            gather: tuple[Kernel, ...] = (Collective("all_gather", float(params * st.dtype_bytes), group),)
+            if plan.impl == "torch_fsdp2":
+                # FSDP2 copies the gathered buffer out into each parameter on the compute stream
+                # (_fsdp_collectives.py::foreach_all_gather_copy_out, split_with_sizes_copy)
+                gather += (MemBound("fsdp_copy_out", 2.0 * params * st.dtype_bytes),)  # no layer: layers share it
+            fwd.extend(gather)
             if plan.reshards(unit):
-                bwd_in.append(gather)  # gathered again for backward (resharded after forward)
+                bwd_in.extend(gather)  # gathered again for backward (resharded after forward)
         bwd_w.append(Collective("reduce_scatter", float(params * plan.reduce_bytes), group))
         if plan.replicas_per_micro_batch and group == plan.group == "dp_shard":  # HSDP: the shard across replicas
             bwd_w.append(Collective("all_reduce", float(params / st.dp_shard_size * plan.reduce_bytes), "dp_rep"))

@@ -8,6 +8,7 @@ from typing import NamedTuple
 from simumax.config.strategy import StrategyConfig
 from simumax.dp.sharding_plan import ShardingPlan
 from simumax.graph import fp8
+from simumax.graph.kernels import Collective
 from simumax.graph.ops import Stage
 
 ADAM_STATE_BYTES = 8  # fp32 exp_avg + exp_avg_sq
@@ -181,7 +182,7 @@ def fsdp2_units(stage: Stage) -> Fsdp2Units:
         for o in ops:
             if o.module != "fsdp":
                 continue
-            gathered = sum(c.bytes for c in o.fwd if c.op == "all_gather")
+            gathered = sum(c.bytes for c in o.fwd if isinstance(c, Collective) and c.op == "all_gather")
             if gathered <= 0:
                 tied = tied or o.name == "head.fsdp"
                 continue
