@@ -93,11 +93,14 @@ class _Collectives(TorchDispatchMode):
 
 
 def track_fsdp2_step(model: ModelConfig, world_size: int, seq_len: int, mbs: int = 1, mbc: int = 1,
-                     reshard: Literal["default", "always", "never"] = "default", replicate: int = 1) -> dict[str, int]:
+                     reshard: Literal["default", "always", "never"] = "default", replicate: int = 1,
+                     full_ac: bool = False) -> dict[str, int]:
     """Bytes per FSDPMemTracker category (``STATE_CATEGORIES``, "Activation", "Temp",
     "Inputs", "Total") at the peak of one training step on rank 0 of ``world_size``, and
     the step's collective bytes ("all_gather", "reduce_scatter", "all_reduce"). ``replicate``
-    > 1: HSDP, torchtitan's 2-D mesh (replicate, shard)."""
+    > 1: HSDP, torchtitan's 2-D mesh (replicate, shard); ``full_ac``: each block wrapped in
+    ``checkpoint_wrapper`` before sharding (torchtitan's ``FullAC``)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -112,6 +115,8 @@ def track_fsdp2_step(model: ModelConfig, world_size: int, seq_len: int, mbs: int
                 init_device_mesh("cpu", (replicate, world_size // replicate), mesh_dim_names=("dp_replicate", "dp_shard")))
         with FakeTensorMode():
             net = LlamaStyle(model)
+            if full_ac:
+                net.layers = nn.ModuleList(checkpoint_wrapper(layer, preserve_rng_state=False) for layer in net.layers)
             _wrap_like_torchtitan(net, mesh, reshard)
             opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=False)  # states only: no foreach temporaries
             tokens = torch.randint(0, net.vocab, (mbs, seq_len))
@@ -140,14 +145,14 @@ def track_fsdp2_step(model: ModelConfig, world_size: int, seq_len: int, mbs: int
 
 def main() -> None:
     """``python -m simumax.calibrate.fsdp2_reference`` reads a JSON list of runs on stdin —
-    ``{"model": {ModelConfig fields}, "world_size", "seq_len", "mbs", "mbc", "reshard", "replicate"}`` —
+    ``{"model": {ModelConfig fields}, "world_size", "seq_len", "mbs", "mbc", "reshard", "replicate", "full_ac"}`` —
     and writes the list of their category and collective bytes (``track_fsdp2_step``) to
     stdout."""
     out = []
     for run in json.load(sys.stdin):
         model = ModelConfig.init_from_dict(run["model"])
         out.append(track_fsdp2_step(model, run["world_size"], run["seq_len"], run.get("mbs", 1), run.get("mbc", 1),
-                                    run.get("reshard", "default"), run.get("replicate", 1)))
+                                    run.get("reshard", "default"), run.get("replicate", 1), run.get("full_ac", False)))
     json.dump(out, sys.stdout)
 
 
