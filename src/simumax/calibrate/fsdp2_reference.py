@@ -56,7 +56,7 @@ def _wrap_like_torchtitan(net: LlamaStyle, mesh: object, policy: str) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
-    reshard = policy == "always" or policy == "default"  # pp_enabled False: one rank holds every layer here
+    reshard = policy != "never"  # pp_enabled False: one rank holds every layer here
     cfg = {"mesh": mesh, "mp_policy": mp}
     if net.head is None:  # tied: the embedding unit holds the output layer (its final norm stays with the root)
         if policy == "always":  # the tied output GEMM reads the weight outside the unit's forward here

@@ -142,8 +142,8 @@ def grad_buckets(st: StrategyConfig, network: NetworkModel, order: ParamOrder, g
     if network.groups[group].size <= 1 or order.total <= 0:
         return []
     plan = ShardingPlan.of(st)
-    hsdp = group == "dp" and st.fsdp_replicate_size > 1
-    shard = "dp_shard" if hsdp else group  # HSDP: states shard inside one replica
+    hsdp = group == "dp" and plan.group == "dp_shard"
+    shard = plan.group if group == "dp" else group  # HSDP: dense states shard inside one replica
 
     def across_replicas(elems: int) -> float:
         """HSDP: each replica's gradient shard all-reduced with the other replicas', once per

@@ -35,7 +35,7 @@ def sharding_ops(name: str, layer: int, ops: list[Op], st: StrategyConfig, unit:
     if st.zero_state < 2:  # (asked per layer: the plan only where it can matter)
         return []
     plan = ShardingPlan.of(st)
-    if not plan.per_micro_batch:  # below ZeRO-2, or pipelined FSDP2: once per step (dp/buckets.py)
+    if not plan.per_micro_batch:  # pipelined FSDP2: once per step (dp/buckets.py)
         return []
     unit = unit or (name if name in ("embedding", "head") else "layer")
     dense = sum(o.params - o.expert_params for o in ops)

@@ -223,7 +223,8 @@ def fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te:
     is tied to it: the two uses' gradients and their sum), and with HSDP after the first
     micro-batch every unit's all-reduced output shard (``end_of_backward``).
     """
-    if ShardingPlan.of(st).pipelined:
+    plan = ShardingPlan.of(st)
+    if plan.pipelined:
         return _pipelined_fsdp2_states(st, stage, shard, opt, te)
     u = fsdp2_units(stage)
     weights = FP32 * shard + u.kept + u.last
@@ -235,7 +236,7 @@ def fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te:
     own_shard = 0.0 if grads else 2 * u.first / st.dp_shard_size  # the first unit's gradient shard, not reduced yet
     during = u.first + (3 if u.tied else 1) * u.first + 2 * u.second - own_shard
     end = FP32 * shard * 2 + opt + te + max(3 * u.first, during)
-    if grads and ShardingPlan.of(st).replicas_per_micro_batch:
+    if grads and plan.replicas_per_micro_batch:
         # HSDP adding into existing gradients: every unit's all-reduced output shard is held
         # until the backward ends (FSDPParamGroup._all_reduce_state, cleared in finalize_backward)
         end += FP32 * shard
