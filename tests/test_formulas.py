@@ -97,6 +97,54 @@ def test_full_block_recompute_keeps_only_layer_input() -> None:
     assert walk(second).stored > 20 * s * h
 
 
+def _uniform_chunks(n: int | None, method: str = "uniform", **upd) -> Estimate:
+    """Llama3-8B with 12 layers on PP2 x VP2: chunks of 3 layers (the middle ones hold
+    neither the embedding nor the head)."""
+    from simumax.config.loader import load_strategy
+
+    m = load_model("llama3-8b").with_updates({"layer_num": 12})
+    full = {"enable_recompute": True, "recompute_granularity": "full_block", "recompute_layer_num": n, "recompute_method": method}
+    st = load_strategy("tp1_pp2_dp4_mbs1").with_updates(
+        {"world_size": 2, "interleaving_size": 2, "micro_batch_num": 4, **(full if n != 0 else {}), **upd})
+    return Estimate(m, st, load_system("a100_pcie"))
+
+
+def test_uniform_recompute_checkpoints_groups_of_layers() -> None:
+    """Megatron's --recompute-method uniform (megatron/core/recompute.py: one checkpoint over
+    layers [i, i + n) of the chunk, i = 0, n, 2n ...): every layer recomputes; a micro-batch
+    keeps each group's input only (a 3-layer chunk with n = 2: groups [0, 1] and [2], two
+    inputs); backward re-runs a whole group, so the backward peak grows with n, and one group
+    over the chunk re-materialises all of it (no recompute's backward peak). n = 1 is block
+    recompute of every layer; the compute is the same for every n."""
+    from simumax.graph.dims import Dims
+
+    none, every = _uniform_chunks(0), _uniform_chunks(None, "block")
+    runs = {n: _uniform_chunks(n) for n in (1, 2, 3)}
+    d = Dims.of(every.model, every.strategy)
+    middle = every.chunks[1].vstage
+    assert len(every.chunks[1].layers) == 3 and every.chunks[1].ops[0].layer >= 0  # no embedding in it
+    layer_input = d.act(d.h, local=True)
+    for n, est in runs.items():
+        assert est.chunk_walks[middle].stored == -(-3 // n) * layer_input
+        assert est.cost().duration_time_per_iter == pytest.approx(every.cost().duration_time_per_iter, rel=1e-12)
+    assert runs[1].chunk_walks[middle] == every.chunk_walks[middle]
+    peaks = [runs[n].chunk_walks[middle].bwd_peak for n in (1, 2, 3)]
+    assert peaks[0] < peaks[1] < peaks[2] == none.chunk_walks[middle].bwd_peak
+    assert every.cost().duration_time_per_iter > none.cost().duration_time_per_iter
+
+
+def test_uniform_recompute_rules() -> None:
+    """uniform groups whole layers (Megatron: --recompute-granularity full) of at least one layer."""
+    from simumax.errors import ConfigError
+
+    with pytest.raises(ConfigError) as exc:
+        _uniform_chunks(1, recompute_granularity="selective_recompute", attn_recompute=True)
+    assert exc.value.field == "recompute_method"
+    with pytest.raises(ConfigError) as exc:
+        _uniform_chunks(None, recompute_layer_num=0)
+    assert exc.value.field == "recompute_layer_num"
+
+
 def test_in_flight_micro_batches_1f1b() -> None:
     from simumax.schedule.one_f_one_b import order
 

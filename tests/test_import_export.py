@@ -290,8 +290,9 @@ def test_megatron_defaults_for_flags_left_out() -> None:
     {"fsdp_impl": "deepspeed", "zero_state": 1}, {"fsdp_impl": "deepspeed", "zero_state": 3, "pp_size": 1},
     {"cpu_offloading": True, "cpu_offloading_num_layers": 4, "pp_size": 1}, {"enable_dropout": True},
     {"zero_state": 3, "pp_size": 1}, {"ddp_average_in_collective": True}, {"gradient_accumulation_fusion": False},
+    {"enable_recompute": True, "recompute_granularity": "full_block", "recompute_method": "uniform", "recompute_layer_num": 2},
 ], ids=["deepspeed-z1", "deepspeed-z3", "te-offload", "dropout", "megatron-fsdp-z3", "average-in-collective",
-        "no-wgrad-fusion"])
+        "no-wgrad-fusion", "uniform-recompute"])
 def test_new_options_round_trip_through_the_flags(upd) -> None:
     """DeepSpeed ZeRO (Megatron-DeepSpeed's flags), TE layer offload, dropout,
     Megatron-FSDP and averaging in the DP collective: export then import gives the same
@@ -345,3 +346,20 @@ def test_cross_entropy_fusion_implementations() -> None:
     assert t_te < t_native < t_plain
     b200 = [loss_time("b200_bf16_ceperm", cross_entropy_loss_fusion=True, cross_entropy_fusion_impl=i) for i in ("te", "native")]
     assert b200[0] == pytest.approx(b200[1])
+
+
+def test_uniform_recompute_of_one_layer_recomputes_every_layer() -> None:
+    """The common full-recompute line, --recompute-granularity full --recompute-method uniform
+    --recompute-num-layers 1, checkpoints every layer (it was read as block: one layer per
+    chunk); block with a count keeps its meaning."""
+    m0 = load_model("llama3.1-8b")
+    h100 = load_system("h100-sxm-80gb")
+    head = model_flags(m0) + megatron_flags(load_strategy("tp1_pp2_dp4_mbs1").with_updates({"seq_len": 8192}), m0)
+    every = Estimate(m0, load_strategy("tp1_pp2_dp4_mbs1").with_updates(
+        {"seq_len": 8192, "enable_recompute": True, "recompute_granularity": "full_block", "recompute_layer_num": None}), h100)
+    for method, same in (("uniform", True), ("block", False)):
+        tail = ["--recompute-granularity full", f"--recompute-method {method}", "--recompute-num-layers 1"]
+        m, s, _ = parse_megatron_args(head + tail, world_size=8)
+        est = Estimate(m, s, h100)
+        assert (est.memory().peak_mem == pytest.approx(every.memory().peak_mem, rel=1e-12)) is same
+        assert (est.cost().duration_time_per_iter == pytest.approx(every.cost().duration_time_per_iter, rel=1e-12)) is same

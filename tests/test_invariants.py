@@ -104,7 +104,8 @@ def pairs(draw):
         st.update(enable_recompute=True, recompute_granularity="selective_recompute", attn_recompute=True,
                   mlp_recompute=draw(hs.booleans()))
     elif rc == "full_block":
-        st.update(enable_recompute=True, recompute_granularity="full_block", recompute_layer_num=draw(hs.integers(1, 3)))
+        st.update(enable_recompute=True, recompute_granularity="full_block", recompute_layer_num=draw(hs.integers(1, 3)),
+                  recompute_method=draw(hs.sampled_from(("block", "uniform"))))
     model, strategy = ModelConfig(**fields), StrategyConfig(**st)
     system = SYSTEMS[draw(hs.sampled_from(sorted(SYSTEMS)))]
     try:

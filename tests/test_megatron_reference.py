@@ -1,8 +1,9 @@
 """simumax against Megatron-Core itself, layer by layer, on CPU.
 
 tests/reference/mcore_harness.py builds Megatron-Core's GPTModel with the local layer spec
-for each configuration of tests/reference/specs.py (37: GPT/Llama, MHA/GQA, SwiGLU/GeLU,
-RMSNorm/LayerNorm, TP 1/2 with and without SP, recompute none/selective/full, dropout,
+for each configuration of tests/reference/specs.py (39: GPT/Llama, MHA/GQA, SwiGLU/GeLU,
+RMSNorm/LayerNorm, TP 1/2 with and without SP, recompute none/selective/full (per layer or
+in uniform groups), dropout,
 MoE top-1/top-2 with EP 1/2 and TP 2), runs one micro-batch forward and backward under
 gloo and measures per transformer layer what autograd saves for backward, the forward
 matmul FLOPs and the parameters per rank. simumax predicts the same with
@@ -90,7 +91,11 @@ def test_layer_forward_flops_exact(measured, sid: str) -> None:
 def test_layer_saved_bytes(measured, sid: str) -> None:
     spec, ranks = SPECS[sid], measured[sid]
     pred = predict(spec)
-    last = spec["layers"] - 1
+    # the last checkpoint's (uniform recompute in groups of n layers: one per group, the
+    # harness counts them in order; no layer inside a group keeps anything)
+    last = -(-spec["layers"] // spec.get("recompute_group", 1)) - 1
+    for k in range(last + 1, spec["layers"]):
+        assert _mean(ranks, "layer_saved", k) == pred["layer_saved"][k] == 0, f"{sid}: checkpoint {k}"
     real = _mean(ranks, "layer_saved", last)
     expected = pred["layer_saved"][last] + cpu_adjustment(spec)
     residual = SELECTIVE_RESIDUAL if spec.get("recompute") == "selective" else 0

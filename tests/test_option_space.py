@@ -59,7 +59,8 @@ def jobs(draw):
                   fsdp_replicate_size=draw(hs.sampled_from((1, 2))), optimizer_cpu_offload=draw(hs.booleans()))
     extra = draw(hs.sampled_from(("none", "full", "selective", "megatron", "offload")))
     if extra == "full":
-        st.update(enable_recompute=True, recompute_granularity="full_block", recompute_layer_num=draw(hs.sampled_from((None, 1))))
+        st.update(enable_recompute=True, recompute_granularity="full_block", recompute_layer_num=draw(hs.sampled_from((None, 1, 2))),
+                  recompute_method=draw(hs.sampled_from(("block", "uniform"))))
     elif extra == "selective":
         st.update(enable_recompute=True, recompute_granularity=draw(hs.sampled_from(("selective_recompute", "attn_only", "mlp_only",
                                                                                       "sdp_only"))),

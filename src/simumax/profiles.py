@@ -48,7 +48,7 @@ LAYOUT_FIELDS = frozenset(
     {
         "world_size", "pp_size", "interleaving_size", "microbatch_group_size_per_vp_stage",
         "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "micro_batch_num",
-        "zero_state", "recompute_layer_num", "pp_schedule", "dp_net", "pp_net", "overlap_grad_reduce",
+        "zero_state", "recompute_layer_num", "recompute_method", "pp_schedule", "dp_net", "pp_net", "overlap_grad_reduce",
         "overlap_param_gather", "overlap_p2p_comm", "pp_comm_async", "ddp_bucket_size",
         "defer_embedding_wgrad_compute", "mem_factor", "account_for_embedding_in_pipeline_split",
         "account_for_loss_in_pipeline_split", "pipeline_model_parallel_layout",
@@ -208,8 +208,9 @@ class LayerProfiles:
         (``fwd_peak_at``, ``bwd_peak_at``; memory/chunk_walk.op_name_at names them), not by
         name: chunks of one shape share the result."""
         pre, runs, post = chunk.sections()
-        shape = (tuple((r.kind, len(r.layers)) for r in runs), len(pre))
-        return _by_ops(self._walks, shape, pre + post, lambda: shaped_walk(chunk, self._relabeler))
+        group = st.recompute_group_layers  # layers per checkpoint (a layout field: not in the family)
+        shape = (tuple((r.kind, len(r.layers)) for r in runs), len(pre), group)
+        return _by_ops(self._walks, shape, pre + post, lambda: shaped_walk(chunk, self._relabeler, group == 1))
 
     def _relabeler(self, run: StagePart) -> Relabeler:
         """The run's kind's ops, renamable to any layer index (one per kind)."""

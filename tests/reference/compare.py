@@ -33,6 +33,9 @@ def configs(spec: dict) -> tuple[ModelConfig, StrategyConfig]:
     }
     if rec == "selective":
         strategy.update(enable_recompute=True, recompute_granularity="selective_recompute", attn_recompute=True)
+    elif rec == "full" and spec.get("recompute_group", 1) > 1:  # Megatron's uniform groups of layers
+        strategy.update(enable_recompute=True, recompute_granularity="full_block", recompute_method="uniform",
+                        recompute_layer_num=spec["recompute_group"])
     elif rec == "full":
         strategy.update(enable_recompute=True, recompute_granularity="full_block", recompute_layer_num=spec["layers"])
     return ModelConfig.init_from_dict(model), StrategyConfig.init_from_dict(strategy)
@@ -84,6 +87,11 @@ def predict(spec: dict) -> dict:
                     fl += k.flops
         out["layer_fwd_flops"].append(fl)
         out["layer_params"].append(sum(o.params for o in mine))
+    n = spec.get("recompute_group", 1)
+    if n > 1:  # what each checkpoint keeps, by checkpoint (the harness counts them so): a group's input
+        layers = model.layer_num
+        out["layer_saved"] = [walk([o for o in ops if k * n <= o.layer < (k + 1) * n]).stored if k * n < layers else 0
+                              for k in range(layers)]
     out["params"] = sum(o.params for o in ops)
     out["total_saved"] = sum(walk(chunk.ops).stored for chunk in est.chunks)
     return out

@@ -107,7 +107,7 @@ def _config(spec: dict):
     if rec == "selective":
         kw.update(recompute_granularity="selective")
     elif rec == "full":
-        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=spec.get("recompute_group", 1))
     if spec.get("experts"):
         kw.update(num_moe_experts=spec["experts"], moe_router_topk=spec["topk"], moe_ffn_hidden_size=spec.get("moe_ffn") or spec["ffn"],
                   moe_token_dispatcher_type="alltoall", expert_model_parallel_size=spec.get("ep", 1),

@@ -30,6 +30,7 @@ def world1() -> list[dict]:
         _spec("moe_top1", dict(MOE, topk=1)),
         _spec("moe_selective", MOE, recompute="selective"),
         _spec("gpt_paper", PAPER),
+        _spec("llama_uniform2", LLAMA, layers=3, recompute="full", recompute_group=2),
     ]
     return out
 
@@ -47,5 +48,6 @@ def world2() -> list[dict]:
         _spec("moe_ep2_top1", dict(MOE, topk=1), world=2, ep=2),
         _spec("moe_tp2_sp", MOE, world=2, tp=2, sp=True),
         _spec("gpt_paper_tp2_sp_selective", PAPER, world=2, tp=2, sp=True, recompute="selective"),
+        _spec("gpt_tp2_sp_uniform3", GPT, world=2, tp=2, sp=True, layers=4, recompute="full", recompute_group=3),
     ]
     return out

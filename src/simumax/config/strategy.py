@@ -196,6 +196,12 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         None, ge=0, description="Layers per stage (counted from the first) that recompute; null means all. Absent with "
         "full_block / attn_only / mlp_only: 0, SimuMax's default (no layer).",
     )
+    recompute_method: Literal["block", "uniform"] = Field(
+        "block", description="full_block only (Megatron --recompute-method). block: the first recompute_layer_num layers "
+        "of each model chunk recompute, one checkpoint per layer (SimuMax's meaning). uniform: every layer recomputes, "
+        "checkpointed in groups of recompute_layer_num consecutive layers (null: 1): only each group's input is kept, "
+        "and backward re-runs a whole group before its last layer's backward.",
+    )
     attn_recompute: bool = Field(False, description="Selective: recompute core attention.")
     mla_rms_recompute: bool = Field(False, description="Selective: recompute MLA q/kv norms.")
     mlp_recompute: bool = Field(False, description="Selective: recompute the MLP activation function.")
@@ -334,6 +340,14 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     def lp_recipe(self) -> str:
         """The low-precision recipe in effect (graph/fp8.RECIPES)."""
         return (self.fp4_recipe or "nvfp4") if self.fp4_on else self.fp8_recipe
+
+    @property
+    def recompute_group_layers(self) -> int:
+        """Layers per checkpoint: ``recompute_layer_num`` under full_block's uniform method
+        (null: 1), else 1 (one checkpoint per recomputed layer)."""
+        if self.recompute_method == "uniform" and self.recompute_mode == "full_block":
+            return self.recompute_layer_num or 1
+        return 1
 
     @property
     def recompute_mode(self) -> str:

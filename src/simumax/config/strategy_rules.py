@@ -50,6 +50,13 @@ def check_rules(st: "StrategyConfig") -> None:
                           "(Megatron: --fine-grained-activation-offloading --offload-modules core_attn ...)")
     if st.cpu_offloading:
         _check_cpu_offloading(st)
+    if st.recompute_method == "uniform" and st.enable_recompute:
+        if st.megatron_recompute or st.recompute_granularity != "full_block":
+            raise ConfigError("recompute_method", "uniform groups whole layers: it needs recompute_granularity "
+                              "full_block (Megatron: --recompute-granularity full)")
+        if st.recompute_layer_num == 0:
+            raise ConfigError("recompute_layer_num", "must be >= 1 with recompute_method uniform (the layers per "
+                              "checkpointed group; Megatron: --recompute-num-layers)")
     if st.megatron_recompute and not st.megatron_recompute_modules:
         raise ConfigError("megatron_recompute_modules", "must name at least one module when megatron_recompute is true")
 

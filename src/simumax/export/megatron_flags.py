@@ -93,7 +93,9 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     if st.cross_entropy_loss_fusion:
         f += [switch_flag("s", "cross_entropy_loss_fusion"), _s("cross_entropy_fusion_impl", st.cross_entropy_fusion_impl)]
     mode = st.recompute_mode
-    if mode == "full_block":
+    if mode == "full_block" and st.recompute_method == "uniform":
+        f += ["--recompute-granularity full", "--recompute-method uniform", _s("recompute_layer_num", st.recompute_group_layers)]
+    elif mode == "full_block":
         f += ["--recompute-granularity full", "--recompute-method block"]
         n = st.recompute_layer_num
         f.append(_s("recompute_layer_num", n if n is not None else _max_chunk_layers(st, model)))

@@ -17,7 +17,7 @@ from simumax.graph.placement import virtual_stage_places
 from simumax.graph.mla import mla_attention_ops
 from simumax.graph.moe_layer import moe_mlp_ops
 from simumax.graph.mtp import mtp_ops
-from simumax.graph.recompute import is_recomputed, tag_recompute
+from simumax.graph.recompute import is_recomputed, tag_recompute, uniform_groups
 from simumax.graph.relabel import Relabeler
 from simumax.graph.offload import with_offload
 from simumax.graph.sharding import sharding_ops, with_sharding
@@ -254,7 +254,9 @@ def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSourc
             else:
                 runs.append((kind, [layer]))
         parts = [StagePart(list(src.pre_ops()) if k == 0 else [])]
-        parts += [StagePart(src.layer(src.kind_layer(ls[0], kind[0]), kind[0]), tuple(ls), partial(_layer_of, src, kind[0]), kind)
+        grouped = partial(_grouped_layer_of, src, first_layer, st.recompute_group_layers)
+        parts += [StagePart(src.layer(src.kind_layer(ls[0], kind[0]), kind[0]), tuple(ls),
+                            grouped if kind[0] and st.recompute_group_layers > 1 else partial(_layer_of, src, kind[0]), kind)
                   for kind, ls in runs]
         post: list[Op] = []
         if k == len(places) - 1:
@@ -274,6 +276,12 @@ def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSourc
 def _layer_of(src: OpSource, recomputed: bool, layer: int) -> list[Op]:
     """A layer's ops (StagePart.expand of a run of layers)."""
     return src.layer(layer, recomputed)
+
+
+def _grouped_layer_of(src: OpSource, chunk_first: int, n: int, layer: int) -> list[Op]:
+    """A layer's ops in its uniform recompute group of ``n`` layers from the chunk's first
+    (StagePart.expand under ``recompute_method`` uniform)."""
+    return uniform_groups(src.layer(layer, True), chunk_first + (layer - chunk_first) // n * n)
 
 
 def merge_chunks(chunks: list[Stage], pp: int) -> list[Stage]:

@@ -1,7 +1,9 @@
 """Which ops of a layer are checkpointed, from the strategy's recompute fields.
 
 Groups (module tags of graph.dense_layer):
-* full_block: the whole layer, for the first ``recompute_layer_num`` layers of each stage;
+* full_block: the whole layer, for the first ``recompute_layer_num`` layers of each chunk
+  (``recompute_method`` block); with the uniform method every layer, checkpointed in groups
+  of ``recompute_layer_num`` consecutive layers of the chunk (``uniform_groups``);
 * selective (SimuMax flags): attn_recompute -> core attention;
   mlp_recompute -> the MLP (FC1, activation, FC2; on MoE layers the routed experts' FC1,
   activation and FC2, not the dispatch); mlp_rms_recompute -> the pre-MLP norm;
@@ -65,7 +67,17 @@ def is_recomputed(st: StrategyConfig, position_in_chunk: int) -> bool:
     if mode == "none":
         return False
     limit = st.recompute_layer_num
-    return mode == "megatron" or limit is None or position_in_chunk < limit
+    uniform = mode == "full_block" and st.recompute_method == "uniform"  # every layer, in groups
+    return mode == "megatron" or uniform or limit is None or position_in_chunk < limit
+
+
+def uniform_groups(ops: list[Op], first: int) -> list[Op]:
+    """A recomputed layer's ops in the checkpoint of the group that starts at layer
+    ``first`` (Megatron's uniform method, ``transformer_block._checkpointed_forward``: one
+    ``checkpoint`` over layers [first, first + n)): the walk then keeps only what enters the
+    group and brings all of its layers' tensors back before its last layer's backward."""
+    gid = f"L{first}.block"
+    return [o.with_(recompute_group=gid) if o.recompute_group and o.recompute_group != gid else o for o in ops]
 
 
 def tag_recompute(st: StrategyConfig, layer_ops: list[Op]) -> list[Op]:

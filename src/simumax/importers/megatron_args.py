@@ -117,8 +117,9 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             elif value != "1":
                 notes.append(f"--moe-layer-freq {value}: simumax takes dense layers first (dense_layers); set it by hand")
         elif flag == "--recompute-method" and value is not None:
-            if value != "block":
-                notes.append(f"--recompute-method {value}: modelled as block (the first --recompute-num-layers of each chunk)")
+            if value not in ("block", "uniform"):
+                raise ConfigError(flag, f"expected block or uniform, got {value!r}")
+            extra["method"] = value
         elif flag.startswith("--") and flag not in IGNORED_VALUED:
             notes.append(f"ignored {flag}")
         i += step
@@ -154,7 +155,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     if gran == "full":
         # Megatron's --recompute-num-layers defaults to 1, which with the uniform method
         # (or no count) recomputes every layer
-        s.update(enable_recompute=True, recompute_granularity="full_block")
+        s.update(enable_recompute=True, recompute_granularity="full_block", recompute_method=extra.get("method", "block"))
         s.setdefault("recompute_layer_num", None)
     elif gran == "selective":
         mods = extra.get("modules", "core_attn").split()

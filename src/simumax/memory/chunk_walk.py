@@ -27,13 +27,15 @@ BASE = 2  # layers a shortened run keeps in the base walk
 REL_TOL = 1e-12  # steps "exactly D": within this share of the peak
 
 
-def shaped_walk(chunk: Stage, relabeler: Callable[[StagePart], Relabeler]) -> WalkResult:
+def shaped_walk(chunk: Stage, relabeler: Callable[[StagePart], Relabeler], extrapolate: bool = True) -> WalkResult:
     """The chunk's walk, its peak ops by position in the chunk's op order (names left
-    empty: ``op_name_at``); ``relabeler(run)`` renames the run's ops to another layer index."""
+    empty: ``op_name_at``); ``relabeler(run)`` renames the run's ops to another layer index.
+    ``extrapolate`` False walks every layer (checkpoints spanning several layers, whose
+    group names a renamed layer would not carry)."""
     pre, runs, post = chunk.sections()
     counts = [len(r.layers) for r in runs]
     long = [i for i, c in enumerate(counts) if c >= MIN_RUN]
-    if long and not any(o.layer >= 0 for o in post):
+    if extrapolate and long and not any(o.layer >= 0 for o in post):
         got = _extrapolated(chunk, pre, runs, post, counts, long, relabeler)
         if got is not None:
             return got

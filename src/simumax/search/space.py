@@ -25,7 +25,7 @@ from simumax.errors import ConfigError
 
 NO_RECOMPUTE = {
     "megatron_recompute": False, "megatron_recompute_modules": [], "attn_recompute": False, "mlp_recompute": False,
-    "mlp_rms_recompute": False, "mla_rms_recompute": False, "recompute_layer_num": None,
+    "mlp_rms_recompute": False, "mla_rms_recompute": False, "recompute_layer_num": None, "recompute_method": "block",
 }
 # name -> strategy fields (SimuMax's selective flags); "selective" is Megatron's default
 # (core attention only); full_block's layer count is searched by the evaluator
