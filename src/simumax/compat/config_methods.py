@@ -65,6 +65,8 @@ class SimuMaxStrategyMethods(SimuMaxConfigMethods):
         """none, full_block (n layers), selective (the recomputed parts) or megatron modules."""
         s: Any = self
         mode = s.recompute_mode
+        if mode == "full_block" and s.recompute_method == "uniform":
+            return f"full_block (all layers, uniform groups of {s.recompute_group_layers})"
         if mode == "full_block":
             n = s.recompute_layer_num
             return f"full_block ({'all' if n is None else n} layers)"
