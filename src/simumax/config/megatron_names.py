@@ -58,6 +58,7 @@ VALUED: dict[str, tuple[str, str, type]] = {
     "--moe-router-topk-scaling-factor": ("m", "moe_router_topk_scaling_factor", float),
     "--moe-router-load-balancing-type": ("m", "moe_router_load_balancing_type", str),
     "--moe-z-loss-coeff": ("m", "moe_z_loss_coeff", float),
+    "--ddp-bucket-size": ("s", "ddp_bucket_size", int),
 }
 # flag -> (target, field, the value the flag sets)
 SWITCHES: dict[str, tuple[str, str, Any]] = {
@@ -95,6 +96,8 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--delay-wgrad-compute": ("s", "delay_wgrad_compute", True),
     "--defer-embedding-wgrad-compute": ("s", "defer_embedding_wgrad_compute", True),
     "--accumulate-allreduce-grads-in-fp32": ("s", "use_fp32_accum_grad", True),
+    "--grad-reduce-in-bf16": ("s", "grad_reduce_in_bf16", True),
+    "--overlap-p2p-communication": ("s", "overlap_p2p_comm", True),
 }
 
 _FLAG_OF = {(target, field): flag for flag, (target, field, _) in VALUED.items()}

@@ -73,6 +73,10 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {'optim_grads' if st.zero_state == 2 else 'optim_grads_params'}"]
     if st.use_fp32_accum_grad and not st.grad_reduce_in_bf16 and not ds:
         f.append(switch_flag("s", "use_fp32_accum_grad"))
+    if st.grad_reduce_in_bf16 and not ds:
+        f.append(switch_flag("s", "grad_reduce_in_bf16"))
+    if st.ddp_bucket_size is not None and not ds:
+        f.append(_s("ddp_bucket_size", st.ddp_bucket_size))
     if st.ddp_average_in_collective and not ds:
         f.append(switch_flag("s", "ddp_average_in_collective"))
     if not st.gradient_accumulation_fusion:
@@ -119,8 +123,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     return f
 
 
-OVERLAP_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_moe_expert_parallel_comm",
-                  "delay_wgrad_compute", "defer_embedding_wgrad_compute")
+OVERLAP_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_p2p_comm",
+                  "overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "defer_embedding_wgrad_compute")
 
 
 def _max_chunk_layers(st: StrategyConfig, model: ModelConfig | None) -> int:
