@@ -187,3 +187,68 @@ def test_simumax_6nd_flops_leave_out_the_input_embedding() -> None:
     params = 8_030_261_248 - 128256 * 4096
     assert per_token == pytest.approx(6 * params + 6 * 32 * 4096 * 32 * 256)
     assert round(per_token / 1e9, 1) == 51.5
+
+
+@pytest.mark.parametrize("upd, per_param", [
+    ({}, 4 + 4 + 4),
+    ({"use_precision_aware_optimizer": True}, 2 + 4 + 4),  # the master's remainder bits only
+    ({"use_precision_aware_optimizer": True, "store_param_remainders": False}, 4 + 4 + 4),
+    ({"use_precision_aware_optimizer": True, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}, 2 + 2 + 2),
+    ({"use_precision_aware_optimizer": True, "main_params_dtype": "fp16", "exp_avg_dtype": "fp8", "exp_avg_sq_dtype": "bf16"}, 2 + 1 + 2),
+    # a current-scaling fp8 recipe with fp32 masters: Megatron keeps the masters (fp32), TE the moments
+    ({"use_precision_aware_optimizer": True, "fp8": True, "fp8_recipe": "tensorwise", "exp_avg_dtype": "bf16"}, 4 + 2 + 4),
+    ({"use_precision_aware_optimizer": True, "fp8": True, "fp8_recipe": "delayed"}, 2 + 4 + 4),
+])
+def test_precision_aware_optimizer_states(upd: dict, per_param: int) -> None:
+    """Megatron's --use-precision-aware-optimizer (megatron-core optimizer_config.py,
+    distrib_optimizer.py): TransformerEngine's FusedAdam holds the master in
+    --main-params-dtype, or as the int16 remainder a bf16 parameter lacks of its fp32 master
+    (store_param_remainders, the default), and the moments in --exp-avg(-sq)-dtype; the
+    distributed optimizer shards them over DP."""
+    from simumax.config.loader import load_strategy
+    from simumax.memory.model_states import shard_params
+
+    m = load_model("llama3.1-8b").with_updates({"layer_num": 4})
+    st = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"seq_len": 2048, **upd})
+    est = Estimate(m, st, load_system("h100-sxm-80gb"))
+    for stage, states in zip(est.stages, est.memory().stages):
+        assert states.optimizer == per_param * shard_params(st, stage)
+
+
+def test_precision_aware_optimizer_step_bytes() -> None:
+    """The step's passes by hand (bytes; P the rank's parameters, S its optimizer shard):
+    Megatron's own Adam with fp32 main grads — scale the DDP buffer 2·4P, finiteness check
+    4P, norm 4S | clip 8S, Adam (4 + 2·12)S, master -> bf16 parameter 6S, zero the grads 4P.
+    TE's FusedAdam on bf16 main grads with remainder masters — scale 2·2P, check 2P, norm 2S
+    (the decoupled bf16 grads, no fp32 copy) | clip 4S, Adam (2 + 2·10 + 2·2)S (the bf16
+    parameter read to rebuild the master and written in the kernel: no copy pass), zero 2P."""
+    from simumax.config.loader import load_strategy
+    from simumax.dp.optimizer_step import step_passes
+    from simumax.memory.model_states import shard_params
+
+    m = load_model("llama3.1-8b").with_updates({"layer_num": 4})
+    sy = load_system("h100-sxm-80gb")
+    for upd, before, after in (
+        ({}, lambda P, S: 8 * P + 4 * P + 4 * S, lambda P, S: 8 * S + 28 * S + 6 * S + 4 * P),
+        ({"use_precision_aware_optimizer": True, "grad_reduce_in_bf16": True},
+         lambda P, S: 4 * P + 2 * P + 2 * S, lambda P, S: 4 * S + 26 * S + 2 * P),
+    ):
+        st = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"seq_len": 2048, **upd})
+        est = Estimate(m, st, sy)
+        stage = est.stages[0]
+        P, S = stage.params, shard_params(st, stage)
+        got = step_passes(st, sy, stage, lambda k: k.bytes)
+        assert got == pytest.approx((before(P, S), after(P, S)), rel=1e-12)
+
+
+def test_precision_aware_optimizer_rules() -> None:
+    from simumax.config.loader import load_strategy
+    from simumax.errors import ConfigError
+
+    base = load_strategy("tp1_pp2_dp4_mbs1")
+    for upd, field in (({"exp_avg_dtype": "bf16"}, "exp_avg_dtype"), ({"main_params_dtype": "fp16"}, "main_params_dtype"),
+                       ({"use_precision_aware_optimizer": True, "zero_state": 0}, "use_precision_aware_optimizer"),
+                       ({"use_precision_aware_optimizer": True, "fsdp_impl": "deepspeed"}, "use_precision_aware_optimizer")):
+        with pytest.raises(ConfigError) as exc:
+            base.with_updates(upd)
+        assert exc.value.field == field

@@ -59,6 +59,9 @@ VALUED: dict[str, tuple[str, str, type]] = {
     "--moe-router-load-balancing-type": ("m", "moe_router_load_balancing_type", str),
     "--moe-z-loss-coeff": ("m", "moe_z_loss_coeff", float),
     "--ddp-bucket-size": ("s", "ddp_bucket_size", int),
+    "--main-params-dtype": ("s", "main_params_dtype", str),
+    "--exp-avg-dtype": ("s", "exp_avg_dtype", str),
+    "--exp-avg-sq-dtype": ("s", "exp_avg_sq_dtype", str),
 }
 # flag -> (target, field, the value the flag sets)
 SWITCHES: dict[str, tuple[str, str, Any]] = {
@@ -98,6 +101,8 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--accumulate-allreduce-grads-in-fp32": ("s", "use_fp32_accum_grad", True),
     "--grad-reduce-in-bf16": ("s", "grad_reduce_in_bf16", True),
     "--overlap-p2p-communication": ("s", "overlap_p2p_comm", True),
+    "--use-precision-aware-optimizer": ("s", "use_precision_aware_optimizer", True),
+    "--no-store-param-remainders": ("s", "store_param_remainders", False),
 }
 
 _FLAG_OF = {(target, field): flag for flag, (target, field, _) in VALUED.items()}

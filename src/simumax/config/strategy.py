@@ -16,6 +16,7 @@ MEGATRON_RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe_act", "moe",
 # Megatron --offload-modules (fine-grained activation offloading; graph/offload.py maps them to ops)
 ACTIVATION_OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
 # attn_only / mlp_only / sdp_only: SimuMax's sub-block granularities (graph/recompute.py)
+OptimizerStateDtype = Literal["fp32", "fp16", "bf16", "fp8"]  # Megatron's --exp-avg(-sq)-dtype choices
 RecomputeGranularity = Literal["full_block", "selective_recompute", "attn_only", "mlp_only", "sdp_only"]
 PipelineSchedule = Literal["1f1b", "interleaved", "zb", "dualpipev"]
 FsdpImpl = Literal["megatron_fsdp", "torch_fsdp2", "deepspeed"]
@@ -123,6 +124,21 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     )
     optimizer_offload_fraction: float = Field(
         1.0, gt=0, le=1, description="Megatron --optimizer-offload-fraction: share of the optimizer offloaded."
+    )
+    use_precision_aware_optimizer: bool = Field(
+        False, description="Megatron --use-precision-aware-optimizer (distributed optimizer): TransformerEngine's "
+        "FusedAdam keeps the master parameters and Adam moments in the dtypes below, reads the main gradients as they "
+        "are and writes the model parameters inside its kernel.",
+    )
+    main_params_dtype: Literal["fp32", "fp16"] = Field(
+        "fp32", description="Master parameters (Megatron --main-params-dtype; precision-aware optimizer only).")
+    exp_avg_dtype: OptimizerStateDtype = Field(
+        "fp32", description="Adam's first moment (Megatron --exp-avg-dtype; precision-aware optimizer only).")
+    exp_avg_sq_dtype: OptimizerStateDtype = Field(
+        "fp32", description="Adam's second moment (Megatron --exp-avg-sq-dtype; precision-aware optimizer only).")
+    store_param_remainders: bool = Field(
+        True, description="Precision-aware optimizer, bf16 training, fp32 master: the master keeps only the 16 bits "
+        "the bf16 parameter lacks (Megatron's default, TransformerEngine >= 2.1; --no-store-param-remainders).",
     )
     fsdp_impl: FsdpImpl = Field(
         "megatron_fsdp", description="The sharded data-parallel implementation. megatron_fsdp (zero_state 2/3): bf16 "

@@ -50,6 +50,7 @@ def check_rules(st: "StrategyConfig") -> None:
                           "(Megatron: --fine-grained-activation-offloading --offload-modules core_attn ...)")
     if st.cpu_offloading:
         _check_cpu_offloading(st)
+    _check_optimizer_dtypes(st)
     if st.recompute_method == "uniform" and st.enable_recompute:
         if st.megatron_recompute or st.recompute_granularity != "full_block":
             raise ConfigError("recompute_method", "uniform groups whole layers: it needs recompute_granularity "
@@ -59,6 +60,20 @@ def check_rules(st: "StrategyConfig") -> None:
                               "checkpointed group; Megatron: --recompute-num-layers)")
     if st.megatron_recompute and not st.megatron_recompute_modules:
         raise ConfigError("megatron_recompute_modules", "must name at least one module when megatron_recompute is true")
+
+
+def _check_optimizer_dtypes(st: "StrategyConfig") -> None:
+    """Megatron's OptimizerConfig: lower-precision optimizer state needs its precision-aware
+    optimizer (TransformerEngine's FusedAdam), which needs the distributed optimizer."""
+    if not st.use_precision_aware_optimizer:
+        for field in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+            if getattr(st, field) != "fp32":
+                raise ConfigError(field, "other than fp32 needs use_precision_aware_optimizer (Megatron)")
+        return
+    if st.zero_state < 1:
+        raise ConfigError("use_precision_aware_optimizer", "needs the distributed optimizer (zero_state >= 1), as Megatron")
+    if st.fsdp_impl in ("torch_fsdp2", "deepspeed") and (st.zero_state >= 2 or st.fsdp_impl == "deepspeed"):
+        raise ConfigError("use_precision_aware_optimizer", f"is Megatron's optimizer option; {st.fsdp_impl} steps its own")
 
 
 def _check_sharding(st: "StrategyConfig") -> None:

@@ -10,7 +10,14 @@ from simumax.config.system import SystemConfig
 from simumax.graph import fp8
 from simumax.graph.kernels import MemBound
 from simumax.graph.ops import Stage
-from simumax.memory.model_states import device_optimizer_share, fp8_weight_params, optimizer_bytes_per_param, shard_params
+from simumax.memory.model_states import (
+    device_optimizer_share,
+    fp8_weight_params,
+    keeps_param_remainders,
+    optimizer_bytes_per_param,
+    shard_params,
+    te_fused_adam_masters,
+)
 
 
 def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Callable[[MemBound], float]) -> tuple[float, float]:
@@ -25,26 +32,38 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
     check_for_nan_in_grad runs it per bucket before the reduce), grad norm (4).
     After: clip scale (8), Adam (read grad, master, m, v; write master, m, v:
     4 + 2*12), master -> bf16 param (4 + 2), and zeroing the full main-grad buffer (g);
-    then the host's share when the optimizer is offloaded."""
+    then the host's share when the optimizer is offloaded.
+
+    With TransformerEngine's FusedAdam holding the masters (precision-aware optimizer,
+    ``te_fused_adam_masters``) the step reads the main grads as they are (``decoupled_grad``:
+    no fp32 copy; norm and clip over g bytes) and writes the model parameter in the Adam
+    kernel (no copy pass), reading it too where the master keeps only its remainder bits."""
     g = st.main_grad_bytes
     states = optimizer_bytes_per_param(st)
+    te_adam = te_fused_adam_masters(st)
     full_shard = shard_params(st, stage)
     shard = full_shard * device_optimizer_share(st)  # what the GPU steps itself
     before = [MemBound("ddp.scale_grads", scaled * 2 * g)] if (scaled := prescaled_params(st, stage)) else []
-    if g != 4:
+    if g != 4 and not te_adam:
         before.append(MemBound("optimizer.copy_grads", shard * (g + 4)))
     if st.dtype == "fp16":
         # the loss scaler's unscale and inf check over the fp32 main grads the step reads
         # (optimizer.py, _unscale_main_grads_and_check_for_nan: _amp_foreach_non_finite_check_and_unscale_)
         before.append(MemBound("optimizer.unscale", shard * 8))
+    step_grad = g if te_adam else 4  # the gradient the norm, clip and Adam read
     before += [
         MemBound("optimizer.check_finite", stage.params * g),
-        MemBound("optimizer.grad_norm", shard * 4),
+        MemBound("optimizer.grad_norm", shard * step_grad),
     ]
+    if te_adam:
+        param_io = st.dtype_bytes * (2 if keeps_param_remainders(st) else 1)  # written; read too to rebuild the master
+        stepped = [MemBound("optimizer.adam", shard * (step_grad + 2 * states + param_io))]
+    else:
+        stepped = [MemBound("optimizer.adam", shard * (4 + 2 * states)),
+                   MemBound("optimizer.copy_params", shard * (4 + st.dtype_bytes))]
     after = [
-        MemBound("optimizer.clip", shard * 8),
-        MemBound("optimizer.adam", shard * (4 + 2 * states)),
-        MemBound("optimizer.copy_params", shard * (4 + st.dtype_bytes)),
+        MemBound("optimizer.clip", shard * 2 * step_grad),
+        *stepped,
         MemBound("optimizer.zero_grad", stage.params * g),
     ]
     if st.low_precision and st.fp8_weight_caching:

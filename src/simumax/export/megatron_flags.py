@@ -75,6 +75,11 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f.append(switch_flag("s", "use_fp32_accum_grad"))
     if st.grad_reduce_in_bf16 and not ds:
         f.append(switch_flag("s", "grad_reduce_in_bf16"))
+    if st.use_precision_aware_optimizer:
+        f.append(switch_flag("s", "use_precision_aware_optimizer"))
+        f += [_s(field, getattr(st, field)) for field in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")]
+        if not st.store_param_remainders:
+            f.append(switch_flag("s", "store_param_remainders", False))
     if st.ddp_bucket_size is not None and not ds:
         f.append(_s("ddp_bucket_size", st.ddp_bucket_size))
     if st.ddp_average_in_collective and not ds:

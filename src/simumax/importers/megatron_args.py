@@ -116,6 +116,10 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
                 m["dense_layers"] = lead  # dense layers first, as simumax models them
             elif value != "1":
                 notes.append(f"--moe-layer-freq {value}: simumax takes dense layers first (dense_layers); set it by hand")
+        elif flag == "--main-grads-dtype" and value is not None:  # the precision-aware optimizer's main grads
+            if value not in ("fp32", "bf16"):
+                raise ConfigError(flag, f"expected fp32 or bf16, got {value!r}")
+            s["grad_reduce_in_bf16"] = value == "bf16"
         elif flag == "--recompute-method" and value is not None:
             if value not in ("block", "uniform"):
                 raise ConfigError(flag, f"expected block or uniform, got {value!r}")

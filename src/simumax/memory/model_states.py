@@ -33,10 +33,41 @@ class ModelStates:
         return self.weights + self.grads + self.optimizer + self.te_buffers
 
 
+STATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}  # per element (fp8 moments' per-tensor scale left out)
+
+
+def te_fused_adam_masters(st: StrategyConfig) -> bool:
+    """TransformerEngine's FusedAdam holds the master parameters and steps on the main
+    grads as they are (megatron-core optimizer_config.py,
+    ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``): the precision-aware optimizer,
+    unless a low-precision recipe other than delayed scaling with fp32 masters leaves them
+    to Megatron (which then copies as without it)."""
+    if not st.use_precision_aware_optimizer:
+        return False
+    megatron_masters = st.low_precision and st.lp_recipe != "delayed" and st.main_params_dtype == "fp32"
+    return not megatron_masters or st.optimizer_cpu_offload
+
+
+def keeps_param_remainders(st: StrategyConfig) -> bool:
+    """TE's FusedAdam keeps of each fp32 master only the 16 bits its bf16 parameter lacks
+    (``store_param_remainders``: an int16 state, distrib_optimizer.py), rebuilding the
+    master from both in the step."""
+    return te_fused_adam_masters(st) and st.store_param_remainders and st.dtype == "bf16" and st.main_params_dtype == "fp32"
+
+
+def master_bytes_per_param(st: StrategyConfig) -> int:
+    """The master copy: none when training in fp32; fp32 without the precision-aware
+    optimizer; with it, TE's master dtype, or the remainder bits (2 B)."""
+    if st.dtype == "fp32":
+        return 0
+    if not te_fused_adam_masters(st):
+        return FP32
+    return 2 if keeps_param_remainders(st) else STATE_BYTES[st.main_params_dtype]
+
+
 def optimizer_bytes_per_param(st: StrategyConfig) -> int:
-    """fp32 master copy (unless training in fp32) + Adam moments."""
-    master = 0 if st.dtype == "fp32" else FP32
-    return master + ADAM_STATE_BYTES
+    """Master copy + Adam moments (fp32 unless the precision-aware optimizer says otherwise)."""
+    return master_bytes_per_param(st) + STATE_BYTES[st.exp_avg_dtype] + STATE_BYTES[st.exp_avg_sq_dtype]
 
 
 def shard_params(st: StrategyConfig, stage: Stage) -> float:
