@@ -93,8 +93,11 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
             raise ConfigError("etp_size", f"expert hidden size ({model.moe_ffn}) must be divisible by etp ({st.etp_size})")
         if tp > 1 and not st.enable_sequence_parallel:
             raise ConfigError("enable_sequence_parallel", "Megatron requires sequence parallelism for MoE with tp > 1")
-    elif st.ep_size > 1:
-        raise ConfigError("ep_size", "expert parallelism needs a MoE model")
+    elif st.ep_size > 1 and system.first_warning(f"ep_on_dense:{model.model_name}"):
+        # SimuMax estimates such files (its strategies ship with EP sizes and its dense models
+        # run under them); nothing of a dense model is split over EP (Megatron would refuse it)
+        log.warning("ep_size=%d has no effect on the dense model %s (no expert layers); estimated as it is",
+                    st.ep_size, model.model_name)
     windowed = model.window_size is not None and model.window_size < st.seq_len  # a window past the sequence is full attention
     if windowed and st.cp_size > 1:
         raise ConfigError("cp_size", "sliding-window attention (window_size) with context parallelism is not modelled")
