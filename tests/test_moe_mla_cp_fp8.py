@@ -139,3 +139,38 @@ def test_fp8_uses_fp8_tables_and_quantizes() -> None:
     assert any("quantize" in getattr(k, "name", "") for k in _kernels(fp8))
     assert fp8.memory().stages[0].fwd_activation_cache_per_micro_batch < bf16.memory().stages[0].fwd_activation_cache_per_micro_batch
     assert fp8.memory().stages[0].te_buffers > bf16.memory().stages[0].te_buffers  # fp8 weight copies
+
+
+def test_fp8_parameters_by_hand() -> None:
+    """Megatron --fp8-param-gather (TE fp8_model_init): an fp8 linear's weight is its
+    row-wise fp8 data (1 B) and TE keeps only the other layout beside it (1 B): 2 B per
+    parameter where a bf16 weight and its two fp8 copies held 4. The step writes the fp8
+    parameters from the fp32 master (4 + 1 B, and a 4 B amax read under current scaling)
+    and makes the other layout from the gathered data (read 1, write 1) instead of casting
+    bf16 weights (read 2, write 2); the distributed optimizer gathers them in fp8 (the
+    chunk's dense parameters at their mean stored bytes)."""
+    from simumax.config.loader import load_strategy
+    from simumax.dp.optimizer_step import step_passes
+    from simumax.memory.model_states import fp8_weight_params, shard_params
+
+    m = load_model("llama3.1-8b").with_updates({"layer_num": 4})
+    sy = load_system("h100-sxm-80gb")
+    for recipe, amax in (("delayed", 0), ("tensorwise", 4)):
+        st0 = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"seq_len": 2048, "fp8": True, "fp8_recipe": recipe})
+        plain, fp8p = Estimate(m, st0, sy), Estimate(m, st0.with_updates({"fp8_param_gather": True}), sy)
+        for s0, s1, stage in zip(plain.memory().stages, fp8p.memory().stages, fp8p.stages):
+            F = fp8_weight_params(stage)
+            assert s0.weights - s1.weights == F and s0.te_buffers - s1.te_buffers == F
+            P, S = stage.params, shard_params(fp8p.strategy, stage)
+            after0 = step_passes(plain.strategy, sy, stage, lambda k: k.bytes)[1]
+            after1 = step_passes(fp8p.strategy, sy, stage, lambda k: k.bytes)[1]
+            cast = F * ((2 if amax else 1) * 2 + 2)  # bf16 weights read (twice: amax pass), both layouts written
+            assert after0 - after1 == pytest.approx(S * F / P * (2 - 1 - amax) + cast - 2 * F, rel=1e-12)
+        for chunk in fp8p.chunks:  # one bucket per chunk here (no overlap_grad_reduce)
+            (b0,), (b1,) = plain.grad_buckets(chunk), fp8p.grad_buckets(chunk)
+            mean_bytes = (2 * chunk.params - fp8_weight_params(chunk)) / chunk.params
+            assert b1.gather / b0.gather == pytest.approx(mean_bytes / 2, rel=0.02)  # (less the latency term)
+            assert b1.reduce == b0.reduce
+    with pytest.raises(ConfigError) as exc:
+        load_strategy("tp1_pp2_dp4_mbs1").with_updates({"fp8_param_gather": True})
+    assert exc.value.field == "fp8_param_gather"

@@ -57,6 +57,8 @@ def jobs(draw):
     if st["zero_state"] and draw(hs.booleans()):
         st.update(fsdp_impl=draw(hs.sampled_from(("megatron_fsdp", "torch_fsdp2", "deepspeed"))),
                   fsdp_replicate_size=draw(hs.sampled_from((1, 2))), optimizer_cpu_offload=draw(hs.booleans()))
+    if low == "fp8" and st["zero_state"] == 1 and st.get("fsdp_impl") != "deepspeed":
+        st.update(fp8_param_gather=draw(hs.booleans()))
     if st["zero_state"] and st.get("fsdp_impl", "megatron_fsdp") == "megatron_fsdp" and draw(hs.booleans()):
         dtypes = hs.sampled_from(("fp32", "fp16", "bf16", "fp8"))
         st.update(use_precision_aware_optimizer=True, exp_avg_dtype=draw(dtypes), exp_avg_sq_dtype=draw(dtypes),

@@ -103,6 +103,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--overlap-p2p-communication": ("s", "overlap_p2p_comm", True),
     "--use-precision-aware-optimizer": ("s", "use_precision_aware_optimizer", True),
     "--no-store-param-remainders": ("s", "store_param_remainders", False),
+    "--fp8-param-gather": ("s", "fp8_param_gather", True),
 }
 
 _FLAG_OF = {(target, field): flag for flag, (target, field, _) in VALUED.items()}

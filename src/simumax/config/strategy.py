@@ -51,6 +51,11 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
         description="FP8: TE casts each weight once per iteration and reuses it across micro-batches (Megatron passes "
         "is_first_microbatch); false: the weights are cast in every micro-batch's forward.",
     )
+    fp8_param_gather: bool = Field(
+        False, description="Megatron --fp8-param-gather (TE fp8_model_init): the fp8 linears keep their weights in fp8 "
+        "only (no bf16 copy); after the step the distributed optimizer casts its fp32 master shard to fp8 and "
+        "all-gathers fp8; the other layout is made from it in the first micro-batch.",
+    )
     fp4: bool = Field(
         False, description="FP4 GEMMs in TransformerEngine linears (Megatron --fp4; Blackwell), with the fp4_recipe's "
         "quantize kernels and scales; instead of fp8, not with it.",

@@ -51,6 +51,12 @@ def check_rules(st: "StrategyConfig") -> None:
     if st.cpu_offloading:
         _check_cpu_offloading(st)
     _check_optimizer_dtypes(st)
+    if st.fp8_param_gather:
+        if not st.fp8_on or st.fp4_on:
+            raise ConfigError("fp8_param_gather", "needs fp8 (the weights are stored in the fp8 recipe's format)")
+        if st.zero_state != 1 or st.fsdp_impl == "deepspeed":
+            raise ConfigError("fp8_param_gather", "is modelled with Megatron's distributed optimizer (zero_state 1); "
+                              "Megatron also needs it (or an FSDP), and with Megatron-FSDP it is not modelled")
     if st.recompute_method == "uniform" and st.enable_recompute:
         if st.megatron_recompute or st.recompute_granularity != "full_block":
             raise ConfigError("recompute_method", "uniform groups whole layers: it needs recompute_granularity "

@@ -137,8 +137,11 @@ def fill(order: ParamOrder, size: int | None) -> list[tuple[int, int, int]]:
 
 
 def grad_buckets(st: StrategyConfig, network: NetworkModel, order: ParamOrder, group: str,
-                 size: int | None) -> list[GradBucket]:
-    """The buckets of ``order``'s gradients reduced over ``group``, in the order they fill."""
+                 size: int | None, param_bytes: float | None = None) -> list[GradBucket]:
+    """The buckets of ``order``'s gradients reduced over ``group``, in the order they fill;
+    ZeRO-1 gathers ``param_bytes`` per parameter (default the training dtype's; with
+    ``fp8_param_gather`` the chunk's mean over its fp8 and other parameters)."""
+    gathered = st.dtype_bytes if param_bytes is None else param_bytes
     if network.groups[group].size <= 1 or order.total <= 0:
         return []
     plan = ShardingPlan.of(st)
@@ -162,7 +165,7 @@ def grad_buckets(st: StrategyConfig, network: NetworkModel, order: ParamOrder, g
             return across_replicas(elems), gather
         if st.zero_state >= 1:
             return (network.time(Collective("reduce_scatter", elems * st.main_grad_bytes, shard)) + across_replicas(elems),
-                    network.time(Collective("all_gather", elems * st.dtype_bytes, shard)))
+                    network.time(Collective("all_gather", elems * gathered, shard)))
         return network.time(Collective("all_reduce", elems * st.main_grad_bytes, group)), 0.0
 
     cost: dict[int, tuple[float, float]] = {}  # most buckets are full: one size, costed once

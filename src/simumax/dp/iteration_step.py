@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from simumax.dp.buckets import GradBucket, ParamOrder, bucket_key, bucket_size, grad_buckets
 from simumax.dp.optimizer_step import step_passes
+from simumax.memory.model_states import fp8_weight_params, stored_param_bytes
 from simumax.graph.kernels import Collective
 from simumax.graph.ops import Stage
 
@@ -65,18 +66,24 @@ class DataParallelStep:
             experts = chunk.expert_params
             dense = ParamOrder(head, chunk.params - experts - head - embedding, embedding)
             expert = ParamOrder(0, experts, 0)
+            st = self.strategy
+            dense_bytes = expert_bytes = float(st.dtype_bytes)
+            if st.fp8_param_gather:  # the fp8 linears' parameters are gathered in fp8: the chunk's mean
+                dense_bytes = stored_param_bytes(st, dense.total, fp8_weight_params(chunk, experts=False)) / max(dense.total, 1)
+                expert_bytes = stored_param_bytes(st, experts, fp8_weight_params(chunk, experts=True)) / max(experts, 1)
             got = self._bucket_cache[chunk.vstage] = (
-                (dense, expert), self._buckets(chunk, dense, "dp") + self._buckets(chunk, expert, "edp"))
+                (dense, expert),
+                self._buckets(chunk, dense, "dp", dense_bytes) + self._buckets(chunk, expert, "edp", expert_bytes))
         return got
 
-    def _buckets(self, chunk: Stage, order: ParamOrder, group: str) -> list[GradBucket]:
+    def _buckets(self, chunk: Stage, order: ParamOrder, group: str, param_bytes: float) -> list[GradBucket]:
         # shared through the profile cache: a search asks the same chunk sizes of the same
         # groups for many layouts
         size = bucket_size(self.strategy, self.network, group, chunk.index, chunk.chunk)
-        key = bucket_key(self.strategy, self.network, order, group, size)
+        key = (*bucket_key(self.strategy, self.network, order, group, size), param_bytes)
         hit = self.profiles.grad_buckets.get(key)
         if hit is None:
-            hit = self.profiles.grad_buckets[key] = grad_buckets(self.strategy, self.network, order, group, size)
+            hit = self.profiles.grad_buckets[key] = grad_buckets(self.strategy, self.network, order, group, size, param_bytes)
         return hit
 
     def dp_comm_time(self, stage: Stage) -> float:

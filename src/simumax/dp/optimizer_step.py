@@ -16,6 +16,7 @@ from simumax.memory.model_states import (
     keeps_param_remainders,
     optimizer_bytes_per_param,
     shard_params,
+    stored_param_bytes,
     te_fused_adam_masters,
 )
 
@@ -37,7 +38,11 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
     With TransformerEngine's FusedAdam holding the masters (precision-aware optimizer,
     ``te_fused_adam_masters``) the step reads the main grads as they are (``decoupled_grad``:
     no fp32 copy; norm and clip over g bytes) and writes the model parameter in the Adam
-    kernel (no copy pass), reading it too where the master keeps only its remainder bits."""
+    kernel (no copy pass), reading it too where the master keeps only its remainder bits.
+
+    With ``fp8_param_gather`` the fp8 linears' parameters are written as fp8 (1 B, after an
+    amax pass over the master under current scaling), and instead of casting the bf16
+    weights TE makes their other layout from the gathered fp8 data."""
     g = st.main_grad_bytes
     states = optimizer_bytes_per_param(st)
     te_adam = te_fused_adam_masters(st)
@@ -55,21 +60,30 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
         MemBound("optimizer.check_finite", stage.params * g),
         MemBound("optimizer.grad_norm", shard * step_grad),
     ]
+    # the parameters as stored (fp8_param_gather: the fp8 linears' one byte; the cast from the
+    # fp32 master computes its amax first under current scaling), pro rata on the shard
+    r = fp8.recipe(st.lp_recipe) if st.low_precision else None
+    fp8_share = fp8_weight_params(stage) / stage.params if st.fp8_param_gather and stage.params else 0.0
+    param_bytes = stored_param_bytes(st, shard, shard * fp8_share) + (shard * fp8_share * 4 if r and r.amax_pass else 0.0)
     if te_adam:
-        param_io = st.dtype_bytes * (2 if keeps_param_remainders(st) else 1)  # written; read too to rebuild the master
-        stepped = [MemBound("optimizer.adam", shard * (step_grad + 2 * states + param_io))]
+        param_io = param_bytes * (2 if keeps_param_remainders(st) else 1)  # written; read too to rebuild the master
+        stepped = [MemBound("optimizer.adam", shard * (step_grad + 2 * states) + param_io)]
     else:
         stepped = [MemBound("optimizer.adam", shard * (4 + 2 * states)),
-                   MemBound("optimizer.copy_params", shard * (4 + st.dtype_bytes))]
+                   MemBound("optimizer.copy_params", shard * 4 + param_bytes)]
     after = [
         MemBound("optimizer.clip", shard * 2 * step_grad),
         *stepped,
         MemBound("optimizer.zero_grad", stage.params * g),
     ]
-    if st.low_precision and st.fp8_weight_caching:
+    if r is not None and st.fp8_param_gather:
+        # fp8 weights: the gathered fp8 data gives the other layout (read one, write one with
+        # its scales) in the first micro-batch (TE's transpose cache, invalidated by the gather)
+        after.append(MemBound("fp8.weight_other_layout",
+                              fp8_weight_params(stage) * (2 * r.elem_bytes + r.weight_scale_bytes)))
+    elif r is not None and st.fp8_weight_caching:
         # the fp8 weight copies are cast once per iteration (in the first micro-batch's
         # forward, after this step's new weights): counted with the step, per rank
-        r = fp8.recipe(st.lp_recipe)
         after.append(MemBound("fp8.cast_weights", fp8.weight_cast_bytes(r, fp8_weight_params(stage), st.dtype_bytes)))
     return sum(map(cost, before)), sum(map(cost, after)) + offloaded_step(st, system, full_shard - shard)
 

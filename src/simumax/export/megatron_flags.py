@@ -90,6 +90,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f.append(switch_flag("s", "dtype", st.dtype))
     if st.fp8_on:
         f += ["--fp8-format hybrid", _s("fp8_recipe", st.fp8_recipe)]
+        if st.fp8_param_gather:
+            f.append(switch_flag("s", "fp8_param_gather"))
     if st.fp4_on:
         f += ["--fp4-format e2m1", _s("fp4_recipe", st.lp_recipe)]
     if st.low_precision and st.first_last_layers_bf16:

@@ -9,7 +9,7 @@ from simumax.config.strategy import StrategyConfig
 from simumax.dp.sharding_plan import ShardingPlan
 from simumax.graph import fp8
 from simumax.graph.kernels import Collective
-from simumax.graph.ops import Stage
+from simumax.graph.ops import Op, Stage
 
 ADAM_STATE_BYTES = 8  # fp32 exp_avg + exp_avg_sq
 FP32 = 4
@@ -84,10 +84,22 @@ def device_optimizer_share(st: StrategyConfig) -> float:
     return 1.0 - st.optimizer_offload_fraction if st.optimizer_cpu_offload else 1.0
 
 
-def fp8_weight_params(stage: Stage) -> int:
+def fp8_weight_params(stage: Stage, experts: bool | None = None) -> int:
     """Parameters of the stage's TE linears run as fp8 / fp4 GEMMs (their low-precision
-    weight copies; layers kept in BF16 have none)."""
-    return sum(n * sum(o.params for o in ops if fp8.low_precision_linear(o)) for ops, n in stage.groups())
+    weight copies; layers kept in BF16 have none): all, or only the expert (True) or the
+    dense (False) ones."""
+    def counted(o: Op) -> int:
+        return o.params if experts is None else (o.expert_params if experts else o.params - o.expert_params)
+    return sum(n * sum(counted(o) for o in ops if fp8.low_precision_linear(o)) for ops, n in stage.groups())
+
+
+def stored_param_bytes(st: StrategyConfig, params: float, fp8_params: float) -> float:
+    """Bytes of ``params`` model parameters as the rank stores them: the training dtype,
+    but the fp8 linears' one byte with ``fp8_param_gather`` (their other layout is TE's
+    copy, te_buffers)."""
+    if not st.fp8_param_gather:
+        return params * st.dtype_bytes
+    return (params - fp8_params) * st.dtype_bytes + fp8_params * fp8.recipe(st.lp_recipe).elem_bytes
 
 
 def unit_params(stage: Stage) -> dict[object, int]:
@@ -126,8 +138,11 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
         shapes = {s for ops, _ in stage.groups() for o in ops if grouped_too or not o.expert_params for s in o.weight_shapes}
         te = float(sum(n * k for n, k in shapes) * st.dtype_bytes)
     if st.low_precision:  # TE keeps each fp8 / fp4 weight in both layouts (and the recipe's scales) between micro-batches
-        te += fp8.weight_copy_bytes_per_param(fp8.recipe(st.lp_recipe)) * fp8_weight_params(stage)
-    weights = float(total * st.dtype_bytes)
+        r = fp8.recipe(st.lp_recipe)
+        # fp8 parameters are the row-wise layout themselves (weights): only the other is TE's
+        copies = r.elem_bytes + r.weight_scale_bytes if st.fp8_param_gather else fp8.weight_copy_bytes_per_param(r)
+        te += copies * fp8_weight_params(stage)
+    weights = float(stored_param_bytes(st, total, fp8_weight_params(stage)))
     grads = float(total * st.main_grad_bytes)
     if st.fsdp_impl == "deepspeed":  # stages 1-3 (the strategy rules ask zero_state >= 1)
         weights, grads = deepspeed_states(st, stage, shard_params(st, stage), largest_layer_params(stage))
