@@ -296,9 +296,11 @@ def test_megatron_defaults_for_flags_left_out() -> None:
     {"use_precision_aware_optimizer": True, "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "fp8", "grad_reduce_in_bf16": True},
     {"use_precision_aware_optimizer": True, "main_params_dtype": "fp16", "store_param_remainders": False},
     {"fp8": True, "fp8_param_gather": True, "zero_state": 1},
+    {"use_math_sdp": True, "use_flash_sdp": False},
 ], ids=["deepspeed-z1", "deepspeed-z3", "te-offload", "dropout", "megatron-fsdp-z3", "average-in-collective",
         "no-wgrad-fusion", "uniform-recompute", "overlap-p2p", "grad-reduce-bf16", "ddp-bucket-size",
-        "precision-aware-optimizer", "precision-aware-fp16-master", "fp8-param-gather"])
+        "precision-aware-optimizer", "precision-aware-fp16-master", "fp8-param-gather",
+        "unfused-attention"])
 def test_new_options_round_trip_through_the_flags(upd) -> None:
     """DeepSpeed ZeRO (Megatron-DeepSpeed's flags), TE layer offload, dropout,
     Megatron-FSDP and averaging in the DP collective: export then import gives the same

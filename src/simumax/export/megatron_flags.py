@@ -97,7 +97,9 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     if st.low_precision and st.first_last_layers_bf16:
         f += [switch_flag("s", "first_last_layers_bf16"), _s("num_layers_at_start_in_bf16", st.num_layers_at_start_in_bf16),
               _s("num_layers_at_end_in_bf16", st.num_layers_at_end_in_bf16)]
-    if st.use_flash_sdp:
+    if st.use_math_sdp:  # Megatron-Core's unfused DotProductAttention path
+        f.append("--attention-backend unfused")
+    elif st.use_flash_sdp:
         f.append(switch_flag("s", "use_flash_sdp"))
     p = "0.1" if st.enable_dropout else "0.0"  # Megatron's defaults are 0.1: said either way
     f += [f"--attention-dropout {p}", f"--hidden-dropout {p}"]

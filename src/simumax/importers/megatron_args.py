@@ -116,6 +116,11 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
                 m["dense_layers"] = lead  # dense layers first, as simumax models them
             elif value != "1":
                 notes.append(f"--moe-layer-freq {value}: simumax takes dense layers first (dense_layers); set it by hand")
+        elif flag == "--attention-backend" and value is not None:  # Megatron-Core's AttnBackend
+            if value not in ("auto", "flash", "fused", "unfused", "local"):
+                raise ConfigError(flag, f"expected auto, flash, fused, unfused or local, got {value!r}")
+            # flash / fused / auto run TE's fused (flash) attention; unfused and local materialise the softmax
+            s["use_math_sdp"] = value in ("unfused", "local")
         elif flag == "--main-grads-dtype" and value is not None:  # the precision-aware optimizer's main grads
             if value not in ("fp32", "bf16"):
                 raise ConfigError(flag, f"expected fp32 or bf16, got {value!r}")
