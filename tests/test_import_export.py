@@ -135,10 +135,11 @@ def test_megatron_script_with_unknown_flags_and_errors(tmp_path) -> None:
     script = tmp_path / "train.sh"
     script.write_text("#!/bin/bash\ntorchrun --nproc-per-node 8 pretrain_gpt.py \\\n  --num-layers 4 --hidden-size 1024 \\\n"
                       "  --num-attention-heads 16 --ffn-hidden-size 4096 --vocab-size 32000 --seq-length 2048 \\\n"
-                      "  --micro-batch-size 2 --global-batch-size 64 --tensor-model-parallel-size 2 --lr 3e-4  # comment\n")
+                      "  --micro-batch-size 2 --global-batch-size 64 --tensor-model-parallel-size 2 --lr 3e-4  # comment\n"
+                      "  --some-new-flag 3\n")
     r = run_cli("import", "megatron", "--file", str(script), "--world-size", "8", "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
-    assert "ignored --lr" in r.stderr
+    assert "no effect on time or memory, read past: --lr" in r.stderr and "ignored --some-new-flag" in r.stderr
     st = json.loads((tmp_path / "out" / "strategy.json").read_text())
     assert (st["tp_size"], st["world_size"], st["micro_batch_num"]) == (2, 8, 8)  # 64 / (2 x dp 4)
     with pytest.raises(ConfigError, match="vocab"):

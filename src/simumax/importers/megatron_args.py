@@ -16,6 +16,24 @@ from simumax.errors import ConfigError
 SIZE_FIELDS = frozenset({"tp_size", "pp_size", "cp_size", "ep_size", "etp_size", "micro_batch_size"})
 
 IGNORED_VALUED = {"--group-query-attention", "--use-megatron-fsdp", "--deepspeed_config"}  # flags that need no field (FSDP: its sharding strategy; DeepSpeed: its config file)
+# flags that change neither time nor memory of a training step (the optimizer's
+# hyper-parameters, data, tokenizer, logging, checkpoints, initialisation, exit
+# conditions): listed back together, apart from the ones that may matter
+NO_EFFECT = frozenset({
+    "--use-mcore-models", "--lr", "--min-lr", "--decoupled-lr", "--decoupled-min-lr", "--lr-decay-style", "--lr-decay-iters",
+    "--lr-decay-samples", "--lr-warmup-iters", "--lr-warmup-samples", "--lr-warmup-fraction", "--lr-warmup-init",
+    "--weight-decay", "--start-weight-decay", "--end-weight-decay", "--weight-decay-incr-style", "--adam-beta1",
+    "--adam-beta2", "--adam-eps", "--clip-grad", "--init-method-std", "--seed", "--train-iters", "--train-samples",
+    "--eval-iters", "--eval-interval", "--save", "--load", "--save-interval", "--log-interval", "--log-throughput",
+    "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard", "--log-memory-to-tensorboard",
+    "--tensorboard-dir", "--wandb-project", "--wandb-exp-name", "--wandb-save-dir", "--data-path", "--data-cache-path",
+    "--split", "--mock-data", "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file", "--num-workers",
+    "--dataloader-type", "--exit-duration-in-mins", "--exit-interval", "--distributed-timeout-minutes",
+    "--ckpt-format", "--no-load-optim", "--no-load-rng", "--finetune", "--timing-log-level", "--apply-layernorm-1p",
+    "--calculate-per-token-loss", "--fp8-amax-compute-algo", "--fp8-amax-history-len", "--no-create-attention-mask-in-dataloader",
+    "--attention-softmax-in-fp32", "--no-position-embedding", "--use-rotary-position-embeddings", "--bias-swiglu-fusion",
+    "--no-bias-swiglu-fusion", "--profile", "--profile-step-start", "--profile-step-end", "--use-pytorch-profiler",
+})
 
 
 # flag, model field, Megatron-LM's default when the flag is left out (megatron/training/
@@ -40,6 +58,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
                          "cross_entropy_fusion_impl": "native"}
     notes: list[str] = []
     gbs = None
+    no_effect: list[str] = []
     i = 0
     extra: dict[str, str] = {}
     while i < len(tokens):
@@ -129,9 +148,13 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             if value not in ("block", "uniform"):
                 raise ConfigError(flag, f"expected block or uniform, got {value!r}")
             extra["method"] = value
+        elif flag in NO_EFFECT or (flag == "--rotary-percent" and value is not None and _is_one(value)):
+            no_effect.append(flag)
         elif flag.startswith("--") and flag not in IGNORED_VALUED:
             notes.append(f"ignored {flag}")
         i += step
+    if no_effect:
+        notes.append(f"no effect on time or memory, read past: {' '.join(no_effect)}")
     for flag, field, value, text in MEGATRON_DEFAULTS:  # flags left out mean what Megatron makes of them
         if field not in m:
             m[field] = value
@@ -201,6 +224,13 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     model = _by_flag("m", lambda: ModelConfig.init_from_dict(m, source="Megatron arguments"))
     strategy = _by_flag("s", lambda: StrategyConfig.init_from_dict(s, source="Megatron arguments"))
     return model, strategy, notes
+
+
+def _is_one(value: str) -> bool:
+    try:
+        return float(value) == 1.0
+    except ValueError:
+        return False
 
 
 def _by_flag(target: str, build: Any) -> Any:
