@@ -372,3 +372,22 @@ def test_uniform_recompute_of_one_layer_recomputes_every_layer() -> None:
         est = Estimate(m, s, h100)
         assert (est.memory().peak_mem == pytest.approx(every.memory().peak_mem, rel=1e-12)) is same
         assert (est.cost().duration_time_per_iter == pytest.approx(every.cost().duration_time_per_iter, rel=1e-12)) is same
+
+
+def test_megatron_layer_freq_expressions_and_layout_virtual_stages() -> None:
+    """--moe-layer-freq takes Megatron's Python list expressions ("([0]*3+[1]*58)": three
+    dense layers first), read without evaluating code; a --pipeline-model-parallel-layout
+    sets the virtual stages per rank as Megatron derives them (len(layout) // pp)."""
+    base = ("--num-layers 8 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 512 --seq-length 128 "
+            "--vocab-size 1000 --micro-batch-size 1 --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 128 --bf16 ")
+    m, _, notes = parse_megatron_args(base + '--moe-layer-freq "([0]*3+[1]*5)"', world_size=1)
+    assert m.dense_layers == 3 and not [n for n in notes if "moe-layer-freq" in n]
+    m, _, _ = parse_megatron_args(base + "--moe-layer-freq [0,1,1,1,1,1,1,1]", world_size=1)
+    assert m.dense_layers == 1
+    for bad in ("'[__import__(\"os\")]'", "'[0]*x'", "'[0]+(1'"):
+        with pytest.raises(ConfigError) as exc:
+            parse_megatron_args(base + f"--moe-layer-freq {bad}", world_size=1)
+        assert exc.value.field == "--moe-layer-freq"
+    _, s, _ = parse_megatron_args(base + "--global-batch-size 4 --pipeline-model-parallel-size 2 "
+                                  "--pipeline-model-parallel-layout 'Ett|tt|tt|ttL'", world_size=2)
+    assert s.interleaving_size == 2 and s.pipeline_model_parallel_layout

@@ -4,10 +4,12 @@ that do not affect time or memory: data paths, logging, learning rate ...)."""
 
 from __future__ import annotations
 
+import ast
 import math
 import shlex
 from typing import Any
 
+from simumax.config.layout import expand as expand_layout
 from simumax.config.megatron_names import SWITCHES, VALUED, flag_of
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
@@ -33,6 +35,8 @@ NO_EFFECT = frozenset({
     "--calculate-per-token-loss", "--fp8-amax-compute-algo", "--fp8-amax-history-len", "--no-create-attention-mask-in-dataloader",
     "--attention-softmax-in-fp32", "--no-position-embedding", "--use-rotary-position-embeddings", "--bias-swiglu-fusion",
     "--no-bias-swiglu-fusion", "--profile", "--profile-step-start", "--profile-step-end", "--use-pytorch-profiler",
+    "--norm-epsilon", "--moe-aux-loss-coeff", "--moe-router-bias-update-rate", "--mtp-loss-scaling-factor",
+    "--rotary-scaling-factor", "--mscale", "--mscale-all-dim",
 })
 
 
@@ -129,7 +133,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         elif flag in ("--fp4-format", "--fp4"):
             s["fp4"] = True
         elif flag == "--moe-layer-freq" and value is not None:
-            pattern = value.strip("[]").replace(" ", "").split(",") if value.startswith("[") else None
+            pattern = _layer_pattern(value)
             lead = len(pattern) - len("".join(pattern).lstrip("0")) if pattern else 0
             if pattern and set("".join(pattern[lead:])) <= {"1"}:
                 m["dense_layers"] = lead  # dense layers first, as simumax models them
@@ -211,6 +215,11 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             raise ConfigError("--num-layers-per-virtual-pipeline-stage", "must be >= 1")
         per_rank = m["layer_num"] // pp
         s["interleaving_size"] = max(1, per_rank // vp_layers)
+    layout = s.get("pipeline_model_parallel_layout")
+    if layout and "interleaving_size" not in s and "vp_layers" not in extra:
+        # Megatron derives the virtual stages from the layout (PipelineParallelLayerLayout:
+        # len(layout) // pipeline_model_parallel_size)
+        s["interleaving_size"] = max(1, len(expand_layout(layout)) // pp)
     # default: DP 1 for the dense groups, enough ranks for the expert groups too
     s["world_size"] = world_size if world_size is not None else pp * math.lcm(tp * cp, s.get("ep_size", 1) * s.get("etp_size", 1))
     if s["world_size"] < 1 or s["world_size"] % (tp * pp * cp):
@@ -224,6 +233,30 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     model = _by_flag("m", lambda: ModelConfig.init_from_dict(m, source="Megatron arguments"))
     strategy = _by_flag("s", lambda: StrategyConfig.init_from_dict(s, source="Megatron arguments"))
     return model, strategy, notes
+
+
+def _layer_pattern(value: str) -> list[str] | None:
+    """--moe-layer-freq as a list of "0"/"1" per layer: Megatron takes an int N (every N-th
+    layer MoE) or a Python list expression ("[0,0,1,1]", "([0]*3+[1]*58)"); lists of
+    integers, + and * are read here without evaluating code."""
+    if value.strip().lstrip("(").startswith("["):
+        try:
+            got = _list_expr(ast.parse(value.strip(), mode="eval").body)
+        except (SyntaxError, ValueError, TypeError):
+            raise ConfigError("--moe-layer-freq", f"cannot read {value!r} (a list of 0/1, with + and *)") from None
+        return [str(x) for x in got]
+    return None
+
+
+def _list_expr(node: ast.AST) -> Any:
+    if isinstance(node, ast.List):
+        return [_list_expr(e) for e in node.elts]
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        a, b = _list_expr(node.left), _list_expr(node.right)
+        return a + b if isinstance(node.op, ast.Add) else a * b
+    raise ValueError("not a list expression")
 
 
 def _is_one(value: str) -> bool:
