@@ -174,3 +174,38 @@ def test_fp8_parameters_by_hand() -> None:
     with pytest.raises(ConfigError) as exc:
         load_strategy("tp1_pp2_dp4_mbs1").with_updates({"fp8_param_gather": True})
     assert exc.value.field == "fp8_param_gather"
+
+
+def test_shared_expert_overlap_by_hand() -> None:
+    """--moe-shared-expert-overlap: in each pass of a MoE layer the shared experts' time
+    (FC1, activation, FC2 with their TP collectives) hides under the layer's EP all-to-all,
+    min(shared, all-to-all) of it, the rest exposed; their weight gradients stay exposed.
+    Refused without shared experts, with the all-gather dispatcher, or beside the 1F1B
+    all-to-all overlap."""
+    from simumax.config.loader import load_strategy
+    from simumax.profiles import SHARED_EXPERT_MODULES
+
+    m = load_model("deepseek-v2-lite").with_updates({"layer_num": 4})
+    sy = load_system("h100-sxm-80gb")
+    st = load_strategy("ep4_pp2_dp4_mbs1").with_updates({"seq_len": 4096, "pp_size": 1, "world_size": 8, "ep_size": 8})
+    off, on = Estimate(m, st, sy), Estimate(m, st.with_updates({"moe_shared_expert_overlap": True}), sy)
+    layer = m.layer_num - 1  # a MoE layer
+    t0, t1 = off.layer_profiles.layer_time(layer, False), on.layer_profiles.layer_time(layer, False)
+    ops = on.layer_profiles.source.layer(layer, False)
+    shared = [on.layer_profiles.op_time(o) for o in ops if o.module in SHARED_EXPERT_MODULES]
+    assert len(shared) == 3
+    for name in ("fwd", "bwd_input"):
+        side = sum(ph[name].total for ph in shared)
+        a2a = getattr(t0, name).comm["ep"]
+        hidden = min(side, a2a)
+        assert 0 < hidden
+        assert getattr(t1, name).total == pytest.approx(getattr(t0, name).total - hidden, rel=1e-12)
+        assert getattr(t1, name).comm["ep"] == pytest.approx(a2a - hidden, rel=1e-12, abs=1e-15)
+    assert t1.bwd_weight.total == t0.bwd_weight.total
+    assert on.cost().duration_time_per_iter < off.cost().duration_time_per_iter
+    for upd in ({"moe_dispatcher_policy": "all_gather"}, {"overlap_moe_expert_parallel_comm": True}):
+        with pytest.raises(ConfigError) as exc:
+            Estimate(m, st.with_updates({"moe_shared_expert_overlap": True, **upd}), sy).cost()
+        assert exc.value.field == "moe_shared_expert_overlap"
+    with pytest.raises(ConfigError):
+        Estimate(load_model("mixtral-8x7b").with_updates({"layer_num": 2}), st.with_updates({"moe_shared_expert_overlap": True}), sy).cost()

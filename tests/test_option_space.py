@@ -57,6 +57,9 @@ def jobs(draw):
     if st["zero_state"] and draw(hs.booleans()):
         st.update(fsdp_impl=draw(hs.sampled_from(("megatron_fsdp", "torch_fsdp2", "deepspeed"))),
                   fsdp_replicate_size=draw(hs.sampled_from((1, 2))), optimizer_cpu_offload=draw(hs.booleans()))
+    if (model.model_type == "moe" and model.moe_shared_expert_intermediate_size and st["moe_dispatcher_policy"] == "all2all"
+            and not st.get("overlap_moe_expert_parallel_comm")):
+        st.update(moe_shared_expert_overlap=draw(hs.booleans()))
     if low == "fp8" and st["zero_state"] == 1 and st.get("fsdp_impl") != "deepspeed":
         st.update(fp8_param_gather=draw(hs.booleans()))
     if st["zero_state"] and st.get("fsdp_impl", "megatron_fsdp") == "megatron_fsdp" and draw(hs.booleans()):

@@ -56,6 +56,7 @@ LAYOUT_FIELDS = frozenset(
     }
 )
 LAYER_GROUPS = ("tp", "cp", "ep", "etp")  # the only groups layer ops communicate on
+SHARED_EXPERT_MODULES = frozenset({"shared_fc1", "shared_act", "shared_fc2"})  # graph/moe_layer.py
 SHARDING_GROUPS = ("dp", "edp", "dp_shard")  # and, under ZeRO-2/3, these (graph/sharding.py)
 # Strategy fields that only choose the passes over a layer's own ops: which are checkpointed
 # (graph.recompute), what is offloaded (graph.offload); families differing in these share
@@ -148,6 +149,28 @@ class LayerProfiles:
             side = [ph for o, ph in zip(ops, phases) if o.module == module]
             if side:
                 self._hide(out, side, usage)
+        if self.source.st.moe_shared_expert_overlap:
+            shared = [ph for o, ph in zip(ops, phases) if o.module in SHARED_EXPERT_MODULES]
+            if shared:
+                self._hide_shared_experts(out, shared, self.coster.network.tier("ep").processor_usage)
+
+    @staticmethod
+    def _hide_shared_experts(out: StageTime, shared: list[dict[str, PhaseTime]], usage: float) -> None:
+        """--moe-shared-expert-overlap (megatron-core token_dispatcher.py, shared_experts.py):
+        the shared experts run on their own stream, FC1 (with its SP gather) launched after
+        the dispatch all-to-all, FC2 (with its reduce-scatter) after the combine's; autograd
+        runs their backward on that stream too, beside the all-to-alls' backward. Per pass,
+        the layer's EP all-to-all time hides min(shared experts' time, all-to-all time); the
+        shared weight gradients are left exposed (a schedule may defer them)."""
+        for name, own in (("fwd", ("fwd",)), ("recompute", ("recompute",)), ("bwd_input", ("bwd_input",))):
+            tot = getattr(out, name)
+            side = sum(ph[p].total for ph in shared for p in own)
+            hidden = min(side, tot.comm.get("ep", 0.0))
+            if hidden <= 0:
+                continue
+            tot.comm["ep"] -= hidden
+            tot.total -= hidden * (1.0 - usage)
+            tot.compute += hidden * usage
 
     @staticmethod
     def _hide(out: StageTime, side: list[dict[str, PhaseTime]], usage: float) -> None:

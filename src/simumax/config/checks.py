@@ -86,6 +86,14 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
         raise ConfigError("vocab_size", f"{model.vocab_size} must be divisible by tp ({tp}) without padding (padded_vocab_size: false); Megatron refuses it")
     if model.intermediate_size % tp:
         raise ConfigError("tp_size", f"intermediate_size ({model.intermediate_size}) must be divisible by tp ({tp})")
+    if st.moe_shared_expert_overlap:
+        # megatron-core TransformerConfig: shared experts, the all-to-all dispatcher
+        if not (model.is_moe and model.moe_shared_expert_intermediate_size):
+            raise ConfigError("moe_shared_expert_overlap", "needs a MoE model with shared experts")
+        if st.moe_dispatcher_policy != "all2all":
+            raise ConfigError("moe_shared_expert_overlap", "needs the all-to-all dispatcher (moe_dispatcher_policy all2all)")
+        if st.overlap_moe_expert_parallel_comm:
+            raise ConfigError("moe_shared_expert_overlap", "with overlap_moe_expert_parallel_comm is not modelled")
     if model.is_moe:
         if model.expert_num % st.ep_size:
             raise ConfigError("ep_size", f"expert_num ({model.expert_num}) must be divisible by ep ({st.ep_size})")

@@ -104,6 +104,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--use-precision-aware-optimizer": ("s", "use_precision_aware_optimizer", True),
     "--no-store-param-remainders": ("s", "store_param_remainders", False),
     "--fp8-param-gather": ("s", "fp8_param_gather", True),
+    "--moe-shared-expert-overlap": ("s", "moe_shared_expert_overlap", True),
 }
 
 _FLAG_OF = {(target, field): flag for flag, (target, field, _) in VALUED.items()}

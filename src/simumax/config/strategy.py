@@ -271,6 +271,10 @@ class StrategyConfig(SimuMaxStrategyMethods, ConfigBase):
     )
     tp_comm_overlap: bool = Field(False, description="TP all-gather / reduce-scatter overlap their GEMMs (TE userbuffers).")
     overlap_p2p_comm: bool = Field(False, description="P2P sends run on a communication stream (do not block compute).")
+    moe_shared_expert_overlap: bool = Field(
+        False, description="Megatron --moe-shared-expert-overlap: the shared experts run on a side stream, FC1 under "
+        "the dispatch all-to-all and FC2 under the combine's (and their backward under the all-to-alls' backward).",
+    )
     overlap_moe_expert_parallel_comm: bool = Field(
         False, description="EP all-to-all of one micro-batch overlaps compute of another (paired forward/backward)."
     )

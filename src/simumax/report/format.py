@@ -50,7 +50,7 @@ def out_of_memory(mem: MemResult) -> str | None:
 
 # overlap options and the group whose tier's processor_usage slows the compute beside them
 OVERLAP_GROUPS = (("overlap_grad_reduce", "dp"), ("overlap_param_gather", "dp"), ("tp_comm_overlap", "tp"),
-                  ("overlap_moe_expert_parallel_comm", "ep"))
+                  ("overlap_moe_expert_parallel_comm", "ep"), ("moe_shared_expert_overlap", "ep"))
 
 
 def free_overlap(st: StrategyConfig, network: NetworkModel) -> str | None:
