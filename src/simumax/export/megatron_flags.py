@@ -63,13 +63,15 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     ds = st.fsdp_impl == "deepspeed"  # Megatron-DeepSpeed: ZeRO comes from the DeepSpeed config (export --format deepspeed)
     if ds:
         f += ["--deepspeed", "--deepspeed_config ds_config.json", f"--zero-stage {st.zero_state}"]
-    elif st.zero_state >= 1:
+    elif st.zero_state >= 1 and st.fsdp_impl != "torch_fsdp2":
         f.append(switch_flag("s", "zero_state", 1))
     if st.optimizer_cpu_offload:
         f += [switch_flag("s", "optimizer_cpu_offload"), _s("optimizer_offload_fraction", st.optimizer_offload_fraction)]
     if st.fsdp_replicate_size > 1:
         f.append(_s("fsdp_replicate_size", st.fsdp_replicate_size))
-    if st.zero_state >= 2 and not ds:
+    if st.fsdp_impl == "torch_fsdp2":  # Megatron's wrapper reshards every unit (fsdp_reshard_after_forward always)
+        f.append("--use-torch-fsdp2")
+    elif st.zero_state >= 2 and not ds:
         f += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {'optim_grads' if st.zero_state == 2 else 'optim_grads_params'}"]
     if st.use_fp32_accum_grad and not st.grad_reduce_in_bf16 and not ds:
         f.append(switch_flag("s", "use_fp32_accum_grad"))

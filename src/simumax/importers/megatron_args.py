@@ -110,6 +110,8 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             else:
                 extra["modules"] = " ".join(mods)
             step = j - i
+        elif flag == "--use-torch-fsdp2":
+            extra["torch_fsdp2"] = "1"
         elif flag == "--data-parallel-sharding-strategy" and value is not None:
             levels = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
             if value not in levels:
@@ -184,6 +186,13 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         raise ConfigError("--vocab-size", "required (Megatron reads it from the tokenizer; pass it explicitly)")
     if "sharding" in extra:  # Megatron-FSDP's --data-parallel-sharding-strategy
         s["zero_state"] = extra["sharding"]
+    if "torch_fsdp2" in extra:
+        # Megatron's TorchFullyShardedDataParallel: fully_shard on every TransformerLayer, the
+        # embedding and the output layer, all resharded after forward (reshard_after_forward True)
+        s.update(fsdp_impl="torch_fsdp2", zero_state=3, fsdp_reshard_after_forward="always")
+        notes.append("--use-torch-fsdp2: modelled as torchtitan's FSDP2 (fp32 sharded parameters, fp32 reduce-scatter) "
+                     "with every unit resharded; Megatron keeps bf16 shards with an fp32 master (the same 16 B per "
+                     "parameter) and reduce-scatters in bf16 (half the bytes)")
     if "deepspeed" in extra and int(extra.get("ds_zero", "0")) >= 1:  # ZeRO from the DeepSpeed config
         s.update(fsdp_impl="deepspeed", zero_state=int(extra["ds_zero"]))
         notes.append("--deepspeed: ZeRO stage from --zero-stage; the rest of ds_config.json keeps DeepSpeed's defaults")
