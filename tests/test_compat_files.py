@@ -13,6 +13,7 @@ import pytest
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
+from tests.conftest import VALIDATION, needs_shared
 
 REF = Path(__file__).resolve().parents[2] / "shared" / "reference" / "simumax_configs"
 BASE = {"seq_len": 4096, "micro_batch_size": 1, "micro_batch_num": 4, "tp_size": 2, "enable_sequence_parallel": True}
@@ -237,3 +238,28 @@ def test_ep_on_a_dense_model_changes_nothing(caplog) -> None:
     plain = Estimate(m, ep.with_updates({"ep_size": 1}), system)
     assert _t(a) == _t(b) == _t(plain) and a.memory().peak_mem == plain.memory().peak_mem
     assert sum("no effect on the dense model" in r.message for r in caplog.records) == 1
+
+
+@needs_shared
+def test_same_numbers_as_simumax_on_its_own_files() -> None:
+    """Issue 21's target on the SimuMax outputs we have: for every case of the shipped
+    validation files that records SimuMax v1.2's own prediction (``reference_prediction``:
+    its B200 and A100 PCIe release summaries, SimuMax's config files), our iteration time
+    is within ±10 % of SimuMax's and our peak allocated memory within ±3 %."""
+    from simumax.validate import default_reference_root, estimate_for_case, load_cases
+
+    worst_t = worst_m = 0.0
+    n = 0
+    for name in ("b200_megatron.jsonl", "a100_pcie_megatron.jsonl"):
+        path = VALIDATION / name
+        for case in load_cases(path):
+            ref = case.get("reference_prediction") or {}
+            if not ref.get("iter_time_ms") or not ref.get("peak_alloc_gib"):
+                continue
+            est = estimate_for_case(case, default_reference_root(path))
+            dt = est.cost().duration_time_per_iter * 1e3 / ref["iter_time_ms"] - 1
+            dm = est.memory().peak_mem / 2**30 / ref["peak_alloc_gib"] - 1
+            assert abs(dt) <= 0.10 and abs(dm) <= 0.03, f"{case['id']}: time {dt:+.1%}, memory {dm:+.2%} from SimuMax's"
+            worst_t, worst_m, n = max(worst_t, abs(dt)), max(worst_m, abs(dm)), n + 1
+    print(f"{n} cases: time within {worst_t:.1%}, peak memory within {worst_m:.2%} of SimuMax v1.2's own predictions")
+    assert n >= 48
