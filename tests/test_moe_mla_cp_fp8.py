@@ -209,3 +209,47 @@ def test_shared_expert_overlap_by_hand() -> None:
         assert exc.value.field == "moe_shared_expert_overlap"
     with pytest.raises(ConfigError):
         Estimate(load_model("mixtral-8x7b").with_updates({"layer_num": 2}), st.with_updates({"moe_shared_expert_overlap": True}), sy).cost()
+
+
+def test_hierarchical_context_parallelism_by_hand() -> None:
+    """cp_comm_type a2a+p2p with hierarchical_context_parallel_sizes [a, p] (Megatron
+    --hierarchical-context-parallel-sizes; TE's AttnFuncWithCPAndKVP2P given the all-to-all
+    group): q, k, v and the output cross the all-to-all group (a consecutive CP ranks, one
+    node here), the ring runs over the p groups on a x the local sequence with 1/a of the
+    heads — p - 1 forward and 2 (p - 1) backward sends of K and V. [1, cp] is the ring."""
+    from simumax.config.loader import load_strategy
+
+    m = load_model("llama3.1-8b").with_updates({"layer_num": 2})
+    sy = load_system("h100-sxm-80gb")
+    base = load_strategy("tp1_pp1_dp8_mbs1").with_updates(
+        {"seq_len": 65536, "world_size": 16, "tp_size": 2, "enable_sequence_parallel": True, "cp_size": 8})
+    a, p = 4, 2
+    est = Estimate(m, base.with_updates({"cp_comm_type": "a2a+p2p", "hierarchical_context_parallel_sizes": [a, p]}), sy)
+    groups = est.network.groups
+    assert (groups["cp_a2a"].size, groups["cp_a2a"].stride, groups["cp_a2a"].intra_node) == (a, 2, True)
+    assert (groups["cp_p2p"].size, groups["cp_p2p"].stride, groups["cp_p2p"].intra_node) == (p, 2 * a, False)
+    attn = next(o for o in est.stages[0].ops if o.module == "core_attn")
+    s = 65536 // 8  # tokens per CP rank
+    heads, kv_heads, hd = 32 // 2, 8 // 2, 128
+    q_b, kv_b = s * heads * hd * 2, 2 * s * kv_heads * hd * 2
+    coll = lambda ks, g: [k.bytes for k in ks if isinstance(k, Collective) and k.group == g]  # noqa: E731
+    assert coll(attn.fwd, "cp_a2a") == [q_b, kv_b / 2, kv_b / 2, q_b]
+    assert coll(attn.bwd_input, "cp_a2a") == [q_b, q_b, q_b, kv_b / 2, kv_b / 2]
+    assert coll(attn.fwd, "cp_p2p") == [kv_b] * (p - 1) and coll(attn.bwd_input, "cp_p2p") == [kv_b] * 2 * (p - 1)
+    kernels = [k for k in attn.fwd if isinstance(k, Attention)]
+    assert [(k.seq_len, k.kv_seq_len or k.seq_len, k.head_num, k.kv_head_num, k.causal) for k in kernels] == \
+        [(s * a, s * a, heads // a, kv_heads // a, True)] + [(s * a, s * a // 2, heads // a, kv_heads // a, False)] * (p - 1)
+    ring = Estimate(m, base.with_updates({"cp_comm_type": "p2p"}), sy)
+    flat = Estimate(m, base.with_updates({"cp_comm_type": "a2a+p2p", "hierarchical_context_parallel_sizes": [1, 8]}), sy)
+    assert flat.cost().duration_time_per_iter == ring.cost().duration_time_per_iter
+    assert flat.memory().peak_mem == ring.memory().peak_mem
+    assert "cp_a2a_comm" not in est.cost().breakdown and est.cost().breakdown["cp_comm"] > 0
+    for upd, field in (({"cp_comm_type": "a2a+p2p", "hierarchical_context_parallel_sizes": [4, 4]}, "hierarchical_context_parallel_sizes"),
+                       ({"cp_comm_type": "p2p", "hierarchical_context_parallel_sizes": [4, 2]}, "hierarchical_context_parallel_sizes")):
+        with pytest.raises(ConfigError) as exc:
+            base.with_updates(upd)
+        assert exc.value.field == field
+    with pytest.raises(ConfigError) as exc:  # 32 heads / tp 2 = 16 per rank: not over an all-to-all of 32
+        Estimate(m, base.with_updates({"world_size": 64, "cp_size": 32, "cp_comm_type": "a2a+p2p",
+                                       "hierarchical_context_parallel_sizes": [32, 1]}), sy).cost()
+    assert exc.value.field == "hierarchical_context_parallel_sizes"

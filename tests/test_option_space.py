@@ -42,12 +42,15 @@ def jobs(draw):
               micro_batch_num=pp * draw(hs.integers(1, 3)), world_size=tp * pp * cp * dp, tp_size=tp, pp_size=pp, cp_size=cp,
               interleaving_size=vp, ep_size=ep, etp_size=draw(hs.sampled_from((1, tp))) if ep > 1 else 1,
               enable_sequence_parallel=tp > 1, zero_state=draw(hs.sampled_from((0, 1, 2, 3))),
-              cp_comm_type=draw(hs.sampled_from(("a2a", "all_gather", "p2p"))),
+              cp_comm_type=draw(hs.sampled_from(("a2a", "all_gather", "p2p", "a2a+p2p"))),
               moe_dispatcher_policy=draw(hs.sampled_from(("all2all", "all_gather"))),
               group_linear_mode=draw(hs.sampled_from(("grouped", "serial", "merged"))),
               te_version=draw(hs.sampled_from((None, "1.13", "2.1", "2.11.0"))), dtype=draw(hs.sampled_from(("bf16", "bf16", "fp16"))),
               ddp_bucket_size=draw(hs.sampled_from((None, 1_000_000))), pp_schedule=draw(hs.sampled_from((None, "zb", "dualpipev"))),
               **{f: draw(hs.booleans()) for f in FLAGS})
+    if st["cp_comm_type"] == "a2a+p2p":
+        a = draw(hs.sampled_from([k for k in range(1, cp + 1) if cp % k == 0]))
+        st.update(hierarchical_context_parallel_sizes=[a, cp // a])
     low = draw(hs.sampled_from(("none", "none", "fp8", "fp4")))
     if low == "fp8":
         st.update(fp8=True, fp8_recipe=draw(hs.sampled_from(("delayed", "tensorwise", "blockwise", "mxfp8"))),

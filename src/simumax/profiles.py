@@ -55,7 +55,7 @@ LAYOUT_FIELDS = frozenset(
         "optimizer_cpu_offload", "optimizer_offload_fraction",  # the step and model states, not the layers
     }
 )
-LAYER_GROUPS = ("tp", "cp", "ep", "etp")  # the only groups layer ops communicate on
+LAYER_GROUPS = ("tp", "cp", "cp_a2a", "cp_p2p", "ep", "etp")  # the only groups layer ops communicate on
 SHARED_EXPERT_MODULES = frozenset({"shared_fc1", "shared_act", "shared_fc2"})  # graph/moe_layer.py
 SHARDING_GROUPS = ("dp", "edp", "dp_shard")  # and, under ZeRO-2/3, these (graph/sharding.py)
 # Strategy fields that only choose the passes over a layer's own ops: which are checkpointed

@@ -80,8 +80,10 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
             raise ConfigError("tp_size", f"kv_head_num ({kv}) and tp ({tp}) must divide one another (kv heads are split or replicated)")
     elif model.head_num % tp:
         raise ConfigError("tp_size", f"head_num ({model.head_num}) must be divisible by tp ({tp})")
-    if st.cp_size > 1 and st.cp_comm_type == "a2a" and (model.head_num // tp) % st.cp_size:
-        raise ConfigError("cp_size", f"heads per TP rank ({model.head_num // tp}) must be divisible by cp for a2a")
+    if st.cp_size > 1 and st.cp_a2a_size > 1 and (model.head_num // tp) % st.cp_a2a_size:
+        field = "cp_size" if st.cp_comm_type == "a2a" else "hierarchical_context_parallel_sizes"
+        raise ConfigError(field, f"heads per TP rank ({model.head_num // tp}) must be divisible by the all-to-all's "
+                          f"{st.cp_a2a_size} CP ranks")
     if not model.padded_vocab_size and model.vocab_size % tp:
         raise ConfigError("vocab_size", f"{model.vocab_size} must be divisible by tp ({tp}) without padding (padded_vocab_size: false); Megatron refuses it")
     if model.intermediate_size % tp:

@@ -105,7 +105,15 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         "| between virtual stages, x*n and (...)*n repeat (e.g. 'Et*3|(tttt|)*14ttmL').",
     )
     enable_sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (with tp > 1).")
-    cp_comm_type: Literal["a2a", "all_gather", "p2p"] = Field("a2a", description="Context-parallel attention scheme.")
+    cp_comm_type: Literal["a2a", "all_gather", "p2p", "a2a+p2p"] = Field(
+        "a2a", description="Context-parallel attention scheme (Megatron --cp-comm-type): a2a (Ulysses), all_gather, "
+        "p2p (ring), or a2a+p2p (hierarchical: an all-to-all inside the first group of "
+        "hierarchical_context_parallel_sizes, the ring across the second).",
+    )
+    hierarchical_context_parallel_sizes: list[PositiveInt] | None = Field(
+        None, description="Megatron --hierarchical-context-parallel-sizes, with cp_comm_type a2a+p2p: [all-to-all group, "
+        "ring group] sizes (consecutive CP ranks first), their product cp_size.",
+    )
     moe_dispatcher_policy: Literal["all2all", "all_gather"] = Field("all2all", description="MoE token dispatcher.")
     dispatch_probs: bool = Field(
         False,

@@ -17,6 +17,8 @@ class StrategyDerived:
         pp_size: int
         ep_size: int
         etp_size: int
+        cp_comm_type: str
+        hierarchical_context_parallel_sizes: list[int] | None
         pp_schedule: str | None
         interleaving_size: int
         overlap_p2p_comm: bool
@@ -66,6 +68,23 @@ class StrategyDerived:
     def dp_shard_size(self) -> int:
         """Ranks one dense state is sharded over: dp x cp, or one HSDP replica of them."""
         return self.dp_size * self.cp_size // self.fsdp_replicate_size
+
+    @property
+    def cp_a2a_size(self) -> int:
+        """CP ranks of one all-to-all group: all of CP with a2a, the first hierarchical
+        level with a2a+p2p, none (1) with the ring or all-gather schemes."""
+        if self.cp_comm_type == "a2a":
+            return self.cp_size
+        if self.cp_comm_type == "a2a+p2p" and self.hierarchical_context_parallel_sizes:
+            return self.hierarchical_context_parallel_sizes[0]
+        return 1
+
+    @property
+    def cp_p2p_size(self) -> int:
+        """CP ranks of one ring (p2p, and a2a+p2p's second level)."""
+        if self.cp_comm_type == "p2p":
+            return self.cp_size
+        return self.cp_size // self.cp_a2a_size if self.cp_comm_type == "a2a+p2p" else 1
 
     @property
     def edp_size(self) -> int:

@@ -25,6 +25,13 @@ def check_rules(st: "StrategyConfig") -> None:
         raise ConfigError("interleaving_size", "virtual pipeline needs pp_size > 1")
     if st.enable_sequence_parallel and st.tp_size > 1 and st.seq_len % (st.tp_size * st.cp_size):
         raise ConfigError("seq_len", f"must be divisible by tp*cp = {st.tp_size * st.cp_size} with sequence parallelism")
+    hcp = st.hierarchical_context_parallel_sizes
+    if st.cp_comm_type == "a2a+p2p" and st.cp_size > 1:
+        if not hcp or len(hcp) != 2 or hcp[0] * hcp[1] != st.cp_size:
+            raise ConfigError("hierarchical_context_parallel_sizes", f"a2a+p2p needs [all-to-all size, ring size] "
+                              f"whose product is cp_size {st.cp_size} (got {hcp})")
+    elif hcp is not None and st.cp_size > 1:
+        raise ConfigError("hierarchical_context_parallel_sizes", "is read with cp_comm_type a2a+p2p only (Megatron)")
     if st.cp_size > 1 and st.seq_len % (2 * st.cp_size):
         raise ConfigError("seq_len", f"must be divisible by 2*cp = {2 * st.cp_size} for context parallelism")
     if (st.ep_size * st.etp_size) > 1 and (st.dp_size * st.cp_size * st.tp_size) % (st.ep_size * st.etp_size):

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 # parts add the same passes in other orders), not time
 ROUNDING = 1e-12
 
+CP_LEVELS = {"cp_a2a": "cp", "cp_p2p": "cp"}  # network groups that report as the CP part of the breakdown
+
 
 def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[float, float]], end_bwd: float, end: float,
                             wait: float, optimizer: float, run: "IterationRun | None") -> dict[str, float]:
@@ -38,6 +40,7 @@ def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[fl
     comm: dict[str, float] = {}
     for ph in (ct.fwd, ct.bwd, ct.recompute):
         for g, x in ph.comm.items():
+            g = CP_LEVELS.get(g, g)  # a2a+p2p's two CP levels are the CP part
             comm[g] = comm.get(g, 0.0) + x * m
     # blocking sends: the rank's passes with their sends less the passes (none within
     # rounding: a one-stage pipeline printed pp_p2p = 4e-16)

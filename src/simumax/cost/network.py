@@ -107,6 +107,9 @@ class NetworkModel:
         layout = {
             "tp": (tp, 1),
             "cp": (cp, tp),
+            # a2a+p2p: the all-to-all inside consecutive CP ranks, the ring across those groups
+            "cp_a2a": (st.cp_a2a_size, tp),
+            "cp_p2p": (st.cp_p2p_size, tp * st.cp_a2a_size),
             "dp": (dp * cp, tp),  # dense gradients reduce over DP x CP (same weights)
             # HSDP: shards inside one replica (consecutive DP ranks), the replicas across them
             "dp_shard": (st.dp_shard_size, tp),
@@ -116,7 +119,7 @@ class NetworkModel:
             "ep": (ep, etp),
             "edp": (st.edp_size, ep * etp),
         }
-        overrides = {"tp": st.tp_net, "cp": st.cp_net, "dp": st.dp_net, "pp": st.pp_net, "ep": st.ep_net, "etp": st.etp_net,
+        overrides = {"tp": st.tp_net, "cp": st.cp_net, "cp_a2a": st.cp_net, "cp_p2p": st.cp_net, "dp": st.dp_net, "pp": st.pp_net, "ep": st.ep_net, "etp": st.etp_net,
                      "edp": st.edp_net or st.dp_net, "dp_shard": st.dp_net, "dp_rep": st.dp_net}
         # the PCIe switch-tree spans a system has tiers for (intra_node_pcie_<w>x), narrowest first
         self._pcie_widths = sorted(int(k.split("_")[-1][:-1]) for k in self.nets.tiers if k.startswith("intra_node_pcie_")) \

@@ -89,12 +89,12 @@ class Coster:
         for k in kernels:
             t = self.kernel(k)
             if isinstance(k, Collective):
-                if k.group == "cp" and k.op == "p2p" and cover > 0:
+                if k.group in ("cp", "cp_p2p") and k.op == "p2p" and cover > 0:
                     # TE's ring: the next step's KV (and this step's dKV) move while the
                     # attention kernel before them computes
                     hidden = min(t, cover)
                     cover -= hidden
-                    slow = self.network.tier("cp").processor_usage * hidden
+                    slow = self.network.tier(k.group).processor_usage * hidden
                     out.total += slow
                     out.compute += slow
                     t -= hidden

@@ -49,6 +49,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
             f.append(switch_flag("s", field))
     if st.cp_size > 1:
         f.append(_s("cp_comm_type", st.cp_comm_type))
+        if st.cp_comm_type == "a2a+p2p" and st.hierarchical_context_parallel_sizes:
+            f.append("--hierarchical-context-parallel-sizes " + " ".join(map(str, st.hierarchical_context_parallel_sizes)))
     if model is not None and model.is_moe:
         f += [_s("ep_size", st.ep_size), _s("etp_size", st.etp_size)]
         f.append(f"--moe-token-dispatcher-type {'alltoall' if st.moe_dispatcher_policy == 'all2all' else 'allgather'}")

@@ -11,12 +11,45 @@ from simumax.graph.ops import Op, Tensor
 FP32 = 4
 
 
-def _a2a_relayout(name: str, nbytes: float) -> list:
+def _a2a_relayout(name: str, nbytes: float, group: str = "cp") -> list:
     """TransformerEngine's ``flash_attn_a2a_communicate`` for one tensor: a layout copy
-    (reshape + movedim + contiguous: read and write) before the all-to-all over CP and one
-    after it."""
-    return [MemBound(f"{op_label(name)}.a2a_layout", 2 * nbytes), Collective("all2all", nbytes, "cp"),
+    (reshape + movedim + contiguous: read and write) before the all-to-all over CP (or its
+    a2a+p2p all-to-all group) and one after it."""
+    return [MemBound(f"{op_label(name)}.a2a_layout", 2 * nbytes), Collective("all2all", nbytes, group),
             MemBound(f"{op_label(name)}.a2a_layout", 2 * nbytes)]
+
+
+def _to_heads(name: str, qkv_bytes: tuple[float, float, float], out_bytes: float, group: str) -> tuple[list, list, list, list]:
+    """The all-to-alls around attention (Ulysses): q, k, v to heads before the forward and
+    the output back after it; O and dO to heads before the backward and dq, dk, dv back."""
+    q_b, k_b, v_b = qkv_bytes
+    to_heads = [k for part, b in (("q", q_b), ("k", k_b), ("v", v_b)) for k in _a2a_relayout(f"{name}.{part}", b, group)]
+    back = _a2a_relayout(f"{name}.out", out_bytes, group)
+    d_out = _a2a_relayout(f"{name}.o", out_bytes, group) + _a2a_relayout(f"{name}.dout", out_bytes, group)
+    d_qkv = [k for part, b in (("dq", q_b), ("dk", k_b), ("dv", v_b)) for k in _a2a_relayout(f"{name}.{part}", b, group)]
+    return to_heads, back, d_out, d_qkv
+
+
+def _ring(name: str, shape: dict, n: int, q_b: float, kv_bytes: float, out_bytes: float, group: str) -> tuple[list, list]:
+    """The load-balanced KV ring over ``n`` ranks of ``group`` (see p2p below), on the
+    attention ``shape`` of one rank."""
+    if n == 1:
+        return [Attention("fwd", **shape)], [Attention("bwd", **shape)]
+    step = dict(shape, kv_seq_len=shape["seq_len"] // 2, causal=False)
+    send = Collective("p2p", kv_bytes, group)
+    ring = ring_elementwise(name, n, q_b, kv_bytes, out_bytes)
+    fwd = ([ring["kv_buffer"], Attention("fwd", **shape)]
+           + [send, ring["fwd_half"], Attention("fwd", **step)] * (n - 1)
+           + [ring["out_correction"]])
+    bwd = ([ring["kv_buffer"], Attention("bwd", **shape), ring["grad_init"]]
+           + [send, Collective("p2p", kv_bytes, group), ring["bwd_half"], Attention("bwd", **step), ring["grad_accumulate"]] * (n - 1))
+    return fwd, bwd
+
+
+def _to_heads_shape(shape: dict, n: int) -> dict:
+    """One rank's attention after an all-to-all over ``n`` CP ranks: n times the sequence,
+    1/n of the heads."""
+    return dict(shape, seq_len=shape["seq_len"] * n, head_num=shape["head_num"] // n, kv_head_num=max(shape["kv_head_num"] // n, 1))
 
 
 def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[float, float, float], out_bytes: float) -> tuple[list, list]:
@@ -34,6 +67,10 @@ def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[floa
       part of the full sequence (one non-causal block of s/cp x s/2 on average), and their
       outputs are copied into place. Backward gathers again, reorders, and reorders dK, dV
       before reduce-scattering them.
+    * a2a+p2p (hierarchical, ``AttnFuncWithCPAndKVP2P`` given the all-to-all group too): the
+      all-to-alls of a2a inside the first level of ``hierarchical_context_parallel_sizes``,
+      then the ring below over the second level, on the all-to-all's longer sequence and
+      fewer heads.
     * p2p (``AttnFuncWithCPAndKVP2P``, ring over load-balanced chunks: the sequence in 2·cp
       chunks, rank i holding chunks i and 2cp-1-i): cp steps, the first causal on the local
       chunks, the others non-causal against half of them (kernels at that chunk length);
@@ -46,13 +83,19 @@ def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[floa
         return [Attention("fwd", **shape)], [Attention("bwd", **shape)]
     q_b, k_b, v_b = qkv_bytes
     if d.cp_comm == "a2a":
-        full = dict(shape, seq_len=s * cp, head_num=shape["head_num"] // cp, kv_head_num=max(shape["kv_head_num"] // cp, 1))
-        to_heads = [k for part, b in (("q", q_b), ("k", k_b), ("v", v_b)) for k in _a2a_relayout(f"{name}.{part}", b)]
-        back = _a2a_relayout(f"{name}.out", out_bytes)
-        d_out = _a2a_relayout(f"{name}.o", out_bytes) + _a2a_relayout(f"{name}.dout", out_bytes)
-        d_qkv = [k for part, b in (("dq", q_b), ("dk", k_b), ("dv", v_b)) for k in _a2a_relayout(f"{name}.{part}", b)]
+        full = _to_heads_shape(shape, cp)
+        to_heads, back, d_out, d_qkv = _to_heads(name, qkv_bytes, out_bytes, "cp")
         return [*to_heads, Attention("fwd", **full), *back], [*d_out, Attention("bwd", **full), *d_qkv]
     kv_bytes = k_b + v_b
+    if d.cp_comm == "a2a+p2p":
+        # AttnFuncWithCPAndKVP2P with [cp_group_a2a, cp_group]: q, k, v to heads over the
+        # all-to-all group first, the ring over the other level on the longer sequence, the
+        # output back (and the mirror in backward)
+        fwd, bwd = _ring(name, _to_heads_shape(shape, d.cp_a2a), d.cp_p2p, q_b, kv_bytes, out_bytes, "cp_p2p")
+        if d.cp_a2a == 1:
+            return fwd, bwd
+        to_heads, back, d_out, d_qkv = _to_heads(name, qkv_bytes, out_bytes, "cp_a2a")
+        return [*to_heads, *fwd, *back], [*d_out, *bwd, *d_qkv]
     if d.cp_comm == "all_gather":
         part = dict(shape, kv_seq_len=s * cp // 2, causal=False)
         gathered = kv_bytes * cp
@@ -62,15 +105,7 @@ def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[floa
         bwd = [ag, reorder, Attention("bwd", **part), MemBound(f"{op_label(name)}.dkv_reorder", 2 * gathered),
                Collective("reduce_scatter", gathered, "cp")]
         return fwd, bwd
-    step = dict(shape, kv_seq_len=s // 2, causal=False)
-    send = Collective("p2p", kv_bytes, "cp")
-    ring = ring_elementwise(name, cp, q_b, kv_bytes, out_bytes)
-    fwd = ([ring["kv_buffer"], Attention("fwd", **shape)]
-           + [send, ring["fwd_half"], Attention("fwd", **step)] * (cp - 1)
-           + [ring["out_correction"]])
-    bwd = ([ring["kv_buffer"], Attention("bwd", **shape), ring["grad_init"]]
-           + [send, Collective("p2p", kv_bytes, "cp"), ring["bwd_half"], Attention("bwd", **step), ring["grad_accumulate"]] * (cp - 1))
-    return fwd, bwd
+    return _ring(name, shape, cp, q_b, kv_bytes, out_bytes, "cp")
 
 
 def ring_elementwise(name: str, cp: int, q_bytes: float, kv_bytes: float, out_bytes: float) -> dict[str, MemBound]:
@@ -133,16 +168,17 @@ def flash_attention(
     gathered_kv = (own[1] + own[2]) * (d.cp - 1) if d.cp > 1 and d.cp_comm == "all_gather" else 0.0  # other ranks' K, V
     saved: tuple[Tensor, ...] = (copies.get("q", q), copies.get("k", k), copies.get("v", v), out, lse)
     fwd_transient = bwd_transient = 0.0
-    if d.cp > 1 and d.cp_comm == "a2a":
+    if d.cp > 1 and d.cp_a2a > 1:
         saved = (*((f"{name}.{p}_heads", b) for p, b in zip("qkv", own)), out, lse)
         fwd_transient = sum(own)  # the layout copies in flight around the all-to-alls
         bwd_transient = sum(own) + out_bytes
-    elif d.cp > 1 and d.cp_comm == "p2p":
+    if d.cp > 1 and d.cp_p2p > 1:
         kv = own[1] + own[2]
         # the ring's send and receive KV buffers and every step's partial output until the
         # merge; in backward two KV buffers, the second dKV buffer, and a step's dq and dKV
-        fwd_transient = 2 * kv + d.cp * out_bytes
-        bwd_transient = 2 * kv + kv + (own[0] + kv)
+        # (a2a+p2p: before and after the ring the all-to-alls' copies, whichever is more)
+        fwd_transient = max(fwd_transient, 2 * kv + d.cp_p2p * out_bytes)
+        bwd_transient = max(bwd_transient, 2 * kv + kv + (own[0] + kv))
     return Op(
         name=name,
         module="core_attn",

@@ -47,7 +47,7 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     # so all three are made contiguous (only v copies); context parallelism makes them
     # contiguous too (TE's CP functions). The fused kernel keeps the copy, not the QKV buffer.
     copies: dict[str, tuple[str, float]] = {}
-    if flash and (d.cp == 1 or d.cp_comm != "a2a") and (new_qk or d.cp > 1):
+    if flash and (d.cp == 1 or d.cp_a2a == 1) and (new_qk or d.cp > 1):
         strided = {"v": d.act(kv_w)} if new_qk else {"k": d.act(kv_w), "v": d.act(kv_w)}
         if not new_qk and d.kv_heads == d.heads:
             strided["q"] = d.act(q_w)  # MHA's q is a view too (GQA's was reshaped)

@@ -17,7 +17,7 @@ class Dims:
     tp: int
     sp: bool
     cp: int
-    cp_comm: str  # a2a | all_gather | p2p
+    cp_comm: str  # a2a | all_gather | p2p | a2a+p2p
     h: int
     heads: int  # query heads per TP rank
     kv_heads: int  # kv heads per TP rank (replicated when tp > kv_head_num)
@@ -31,6 +31,8 @@ class Dims:
     fp8_weight_caching: bool = True  # weights cast once per iteration, not per micro-batch
     main_grad_bytes: int = 4  # bytes of one main-gradient element (fp32; 2 with bf16 main grads)
     wgrad_fused: bool = True  # weight-gradient GEMMs accumulate into the main grad (gradient_accumulation_fusion)
+    cp_a2a: int = 1  # CP ranks of one all-to-all (a2a: cp; a2a+p2p: its first level)
+    cp_p2p: int = 1  # CP ranks of one ring (p2p: cp; a2a+p2p: its second level)
 
     @classmethod
     def of(cls, model: ModelConfig, st: StrategyConfig) -> "Dims":
@@ -47,6 +49,8 @@ class Dims:
             sp=sp,
             cp=cp,
             cp_comm=st.cp_comm_type,
+            cp_a2a=st.cp_a2a_size,
+            cp_p2p=st.cp_p2p_size,
             h=model.hidden_size,
             heads=model.head_num // tp,
             kv_heads=max(model.kv_head_num // tp, 1),

@@ -6,7 +6,7 @@ from typing import Literal, NamedTuple
 
 GemmLayout = Literal["TN", "NN", "NT"]  # fwd, dgrad, wgrad (cuBLAS column-major convention)
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all2all", "p2p"]
-Group = Literal["tp", "cp", "ep", "etp", "dp", "edp", "pp"]
+Group = Literal["tp", "cp", "cp_a2a", "cp_p2p", "ep", "etp", "dp", "edp", "pp"]
 
 
 _IN_BYTES = {False: 2, True: 1}  # operand bytes: bf16/fp16, fp8

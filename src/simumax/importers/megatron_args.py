@@ -110,6 +110,17 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             else:
                 extra["modules"] = " ".join(mods)
             step = j - i
+        elif flag == "--hierarchical-context-parallel-sizes":
+            sizes = []
+            j = i + 1
+            while j < len(tokens) and not tokens[j].startswith("--"):
+                try:
+                    sizes.append(int(tokens[j]))
+                except ValueError:
+                    raise ConfigError(flag, f"expected integers, got {tokens[j]!r}") from None
+                j += 1
+            s["hierarchical_context_parallel_sizes"] = sizes
+            step = j - i
         elif flag == "--use-torch-fsdp2":
             extra["torch_fsdp2"] = "1"
         elif flag == "--data-parallel-sharding-strategy" and value is not None:
