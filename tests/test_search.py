@@ -150,6 +150,19 @@ def test_search_over_uneven_vp_zero_equals_exhaustive() -> None:
     assert any(not r.fits for r in rows)  # the budget binds somewhere
 
 
+def test_search_keeps_a_hierarchical_cp_base_valid() -> None:
+    """An a2a+p2p base keeps its all-to-all level where it divides a candidate's CP size
+    and rings over the rest (the gcd otherwise), so every CP size of the space is tried."""
+    from simumax.search.space import SearchSpace, candidates
+
+    m = load_model("llama3-8b").with_updates({"layer_num": 4})
+    base = load_strategy("tp1_pp1_dp8_mbs1").with_updates(
+        {"seq_len": 32768, "cp_size": 8, "cp_comm_type": "a2a+p2p", "hierarchical_context_parallel_sizes": [4, 2]})
+    space = SearchSpace(world_size=8, global_batch_size=8, tp=(1,), pp=(1,), cp=(1, 2, 4, 8), recompute=("none",))
+    got = {st.cp_size: st.hierarchical_context_parallel_sizes for _, st in candidates(m, load_system("h100-sxm-80gb"), base, space)}
+    assert got == {1: [1, 1], 2: [2, 1], 4: [4, 1], 8: [4, 2]}
+
+
 # ---- resume, interruption, executors --------------------------------------------------------
 def _small_search(tmp_path, **kw):
     from simumax.search.run import run_search

@@ -12,6 +12,7 @@ which finds the fewest layers that fit.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -187,9 +188,20 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
                     "microbatch_group_size_per_vp_stage": None, **split, **NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc], **offload,
                     **({"fsdp_replicate_size": rep} if space.replicas != (1,) else {}),
                     **({"fsdp_impl": impl} if impl else {}),
+                    **_hierarchical_cp(base_fields, cp),
                 })
                 if st is not None:
                     yield rc, st
+
+
+def _hierarchical_cp(base: dict[str, Any], cp: int) -> dict[str, Any]:
+    """a2a+p2p bases keep their all-to-all level where it divides the candidate's CP size
+    (the largest common part of it otherwise) and ring over the rest."""
+    sizes = base.get("hierarchical_context_parallel_sizes")
+    if base.get("cp_comm_type") != "a2a+p2p" or not sizes:
+        return {}
+    a = math.gcd(sizes[0], cp)
+    return {"hierarchical_context_parallel_sizes": [a, cp // a]}
 
 
 def accounting_layouts(layers: int, pp: int, vp: int) -> list[tuple[str, str]]:
