@@ -17,7 +17,7 @@ from simumax.errors import ConfigError
 
 SIZE_FIELDS = frozenset({"tp_size", "pp_size", "cp_size", "ep_size", "etp_size", "micro_batch_size"})
 
-IGNORED_VALUED = {"--group-query-attention", "--use-megatron-fsdp", "--deepspeed_config"}  # flags that need no field (FSDP: its sharding strategy; DeepSpeed: its config file)
+IGNORED_VALUED = {"--group-query-attention", "--use-megatron-fsdp", "--use-custom-fsdp", "--deepspeed_config"}  # flags that need no field (FSDP: its sharding strategy; DeepSpeed: its config file)
 # flags that change neither time nor memory of a training step (the optimizer's
 # hyper-parameters, data, tokenizer, logging, checkpoints, initialisation, exit
 # conditions): listed back together, apart from the ones that may matter
@@ -96,7 +96,12 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         elif flag == "--num-layers-per-virtual-pipeline-stage" and value is not None:
             extra["vp_layers"] = value
         elif flag == "--moe-token-dispatcher-type" and value is not None:
+            if value not in ("allgather", "alltoall", "alltoall_seq", "flex"):
+                raise ConfigError(flag, f"expected allgather, alltoall, alltoall_seq or flex, got {value!r}")
             s["moe_dispatcher_policy"] = "all_gather" if value == "allgather" else "all2all"
+            if value == "flex":
+                notes.append("--moe-token-dispatcher-type flex: modelled as the all-to-all dispatcher (the same "
+                             "volume); DeepEP's / HybridEP's node-forwarding kernels are not modelled")
         elif flag == "--recompute-granularity" and value is not None:
             extra["granularity"] = value
         elif flag in ("--recompute-modules", "--offload-modules"):
