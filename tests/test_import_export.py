@@ -395,13 +395,16 @@ def test_megatron_layer_freq_expressions_and_layout_virtual_stages() -> None:
     assert s.interleaving_size == 2 and s.pipeline_model_parallel_layout
 
 
-def test_shared_expert_overlap_round_trips_through_the_flags() -> None:
+@pytest.mark.parametrize("dispatcher", ["all2all", "flex"])
+def test_shared_expert_overlap_round_trips_through_the_flags(dispatcher: str) -> None:
     m0 = load_model("deepseek-v2-lite").with_updates({"layer_num": 4})
-    s0 = load_strategy("ep4_pp2_dp4_mbs1").with_updates({"seq_len": 4096, "moe_shared_expert_overlap": True})
+    s0 = load_strategy("ep4_pp2_dp4_mbs1").with_updates({"seq_len": 4096, "moe_shared_expert_overlap": True,
+                                                           "moe_dispatcher_policy": dispatcher})
     flags = model_flags(m0) + megatron_flags(s0, m0)
     assert "--moe-shared-expert-overlap" in flags
+    assert f"--moe-token-dispatcher-type {'flex' if dispatcher == 'flex' else 'alltoall'}" in flags
     m, s, _ = parse_megatron_args(flags, world_size=8)
     h100 = load_system("h100-sxm-80gb")
     a, b = Estimate(m, s, h100), Estimate(m0, s0, h100)
-    assert s.moe_shared_expert_overlap
+    assert s.moe_shared_expert_overlap and s.moe_dispatcher_policy == dispatcher
     assert a.cost().duration_time_per_iter == pytest.approx(b.cost().duration_time_per_iter, rel=1e-12)

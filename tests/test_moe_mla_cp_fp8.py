@@ -253,3 +253,66 @@ def test_hierarchical_context_parallelism_by_hand() -> None:
         Estimate(m, base.with_updates({"world_size": 64, "cp_size": 32, "cp_comm_type": "a2a+p2p",
                                        "hierarchical_context_parallel_sizes": [32, 1]}), sy).cost()
     assert exc.value.field == "hierarchical_context_parallel_sizes"
+
+
+def _hits_by_enumeration(units: int, experts: int, topk: int, groups: int = 0, group_topk: int = 0) -> float:
+    """Mean distinct units over every equally likely routing (all group choices, then all
+    expert choices inside them)."""
+    import itertools
+    from fractions import Fraction
+
+    per_unit, total, count = experts // units, Fraction(0), 0
+    group_sets = itertools.combinations(range(groups), group_topk) if groups else [None]
+    for gs in group_sets:
+        pool = [e for g in gs for e in range(g * experts // groups, (g + 1) * experts // groups)] if gs else range(experts)
+        for chosen in itertools.combinations(pool, topk):
+            total += len({e // per_unit for e in chosen})
+            count += 1
+    return float(total / count)
+
+
+@pytest.mark.parametrize("units, experts, topk, groups, group_topk", [
+    (4, 16, 3, 0, 0), (8, 16, 4, 0, 0), (4, 16, 3, 4, 2), (2, 16, 3, 4, 2), (8, 16, 3, 4, 2), (4, 24, 4, 6, 3),
+])
+def test_flex_dispatch_fanout_exact(units: int, experts: int, topk: int, groups: int, group_topk: int) -> None:
+    """The expected ranks / nodes a token reaches, against every routing enumerated (groups
+    nested in units, units nested in groups, no group limit)."""
+    from simumax.cost.moe_fanout import expected_units_hit
+
+    assert expected_units_hit(units, experts, topk, groups, group_topk) == pytest.approx(
+        _hits_by_enumeration(units, experts, topk, groups, group_topk), rel=1e-12)
+
+
+def test_flex_dispatcher_sends_once_per_destination() -> None:
+    """moe_dispatcher_policy flex (DeepEP's normal kernels): per token one copy through the
+    NICs per remote node reached, one over NVLink per destination rank — DeepSeek-V3 on EP64
+    (8 nodes, node-limited routing to 4 of 8 groups) reaches 3.63 nodes and 7.36 ranks of its
+    8 experts; the all-to-all sends 7 of its 8 copies across nodes. Inside one node only the
+    rank dedup remains. Refused with padding to capacity, as Megatron."""
+    from simumax.config.loader import load_strategy
+    from simumax.cost.moe_fanout import expected_units_hit
+    from simumax.graph.kernels import Collective
+
+    m = load_model("deepseek-v3").with_updates({"layer_num": 3, "dense_layers": 1})
+    sy = load_system("h100-sxm-80gb")
+    st = load_strategy("ep8_pp1_dp8_mbs1").with_updates({"seq_len": 4096, "world_size": 64, "ep_size": 64, "micro_batch_num": 2})
+    flat, flex = Estimate(m, st, sy), Estimate(m, st.with_updates({"moe_dispatcher_policy": "flex"}), sy)
+    a2a = lambda e: next(k for o in e.stages[0].ops if o.module == "dispatch" for k in o.fwd if isinstance(k, Collective))  # noqa: E731
+    c0, c1 = a2a(flat), a2a(flex)
+    assert c0.bytes == c1.bytes and c1.fanout == (256, 8, 8, 4) and c0.fanout is None
+    net = flex.network
+    nodes, ranks = expected_units_hit(8, 256, 8, 8, 4), expected_units_hit(64, 256, 8, 8, 4)
+    assert nodes == pytest.approx(3.629, abs=1e-3) and ranks == pytest.approx(7.359, abs=1e-3)
+    per_copy = c1.bytes / 8
+    remote = net._flat("inter_node", "p2p", per_copy * nodes * 7 / 8, 2, steps=7)
+    nvlink = net._flat(net._intra_tier(8, 1), "p2p", per_copy * ranks * 63 / 64, 2)
+    assert net.time(c1) == pytest.approx(max(remote, nvlink), rel=1e-12)
+    assert net.time(c1) < 0.6 * net.time(c0)
+    one_node = Estimate(m, st.with_updates({"world_size": 8, "ep_size": 8, "moe_dispatcher_policy": "flex"}), sy)
+    c8 = a2a(one_node)
+    assert one_node.network.time(c8) == pytest.approx(one_node.network._flat(
+        one_node.network.groups["ep"].tier, "all2all", c8.bytes / 8 * expected_units_hit(8, 256, 8, 8, 4), 8, "ep"), rel=1e-12)
+    with pytest.raises(ConfigError) as exc:
+        Estimate(m.with_updates({"moe_pad_expert_input_to_capacity": True, "capacity": 1.0}),
+                 st.with_updates({"moe_dispatcher_policy": "flex"}), sy).cost()
+    assert exc.value.field == "moe_dispatcher_policy"

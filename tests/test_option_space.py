@@ -43,7 +43,7 @@ def jobs(draw):
               interleaving_size=vp, ep_size=ep, etp_size=draw(hs.sampled_from((1, tp))) if ep > 1 else 1,
               enable_sequence_parallel=tp > 1, zero_state=draw(hs.sampled_from((0, 1, 2, 3))),
               cp_comm_type=draw(hs.sampled_from(("a2a", "all_gather", "p2p", "a2a+p2p"))),
-              moe_dispatcher_policy=draw(hs.sampled_from(("all2all", "all_gather"))),
+              moe_dispatcher_policy=draw(hs.sampled_from(("all2all", "all_gather", "flex"))),
               group_linear_mode=draw(hs.sampled_from(("grouped", "serial", "merged"))),
               te_version=draw(hs.sampled_from((None, "1.13", "2.1", "2.11.0"))), dtype=draw(hs.sampled_from(("bf16", "bf16", "fp16"))),
               ddp_bucket_size=draw(hs.sampled_from((None, 1_000_000))), pp_schedule=draw(hs.sampled_from((None, "zb", "dualpipev"))),

@@ -92,10 +92,13 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
         # megatron-core TransformerConfig: shared experts, the all-to-all dispatcher
         if not (model.is_moe and model.moe_shared_expert_intermediate_size):
             raise ConfigError("moe_shared_expert_overlap", "needs a MoE model with shared experts")
-        if st.moe_dispatcher_policy != "all2all":
-            raise ConfigError("moe_shared_expert_overlap", "needs the all-to-all dispatcher (moe_dispatcher_policy all2all)")
+        if st.moe_dispatcher_policy == "all_gather":
+            raise ConfigError("moe_shared_expert_overlap", "needs the all-to-all or flex dispatcher, not all_gather")
         if st.overlap_moe_expert_parallel_comm:
             raise ConfigError("moe_shared_expert_overlap", "with overlap_moe_expert_parallel_comm is not modelled")
+    if model.is_moe and st.moe_dispatcher_policy == "flex" and model.moe_pad_expert_input_to_capacity:
+        raise ConfigError("moe_dispatcher_policy", "flex (DeepEP) does not pad expert inputs to capacity (Megatron); "
+                          "set moe_pad_expert_input_to_capacity false")
     if model.is_moe:
         if model.expert_num % st.ep_size:
             raise ConfigError("ep_size", f"expert_num ({model.expert_num}) must be divisible by ep ({st.ep_size})")

@@ -114,7 +114,10 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         None, description="Megatron --hierarchical-context-parallel-sizes, with cp_comm_type a2a+p2p: [all-to-all group, "
         "ring group] sizes (consecutive CP ranks first), their product cp_size.",
     )
-    moe_dispatcher_policy: Literal["all2all", "all_gather"] = Field("all2all", description="MoE token dispatcher.")
+    moe_dispatcher_policy: Literal["all2all", "all_gather", "flex"] = Field(
+        "all2all", description="MoE token dispatcher (Megatron --moe-token-dispatcher-type): all2all (one copy per routed "
+        "expert), all_gather, or flex (DeepEP / HybridEP: each token sent once per destination node and rank).",
+    )
     dispatch_probs: bool = Field(
         False,
         description="MoE: routing probabilities travel with the tokens in dispatch and weight the expert "

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import CollectiveSpec, NetworkTier, SystemConfig
 from simumax.cost.fabric import leaf_rate, nodes_per_leaf
+from simumax.cost.moe_fanout import expected_units_hit
 from simumax.errors import ConfigError
 from simumax.graph.kernels import Collective
 
@@ -175,6 +176,8 @@ class NetworkModel:
         n = place.size
         if n <= 1 or c.bytes <= 0:
             t = 0.0
+        elif c.fanout is not None:
+            t = self._deduplicated_all2all(c, place)
         elif place.intra_node or place.tier != "inter_node":
             t = self._flat(place.tier, c.op, c.bytes, n, c.group)
         else:
@@ -193,6 +196,30 @@ class NetworkModel:
         except ConfigError:
             return None
         return place.tier if place.intra_node else None
+
+    def _deduplicated_all2all(self, c: Collective, place: GroupPlacement) -> float:
+        """A token dispatch that sends each token once per destination (DeepEP's normal
+        kernels, Megatron's flex dispatcher: ``Buffer.dispatch`` / ``combine``): through the
+        NICs once per remote node it reaches (to the same local rank there), then over
+        NVLink once per destination rank — where the all-to-all sends one copy per routed
+        expert. The expected nodes and ranks a token reaches follow its routing
+        (cost/moe_fanout.py); the two transfers overlap, as the all-to-all's do."""
+        experts, topk, groups, group_topk = c.fanout
+        n, stride = place.size, place.stride
+        per_copy = c.bytes / topk
+        ranks = expected_units_hit(n, experts, topk, groups, group_topk)
+        k = max(1, min(n, self.scaleup_size // stride)) if stride < self.scaleup_size else 1
+        nodes = max(1, n // k)
+        if place.intra_node or nodes == 1:
+            return self._flat(place.tier, "all2all", per_copy * ranks, n, c.group)
+        reached = expected_units_hit(nodes, experts, topk, groups, group_topk)
+        node_stride = 1 if stride < self.scaleup_size else stride // self.scaleup_size
+        rate = leaf_rate(*self._leaf, "all2all", nodes, node_stride)
+        # a reached node is the sender's own one time in `nodes` (symmetry); so is a rank
+        remote = self._flat("inter_node", "p2p", per_copy * reached * (nodes - 1) / nodes, 2, steps=nodes - 1, rate=rate)
+        local = self._intra_tier(k, stride) if k > 1 else None
+        forwarded = self._flat(local, "p2p", per_copy * ranks * (n - 1) / n, 2) if local else 0.0
+        return max(remote, forwarded)
 
     def _across_nodes(self, c: Collective, place: GroupPlacement) -> float:
         """A group spanning nodes (k members per node on N nodes).

@@ -16,6 +16,7 @@ def _m(field: str, value: object) -> str:
     return valued_flag("m", field, value)
 
 
+DISPATCHERS = {"all2all": "alltoall", "all_gather": "allgather", "flex": "flex"}  # Megatron's dispatcher names
 ROUTER_DEFAULTS = {
     "moe_router_score_function": "softmax", "moe_router_pre_softmax": False, "moe_router_num_groups": None,
     "moe_router_group_topk": None, "moe_router_topk_scaling_factor": None, "moe_router_load_balancing_type": "aux_loss",
@@ -53,7 +54,7 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
             f.append("--hierarchical-context-parallel-sizes " + " ".join(map(str, st.hierarchical_context_parallel_sizes)))
     if model is not None and model.is_moe:
         f += [_s("ep_size", st.ep_size), _s("etp_size", st.etp_size)]
-        f.append(f"--moe-token-dispatcher-type {'alltoall' if st.moe_dispatcher_policy == 'all2all' else 'allgather'}")
+        f.append(f"--moe-token-dispatcher-type {DISPATCHERS[st.moe_dispatcher_policy]}")
         if st.group_linear_mode == "grouped":
             f.append(switch_flag("s", "group_linear_mode", "grouped"))
         if st.moe_permute_fusion:

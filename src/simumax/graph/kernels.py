@@ -6,6 +6,9 @@ from typing import Literal, NamedTuple
 
 GemmLayout = Literal["TN", "NN", "NT"]  # fwd, dgrad, wgrad (cuBLAS column-major convention)
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all2all", "p2p"]
+# (experts, top-k, routing groups, groups chosen; 0 without group-limited routing): the
+# routing of an all-to-all that sends each token once per destination (cost/moe_fanout.py)
+Fanout = tuple[int, int, int, int]
 Group = Literal["tp", "cp", "cp_a2a", "cp_p2p", "ep", "etp", "dp", "edp", "pp"]
 
 
@@ -195,11 +198,15 @@ class Collective(NamedTuple):
 
     ``bytes`` is the logical buffer: the gathered output for all_gather, the full input
     for reduce_scatter, the tensor for all_reduce, the send buffer for all2all / p2p.
+    An all2all with a ``fanout`` is a token dispatch that sends each token once per
+    destination rank and node (DeepEP, Megatron's flex dispatcher), ``bytes`` still one
+    copy per routed expert.
     """
 
     op: CollectiveOp
     bytes: float
     group: Group
+    fanout: Fanout | None = None
 
     flops = 0.0
 

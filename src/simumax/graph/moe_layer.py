@@ -5,7 +5,9 @@ all-to-all, ETP all-gather, sort received chunks by local expert) -> experts (gr
 GEMM FC1, activation, grouped GEMM FC2) -> combine (the mirror of dispatch; the fused
 unpermute merges the top-k copies of each token weighted by their routing probabilities)
 -> shared experts (a TP MLP on the same input) -> sum. ``moe_dispatcher_policy: all_gather``
-swaps dispatch/combine for an all-gather of all tokens and a reduce-scatter of the output.
+swaps dispatch/combine for an all-gather of all tokens and a reduce-scatter of the output;
+``flex`` (DeepEP / HybridEP) sends each token once per destination node and rank instead of
+once per routed expert (the all-to-all's ``fanout``, costed in cost/network.py).
 
 Sizes per rank (see ``MoeDims``): each rank routes its own sequence-sharded tokens; with
 a capacity factor and ``moe_pad_expert_input_to_capacity`` every expert receives exactly
@@ -24,7 +26,7 @@ from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks, linears
 from simumax.graph import fp8 as fp8_recipe
 from simumax.graph.dims import Dims
-from simumax.graph.kernels import Collective, Gemm, GroupGemm, Kernel, MemBound
+from simumax.graph.kernels import Collective, Fanout, Gemm, GroupGemm, Kernel, MemBound
 from simumax.graph.ops import Op, Tensor
 from simumax.graph.router import router_kernels
 
@@ -44,6 +46,7 @@ class MoeDims:
     rows_sent: int  # rows this rank sends in dispatch (all its tokens' copies)
     rows_received: int  # rows arriving at the busiest rank from the EP all-to-all
     rows_per_expert: int  # grouped-GEMM M: rows per local expert after the ETP all-gather
+    fanout: Fanout | None = None  # the flex dispatcher's routing (one send per destination: cost/moe_fanout.py)
 
     @classmethod
     def of(cls, model: ModelConfig, st: StrategyConfig, d: Dims) -> "MoeDims":
@@ -70,6 +73,8 @@ class MoeDims:
             rows_sent=math.ceil(balanced * E),
             rows_received=math.ceil(busiest * E),
             rows_per_expert=math.ceil(busiest * ep) * etp,
+            fanout=(E, k, model.moe_router_num_groups or 0, model.moe_router_group_topk or 0)
+            if st.moe_dispatcher_policy == "flex" else None,
         )
 
     @property
@@ -134,7 +139,7 @@ def _dispatch(
     """Permute by expert, EP all-to-all, ETP all-gather, sort chunks by local expert."""
     row = h * d.act_bytes + (FP32 if probs else 0)  # the routing prob travels with its token
     sent, recv = md.rows_sent * row, md.rows_received * row
-    a2a = Collective("all2all", float(max(sent, recv)), "ep")
+    a2a = Collective("all2all", float(max(sent, recv)), "ep", md.fanout)
     perm_f, perm_b = _permute_kernels(P, md, float(md.tokens * h * d.act_bytes + sent), fused)
     fwd: list[Kernel] = [*perm_f, a2a]
     bwd: list[Kernel] = []
@@ -210,7 +215,7 @@ def _combine(
     row = h * d.act_bytes
     sent, recv = md.rows_sent * row, md.rows_received * row
     gathered = recv * md.etp
-    a2a = Collective("all2all", float(max(sent, recv)), "ep")
+    a2a = Collective("all2all", float(max(sent, recv)), "ep", md.fanout)
     sort_f, sort_b = _chunk_sort(P, "unsort_chunks", md, gathered, pad)
     fwd: list[Kernel] = list(sort_f)
     bwd: list[Kernel] = []

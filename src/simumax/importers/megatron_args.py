@@ -36,7 +36,7 @@ NO_EFFECT = frozenset({
     "--attention-softmax-in-fp32", "--no-position-embedding", "--use-rotary-position-embeddings", "--bias-swiglu-fusion",
     "--no-bias-swiglu-fusion", "--profile", "--profile-step-start", "--profile-step-end", "--use-pytorch-profiler",
     "--norm-epsilon", "--moe-aux-loss-coeff", "--moe-router-bias-update-rate", "--mtp-loss-scaling-factor",
-    "--rotary-scaling-factor", "--mscale", "--mscale-all-dim",
+    "--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--moe-enable-deepep",
 })
 
 
@@ -98,10 +98,9 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         elif flag == "--moe-token-dispatcher-type" and value is not None:
             if value not in ("allgather", "alltoall", "alltoall_seq", "flex"):
                 raise ConfigError(flag, f"expected allgather, alltoall, alltoall_seq or flex, got {value!r}")
-            s["moe_dispatcher_policy"] = "all_gather" if value == "allgather" else "all2all"
-            if value == "flex":
-                notes.append("--moe-token-dispatcher-type flex: modelled as the all-to-all dispatcher (the same "
-                             "volume); DeepEP's / HybridEP's node-forwarding kernels are not modelled")
+            s["moe_dispatcher_policy"] = {"allgather": "all_gather", "flex": "flex"}.get(value, "all2all")
+        elif flag == "--moe-flex-dispatcher-backend" and value == "ncclep":
+            extra["ncclep"] = "1"
         elif flag == "--recompute-granularity" and value is not None:
             extra["granularity"] = value
         elif flag in ("--recompute-modules", "--offload-modules"):
@@ -202,6 +201,9 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         raise ConfigError("--vocab-size", "required (Megatron reads it from the tokenizer; pass it explicitly)")
     if "sharding" in extra:  # Megatron-FSDP's --data-parallel-sharding-strategy
         s["zero_state"] = extra["sharding"]
+    if "ncclep" in extra and s.get("moe_dispatcher_policy") == "flex":
+        s["moe_dispatcher_policy"] = "all2all"
+        notes.append("--moe-flex-dispatcher-backend ncclep: modelled as the all-to-all dispatcher (one copy per routed expert)")
     if "torch_fsdp2" in extra:
         # Megatron's TorchFullyShardedDataParallel: fully_shard on every TransformerLayer, the
         # embedding and the output layer, all resharded after forward (reshard_after_forward True)
