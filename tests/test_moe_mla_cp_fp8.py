@@ -316,3 +316,16 @@ def test_flex_dispatcher_sends_once_per_destination() -> None:
         Estimate(m.with_updates({"moe_pad_expert_input_to_capacity": True, "capacity": 1.0}),
                  st.with_updates({"moe_dispatcher_policy": "flex"}), sy).cost()
     assert exc.value.field == "moe_dispatcher_policy"
+
+
+def test_fp8_parameters_need_no_per_micro_batch_cast() -> None:
+    """With fp8 parameters there are no bf16 weights to cast: fp8_weight_caching off adds
+    no per-micro-batch weight casts then."""
+    from simumax.config.loader import load_strategy
+
+    m = load_model("llama3.1-8b").with_updates({"layer_num": 2})
+    st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"seq_len": 2048, "fp8": True, "fp8_param_gather": True})
+    casts = lambda s: [k for o in Estimate(m, s, load_system("h100-sxm-80gb")).stages[0].ops  # noqa: E731
+                       for k in o.fwd if "cast_weight" in getattr(k, "name", "")]
+    assert casts(st) == casts(st.with_updates({"fp8_weight_caching": False})) == []
+    assert casts(st.with_updates({"fp8_param_gather": False, "fp8_weight_caching": False}))

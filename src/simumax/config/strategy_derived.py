@@ -29,6 +29,8 @@ class StrategyDerived:
         enable_sequence_parallel: bool
         fp8: bool
         fp8_recipe: str
+        fp8_weight_caching: bool
+        fp8_param_gather: bool
         fp4: bool
         fp4_recipe: str | None
         recompute_method: str
@@ -115,6 +117,13 @@ class StrategyDerived:
     def fp4_on(self) -> bool:
         """FP4 linears: ``fp4`` set, or an fp4 recipe named."""
         return self.fp4 or self.fp4_recipe is not None
+
+    @property
+    def fp8_weights_kept(self) -> bool:
+        """The linears' fp8 weights outlive a micro-batch: TE's cached casts
+        (``fp8_weight_caching``), or the fp8 parameters themselves (``fp8_param_gather``:
+        nothing to cast per micro-batch)."""
+        return self.fp8_weight_caching or self.fp8_param_gather
 
     @property
     def lp_recipe(self) -> str:

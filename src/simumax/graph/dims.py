@@ -61,7 +61,7 @@ class Dims:
             fp8=st.low_precision,
             local=st.transformer_impl == "local",
             fp8_recipe=st.lp_recipe,
-            fp8_weight_caching=st.fp8_weight_caching,
+            fp8_weight_caching=st.fp8_weights_kept,
             main_grad_bytes=st.main_grad_bytes,
             wgrad_fused=st.gradient_accumulation_fusion,
         )

@@ -188,7 +188,7 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
         saved = ((f"{x[0]}.fp8_col", fp8_recipe.saved_input_bytes(recipe, x[1] / st.dtype_bytes)),)
     if fp8:  # quantize the input in forward and the output gradient in backward (graph/fp8.py)
         casts, grad_cast = fp8_recipe.linear_casts(recipe, f"{P}.{name}", x[1] / st.dtype_bytes, out_bytes / st.dtype_bytes,
-                                                   ng * k * n, st.dtype_bytes, st.fp8_weight_caching)
+                                                   ng * k * n, st.dtype_bytes, st.fp8_weights_kept)
         fwd, dgrad = (*casts, *fwd), (*grad_cast, *dgrad)
     grad_buffer = 0.0
     if not st.gradient_accumulation_fusion:
