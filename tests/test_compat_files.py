@@ -263,3 +263,23 @@ def test_same_numbers_as_simumax_on_its_own_files() -> None:
             worst_t, worst_m, n = max(worst_t, abs(dt)), max(worst_m, abs(dm)), n + 1
     print(f"{n} cases: time within {worst_t:.1%}, peak memory within {worst_m:.2%} of SimuMax v1.2's own predictions")
     assert n >= 48
+
+
+def test_rank_orders() -> None:
+    """Megatron's default rank order tp-cp-ep-dp-pp keeps DP inside a node before PP;
+    --use-tp-pp-dp-mapping (rank_order tp-cp-ep-pp-dp, SimuMax's order_of_paralielism
+    tp-pp-dp) puts pipeline neighbours next to each other: on 8-GPU nodes with TP4 PP4 DP4,
+    PP stride 4 (NVLink) and DP stride 16 (one rank a node) instead of PP 16 and DP 4."""
+    m = load_model(REF / "models" / "llama3-70b.json")
+    sy = load_system("h100-sxm-80gb")
+    st = load_strategy(REF / "strategy" / "tp1_pp2_dp4_mbs1.json").with_updates(
+        {"world_size": 64, "tp_size": 4, "pp_size": 4, "micro_batch_num": 16, "enable_sequence_parallel": True})
+    place = lambda s: {g: (p.size, p.stride, p.intra_node) for g, p in Estimate(m, s, sy).network.groups.items()}  # noqa: E731
+    default, inner = place(st), place(st.with_updates({"rank_order": "tp-cp-ep-pp-dp"}))
+    assert default["pp"] == (2, 16, False) and default["dp"] == (4, 4, False)
+    assert inner["pp"] == (2, 4, True) and inner["dp"] == (4, 16, False) and inner["tp"] == default["tp"]
+    assert load_strategy({**json.loads((REF / "strategy" / "tp1_pp2_dp4_mbs1.json").read_text()),
+                          "order_of_paralielism": "tp-pp-dp"}).rank_order == "tp-cp-ep-pp-dp"
+    with pytest.raises(ConfigError) as exc:
+        st.with_updates({"rank_order": "tp-cp-ep-pp-dp", "cp_size": 2})
+    assert exc.value.field == "rank_order"

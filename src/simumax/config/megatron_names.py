@@ -105,6 +105,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--no-store-param-remainders": ("s", "store_param_remainders", False),
     "--fp8-param-gather": ("s", "fp8_param_gather", True),
     "--moe-shared-expert-overlap": ("s", "moe_shared_expert_overlap", True),
+    "--use-tp-pp-dp-mapping": ("s", "rank_order", "tp-cp-ep-pp-dp"),
 }
 
 _FLAG_OF = {(target, field): flag for flag, (target, field, _) in VALUED.items()}

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 # Megatron's default rank order (tp fastest); SimuMax writes it with its own spelling
 DEFAULT_RANK_ORDERS = {"tp-cp-ep-dp-pp", "tp-cp-dp-pp", "tp-dp-pp", "tp-cp-ep-dp-pp-etp"}
+PP_INNER_RANK_ORDERS = {"tp-cp-ep-pp-dp", "tp-cp-pp-dp", "tp-pp-dp"}  # Megatron's --use-tp-pp-dp-mapping
 
 # strategy fields SimuMax writes that change nothing modelled here: version gates of TE
 # features (this package reads ``te_version``) and SimuMax's own bookkeeping
@@ -63,8 +64,10 @@ def strategy_input(data: Any, fields: dict[str, Any]) -> Any:
         # Megatron's alltoall_seq dispatcher: the same all-to-all volume, split along the sequence
         d["moe_dispatcher_policy"] = "all2all"
     order = d.pop("order_of_paralielism", None)
-    if order is not None and str(order).lower() not in DEFAULT_RANK_ORDERS:
-        _warn("order_of_paralielism", order, "ranks are laid out in Megatron's order tp-cp-ep-dp-pp")
+    if order is not None and str(order).lower() in PP_INNER_RANK_ORDERS:
+        d.setdefault("rank_order", "tp-cp-ep-pp-dp")
+    elif order is not None and str(order).lower() not in DEFAULT_RANK_ORDERS:
+        _warn("order_of_paralielism", order, "ranks are laid out in Megatron's order tp-cp-ep-dp-pp or tp-cp-ep-pp-dp")
     sparse = d.pop("attention_sparse_ratio", None)
     if sparse not in (None, 0, 0.0):
         raise ConfigError("attention_sparse_ratio", f"sparse attention is not modelled (got {sparse!r}); use 0")

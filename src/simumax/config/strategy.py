@@ -110,6 +110,11 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         "p2p (ring), or a2a+p2p (hierarchical: an all-to-all inside the first group of "
         "hierarchical_context_parallel_sizes, the ring across the second).",
     )
+    rank_order: Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"] = Field(
+        "tp-cp-ep-dp-pp", description="How ranks are numbered, innermost first (Megatron's order; "
+        "--use-tp-pp-dp-mapping: tp-cp-ep-pp-dp, pipeline neighbours inside a node, DP across): which groups are "
+        "consecutive ranks and so fit in a node.",
+    )
     hierarchical_context_parallel_sizes: list[PositiveInt] | None = Field(
         None, description="Megatron --hierarchical-context-parallel-sizes, with cp_comm_type a2a+p2p: [all-to-all group, "
         "ring group] sizes (consecutive CP ranks first), their product cp_size.",

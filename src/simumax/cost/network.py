@@ -120,6 +120,11 @@ class NetworkModel:
             "ep": (ep, etp),
             "edp": (st.edp_size, ep * etp),
         }
+        if st.rank_order == "tp-cp-ep-pp-dp" and pp > 1:  # --use-tp-pp-dp-mapping (cp 1: the rules)
+            layout.update({
+                "pp": (2, tp), "dp": (dp, tp * pp), "dp_shard": (st.dp_shard_size, tp * pp),
+                "dp_rep": (st.fsdp_replicate_size, tp * pp * st.dp_shard_size), "edp": (st.edp_size, ep * etp * pp),
+            })
         overrides = {"tp": st.tp_net, "cp": st.cp_net, "cp_a2a": st.cp_net, "cp_p2p": st.cp_net, "dp": st.dp_net, "pp": st.pp_net, "ep": st.ep_net, "etp": st.etp_net,
                      "edp": st.edp_net or st.dp_net, "dp_shard": st.dp_net, "dp_rep": st.dp_net}
         # the PCIe switch-tree spans a system has tiers for (intra_node_pcie_<w>x), narrowest first

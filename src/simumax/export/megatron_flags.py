@@ -48,6 +48,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     for field in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
         if getattr(st, field):
             f.append(switch_flag("s", field))
+    if st.rank_order == "tp-cp-ep-pp-dp":
+        f.append(switch_flag("s", "rank_order", "tp-cp-ep-pp-dp"))
     if st.cp_size > 1:
         f.append(_s("cp_comm_type", st.cp_comm_type))
         if st.cp_comm_type == "a2a+p2p" and st.hierarchical_context_parallel_sizes:
