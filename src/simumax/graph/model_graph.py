@@ -241,6 +241,7 @@ def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSourc
     counts = vstage_layer_counts(model, st)
     places = virtual_stage_places(st)
     p2p = src.dims.act(src.dims.h, local=True)
+    group = st.recompute_group_layers  # layers per checkpoint (uniform recompute)
     out: list[Stage] = []
     first_layer = 0
     for k, (r, chunk) in enumerate(places):
@@ -254,9 +255,9 @@ def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSourc
             else:
                 runs.append((kind, [layer]))
         parts = [StagePart(list(src.pre_ops()) if k == 0 else [])]
-        grouped = partial(_grouped_layer_of, src, first_layer, st.recompute_group_layers)
+        grouped = partial(_grouped_layer_of, src, first_layer, group) if group > 1 else None
         parts += [StagePart(src.layer(src.kind_layer(ls[0], kind[0]), kind[0]), tuple(ls),
-                            grouped if kind[0] and st.recompute_group_layers > 1 else partial(_layer_of, src, kind[0]), kind)
+                            grouped if kind[0] and grouped else partial(_layer_of, src, kind[0]), kind)
                   for kind, ls in runs]
         post: list[Op] = []
         if k == len(places) - 1:

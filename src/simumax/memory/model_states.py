@@ -142,7 +142,9 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
         # fp8 parameters are the row-wise layout themselves (weights): only the other is TE's
         copies = r.elem_bytes + r.weight_scale_bytes if st.fp8_param_gather else fp8.weight_copy_bytes_per_param(r)
         te += copies * fp8_weight_params(stage)
-    weights = float(stored_param_bytes(st, total, fp8_weight_params(stage)))
+    weights = float(total * st.dtype_bytes)
+    if st.fp8_param_gather:  # (counting the fp8 parameters walks the stage's ops: only then)
+        weights = stored_param_bytes(st, total, fp8_weight_params(stage))
     grads = float(total * st.main_grad_bytes)
     if st.fsdp_impl == "deepspeed":  # stages 1-3 (the strategy rules ask zero_state >= 1)
         weights, grads = deepspeed_states(st, stage, shard_params(st, stage), largest_layer_params(stage))
