@@ -99,8 +99,11 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             if value not in ("allgather", "alltoall", "alltoall_seq", "flex"):
                 raise ConfigError(flag, f"expected allgather, alltoall, alltoall_seq or flex, got {value!r}")
             s["moe_dispatcher_policy"] = {"allgather": "all_gather", "flex": "flex"}.get(value, "all2all")
-        elif flag == "--moe-flex-dispatcher-backend" and value == "ncclep":
-            extra["ncclep"] = "1"
+        elif flag == "--moe-flex-dispatcher-backend" and value is not None:
+            if value not in ("deepep", "hybridep", "ncclep"):
+                raise ConfigError(flag, f"expected deepep, hybridep or ncclep, got {value!r}")
+            if value == "ncclep":
+                extra["ncclep"] = "1"
         elif flag == "--recompute-granularity" and value is not None:
             extra["granularity"] = value
         elif flag in ("--recompute-modules", "--offload-modules"):
