@@ -117,3 +117,34 @@ def test_deferred_head_gradients_hold_their_bucket_to_the_end() -> None:
     head = est.param_orders(est.chunks[0])[0].head
     assert fr[-1][0] == -1.0 and fr[-1][1].position == head  # reduced last
     assert forward[-1].position == head  # but still gathered last: the forward needs it last
+
+
+def test_param_gather_with_optimizer_step() -> None:
+    """Megatron --overlap-param-gather-with-optimizer-step (megatron-core ChainedOptimizer:
+    the first model chunk steps first and starts its parameter all-gathers while the other
+    chunks step): a rank's first forward, gated by its first bucket's gather, starts earlier
+    by the other chunks' share of the step after the gradient norm; refused without
+    interleaving, overlap_param_gather or the distributed optimizer."""
+    import pytest
+
+    from simumax.config.loader import load_model, load_strategy, load_system
+    from simumax.errors import ConfigError
+    from simumax.estimate import Estimate
+
+    m = load_model("llama3-70b").with_updates({"layer_num": 8})
+    sy = load_system("h100-sxm-80gb")
+    st = load_strategy("tp1_pp2_dp4_mbs1").with_updates(
+        {"seq_len": 4096, "world_size": 64, "tp_size": 8, "pp_size": 2, "interleaving_size": 2, "micro_batch_num": 4,
+         "enable_sequence_parallel": True, "overlap_grad_reduce": True, "overlap_param_gather": True})
+    off, on = Estimate(m, st, sy), Estimate(m, st.with_updates({"overlap_param_gather_with_optimizer_step": True}), sy)
+    first = lambda e: next(x.start for x in e.iteration.events[0] if x.stream == "compute")  # noqa: E731
+    chunks = [c for c in on.chunks if c.index == 0]
+    later = sum(c.params for c in chunks[1:]) / sum(c.params for c in chunks)
+    shift = on.optimizer_passes[0][1] * later
+    assert 0 < shift < first(off)
+    assert first(on) == pytest.approx(first(off) - shift, rel=1e-9)
+    assert on.cost().duration_time_per_iter <= off.cost().duration_time_per_iter
+    for upd in ({"interleaving_size": 1, "micro_batch_num": 4}, {"overlap_param_gather": False}, {"zero_state": 0}):
+        with pytest.raises(ConfigError) as exc:
+            st.with_updates({"overlap_param_gather_with_optimizer_step": True, **upd})
+        assert exc.value.field == "overlap_param_gather_with_optimizer_step"

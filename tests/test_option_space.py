@@ -50,6 +50,8 @@ def jobs(draw):
               **{f: draw(hs.booleans()) for f in FLAGS})
     if cp == 1:
         st.update(rank_order=draw(hs.sampled_from(("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"))))
+    if st["overlap_param_gather"] and st["zero_state"] == 1 and vp > 1:
+        st.update(overlap_param_gather_with_optimizer_step=draw(hs.booleans()))
     if st["cp_comm_type"] == "a2a+p2p":
         a = draw(hs.sampled_from([k for k in range(1, cp + 1) if cp % k == 0]))
         st.update(hierarchical_context_parallel_sizes=[a, cp // a])

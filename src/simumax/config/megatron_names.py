@@ -106,6 +106,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--fp8-param-gather": ("s", "fp8_param_gather", True),
     "--moe-shared-expert-overlap": ("s", "moe_shared_expert_overlap", True),
     "--use-tp-pp-dp-mapping": ("s", "rank_order", "tp-cp-ep-pp-dp"),
+    "--overlap-param-gather-with-optimizer-step": ("s", "overlap_param_gather_with_optimizer_step", True),
 }
 
 _FLAG_OF = {(target, field): flag for flag, (target, field, _) in VALUED.items()}

@@ -286,6 +286,10 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
     overlap_param_gather: bool = Field(
         False, description="ZeRO-1 parameter all-gather overlaps the next iteration's first forward."
     )
+    overlap_param_gather_with_optimizer_step: bool = Field(
+        False, description="Megatron --overlap-param-gather-with-optimizer-step (interleaved pipelines): the first model "
+        "chunk steps first and its parameter all-gathers run while the other chunks step.",
+    )
     tp_comm_overlap: bool = Field(False, description="TP all-gather / reduce-scatter overlap their GEMMs (TE userbuffers).")
     overlap_p2p_comm: bool = Field(False, description="P2P sends run on a communication stream (do not block compute).")
     moe_shared_expert_overlap: bool = Field(

@@ -61,6 +61,10 @@ def check_rules(st: "StrategyConfig") -> None:
     if st.cpu_offloading:
         _check_cpu_offloading(st)
     _check_optimizer_dtypes(st)
+    if st.overlap_param_gather_with_optimizer_step and not (
+            st.overlap_param_gather and st.zero_state == 1 and st.fsdp_impl != "deepspeed" and st.interleaving_size > 1):
+        raise ConfigError("overlap_param_gather_with_optimizer_step", "needs the distributed optimizer (zero_state 1), "
+                          "overlap_param_gather and the interleaved schedule (interleaving_size > 1), as Megatron")
     if st.fp8_param_gather:
         if not st.fp8_on or st.fp4_on:
             raise ConfigError("fp8_param_gather", "needs fp8 (the weights are stored in the fp8 recipe's format)")

@@ -139,7 +139,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     return f
 
 
-OVERLAP_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_p2p_comm",
+OVERLAP_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "overlap_param_gather_with_optimizer_step",
+                  "tp_comm_overlap", "overlap_p2p_comm",
                   "overlap_moe_expert_parallel_comm", "moe_shared_expert_overlap", "delay_wgrad_compute",
                   "defer_embedding_wgrad_compute")
 

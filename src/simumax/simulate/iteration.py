@@ -173,8 +173,9 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         done = []
         for b in forward[vstage]:
             if b.gather:
-                if record:
-                    comm[r].append(Event(r, "comm", f"{b.group} all_gather params", start, start + b.gather, "param_gather", vstage))
+                if record and start + b.gather > 0:  # (a gather run in the previous step: not this iteration's)
+                    comm[r].append(Event(r, "comm", f"{b.group} all_gather params", max(start, 0.0), start + b.gather,
+                                         "param_gather", vstage))
                 start += b.gather
                 done.append(start)
         return done
@@ -182,11 +183,17 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     gate: dict[int, tuple[float, float]] = {}
     if st.overlap_param_gather:
         for r in range(ranks):
-            for c in chunks_of[r]:
-                done = gather_params(r, c.vstage, comm_free[r])
+            for i, c in enumerate(chunks_of[r]):
+                start = comm_free[r]
+                if i == 0 and st.overlap_param_gather_with_optimizer_step:
+                    # Megatron's ChainedOptimizer steps the first chunk first and dispatches its
+                    # gathers (start_param_sync) before the other chunks step: they ran during
+                    # the previous iteration's step of the rank's other chunks
+                    start -= _later_chunks_step(est, r, chunks_of[r])
+                done = gather_params(r, c.vstage, start)
                 if done:
                     gate[c.vstage] = (done[0], done[-1])
-                    comm_free[r] = done[-1]
+                    comm_free[r] = max(done[-1], 0.0)
     opts = PipelineOptions(
         p2p_overlapped=st.p2p_overlapped,
         pair_overlap=st.overlap_moe_expert_parallel_comm,
@@ -258,3 +265,10 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         events.append(evs)
         end.append(t)
     return IterationRun(orders, events, end_bwd, end, busy, norm_ready)
+
+
+def _later_chunks_step(est: "Estimate", rank: int, chunks: list) -> float:
+    """The part of a rank's step after the gradient norm that its chunks after the first
+    take (the step's passes are proportional to the parameters stepped)."""
+    params = sum(c.params for c in chunks)
+    return est.optimizer_passes[rank][1] * (params - chunks[0].params) / params if params else 0.0
