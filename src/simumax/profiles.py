@@ -162,9 +162,9 @@ class LayerProfiles:
         runs their backward on that stream too, beside the all-to-alls' backward. Per pass,
         the layer's EP all-to-all time hides min(shared experts' time, all-to-all time); the
         shared weight gradients are left exposed (a schedule may defer them)."""
-        for name, own in (("fwd", ("fwd",)), ("recompute", ("recompute",)), ("bwd_input", ("bwd_input",))):
+        for name in ("fwd", "recompute", "bwd_input"):
             tot = getattr(out, name)
-            side = sum(ph[p].total for ph in shared for p in own)
+            side = sum(ph[name].total for ph in shared)
             hidden = min(side, tot.comm.get("ep", 0.0))
             if hidden <= 0:
                 continue

@@ -210,21 +210,26 @@ class NetworkModel:
         expert. The expected nodes and ranks a token reaches follow its routing
         (cost/moe_fanout.py); the two transfers overlap, as the all-to-all's do."""
         experts, topk, groups, group_topk = c.fanout
-        n, stride = place.size, place.stride
+        n = place.size
         per_copy = c.bytes / topk
         ranks = expected_units_hit(n, experts, topk, groups, group_topk)
-        k = max(1, min(n, self.scaleup_size // stride)) if stride < self.scaleup_size else 1
-        nodes = max(1, n // k)
+        _, nodes, node_stride, local = self._node_split(place)
         if place.intra_node or nodes == 1:
             return self._flat(place.tier, "all2all", per_copy * ranks, n, c.group)
         reached = expected_units_hit(nodes, experts, topk, groups, group_topk)
-        node_stride = 1 if stride < self.scaleup_size else stride // self.scaleup_size
         rate = leaf_rate(*self._leaf, "all2all", nodes, node_stride)
         # a reached node is the sender's own one time in `nodes` (symmetry); so is a rank
         remote = self._flat("inter_node", "p2p", per_copy * reached * (nodes - 1) / nodes, 2, steps=nodes - 1, rate=rate)
-        local = self._intra_tier(k, stride) if k > 1 else None
         forwarded = self._flat(local, "p2p", per_copy * ranks * (n - 1) / n, 2) if local else 0.0
         return max(remote, forwarded)
+
+    def _node_split(self, place: GroupPlacement) -> tuple[int, int, int, str | None]:
+        """(members per node k, nodes, node stride, the tier k members use inside a node or
+        None) of a group across nodes."""
+        n, stride, per_node = place.size, place.stride, self.scaleup_size
+        k = max(1, min(n, per_node // stride)) if stride < per_node else 1
+        node_stride = 1 if stride < per_node else stride // per_node
+        return k, max(1, n // k), node_stride, self._intra_tier(k, stride) if k > 1 else None
 
     def _across_nodes(self, c: Collective, place: GroupPlacement) -> float:
         """A group spanning nodes (k members per node on N nodes).
@@ -242,12 +247,8 @@ class NetworkModel:
         all-to-all, 1 for p2p. The tier's gbps is per GPU: every GPU of a node runs its own
         group's collective at the same time (groups of one kind are symmetric), so each
         uses its share of the node's NICs."""
-        n, stride = place.size, place.stride
-        per_node = self.scaleup_size
-        k = max(1, min(n, per_node // stride)) if stride < per_node else 1
-        nodes = max(1, n // k)
-        node_stride = 1 if stride < per_node else stride // per_node
-        local = self._intra_tier(k, stride) if k > 1 else None
+        n = place.size
+        k, nodes, node_stride, local = self._node_split(place)
         op, b = c.op, c.bytes
 
         def across(op_: str, nbytes: float) -> float:

@@ -107,27 +107,19 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         elif flag == "--recompute-granularity" and value is not None:
             extra["granularity"] = value
         elif flag in ("--recompute-modules", "--offload-modules"):
-            mods = []
-            j = i + 1
-            while j < len(tokens) and not tokens[j].startswith("--"):
-                mods.append(tokens[j])
-                j += 1
+            mods = _values_after(tokens, i)
             if flag == "--offload-modules":
                 s["offload_modules"] = mods
             else:
                 extra["modules"] = " ".join(mods)
-            step = j - i
+            step = 1 + len(mods)
         elif flag == "--hierarchical-context-parallel-sizes":
-            sizes = []
-            j = i + 1
-            while j < len(tokens) and not tokens[j].startswith("--"):
-                try:
-                    sizes.append(int(tokens[j]))
-                except ValueError:
-                    raise ConfigError(flag, f"expected integers, got {tokens[j]!r}") from None
-                j += 1
-            s["hierarchical_context_parallel_sizes"] = sizes
-            step = j - i
+            words = _values_after(tokens, i)
+            try:
+                s["hierarchical_context_parallel_sizes"] = [int(w) for w in words]
+            except ValueError:
+                raise ConfigError(flag, f"expected integers, got {' '.join(words)!r}") from None
+            step = 1 + len(words)
         elif flag == "--use-torch-fsdp2":
             extra["torch_fsdp2"] = "1"
         elif flag == "--data-parallel-sharding-strategy" and value is not None:
@@ -263,6 +255,17 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     model = _by_flag("m", lambda: ModelConfig.init_from_dict(m, source="Megatron arguments"))
     strategy = _by_flag("s", lambda: StrategyConfig.init_from_dict(s, source="Megatron arguments"))
     return model, strategy, notes
+
+
+def _values_after(tokens: list[str], i: int) -> list[str]:
+    """The words after a flag that takes several (``--recompute-modules core_attn mlp``),
+    up to the next flag."""
+    out = []
+    for tok in tokens[i + 1:]:
+        if tok.startswith("--"):
+            break
+        out.append(tok)
+    return out
 
 
 def _layer_pattern(value: str) -> list[str] | None:
