@@ -125,6 +125,69 @@ def test_fused_wgrad_linear_matches_autograd() -> None:
     assert layer.weight.grad is None and torch.allclose(layer.bias.grad, gb)
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "delayed"])
+def test_fp8_linear_is_the_linear_within_fp8_rounding(recipe) -> None:
+    """TE's fp8 linear rebuilt in torch (calibrate/fp8_linear.py): output, input gradient and
+    the weight gradient added to main_grad agree with the bf16 linear within what E4M3 /
+    E5M2 rounding allows (relative error of the whole tensor); the weight's fp8 copies are
+    made once per step and remade after new_step(); delayed scaling uses the last amax."""
+    from simumax.calibrate.check_step import _Linear
+    from simumax.calibrate.fp8_linear import Fp8Linear, Fp8Quantizer
+
+    torch.manual_seed(0)
+    ref = _Linear(64, 48, bias=True)
+    x = torch.randn(2, 16, 64)
+    dy = torch.randn(2, 16, 48)
+    xr = x.clone().requires_grad_(True)
+    (ref(xr) * dy).sum().backward()
+    ref_wgrad = ref.weight.grad.clone()
+    lin = Fp8Linear(ref, Fp8Quantizer(recipe, compile=False))
+    lin.weight.main_grad = torch.zeros_like(lin.weight)
+    lin.weight.grad = lin.bias.grad = None
+
+    def rel(a, b):
+        return float((a - b).norm() / b.norm())
+
+    for step in range(2):  # the second step's delayed scales come from the first's amaxes
+        lin.new_step()
+        lin.weight.main_grad.zero_()
+        x8 = x.clone().requires_grad_(True)
+        y = lin(x8)
+        (y * dy).sum().backward()
+        with torch.no_grad():
+            assert rel(y, ref(x)) < 0.06, (step, rel(y, ref(x)))
+        assert rel(x8.grad, xr.grad) < 0.15, (step, rel(x8.grad, xr.grad))
+        assert rel(lin.weight.main_grad, ref_wgrad) < 0.15
+        assert lin.weight.grad is None  # gone into main_grad, as with Megatron's fusion
+    cached = lin.weight_fp8()
+    assert lin.weight_fp8() is cached  # kept across micro-batches
+    assert cached[0].dtype == torch.float8_e4m3fn and cached[1].shape == (64, 48)  # both layouts
+    lin.new_step()
+    assert lin.weight_fp8() is not cached
+
+
+def test_check_step_fp8_keeps_fp8_inputs_and_predicts_fp8() -> None:
+    """The fp8 step saves the linears' inputs as 1-byte transposed copies (fewer saved bytes
+    than bf16), counts its weight copies as states not activations, and is predicted with
+    the same recipe and unfused weight-gradient accumulation."""
+    from simumax.calibrate.check_step import LlamaStyle, saved_bytes, single_device_strategy, use_fp8
+
+    base = load_model("llama3-8b").with_updates({k: v for k, v in TINY_MODEL.items() if k != "model_name"}, source="test")
+    tokens = torch.randint(0, 100, (2, 33))
+    saved = {}
+    for recipe in (None, "tensorwise"):
+        torch.manual_seed(0)
+        net = LlamaStyle(base)
+        fp8 = use_fp8(net, recipe, compile=False) if recipe else []
+        saved[recipe] = saved_bytes(net, tokens[:, :-1], tokens[:, 1:], fp8)
+    h, layers = base.hidden_size, base.layer_num
+    # per layer the qkv and fc1 inputs (each h wide) and the proj and fc2 inputs: fp32 here (4 B -> 1 B)
+    assert 0 < saved["tensorwise"] < saved[None] - layers * 2 * 64 * h * 3
+    st = single_device_strategy(32, 2, 1, fp8_recipe="delayed")
+    assert st.fp8 and st.fp8_recipe == "delayed" and not st.gradient_accumulation_fusion
+    assert not single_device_strategy(32, 2, 1).fp8
+
+
 def test_check_step_model_trains_and_counts_like_simumax() -> None:
     """Parameters exact for tied/untied, GQA/MHA, LayerNorm/GeLU; the loss goes down."""
     from simumax.calibrate.check_step import single_device_strategy, train_steps

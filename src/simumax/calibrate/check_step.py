@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from simumax.calibrate.fp8_linear import Fp8Linear, Fp8Quantizer
 from simumax.calibrate.megatron_loss import megatron_cross_entropy
 from simumax.calibrate.nvml import open_device, reading
 from simumax.calibrate.nvml import summary as clock_summary
@@ -33,15 +34,18 @@ from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
 
 
-def single_device_strategy(seq_len: int, mbs: int, mbc: int, wgrad_fused: bool = True) -> StrategyConfig:
+def single_device_strategy(seq_len: int, mbs: int, mbc: int, wgrad_fused: bool = True,
+                           fp8_recipe: str | None = None) -> StrategyConfig:
     """``wgrad_fused``: whether the weight gradients went into the fp32 main grads in one GEMM
     (``timing.accumulate_fp32_``; where torch lacks it they are added, as Megatron without
-    gradient-accumulation fusion)."""
+    gradient-accumulation fusion). ``fp8_recipe``: the layers' linears ran TE's fp8 kernels
+    (``fp8_linear``), whose weight gradients torch cannot accumulate in the GEMM."""
+    fp8 = {"fp8": True, "fp8_recipe": fp8_recipe, "gradient_accumulation_fusion": False} if fp8_recipe else {}
     return StrategyConfig.init_from_dict({
         "seq_len": seq_len, "micro_batch_size": mbs, "micro_batch_num": mbc, "dtype": "bf16", "world_size": 1,
         "tp_size": 1, "pp_size": 1, "zero_state": 0, "use_fp32_accum_grad": True, "use_flash_sdp": True,
         "use_math_sdp": False, "use_fused_norm": True, "use_fused_swiglu": False, "cross_entropy_loss_fusion": False,
-        "enable_dropout": False, "enable_recompute": False, "gradient_accumulation_fusion": wgrad_fused,
+        "enable_dropout": False, "enable_recompute": False, "gradient_accumulation_fusion": wgrad_fused, **fp8,
     })
 
 
@@ -53,26 +57,34 @@ def _accumulate_wgrad(main_grad: torch.Tensor, dy: torch.Tensor, x: torch.Tensor
 
 class _LinearFn(torch.autograd.Function):
     """y = x W^T whose weight gradient goes straight into ``W.main_grad`` (fp32), as
-    Megatron's linears do with gradient_accumulation_fusion; ``W.grad`` stays None."""
+    Megatron's linears do with gradient_accumulation_fusion (``fused``; else written in bf16
+    and added, as without it); ``W.grad`` stays None."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, fused: bool) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
+        ctx.fused = fused
         return F.linear(x, weight)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x, weight = ctx.saved_tensors
         dx = dy @ weight
-        _accumulate_wgrad(weight.main_grad, dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1]))
-        return dx, None
+        dy2, x2 = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
+        if ctx.fused:
+            _accumulate_wgrad(weight.main_grad, dy2, x2)
+        else:
+            weight.main_grad.add_(dy2.t() @ x2)
+        return dx, None, None
 
 
 class _Linear(nn.Linear):
+    fuse_wgrad = True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not hasattr(self.weight, "main_grad"):
             return super().forward(x)
-        y = _LinearFn.apply(x, self.weight)
+        y = _LinearFn.apply(x, self.weight, self.fuse_wgrad)
         return y + self.bias if self.bias is not None else y
 
 
@@ -157,6 +169,21 @@ class LlamaStyle(nn.Module):
         return megatron_cross_entropy(logits.view(-1, self.vocab), labels.reshape(-1)).mean()
 
 
+def use_fp8(net: LlamaStyle, recipe: str, compile: bool) -> list[Fp8Linear]:
+    """The layers' four linears as TE's fp8 linears (``fp8_linear``); the output layer stays
+    bf16 as in Megatron (not a TE module), its weight gradient written and added like theirs."""
+    quantizer = Fp8Quantizer(recipe, compile)
+    out = []
+    for layer in net.layers:
+        for name in ("qkv", "proj", "fc1", "fc2"):
+            lin = Fp8Linear(getattr(layer, name), quantizer)
+            setattr(layer, name, lin)
+            out.append(lin)
+    if net.head is not None:
+        net.head.fuse_wgrad = False
+    return out
+
+
 @dataclass
 class StepMeasurement:
     device: str
@@ -178,9 +205,10 @@ class StepMeasurement:
         return asdict(self)
 
 
-def saved_bytes(net: nn.Module, tokens: torch.Tensor, labels: torch.Tensor) -> int:
+def saved_bytes(net: nn.Module, tokens: torch.Tensor, labels: torch.Tensor, fp8: list[Fp8Linear] = ()) -> int:
     """Bytes autograd keeps from one forward for backward: unique storages, parameters
-    excluded (what simumax calls the activation cache of a micro-batch)."""
+    excluded (what simumax calls the activation cache of a micro-batch), and so are the fp8
+    linears' weight copies, which live from step to step (model states in simumax)."""
     params = {p.untyped_storage().data_ptr() for p in net.parameters()}
     kept: dict[int, torch.UntypedStorage] = {}
 
@@ -195,24 +223,31 @@ def saved_bytes(net: nn.Module, tokens: torch.Tensor, labels: torch.Tensor) -> i
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None):
         loss = net(tokens, labels)
     del loss
+    for lin in fp8:
+        for t in lin.weight_fp8():
+            kept.pop(t.untyped_storage().data_ptr(), None)
     total = sum(st.nbytes() for st in kept.values())
     kept.clear()
     return total
 
 
 def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps: int, warmup: int,
-                device: torch.device, seed: int = 0, profile: bool = False, compile: bool = False) -> StepMeasurement:
+                device: torch.device, seed: int = 0, profile: bool = False, compile: bool = False,
+                fp8_recipe: str | None = None) -> StepMeasurement:
     """Build, then time ``steps`` optimizer steps after ``warmup`` untimed ones; with
     ``profile``, one more step under the torch profiler (device time per kernel name).
     ``compile``: each transformer layer through torch.compile, which fuses the element-wise
     chains (RoPE, SwiGLU, residual adds, casts) much as TransformerEngine's kernels do;
-    the saved-activation count is then not taken (hooks do not see compiled graphs)."""
+    the saved-activation count is then not taken (hooks do not see compiled graphs).
+    ``fp8_recipe``: the layers' linears run TE's fp8 kernels (``use_fp8``; their quantize
+    kernels compiled on a GPU either way, as TE's are fused)."""
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     with torch.device(device):
         net = LlamaStyle(model_cfg).to(torch.bfloat16)
+    fp8 = use_fp8(net, fp8_recipe, compile=device.type == "cuda") if fp8_recipe else []
     params = [p for p in net.parameters()]
     for p in params:  # Megatron's DDP: grads accumulate into an fp32 main_grad buffer
         p.main_grad = torch.zeros_like(p, dtype=torch.float32)
@@ -230,7 +265,7 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
     vocab = net.vocab
     gen = torch.Generator(device=device).manual_seed(seed)
     data = torch.randint(0, vocab, (mbc, mbs, seq_len + 1), device=device, generator=gen)
-    saved = saved_bytes(net, data[0, :, :-1], data[0, :, 1:]) if not compile else 0
+    saved = saved_bytes(net, data[0, :, :-1], data[0, :, 1:], fp8) if not compile else 0
     if compile:
         for layer in net.layers:
             layer.compile()
@@ -239,6 +274,8 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
         """(fwd, bwd, optimizer seconds, loss) of one optimizer step."""
         for p in params:
             p.main_grad.zero_()
+        for lin in fp8:  # weights cast again after the optimizer changed them
+            lin.new_step()
         total = 0.0
         fwd = bwd = 0.0
         for mb in range(mbc):

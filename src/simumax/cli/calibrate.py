@@ -122,6 +122,9 @@ def check_step_cmd(
     set_: list[str] = typer.Option([], "--set", help="Override a model field: key=value."),
     profile: bool = typer.Option(False, "--profile", help="Profile one extra step: device time per kernel name in the JSON."),
     compile_: bool = typer.Option(False, "--compile", help="torch.compile each layer (fuses element-wise chains as TE does)."),
+    fp8: Optional[str] = typer.Option(
+        None, "--fp8", help="Run the layers' linears as TransformerEngine's fp8 linears with this recipe "
+                            "(delayed or tensorwise; needs fp8 GEMMs: Hopper or later) and predict the same."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write check_step.json here."),
 ) -> None:
@@ -130,7 +133,7 @@ def check_step_cmd(
 
     m, _, sy = apply_overrides(load_model(model), load_strategy("tp1_pp1_dp8_mbs1"), load_system(system),
                                [s if s.startswith("model.") else f"model.{s}" for s in set_])
-    row = check_step(m, sy, seq_len, mbs, mbc, steps, warmup, device, profile, compile_)
+    row = check_step(m, sy, seq_len, mbs, mbc, steps, warmup, device, profile, compile_, fp8_recipe=fp8)
     if out is not None:
         write_json_atomic(out / "check_step.json", row)
     if as_json:

@@ -198,7 +198,9 @@ def comm_table(report: dict, system: dict) -> Table:
 
 
 def check_step_table(row: dict) -> Table:
-    t = Table(title=f"{row['model']} ({row['layers']} layers, h {row['hidden']}) seq {row['seq_len']} mbs {row['mbs']} mbc {row['mbc']} on {row['device']}")
+    fp8 = f", fp8 {row['fp8_recipe']}" if row.get("fp8_recipe") else ""
+    t = Table(title=f"{row['model']} ({row['layers']} layers, h {row['hidden']}{fp8}) seq {row['seq_len']} mbs {row['mbs']} "
+                    f"mbc {row['mbc']} on {row['device']}")
     for col in ("", "measured", "predicted", "error"):
         t.add_column(col, justify="left" if not col else "right")
     t.add_row("step time (ms)", ms(row["step_time_real"]), ms(row["step_time_predicted"]), f"{row['time_error']:+.1%}")

@@ -1,0 +1,126 @@
+"""TransformerEngine's fp8 linear in plain torch, for ``check-step --fp8`` (issues 19, 20).
+
+TE itself cannot travel to the lent GPU machines (its wheels are several times the 64 MiB a
+call may carry), so this rebuilds what a TE ``Linear`` does per GEMM in fp8, with the same
+kernels in the same places, to time a real fp8 step against the op IR's fp8 description
+(``graph/fp8.py``):
+
+* forward: the input cast to E4M3 in both layouts (row-wise for the forward GEMM, the
+  transposed copy kept for the weight gradient), the fp8 GEMM with cuBLASLt's fast
+  accumulation, bf16 out;
+* backward: the output gradient cast to E5M2 in both layouts (Megatron's ``--fp8-format
+  hybrid``), the data-gradient GEMM against the weight's transposed fp8 copy and the
+  weight-gradient GEMM, both with split accumulation (TE ``module/base.py``:
+  ``_2X_ACC_FPROP = False``, ``_2X_ACC_DGRAD = _2X_ACC_WGRAD = True``);
+* weights cast to fp8 (both layouts) on the first micro-batch of a step and kept for the
+  others (TE's ``is_first_microbatch``, which Megatron-Core sets per step);
+* scaling per recipe: ``tensorwise`` (Float8CurrentScaling) reads the tensor's amax in a pass
+  of its own before the cast; ``delayed`` (DelayedScaling) casts with the scale from the
+  previous amax and computes the new one on the way.
+
+Every quantize is one ``torch.compile``'d function on a GPU, so it runs as fused Triton
+kernels (an amax reduction and a cast writing both layouts), as TE's cast-transpose kernels
+do; eager elsewhere. What differs from TE, and the prediction is told
+(``single_device_strategy(fp8_recipe=...)``): ``torch._scaled_mm`` cannot accumulate into the
+fp32 main gradient, so the weight gradient is written in bf16 and added, as Megatron without
+gradient-accumulation fusion; the norm writes bf16 and a separate kernel quantizes it, where
+TE's LayerNormLinear can write fp8 from the norm.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+FP8_RECIPES = ("delayed", "tensorwise")
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+_MAX = {E4M3: 448.0, E5M2: 57344.0}
+
+
+def _quantize(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None):
+    """(fp8 data, fp8 transposed copy, scale_inv used, amax) of a 2-D bf16 tensor; ``scale``
+    None: current scaling from its own amax (a reduction first), else the delayed scale."""
+    fmax = _MAX[dtype]
+    amax = x.abs().amax().float()
+    if scale is None:
+        scale = fmax / torch.clamp(amax, min=1e-12)
+    xs = torch.clamp(x.float() * scale, -fmax, fmax)
+    return xs.to(dtype), xs.t().contiguous().to(dtype), 1.0 / scale, amax
+
+
+class Fp8Quantizer:
+    """Per-tensor scaling state and the (compiled on GPUs) quantize function."""
+
+    def __init__(self, recipe: str, compile: bool) -> None:
+        if recipe not in FP8_RECIPES:
+            raise ValueError(f"fp8 recipe {recipe!r}: check-step runs {', '.join(FP8_RECIPES)}")
+        self.recipe = recipe
+        self._fn: Callable = _quantize
+        if compile:
+            # one specialisation per tensor shape and format: a Llama layer has ~8
+            import torch._dynamo
+
+            cfg = torch._dynamo.config
+            name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+            setattr(cfg, name, max(getattr(cfg, name), 64))
+            self._fn = torch.compile(_quantize, dynamic=False)
+        self._amax: dict[tuple[int, str], torch.Tensor] = {}  # delayed scaling: last amax per tensor
+
+    def __call__(self, key: tuple[int, str], x: torch.Tensor, dtype: torch.dtype):
+        scale = None
+        if self.recipe == "delayed":
+            prev = self._amax.get(key)
+            # no history yet: scale 1, as TE's DelayedScaling starts
+            scale = torch.ones((), device=x.device) if prev is None else _MAX[dtype] / torch.clamp(prev, min=1e-12)
+        q, qt, scale_inv, amax = self._fn(x, dtype, scale)
+        if self.recipe == "delayed":
+            self._amax[key] = amax
+        return q, qt, scale_inv
+
+
+class _Fp8LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, lin: "Fp8Linear") -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        xq, xqt, x_inv = lin.quantizer((id(lin), "input"), x2, E4M3)
+        wq, wqt, w_inv = lin.weight_fp8()
+        y = torch._scaled_mm(xq, wq.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype, use_fast_accum=True)
+        ctx.save_for_backward(xqt, x_inv, wqt, w_inv)
+        ctx.lin, ctx.weight = lin, weight
+        return y.view(*x.shape[:-1], wq.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        xqt, x_inv, wqt, w_inv = ctx.saved_tensors
+        lin, weight = ctx.lin, ctx.weight
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        gq, gqt, g_inv = lin.quantizer((id(lin), "grad"), dy2, E5M2)
+        dx = torch._scaled_mm(gq, wqt.t(), scale_a=g_inv, scale_b=w_inv, out_dtype=dy.dtype, use_fast_accum=False)
+        dw = torch._scaled_mm(gqt, xqt.t(), scale_a=g_inv, scale_b=x_inv, out_dtype=dy.dtype, use_fast_accum=False)
+        weight.main_grad.add_(dw)  # no in-GEMM accumulation into fp32 in torch (module docstring)
+        return dx.view(*dy.shape[:-1], xqt.shape[0]), None, None
+
+
+class Fp8Linear(torch.nn.Module):
+    """y = x W^T with TE's fp8 kernels (module docstring). The weight's fp8 copies are made on
+    the first forward after ``new_step()`` and kept until the next."""
+
+    def __init__(self, linear: torch.nn.Linear, quantizer: Fp8Quantizer) -> None:
+        super().__init__()
+        self.weight, self.bias, self.quantizer = linear.weight, linear.bias, quantizer
+        self._cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def new_step(self) -> None:
+        self._cached = None
+
+    def weight_fp8(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self._cached is None:
+            with torch.no_grad():
+                self._cached = self.quantizer((id(self), "weight"), self.weight.detach(), E4M3)
+        return self._cached
+
+    @torch.compiler.disable  # its state (cached weights, delayed amaxes) stays out of a compiled layer
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _Fp8LinearFn.apply(x, self.weight, self)
+        return y + self.bias if self.bias is not None else y
