@@ -141,7 +141,7 @@ def test_fp8_linear_is_the_linear_within_fp8_rounding(recipe) -> None:
     xr = x.clone().requires_grad_(True)
     (ref(xr) * dy).sum().backward()
     ref_wgrad = ref.weight.grad.clone()
-    lin = Fp8Linear(ref, Fp8Quantizer(recipe, compile=False))
+    lin = Fp8Linear(ref, Fp8Quantizer(recipe, fused=False))
     lin.weight.main_grad = torch.zeros_like(lin.weight)
     lin.weight.grad = lin.bias.grad = None
 
@@ -178,7 +178,7 @@ def test_check_step_fp8_keeps_fp8_inputs_and_predicts_fp8() -> None:
     for recipe in (None, "tensorwise"):
         torch.manual_seed(0)
         net = LlamaStyle(base)
-        fp8 = use_fp8(net, recipe, compile=False) if recipe else []
+        fp8 = use_fp8(net, recipe, fused=False) if recipe else []
         saved[recipe] = saved_bytes(net, tokens[:, :-1], tokens[:, 1:], fp8)
     h, layers = base.hidden_size, base.layer_num
     # per layer the qkv and fc1 inputs (each h wide) and the proj and fc2 inputs: fp32 here (4 B -> 1 B)

@@ -169,10 +169,10 @@ class LlamaStyle(nn.Module):
         return megatron_cross_entropy(logits.view(-1, self.vocab), labels.reshape(-1)).mean()
 
 
-def use_fp8(net: LlamaStyle, recipe: str, compile: bool) -> list[Fp8Linear]:
+def use_fp8(net: LlamaStyle, recipe: str, fused: bool) -> list[Fp8Linear]:
     """The layers' four linears as TE's fp8 linears (``fp8_linear``); the output layer stays
     bf16 as in Megatron (not a TE module), its weight gradient written and added like theirs."""
-    quantizer = Fp8Quantizer(recipe, compile)
+    quantizer = Fp8Quantizer(recipe, fused)
     out = []
     for layer in net.layers:
         for name in ("qkv", "proj", "fc1", "fc2"):
@@ -239,15 +239,15 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
     ``compile``: each transformer layer through torch.compile, which fuses the element-wise
     chains (RoPE, SwiGLU, residual adds, casts) much as TransformerEngine's kernels do;
     the saved-activation count is then not taken (hooks do not see compiled graphs).
-    ``fp8_recipe``: the layers' linears run TE's fp8 kernels (``use_fp8``; their quantize
-    kernels compiled on a GPU either way, as TE's are fused)."""
+    ``fp8_recipe``: the layers' linears run TE's fp8 kernels (``use_fp8``; on a GPU their
+    casts are TE-like fused kernels, compiled or not)."""
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     with torch.device(device):
         net = LlamaStyle(model_cfg).to(torch.bfloat16)
-    fp8 = use_fp8(net, fp8_recipe, compile=device.type == "cuda") if fp8_recipe else []
+    fp8 = use_fp8(net, fp8_recipe, fused=device.type == "cuda") if fp8_recipe else []
     params = [p for p in net.parameters()]
     for p in params:  # Megatron's DDP: grads accumulate into an fp32 main_grad buffer
         p.main_grad = torch.zeros_like(p, dtype=torch.float32)

@@ -18,9 +18,9 @@ kernels in the same places, to time a real fp8 step against the op IR's fp8 desc
   of its own before the cast; ``delayed`` (DelayedScaling) casts with the scale from the
   previous amax and computes the new one on the way.
 
-Every quantize is one ``torch.compile``'d function on a GPU, so it runs as fused Triton
-kernels (an amax reduction and a cast writing both layouts), as TE's cast-transpose kernels
-do; eager elsewhere. What differs from TE, and the prediction is told
+On a GPU every cast is one tiled Triton kernel writing both layouts with the amax fused
+(``fp8_cast``, TE's cast-transpose), current scaling's amax pass a compiled reduction; torch
+elsewhere. What differs from TE, and the prediction is told
 (``single_device_strategy(fp8_recipe=...)``): ``torch._scaled_mm`` cannot accumulate into the
 fp32 main gradient, so the weight gradient is written in bf16 and added, as Megatron without
 gradient-accumulation fusion; the norm writes bf16 and a separate kernel quantizes it, where
@@ -33,50 +33,48 @@ from typing import Callable
 
 import torch
 
+from simumax.calibrate.fp8_cast import FP8_MAX, cast_transpose
+
 FP8_RECIPES = ("delayed", "tensorwise")
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-_MAX = {E4M3: 448.0, E5M2: 57344.0}
 
 
-def _quantize(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None):
-    """(fp8 data, fp8 transposed copy, scale_inv used, amax) of a 2-D bf16 tensor; ``scale``
-    None: current scaling from its own amax (a reduction first), else the delayed scale."""
-    fmax = _MAX[dtype]
-    amax = x.abs().amax().float()
-    if scale is None:
-        scale = fmax / torch.clamp(amax, min=1e-12)
-    xs = torch.clamp(x.float() * scale, -fmax, fmax)
-    return xs.to(dtype), xs.t().contiguous().to(dtype), 1.0 / scale, amax
+def _amax(x: torch.Tensor) -> torch.Tensor:
+    return x.abs().amax().float()
 
 
 class Fp8Quantizer:
-    """Per-tensor scaling state and the (compiled on GPUs) quantize function."""
+    """Per-tensor scaling state and the quantize kernels: on a GPU TE's (``fp8_cast``: one
+    tiled cast-transpose, the amax fused; current scaling's amax pass compiled), torch
+    elsewhere."""
 
-    def __init__(self, recipe: str, compile: bool) -> None:
+    def __init__(self, recipe: str, fused: bool) -> None:
         if recipe not in FP8_RECIPES:
             raise ValueError(f"fp8 recipe {recipe!r}: check-step runs {', '.join(FP8_RECIPES)}")
         self.recipe = recipe
-        self._fn: Callable = _quantize
-        if compile:
-            # one specialisation per tensor shape and format: a Llama layer has ~8
+        self._amax_fn: Callable = _amax
+        if fused and recipe == "tensorwise":
+            # one specialisation per tensor shape: a Llama layer has ~8
             import torch._dynamo
 
             cfg = torch._dynamo.config
             name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
             setattr(cfg, name, max(getattr(cfg, name), 64))
-            self._fn = torch.compile(_quantize, dynamic=False)
+            self._amax_fn = torch.compile(_amax, dynamic=False)
         self._amax: dict[tuple[int, str], torch.Tensor] = {}  # delayed scaling: last amax per tensor
 
     def __call__(self, key: tuple[int, str], x: torch.Tensor, dtype: torch.dtype):
-        scale = None
-        if self.recipe == "delayed":
+        """(fp8 data, transposed fp8 copy, scale_inv) of a 2-D bf16 tensor."""
+        fmax = FP8_MAX[dtype]
+        x = x.contiguous()
+        if self.recipe == "tensorwise":  # current scaling: the amax in a pass of its own first
+            scale = fmax / torch.clamp(self._amax_fn(x), min=1e-12)
+            q, qt, _ = cast_transpose(x, dtype, scale)
+        else:  # delayed: the last amax's scale (1 before any, as TE starts), the new amax on the way
             prev = self._amax.get(key)
-            # no history yet: scale 1, as TE's DelayedScaling starts
-            scale = torch.ones((), device=x.device) if prev is None else _MAX[dtype] / torch.clamp(prev, min=1e-12)
-        q, qt, scale_inv, amax = self._fn(x, dtype, scale)
-        if self.recipe == "delayed":
-            self._amax[key] = amax
-        return q, qt, scale_inv
+            scale = torch.ones((), device=x.device) if prev is None else fmax / torch.clamp(prev, min=1e-12)
+            q, qt, self._amax[key] = cast_transpose(x, dtype, scale)
+        return q, qt, 1.0 / scale
 
 
 class _Fp8LinearFn(torch.autograd.Function):

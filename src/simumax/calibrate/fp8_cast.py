@@ -1,0 +1,89 @@
+"""TransformerEngine's fp8 cast-transpose, as a tiled Triton kernel (torch where there is none).
+
+TE quantizes every fp8 GEMM input and output gradient into both layouts in one kernel
+(``transformer_engine/common/transpose/cast_transpose.cu``): a tile of the bf16 tensor is
+read once, scaled, written row-wise and, through on-chip memory, transposed (the column-wise
+copy Hopper's TN-only fp8 GEMMs need for the weight gradient); with delayed scaling the
+tile's amax is reduced in the same pass. TE itself cannot travel to the lent GPUs, so this
+kernel has the same structure: one read, two 1-byte writes, the amax fused. It is the
+stand-in ``calibrate`` times for the ``fp8_cast`` memory-bound family (graph/fp8.py) and
+the cast ``check-step --fp8`` runs. Measured on an H200 it moves its bytes 1.25x slower than a
+copy of as many bytes (docs/calibration.md, "An fp8 step"): the transposed store is what
+costs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+CAST_HIDDEN = 4096  # columns of the calibration stand-in
+TILE = (64, 64, 4)  # rows, columns, warps: the fastest of 64/128 x 64/128 tiles on the H200
+
+_KERNEL: list[Callable | None] = []  # built on first use (triton imported then)
+
+
+def _build() -> Callable | None:
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def kernel(x_ptr, q_ptr, qt_ptr, s_ptr, amax_ptr, M, N, FMAX: tl.constexpr, E5M2: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr):
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        mask = (rm[:, None] < M) & (rn[None, :] < N)
+        x = tl.load(x_ptr + rm[:, None] * N + rn[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.atomic_max(amax_ptr, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
+        y = tl.clamp(x * tl.load(s_ptr), -FMAX, FMAX)
+        if E5M2:
+            y = y.to(tl.float8e5)
+        else:
+            y = y.to(tl.float8e4nv)
+        tl.store(q_ptr + rm[:, None] * N + rn[None, :], y, mask=mask)
+        tl.store(qt_ptr + rn[None, :] * M + rm[:, None], y, mask=mask)
+
+    def run(x: torch.Tensor, scale: torch.Tensor, q: torch.Tensor, qt: torch.Tensor, amax: torch.Tensor) -> None:
+        m, n = x.shape
+        bm, bn, warps = TILE
+        kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+            x, q, qt, scale, amax, m, n, FMAX=FP8_MAX[q.dtype], E5M2=q.dtype == torch.float8_e5m2, BM=bm, BN=bn,
+            num_warps=warps)
+
+    return run
+
+
+def triton_kernel() -> Callable | None:
+    if not _KERNEL:
+        _KERNEL.append(_build())
+    return _KERNEL[0]
+
+
+def cast_transpose(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(fp8 data, its transposed copy, amax of x) of a contiguous 2-D bf16 tensor scaled by
+    ``scale``: one Triton kernel on a GPU, torch elsewhere."""
+    run = triton_kernel() if x.is_cuda else None
+    if run is None:
+        fmax = FP8_MAX[dtype]
+        xs = torch.clamp(x.float() * scale, -fmax, fmax)
+        return xs.to(dtype), xs.t().contiguous().to(dtype), x.abs().amax().float()
+    q = torch.empty(x.shape, device=x.device, dtype=dtype)
+    qt = torch.empty((x.shape[1], x.shape[0]), device=x.device, dtype=dtype)
+    amax = torch.zeros((), device=x.device, dtype=torch.float32)
+    run(x, scale, q, qt, amax)
+    return q, qt, amax
+
+
+def cast_fn(nbytes: float, device: torch.device) -> tuple[Callable[[], object], float]:
+    """(the cast of a [rows, CAST_HIDDEN] bf16 tensor moving ``nbytes`` by the IR's
+    accounting — read 2 B, write 1 B twice per element —, the bytes it really moves)."""
+    rows = max(1, int(nbytes // (4 * CAST_HIDDEN)))
+    x = torch.randn((rows, CAST_HIDDEN), device=device).to(torch.bfloat16)
+    scale = torch.ones((), device=device)
+    return (lambda: cast_transpose(x, torch.float8_e4m3fn, scale)), rows * CAST_HIDDEN * 4.0
