@@ -233,7 +233,7 @@ def saved_bytes(net: nn.Module, tokens: torch.Tensor, labels: torch.Tensor, fp8:
 
 def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps: int, warmup: int,
                 device: torch.device, seed: int = 0, profile: bool = False, compile: bool = False,
-                fp8_recipe: str | None = None) -> StepMeasurement:
+                fp8_recipe: str | None = None, sync_phases: bool = False) -> StepMeasurement:
     """Build, then time ``steps`` optimizer steps after ``warmup`` untimed ones; with
     ``profile``, one more step under the torch profiler (device time per kernel name).
     ``compile``: each transformer layer through torch.compile, which fuses the element-wise
@@ -270,30 +270,49 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
         for layer in net.layers:
             layer.compile()
 
+    cuda = device.type == "cuda"
+
     def one_step() -> tuple[float, float, float, float]:
-        """(fwd, bwd, optimizer seconds, loss) of one optimizer step."""
+        """(fwd, bwd, optimizer seconds, loss) of one optimizer step. On a GPU the phases are
+        split by CUDA events and the host waits once, at the end (Megatron's step waits once
+        too, on the loss scaler's inf check): a host wait after each phase would idle the
+        GPU while the next phase's first kernels are launched, time a training step does
+        not lose. ``sync_phases``: wait after each phase anyway (how check-step timed before)."""
+        marks: list[tuple[str, object, object]] = []
+
+        def mark(phase: str, start: object) -> object:
+            if sync_phases or not cuda:
+                synchronize(device)
+                now = time.perf_counter()
+            else:
+                now = torch.cuda.Event(enable_timing=True)
+                now.record()
+            if start is not None:
+                marks.append((phase, start, now))
+            return now
+
         for p in params:
             p.main_grad.zero_()
         for lin in fp8:  # weights cast again after the optimizer changed them
             lin.new_step()
         total = 0.0
-        fwd = bwd = 0.0
+        t = mark("", None)
         for mb in range(mbc):
-            ta = time.perf_counter()
             loss = net(data[mb, :, :-1], data[mb, :, 1:]) / mbc
-            synchronize(device)  # phase split for the report; costs a few microseconds
-            tb = time.perf_counter()
+            t = mark("fwd", t)
             loss.backward()
             total += loss.detach()
-            synchronize(device)
-            fwd, bwd = fwd + tb - ta, bwd + time.perf_counter() - tb
-        to = time.perf_counter()
+            t = mark("bwd", t)
         opt.step()
         with torch.no_grad():
             for mp, p in zip(master, params):
                 p.copy_(mp)
+        mark("optimizer", t)
         synchronize(device)
-        return fwd, bwd, time.perf_counter() - to, float(total)
+        split = {"fwd": 0.0, "bwd": 0.0, "optimizer": 0.0}
+        for phase, a, b in marks:
+            split[phase] += (b - a) if isinstance(a, float) else a.elapsed_time(b) * 1e-3
+        return split["fwd"], split["bwd"], split["optimizer"], float(total)
 
     losses, times = [], []
     parts: dict[str, list[float]] = {"fwd": [], "bwd": [], "optimizer": []}

@@ -184,7 +184,7 @@ def predicted_seconds_by_kind(est: Any, optimizer_seconds: float) -> dict[str, f
 
 def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int, mbc: int, steps: int, warmup: int,
                device: str | None = None, profile: bool = False, compile: bool = False,
-               fp8_recipe: str | None = None) -> dict[str, Any]:
+               fp8_recipe: str | None = None, sync_phases: bool = False) -> dict[str, Any]:
     """Train for real, predict the same job, return both and the errors."""
     _torch()
     from simumax.calibrate.check_step import single_device_strategy, train_steps
@@ -197,7 +197,7 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
         raise ConfigError("--fp8", f"check-step runs the recipes {', '.join(FP8_RECIPES)}, got {fp8_recipe!r}")
     dev = pick_device(device)
     real = train_steps(model, seq_len, mbs, mbc, steps, warmup, dev, profile=profile, compile=compile,
-                       fp8_recipe=fp8_recipe)
+                       fp8_recipe=fp8_recipe, sync_phases=sync_phases)
     # predicted after the run: whether torch fused the fp32 weight-gradient accumulation is known then
     strategy = single_device_strategy(seq_len, mbs, mbc, wgrad_fused=fp32_accumulation_fused(), fp8_recipe=fp8_recipe)
     est = Estimate(model, strategy, system)
@@ -206,7 +206,7 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
     return {
         "model": model.model_name, "layers": model.layer_num, "hidden": model.hidden_size, "seq_len": seq_len,
         "mbs": mbs, "mbc": mbc, "system": system.sys_name, "device": device_name(dev), "compiled": compile,
-        "fp8_recipe": fp8_recipe,
+        "fp8_recipe": fp8_recipe, "sync_phases": sync_phases,
         "params_real": real.params, "params_predicted": est.params.total,
         "step_time_real": real.step_seconds, "step_time_predicted": cost.duration_time_per_iter,
         "time_error": relative_error(cost.duration_time_per_iter, real.step_seconds),

@@ -125,6 +125,9 @@ def check_step_cmd(
     fp8: Optional[str] = typer.Option(
         None, "--fp8", help="Run the layers' linears as TransformerEngine's fp8 linears with this recipe "
                             "(delayed or tensorwise; needs fp8 GEMMs: Hopper or later) and predict the same."),
+    sync_phases: bool = typer.Option(
+        False, "--sync-phases", help="Wait for the GPU after every forward, backward and optimizer phase (as check-step "
+                                     "timed before 2026-11-27; the GPU idles while the next phase is launched)."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write check_step.json here."),
 ) -> None:
@@ -133,7 +136,8 @@ def check_step_cmd(
 
     m, _, sy = apply_overrides(load_model(model), load_strategy("tp1_pp1_dp8_mbs1"), load_system(system),
                                [s if s.startswith("model.") else f"model.{s}" for s in set_])
-    row = check_step(m, sy, seq_len, mbs, mbc, steps, warmup, device, profile, compile_, fp8_recipe=fp8)
+    row = check_step(m, sy, seq_len, mbs, mbc, steps, warmup, device, profile, compile_, fp8_recipe=fp8,
+                     sync_phases=sync_phases)
     if out is not None:
         write_json_atomic(out / "check_step.json", row)
     if as_json:
