@@ -29,7 +29,8 @@ for model in $MODELS; do
     $SM check-step "${ARGS[@]}" --fp8 "$r" > "$OUT/fp8_step_${model}_$r.json" || echo "$model fp8 $r step failed"
   done
   if [ "${SYNC:-0}" = 1 ]; then
-    PLAIN=("${ARGS[@]/--profile}")
+    PLAIN=()
+    for a in "${ARGS[@]}"; do [ "$a" = --profile ] || PLAIN+=("$a"); done
     $SM check-step "${PLAIN[@]}" --sync-phases > "$OUT/fp8_step_${model}_bf16_sync.json" || echo "$model bf16 sync step failed"
     for r in $RECIPES; do
       $SM check-step "${PLAIN[@]}" --sync-phases --fp8 "$r" > "$OUT/fp8_step_${model}_${r}_sync.json" || echo "$model $r sync step failed"

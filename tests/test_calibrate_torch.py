@@ -188,6 +188,33 @@ def test_check_step_fp8_keeps_fp8_inputs_and_predicts_fp8() -> None:
     assert not single_device_strategy(32, 2, 1).fp8
 
 
+def test_cast_transpose_writes_both_layouts_and_the_amax() -> None:
+    """The TE-like cast (torch off a GPU): row-wise and transposed fp8 copies of the scaled
+    tensor, saturated at the format's maximum, and the tensor's amax."""
+    from simumax.calibrate.fp8_cast import FP8_MAX, cast_transpose
+
+    x = (torch.randn(48, 32) * 3).to(torch.bfloat16)
+    x[0, 0] = 1e4  # beyond E4M3's 448 once scaled
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        q, qt, amax = cast_transpose(x, dtype, torch.tensor(0.5))
+        assert q.dtype == qt.dtype == dtype and q.shape == (48, 32) and qt.shape == (32, 48)
+        assert torch.equal(q.view(torch.uint8).t(), qt.view(torch.uint8))
+        # the 1e4 entry saturates at E4M3's 448; E5M2 holds 5000 (as its nearest value, 5120)
+        assert float(q.float().abs().max()) == float(torch.tensor(min(FP8_MAX[dtype], 5e3)).to(dtype).float())
+        assert float(amax) == float(x.float().abs().max())
+
+
+def test_check_step_phases_add_up_with_or_without_a_wait_per_phase() -> None:
+    """Phase times (fwd, bwd, optimizer) cover the step, timed either way."""
+    from simumax.calibrate.check_step import train_steps
+
+    base = load_model("llama3-8b").with_updates({k: v for k, v in TINY_MODEL.items() if k != "model_name"}, source="test")
+    for sync in (False, True):
+        meas = train_steps(base, 32, 2, 2, steps=2, warmup=1, device=torch.device("cpu"), sync_phases=sync)
+        parts = sum(meas.phase_seconds.values())
+        assert 0.5 * meas.step_seconds < parts <= meas.step_seconds * 1.01, (sync, parts, meas.step_seconds)
+
+
 def test_check_step_model_trains_and_counts_like_simumax() -> None:
     """Parameters exact for tied/untied, GQA/MHA, LayerNorm/GeLU; the loss goes down."""
     from simumax.calibrate.check_step import single_device_strategy, train_steps

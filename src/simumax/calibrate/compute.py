@@ -17,8 +17,7 @@ drawn from a normal distribution, so the tensor cores see realistic bit patterns
   (reads 2, writes 1 element), ``permute_*`` a row ``index_select``, ``ce`` Megatron's
   unfused cross-entropy chain on bf16 logits (``megatron_loss``; sized in the table
   convention, ``graph.blocks.LOSS_FWD_PASSES``), ``ce_fusion`` torch's cross-entropy on
-  bf16 logits, ``fp8_cast`` TE's cast-transpose (``fp8_cast``: one tiled kernel writing both
-  fp8 layouts).
+  bf16 logits.
 
 Efficiency = table FLOPs / (seconds * peak), the convention of the SimuMax tables (causal
 attention counted without halving, so its entries may exceed 1).
@@ -33,7 +32,6 @@ import torch
 import torch.nn.functional as F
 
 from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
-from simumax.calibrate.fp8_cast import cast_fn
 from simumax.calibrate.megatron_loss import megatron_cross_entropy
 from simumax.calibrate.shapes import JobKernels
 from simumax.calibrate.timing import FULL_CLOCK_LOAD_SECONDS, accumulate_fp32_, graphed, median_seconds
@@ -173,8 +171,6 @@ def _membound_size(family: str, nbytes: float) -> tuple[int, float]:
 def membound_fn(family: str, nbytes: float, device: torch.device):
     """(a kernel moving ``nbytes`` by the IR's accounting for ``family``, the bytes it
     really moves)."""
-    if family == "fp8_cast":  # TE's cast-transpose (both fp8 layouts, amax fused)
-        return cast_fn(nbytes, device)
     size, actual = _membound_size(family, nbytes)
     if family.startswith("permute"):
         x = _randn((size, PERMUTE_HIDDEN), torch.bfloat16, device)
