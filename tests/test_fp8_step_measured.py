@@ -21,8 +21,8 @@ DATA = Path(__file__).resolve().parent.parent / "docs" / "calibration" / "fp8_st
 FPROP, BACKWARD = "nvjet_sm90_qqtst", "nvjet_sm90_qrtst"
 
 
-def _step(name: str) -> dict:
-    return json.loads((DATA / name).read_text())
+def _step(name: str, folder: str = "h100") -> dict:
+    return json.loads((DATA.parent / folder / name).read_text())
 
 
 def _kernel_seconds(row: dict, fragment: str) -> float:
@@ -30,13 +30,14 @@ def _kernel_seconds(row: dict, fragment: str) -> float:
                if fragment in k["name"] and not k["name"].startswith("shape:"))
 
 
-def test_fp8_gemms_in_a_real_step_are_the_ir_fp8_gemms() -> None:
-    """Llama2-7B shapes, 4 layers, seq 4096, 2 micro-batches, delayed scaling: the fp8 GEMMs
-    of one profiled step against the IR's fp8 GEMMs on the measured H100 preset, at the
-    tensor-core rate its power curve gives the step. Forward (fast accumulation) and the
-    data/weight-gradient GEMMs (split accumulation) each within 10 %."""
-    row = _step("fp8_step_llama2_delayed.json")
-    m = load_model("llama2-7b").with_updates({"layer_num": 4}, source="test")
+@pytest.mark.parametrize(("model", "folder"), [("llama2-7b", "h100"), ("llama3-8b", "h100_llama3")])
+def test_fp8_gemms_in_a_real_step_are_the_ir_fp8_gemms(model: str, folder: str) -> None:
+    """Llama2-7B and Llama3-8B shapes, 4 layers, seq 4096, 2 micro-batches, delayed scaling:
+    the fp8 GEMMs of one profiled step against the IR's fp8 GEMMs on the measured H100
+    preset, at the tensor-core rate its power curve gives the step. Forward (fast
+    accumulation) and the data/weight-gradient GEMMs (split accumulation) each within 10 %."""
+    row = _step(f"fp8_step_{model.split('-')[0]}_delayed.json", folder)
+    m = load_model(model).with_updates({"layer_num": 4}, source="test")
     est = Estimate(m, single_device_strategy(4096, 1, 2, wgrad_fused=False, fp8_recipe="delayed"),
                    load_system("nvidia_h100_80gb_hbm3"))
     rate = est.cost().stages[0].tensor_core_rate
@@ -47,7 +48,7 @@ def test_fp8_gemms_in_a_real_step_are_the_ir_fp8_gemms() -> None:
     real = {"TN": _kernel_seconds(row, FPROP), "back": _kernel_seconds(row, BACKWARD)}
     for part in pred:
         err = pred[part] / real[part] - 1
-        print(f"fp8 {part}: real {real[part] * 1e3:.2f} ms, predicted {pred[part] * 1e3:.2f} ms ({err:+.1%})")
+        print(f"{model} fp8 {part}: real {real[part] * 1e3:.2f} ms, predicted {pred[part] * 1e3:.2f} ms ({err:+.1%})")
         assert abs(err) < 0.10, part
 
 
