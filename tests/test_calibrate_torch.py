@@ -110,6 +110,15 @@ def test_check_step_on_cpu(tiny_files) -> None:
     assert row["activation_bytes_real"] > 0
 
 
+def test_check_step_fp8_refused_before_training(tiny_files) -> None:
+    """An unknown recipe, or fp8 on a system without an fp8 peak, is one line and exit 2,
+    before any training step."""
+    m, _ = tiny_files
+    for system, recipe, field in (("a100_pcie", "mxfp8", "--fp8"), ("a100-sxm-80gb", "delayed", "fp8")):
+        r = _cli("check-step", "-m", str(m), "-y", system, "--seq-len", "32", "--device", "cpu", "--fp8", recipe)
+        assert r.returncode == 2 and field in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_fused_wgrad_linear_matches_autograd() -> None:
     from simumax.calibrate.check_step import _Linear
 

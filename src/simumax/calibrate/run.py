@@ -189,13 +189,17 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
     _torch()
     from simumax.calibrate.check_step import single_device_strategy, train_steps
     from simumax.calibrate.fp8_linear import FP8_RECIPES
-    from simumax.calibrate.timing import device_name, fp32_accumulation_fused, pick_device
+    from simumax.calibrate.timing import compute_capability, device_name, fp32_accumulation_fused, pick_device
     from simumax.estimate import Estimate
     from simumax.validate import relative_error
 
     if fp8_recipe is not None and fp8_recipe not in FP8_RECIPES:
         raise ConfigError("--fp8", f"check-step runs the recipes {', '.join(FP8_RECIPES)}, got {fp8_recipe!r}")
     dev = pick_device(device)
+    if fp8_recipe is not None and dev.type == "cuda" and compute_capability(dev) < (8, 9):
+        raise ConfigError("--fp8", f"{device_name(dev)} runs no fp8 GEMMs (compute capability 8.9 or later: Ada, Hopper)")
+    # what the estimate refuses (fp8 on a system without an fp8 peak) fails before the training run
+    Estimate(model, single_device_strategy(seq_len, mbs, mbc, fp8_recipe=fp8_recipe), system).cost(band=False)
     real = train_steps(model, seq_len, mbs, mbc, steps, warmup, dev, profile=profile, compile=compile,
                        fp8_recipe=fp8_recipe, sync_phases=sync_phases)
     # predicted after the run: whether torch fused the fp32 weight-gradient accumulation is known then

@@ -107,6 +107,11 @@ def pick_device(name: str | None = None) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def compute_capability(device: torch.device) -> tuple[int, int]:
+    """CUDA compute capability, (0, 0) off a CUDA device."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
