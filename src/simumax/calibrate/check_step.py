@@ -274,10 +274,10 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
 
     def one_step() -> tuple[float, float, float, float]:
         """(fwd, bwd, optimizer seconds, loss) of one optimizer step. On a GPU the phases are
-        split by CUDA events and the host waits once, at the end (Megatron's step waits once
-        too, on the loss scaler's inf check): a host wait after each phase would idle the
-        GPU while the next phase's first kernels are launched, time a training step does
-        not lose. ``sync_phases``: wait after each phase anyway (how check-step timed before)."""
+        split by CUDA events and the host waits once, at the end (a Megatron step waits on
+        the host about once too: the optimizer's inf check or gradient norm): a host wait
+        after each phase idles the GPU while the next phase's first kernels are launched,
+        time a training step does not lose. ``sync_phases``: wait after each phase anyway (how check-step timed before)."""
         marks: list[tuple[str, object, object]] = []
 
         def mark(phase: str, start: object) -> object:
