@@ -5,8 +5,9 @@ LayerNorm, SwiGLU or GeLU, Megatron's padded vocabulary, tied or untied output l
 in plain PyTorch, and trained the way Megatron-LM trains with one GPU and no distributed
 optimizer: bf16 parameters, fp32 main gradients (Megatron's DDP buffer) into which the
 linear layers' weight-gradient GEMMs accumulate directly (gradient-accumulation fusion;
-other parameters through a hook), fp32 master weights and Adam states, the master copy
-written back to bf16 after the step. Attention is ``scaled_dot_product_attention``
+other parameters through a hook), fp32 master weights and Adam states, the step as
+Megatron's (DDP's nan check over the main grads, the gradient-norm clip at 1.0, Adam, the
+master copy written back to bf16; the nan check and clip since 2026-11-27). Attention is ``scaled_dot_product_attention``
 (flash on GPUs), the loss Megatron's unfused cross-entropy (``megatron_loss``), the
 SwiGLU unfused.
 
@@ -16,6 +17,7 @@ ZeRO-0, fp32 gradient accumulation, flash attention, fused norm, unfused SwiGLU 
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -32,6 +34,8 @@ from simumax.calibrate.timing import accumulate_fp32_, synchronize
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def single_device_strategy(seq_len: int, mbs: int, mbc: int, wgrad_fused: bool = True,
@@ -271,6 +275,7 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
             layer.compile()
 
     cuda = device.type == "cuda"
+    nan_grads: list[torch.Tensor] = []  # read once, after the run
 
     def one_step() -> tuple[float, float, float, float]:
         """(fwd, bwd, optimizer seconds, loss) of one optimizer step. On a GPU the phases are
@@ -303,6 +308,12 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
             loss.backward()
             total += loss.detach()
             t = mark("bwd", t)
+        with torch.no_grad():
+            # Megatron's step before Adam: DDP's nan check (a norm over the main grads, kept on
+            # the device here) and the gradient-norm clip (norm, then scale; --clip-grad 1.0)
+            grads = [p.main_grad for p in params]
+            nan_grads.append(torch.stack(torch._foreach_norm(grads)).isnan().any())
+            torch.nn.utils.clip_grad_norm_(master, 1.0, foreach=True)
         opt.step()
         with torch.no_grad():
             for mp, p in zip(master, params):
@@ -332,6 +343,8 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
                 parts[k].append(v)
         losses.append(loss)
     kernels = profile_step(one_step, device) if profile else []
+    if bool(torch.stack(nan_grads).any()):
+        log.warning("check-step: NaN in the gradients of a step; its times are of a diverged run")
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     n = sum(p.numel() for p in params)
     # the model and optimizer die with this frame; the next run empties the cache first
