@@ -247,3 +247,25 @@ def test_clock_readings_summarise_to_medians_and_the_capped_share() -> None:
             {"sm_mhz": 1600, "power_w": 690.0, "throttle": SW_POWER_CAP | 0x1}, {}]
     assert summary(rows) == {"sm_mhz": 1600, "power_w": 690.0, "power_capped_share": 2 / 3}
     assert summary([{}, {}]) is None and reading(None, None) == {}
+
+
+def test_check_step_table_sets_phases_and_kernel_kinds_beside_the_prediction() -> None:
+    """check-step's printed table: step, memory, then per phase and (with --profile) per
+    kernel kind, each measured beside predicted with the error; the fp8 recipe in the title."""
+    from rich.console import Console
+
+    from simumax.report.format import check_step_table
+
+    row = {"model": "m", "layers": 4, "hidden": 4096, "seq_len": 4096, "mbs": 1, "mbc": 2, "device": "gpu",
+           "fp8_recipe": "delayed", "step_time_real": 0.1, "step_time_predicted": 0.09, "time_error": -0.1,
+           "peak_mem_real": 2**30, "peak_mem_predicted": 2**30, "mem_error": 0.0, "params_real": 1, "params_predicted": 1,
+           "phase_time_real": {"fwd": 0.03, "bwd": 0.06, "optimizer": 0.01},
+           "phase_time_predicted": {"fwd": 0.03, "bwd": 0.05, "optimizer": 0.01},
+           "kernel_seconds_real": {"gemm": 0.05, "attention": 0.01},
+           "kernel_seconds_predicted": {"gemm": 0.04, "attention": 0.01}}
+    console = Console(width=200, record=True)
+    console.print(check_step_table(row))
+    text = console.export_text()
+    assert "fp8 delayed" in text
+    lines = {ln.split("│")[1].strip(): ln for ln in text.splitlines() if ln.count("│") >= 4}
+    assert "-16.7%" in lines["bwd (ms)"] and "-20.0%" in lines["gemm kernels (ms)"] and "+0.0%" in lines["fwd (ms)"]

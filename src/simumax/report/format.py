@@ -214,4 +214,13 @@ def check_step_table(row: dict) -> Table:
         real = (f"SM {clocks['sm_mhz']:.0f} MHz, {clocks['power_w']:.0f} W, {clocks['power_capped_share']:.0%} capped"
                 if clocks else "-")
         t.add_row("clock under load", real, f"tensor cores at {row.get('tensor_core_rate_predicted', 1.0):.2f}", "")
+    for phase, real in (row.get("phase_time_real") or {}).items():
+        pred = row["phase_time_predicted"].get(phase)
+        if pred is not None:
+            t.add_row(f"  {phase} (ms)", ms(real), ms(pred), f"{pred / real - 1:+.1%}" if real > 0 else "")
+    kinds = row.get("kernel_seconds_real")
+    if kinds:  # --profile: device time per kernel kind (the prediction at the tables' full clock)
+        for kind, real in kinds.items():
+            pred = row["kernel_seconds_predicted"].get(kind, 0.0)
+            t.add_row(f"  {kind} kernels (ms)", ms(real), ms(pred), f"{pred / real - 1:+.1%}" if real > 0 else "")
     return t
