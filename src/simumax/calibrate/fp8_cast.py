@@ -35,8 +35,9 @@ def _build() -> Callable | None:
     @triton.jit
     def kernel(x_ptr, q_ptr, qt_ptr, s_ptr, amax_ptr, M, N, FMAX: tl.constexpr, E5M2: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr):
-        rm = tl.program_id(0) * BM + tl.arange(0, BM)
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        # 64-bit offsets: rows x columns passes 2^31 elements at long sequences or vocabularies
+        rm = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
+        rn = (tl.program_id(1) * BN + tl.arange(0, BN)).to(tl.int64)
         mask = (rm[:, None] < M) & (rn[None, :] < N)
         x = tl.load(x_ptr + rm[:, None] * N + rn[None, :], mask=mask, other=0.0).to(tl.float32)
         tl.atomic_max(amax_ptr, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
