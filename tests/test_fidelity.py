@@ -506,11 +506,11 @@ def test_cp_groups_across_nodes_use_the_inter_node_tier() -> None:
 from simumax.graph.router import router_kernels  # noqa: E402
 
 
-def _router(**opts):
+def _router(fused: bool = False, **opts):
     m = ModelConfig.init_from_dict({"model_type": "moe", "hidden_size": 1024, "head_num": 8, "intermediate_size": 2048,
                                     "layer_num": 2, "vocab_size": 1000, "expert_num": 64, "topk": 6, **opts})
     d = _est(_llama()).layer_profiles.source.dims  # bf16, 2 x 2048 tokens, tp 1
-    fwd, bwd = router_kernels(m, d, "L1", 4096, 1024, capacity=False, dp_reduce=True)
+    fwd, bwd = router_kernels(m, d, "L1", 4096, 1024, capacity=False, dp_reduce=True, fused=fused)
     names = lambda ks: [k.name.split("router.")[1] for k in ks if isinstance(k, MemBound)]  # noqa: E731
     return names(fwd), names(bwd), fwd, bwd
 
@@ -552,6 +552,58 @@ def test_router_chain_other_options() -> None:
     assert Collective("all_reduce", 64 * 4.0, "dp") in fwd  # tokens per expert over the data-parallel ranks
     with pytest.raises(ConfigError, match="moe_router_group_topk"):
         _router(moe_router_num_groups=8)
+
+
+@pytest.mark.parametrize("opts", [{}, {"moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                                    "moe_router_topk_scaling_factor": 2.5, "moe_router_num_groups": 8,
+                                    "moe_router_group_topk": 4, "moe_router_load_balancing_type": "seq_aux_loss"}])
+def test_fused_router_is_one_kernel_each_way_whatever_the_options(opts) -> None:
+    """--moe-router-fusion (TE's fused_topk_with_score_function, fused aux-loss scores and
+    loss): score function, groups, bias, top-k, scaling and the dense probabilities in one
+    kernel reading bf16 logits and writing bf16 probabilities, the bool map and an fp32
+    intermediate (2 + 2 + 1 + 4 B per token x expert); backward reads map, intermediate and
+    gradient and writes the logits' gradient (1 + 4 + 2 + 2 B). The aux loss: fused scores
+    (2 in, 4 + 1 + 4 out), the map's count, the loss over the scores; backward the loss's
+    gradient (4 out), the scores' (4 + 4 in, 2 out)."""
+    te = 4096 * 64.0
+    f, b, fwd, bwd = _router(fused=True, **opts)
+    seq = ["aux_seq_tokens_per_expert"] if opts else []
+    bias = ["expert_bias_tokens"] if opts else []
+    assert f == ["fused_topk", "tokens_per_expert", "aux_fused_scores", "aux_tokens_per_expert", *seq, "aux_loss", *bias]
+    assert b == ["fused_topk_bwd", "aux_fused_loss_bwd", "aux_fused_scores_bwd", "add_grads"]
+    by = {k.name.split("router.")[1]: k.bytes for k in [*fwd, *bwd] if isinstance(k, MemBound)}
+    assert by["fused_topk"] == by["fused_topk_bwd"] == te * 9
+    assert by["aux_fused_scores"] == te * 11 and by["aux_fused_scores_bwd"] == te * 10
+    assert isinstance(fwd[0], Gemm) and isinstance(bwd[-1], Gemm)  # the gating GEMMs as unfused
+    unfused_f, unfused_b, _, _ = _router(**opts)
+    # kernels saved: forward 5 at Megatron's defaults, 17 with DeepSeek-V3's options; backward 1 and 4
+    assert len(unfused_f) - len(f) == (17 if opts else 5) and len(unfused_b) - len(b) == (4 if opts else 1)
+
+
+def test_fused_router_in_the_estimate_and_its_flag() -> None:
+    """The strategy's moe_router_fusion reaches the MoE layers (fewer, not slower, router
+    kernels; TE's saved intermediates), refuses a TE before 2.7, and round-trips Megatron's
+    --moe-router-fusion."""
+    from simumax.export.megatron_flags import megatron_flags
+    from simumax.importers.megatron_args import parse_megatron_args
+
+    m = ModelConfig.init_from_dict({"model_type": "moe", "hidden_size": 1024, "head_num": 8, "intermediate_size": 2048,
+                                    "layer_num": 2, "vocab_size": 32000, "expert_num": 64, "topk": 6})
+    plain, fused = (_est(m, "h100-sxm-80gb", moe_router_fusion=f) for f in (False, True))
+    router = [next(o for o in e.chunks[0].ops if o.module == "router") for e in (plain, fused)]
+    assert len(router[1].fwd) < len(router[0].fwd) and len(router[1].bwd_input) < len(router[0].bwd_input)
+    assert fused.cost().duration_time_per_iter < plain.cost().duration_time_per_iter
+    te = 2 * 2048 * 64.0  # tokens x experts
+    assert [(n.split(".", 1)[1], b) for n, b in router[1].saved[1:]] == [
+        ("router.intermediate", te * 4), ("router.map", te), ("router.aux_intermediate", te * 4)]
+    with pytest.raises(ConfigError, match="moe_router_fusion"):
+        _est(m, "h100-sxm-80gb", moe_router_fusion=True, te_version="2.6.0").cost()
+    flags = megatron_flags(fused.strategy, m)
+    assert "--moe-router-fusion" in flags
+    _, st, _ = parse_megatron_args(flags + ["--num-layers", "2", "--hidden-size", "1024", "--num-attention-heads", "8",
+                                            "--num-experts", "64", "--moe-router-topk", "6", "--seq-length", "2048",
+                                            "--vocab-size", "32000"])
+    assert st.moe_router_fusion
 
 
 def test_router_flags_import_export() -> None:

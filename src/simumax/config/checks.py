@@ -96,6 +96,9 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
             raise ConfigError("moe_shared_expert_overlap", "needs the all-to-all or flex dispatcher, not all_gather")
         if st.overlap_moe_expert_parallel_comm:
             raise ConfigError("moe_shared_expert_overlap", "with overlap_moe_expert_parallel_comm is not modelled")
+    if st.moe_router_fusion and st.te_version and not st.te_at_least("2.7"):
+        # megatron-core TransformerConfig.moe_router_fusion: "only supported in TransformerEngine 2.7.0 and above"
+        raise ConfigError("moe_router_fusion", f"needs TransformerEngine 2.7 or later (te_version {st.te_version})")
     if model.is_moe and st.moe_dispatcher_policy == "flex" and model.moe_pad_expert_input_to_capacity:
         raise ConfigError("moe_dispatcher_policy", "flex (DeepEP) does not pad expert inputs to capacity (Megatron); "
                           "set moe_pad_expert_input_to_capacity false")

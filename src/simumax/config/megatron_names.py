@@ -89,6 +89,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--cross-entropy-loss-fusion": ("s", "cross_entropy_loss_fusion", True),
     "--moe-grouped-gemm": ("s", "group_linear_mode", "grouped"),
     "--moe-permute-fusion": ("s", "moe_permute_fusion", True),
+    "--moe-router-fusion": ("s", "moe_router_fusion", True),
     "--no-masked-softmax-fusion": ("s", "masked_softmax_fusion", False),
     "--overlap-grad-reduce": ("s", "overlap_grad_reduce", True),
     "--ddp-average-in-collective": ("s", "ddp_average_in_collective", True),

@@ -129,6 +129,11 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         "activation (Megatron >= 0.13); otherwise the combine's unpermute applies them.",
     )
     moe_permute_fusion: bool = Field(True, description="MoE: TE fused permute/unpermute kernels (--moe-permute-fusion).")
+    moe_router_fusion: bool = Field(
+        False, description="MoE: TE's fused router kernels (--moe-router-fusion, TE >= 2.7): score function, "
+        "group-limited top-k, scaling and the dense probabilities in one kernel each way, the aux-loss scores and "
+        "loss in one each.",
+    )
     group_linear_mode: Literal["grouped", "serial", "merged"] = Field(
         "grouped",
         description="MoE expert GEMMs: grouped (TE grouped GEMM, --moe-grouped-gemm), serial (one GEMM per "

@@ -61,6 +61,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
             f.append(switch_flag("s", "group_linear_mode", "grouped"))
         if st.moe_permute_fusion:
             f.append(switch_flag("s", "moe_permute_fusion"))
+        if st.moe_router_fusion:
+            f.append(switch_flag("s", "moe_router_fusion"))
         if model.capacity is not None:
             f.append(_m("capacity", float(model.capacity)))
             if model.moe_pad_expert_input_to_capacity:

@@ -90,10 +90,15 @@ def _router(P: str, layer: int, model: ModelConfig, st: StrategyConfig, d: Dims,
     t, E, k = md.tokens, md.experts, md.topk
     te = float(t * E)
     ab = d.act_bytes
-    fwd, bwd = router_kernels(model, d, P, t, h, model.capacity is not None, st.dp_size > 1)
+    fwd, bwd = router_kernels(model, d, P, t, h, model.capacity is not None, st.dp_size > 1, st.moe_router_fusion)
     scores = te * FP32
     saved: tuple[Tensor, ...] = (x, (f"{P}.router.scores", scores), (f"{P}.router.map", te))
-    if local:
+    if st.moe_router_fusion:
+        # TE's fused top-k keeps its routing map and fp32 intermediate; its fused aux-loss
+        # scores keep another fp32 intermediate (transformer_engine/pytorch/router.py)
+        aux = ((f"{P}.router.aux_intermediate", scores),) if model.moe_router_load_balancing_type != "none" else ()
+        saved = (x, (f"{P}.router.intermediate", scores), (f"{P}.router.map", te), *aux)
+    elif local:
         # measured on Megatron-Core's local spec: int64 top-k indices and the fp32 softmax,
         # over the top-k scores, or over all experts when it runs first (pre-softmax, which
         # Megatron requires for top-1)

@@ -36,19 +36,15 @@ FP32 = 4
 INDEX = 8  # torch.topk indices: int64
 
 
-def router_kernels(model: ModelConfig, d: Dims, P: str, tokens: int, h: int, capacity: bool,
-                   dp_reduce: bool) -> tuple[list[Kernel], list[Kernel]]:
-    """(forward, backward-input) kernels of one router on ``tokens`` local tokens."""
-    t, E, k = tokens, model.expert_num or 1, model.topk or 1
+def _score_topk(model: ModelConfig, t: int, ab: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """Megatron's unfused ``topk_routing_with_score_function``: the score function, group-limited
+    top-k, top-k, normalisation and scaling, then the dense probabilities and routing map."""
+    E, k = model.expert_num or 1, model.topk or 1
     te, tk = float(t * E), float(t * k)
-    ab = d.act_bytes
     sigmoid = model.moe_router_score_function == "sigmoid"
     groups = model.moe_router_num_groups
-    lb = model.moe_router_load_balancing_type
     chain: list[tuple[str, float]] = []
     back: list[tuple[str, float]] = []
-    if model.moe_z_loss_coeff:
-        chain += [("z_loss.logsumexp", te * ab + t * FP32), ("z_loss.mean", 2 * t * FP32)]
     # the scores top-k picks from (fp32 unless top-k runs on the logits directly)
     if sigmoid:
         chain.append(("sigmoid", te * (ab + FP32)))
@@ -84,11 +80,37 @@ def router_kernels(model: ModelConfig, d: Dims, P: str, tokens: int, h: int, cap
     if model.moe_router_topk_scaling_factor:
         chain.append(("scale_probs", 2 * tk * FP32))
         back.insert(0, ("scale_probs_bwd", 2 * tk * FP32))
-    chain += [
-        ("gates_zeros", te * ab), ("gates_scatter", te * ab), ("map_zeros", te * 4), ("map_scatter", te * 4),
-        ("map_bool", te * 5), ("tokens_per_expert", te),
-    ]
+    chain += [("gates_zeros", te * ab), ("gates_scatter", te * ab), ("map_zeros", te * 4), ("map_scatter", te * 4),
+              ("map_bool", te * 5)]
     back.insert(0, ("gather_bwd", te * ab))
+    return chain, back
+
+
+def _fused_score_topk(te: float, ab: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """TE's ``fused_topk_with_score_function`` (``--moe-router-fusion``;
+    transformer_engine/pytorch/router.py ``FusedTopkScoreFunction``, csrc/extensions/router.cpp):
+    one kernel reads the logits and writes the dense probabilities (logit dtype), the bool
+    routing map and an fp32 intermediate kept for backward, whatever the score function, groups,
+    expert bias and scaling; its backward one kernel (map, intermediate and gradient in, the
+    logits' gradient out)."""
+    return [("fused_topk", te * (2 * ab + 1 + FP32))], [("fused_topk_bwd", te * (1 + FP32 + 2 * ab))]
+
+
+def router_kernels(model: ModelConfig, d: Dims, P: str, tokens: int, h: int, capacity: bool,
+                   dp_reduce: bool, fused: bool = False) -> tuple[list[Kernel], list[Kernel]]:
+    """(forward, backward-input) kernels of one router on ``tokens`` local tokens; ``fused``:
+    TE's fused router kernels (``moe_router_fusion``)."""
+    t, E = tokens, model.expert_num or 1
+    te = float(t * E)
+    ab = d.act_bytes
+    lb = model.moe_router_load_balancing_type
+    chain: list[tuple[str, float]] = []
+    back: list[tuple[str, float]] = []
+    if model.moe_z_loss_coeff:
+        chain += [("z_loss.logsumexp", te * ab + t * FP32), ("z_loss.mean", 2 * t * FP32)]
+    routed, routed_back = _fused_score_topk(te, ab) if fused else _score_topk(model, t, ab)
+    chain += [*routed, ("tokens_per_expert", te)]
+    back += routed_back
     if capacity:
         chain += [("capacity_topk", te * ab), ("cap_zeros", te * ab), ("cap_scatter", te * ab), ("cap_bool", te * 3),
                   ("mask_probs", te * 3 * ab)]
@@ -96,11 +118,20 @@ def router_kernels(model: ModelConfig, d: Dims, P: str, tokens: int, h: int, cap
     extra_grads = 0
     comm: list[Kernel] = []
     if lb != "none":
-        chain += [("aux_scores", te * (ab + FP32))]
+        if fused:
+            # TE's fused_compute_score_for_moe_aux_loss (scores fp32, its own routing map, an fp32
+            # intermediate kept), the map's per-expert count, fused_moe_aux_loss; backward: the
+            # loss's gradient over the scores, then the scores' back to the logits
+            chain += [("aux_fused_scores", te * (ab + 2 * FP32 + 1)), ("aux_tokens_per_expert", te)]
+        else:
+            chain += [("aux_scores", te * (ab + FP32))]
         if lb == "seq_aux_loss":
             chain.append(("aux_seq_tokens_per_expert", te + float(d.b * E * FP32)))
         chain.append(("aux_loss", te * FP32))
-        back.append(("aux_bwd", te * (ab + 2 * FP32)))
+        if fused:
+            back += [("aux_fused_loss_bwd", te * FP32), ("aux_fused_scores_bwd", te * (2 * FP32 + ab))]
+        else:
+            back.append(("aux_bwd", te * (ab + 2 * FP32)))
         extra_grads += 1
         if d.sp and d.tp > 1:
             comm.append(Collective("all_reduce", float(E * FP32), "tp"))
