@@ -411,3 +411,19 @@ def test_shared_expert_overlap_round_trips_through_the_flags(dispatcher: str) ->
     a, b = Estimate(m, s, h100), Estimate(m0, s0, h100)
     assert s.moe_shared_expert_overlap and s.moe_dispatcher_policy == dispatcher
     assert a.cost().duration_time_per_iter == pytest.approx(b.cost().duration_time_per_iter, rel=1e-12)
+
+
+def test_flex_dispatcher_sms_round_trip_and_their_old_names() -> None:
+    """--moe-flex-dispatcher-num-sms, and the deprecated --moe-deepep-num-sms /
+    --moe-hybridep-num-sms that megatron-core routes to it."""
+    m0 = load_model("deepseek-v2-lite").with_updates({"layer_num": 4, "moe_pad_expert_input_to_capacity": False})
+    s0 = load_strategy("ep4_pp2_dp4_mbs1").with_updates({"seq_len": 4096, "moe_dispatcher_policy": "flex",
+                                                           "moe_flex_dispatcher_num_sms": 24})
+    flags = model_flags(m0) + megatron_flags(s0, m0)
+    assert "--moe-flex-dispatcher-num-sms 24" in flags
+    assert parse_megatron_args(flags, world_size=8)[1].moe_flex_dispatcher_num_sms == 24
+    for old in ("--moe-deepep-num-sms", "--moe-hybridep-num-sms"):
+        base = [f for f in flags if not f.startswith("--moe-flex-dispatcher-num-sms")]
+        assert parse_megatron_args(base + [f"{old} 32"], world_size=8)[1].moe_flex_dispatcher_num_sms == 32
+    with pytest.raises(ConfigError):
+        parse_megatron_args(flags + ["--moe-deepep-num-sms", "many"], world_size=8)

@@ -318,6 +318,40 @@ def test_flex_dispatcher_sends_once_per_destination() -> None:
     assert exc.value.field == "moe_dispatcher_policy"
 
 
+def test_flex_dispatcher_sms_slow_the_compute_it_overlaps() -> None:
+    """The flex dispatcher's kernels hold moe_flex_dispatcher_num_sms SMs (Megatron's 20 by
+    default) while they run: overlapped with compute (shared-expert overlap, the 1F1B
+    all-to-all overlap) they take that share of the device's SMs from it, where NCCL's
+    all-to-all takes its tier's processor_usage (0 in the presets). By hand for the shared
+    experts: the hidden all-to-all time leaves 20/132 of itself exposed on an H100."""
+    from simumax.config.loader import load_strategy
+    from simumax.cost.moe_fanout import ep_compute_usage
+    from simumax.profiles import SHARED_EXPERT_MODULES
+
+    sy = load_system("h100-sxm-80gb")
+    st = load_strategy("ep4_pp2_dp4_mbs1").with_updates({"seq_len": 4096, "pp_size": 1, "world_size": 8, "ep_size": 8})
+    flex = st.with_updates({"moe_dispatcher_policy": "flex"})
+    assert ep_compute_usage(st, 132, 0.0) == 0.0 and ep_compute_usage(st, 132, 0.1) == 0.1
+    assert ep_compute_usage(flex, 132, 0.1) == pytest.approx(20 / 132)
+    assert ep_compute_usage(flex.with_updates({"moe_flex_dispatcher_num_sms": 33}), 132, 0.0) == pytest.approx(0.25)
+    assert ep_compute_usage(flex, None, 0.1) == 0.1  # no SM count: the tier's figure
+    m = load_model("deepseek-v2-lite").with_updates({"layer_num": 4, "moe_pad_expert_input_to_capacity": False})
+    off = Estimate(m, flex, sy)
+    on = Estimate(m, flex.with_updates({"moe_shared_expert_overlap": True}), sy)
+    layer = m.layer_num - 1
+    t0, t1 = off.layer_profiles.layer_time(layer, False), on.layer_profiles.layer_time(layer, False)
+    shared = [on.layer_profiles.op_time(o) for o in on.layer_profiles.source.layer(layer, False)
+              if o.module in SHARED_EXPERT_MODULES]
+    side = sum(ph["fwd"].total for ph in shared)
+    hidden = min(side, t0.fwd.comm["ep"])
+    assert t1.fwd.total == pytest.approx(t0.fwd.total - hidden * (1 - 20 / 132), rel=1e-12)
+    # the 1F1B all-to-all overlap: more SMs for the dispatcher, less left to the GEMMs beside it
+    pair = flex.with_updates({"overlap_moe_expert_parallel_comm": True})
+    times = [Estimate(m, pair.with_updates({"moe_flex_dispatcher_num_sms": n}), sy).cost().duration_time_per_iter
+             for n in (8, 20, 64)]
+    assert times[0] < times[1] < times[2]
+
+
 def test_fp8_parameters_need_no_per_micro_batch_cast() -> None:
     """With fp8 parameters there are no bf16 weights to cast: fp8_weight_caching off adds
     no per-micro-batch weight casts then."""

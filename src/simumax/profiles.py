@@ -25,6 +25,7 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.cost.efficiency import ComputeModel
+from simumax.cost.moe_fanout import ep_compute_usage
 from simumax.cost.network import NetworkModel
 from simumax.cost import sources
 from simumax.cost.sources import KernelSources
@@ -152,7 +153,9 @@ class LayerProfiles:
         if self.source.st.moe_shared_expert_overlap:
             shared = [ph for o, ph in zip(ops, phases) if o.module in SHARED_EXPERT_MODULES]
             if shared:
-                self._hide_shared_experts(out, shared, self.coster.network.tier("ep").processor_usage)
+                usage = ep_compute_usage(self.source.st, self.coster.compute.acc.sm_count,
+                                         self.coster.network.tier("ep").processor_usage)
+                self._hide_shared_experts(out, shared, usage)
 
     @staticmethod
     def _hide_shared_experts(out: StageTime, shared: list[dict[str, PhaseTime]], usage: float) -> None:

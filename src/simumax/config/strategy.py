@@ -129,6 +129,10 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         "activation (Megatron >= 0.13); otherwise the combine's unpermute applies them.",
     )
     moe_permute_fusion: bool = Field(True, description="MoE: TE fused permute/unpermute kernels (--moe-permute-fusion).")
+    moe_flex_dispatcher_num_sms: int | None = Field(
+        None, ge=1, description="MoE flex dispatcher (DeepEP / HybridEP): SMs its dispatch and combine kernels hold "
+        "(--moe-flex-dispatcher-num-sms; None: Megatron's 20). Overlapped with compute, they slow it by that share.",
+    )
     moe_router_fusion: bool = Field(
         False, description="MoE: TE's fused router kernels (--moe-router-fusion, TE >= 2.7): score function, "
         "group-limited top-k, scaling and the dense probabilities in one kernel each way, the aux-loss scores and "

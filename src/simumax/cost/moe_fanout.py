@@ -13,6 +13,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 from math import comb
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from simumax.config.strategy import StrategyConfig
+
+# SMs the flex dispatcher's kernels hold when moe_flex_dispatcher_num_sms is unset:
+# megatron-core token_dispatcher.py, set_deepep_num_sms(... else 20)
+FLEX_DEFAULT_SMS = 20
 
 
 def expected_units_hit(units: int, experts: int, topk: int, groups: int = 0, group_topk: int = 0) -> float:
@@ -59,3 +67,14 @@ def _miss(overlaps: tuple[int, ...], groups: int, group_topk: int, per_group: in
             if w:
                 out += w * rest * comb(pool - s, topk) / comb(pool, topk)
     return out
+
+
+def ep_compute_usage(st: "StrategyConfig", sm_count: int | None, tier_usage: float) -> float:
+    """Share of the compute that EP communication overlapping it takes (its slowdown while
+    the dispatch or combine runs): the EP tier's ``processor_usage`` (NCCL's all-to-all, as
+    ``calibrate-comm`` measures it), or with the flex dispatcher the SMs its DeepEP / HybridEP
+    kernels hold for their whole run (``moe_flex_dispatcher_num_sms``, Megatron's 20 by
+    default) out of the device's, which the GEMMs beside them do not have."""
+    if st.moe_dispatcher_policy != "flex" or not sm_count:
+        return tier_usage
+    return min(1.0, (st.moe_flex_dispatcher_num_sms or FLEX_DEFAULT_SMS) / sm_count)

@@ -99,6 +99,12 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             if value not in ("allgather", "alltoall", "alltoall_seq", "flex"):
                 raise ConfigError(flag, f"expected allgather, alltoall, alltoall_seq or flex, got {value!r}")
             s["moe_dispatcher_policy"] = {"allgather": "all_gather", "flex": "flex"}.get(value, "all2all")
+        elif flag in ("--moe-deepep-num-sms", "--moe-hybridep-num-sms") and value is not None:
+            # megatron-core routes the deprecated per-backend knobs to moe_flex_dispatcher_num_sms
+            try:
+                s.setdefault("moe_flex_dispatcher_num_sms", int(value))
+            except ValueError:
+                raise ConfigError(flag, f"expected int, got {value!r}") from None
         elif flag == "--moe-flex-dispatcher-backend" and value is not None:
             if value not in ("deepep", "hybridep", "ncclep"):
                 raise ConfigError(flag, f"expected deepep, hybridep or ncclep, got {value!r}")

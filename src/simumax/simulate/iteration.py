@@ -22,6 +22,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from simumax.cost.moe_fanout import ep_compute_usage
 from simumax.dp.sharding_plan import ShardingPlan
 from simumax.schedule import SPLIT_BACKWARD
 from simumax.schedule.tasks import BACKWARD, FORWARD, WEIGHT, RankOrders
@@ -197,7 +198,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     opts = PipelineOptions(
         p2p_overlapped=st.p2p_overlapped,
         pair_overlap=st.overlap_moe_expert_parallel_comm,
-        ep_usage=net.tier("ep").processor_usage,
+        ep_usage=ep_compute_usage(st, est.system.accelerator.sm_count, net.tier("ep").processor_usage),
         delay_wgrad=st.delay_wgrad_compute,
     )
     if not record:
