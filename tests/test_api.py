@@ -118,6 +118,13 @@ def test_perf_says_when_overlapped_communication_is_taken_as_free() -> None:
     note = free_overlap(st, est.network)
     assert note is not None and note.startswith("overlap_grad_reduce, tp_comm_overlap:") and "calibrate-comm" in note
     assert free_overlap(perf.strategy, est.network) is None
+    # the flex dispatcher's overlap takes its kernels' SMs, never nothing
+    moe = PerfLLM().configure(strategy_config="ep4_pp2_dp4_mbs1", model_config="deepseek-v2-lite", system_config="h100-sxm-80gb")
+    for policy, said in (("all2all", True), ("flex", False)):
+        st_moe = moe.strategy.with_updates({"moe_shared_expert_overlap": True, "moe_dispatcher_policy": policy})
+        m_moe = moe.model_config.with_updates({"moe_pad_expert_input_to_capacity": False, "layer_num": 4})
+        note_moe = free_overlap(st_moe, Estimate(m_moe, st_moe, moe.system).network)
+        assert (note_moe is not None and "moe_shared_expert_overlap" in note_moe) is said, policy
     d = perf.system.to_dict()
     for tier in d["networks"].values():
         if isinstance(tier, dict):

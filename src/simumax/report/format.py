@@ -60,7 +60,9 @@ def free_overlap(st: StrategyConfig, network: NetworkModel) -> str | None:
     def free(group: str) -> bool:
         return network.groups[group].size > 1 and network.tier(group).processor_usage == 0
 
-    on = [opt for opt, g in OVERLAP_GROUPS if getattr(st, opt) and free(g)]
+    # the flex dispatcher's kernels take their own SMs (cost/moe_fanout.ep_compute_usage)
+    flex = st.moe_dispatcher_policy == "flex"
+    on = [opt for opt, g in OVERLAP_GROUPS if getattr(st, opt) and free(g) and not (g == "ep" and flex)]
     if st.zero_state >= 2 and ShardingPlan.of(st).per_micro_batch and free("dp"):  # its per-layer collectives
         on.append(f"zero_state {st.zero_state}")
     if not on:
