@@ -36,7 +36,7 @@ NO_EFFECT = frozenset({
     "--attention-softmax-in-fp32", "--no-position-embedding", "--use-rotary-position-embeddings", "--bias-swiglu-fusion",
     "--no-bias-swiglu-fusion", "--profile", "--profile-step-start", "--profile-step-end", "--use-pytorch-profiler",
     "--norm-epsilon", "--moe-aux-loss-coeff", "--moe-router-bias-update-rate", "--mtp-loss-scaling-factor",
-    "--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--moe-enable-deepep",
+    "--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--moe-enable-deepep", "--enable-experimental",
 })
 
 
