@@ -102,6 +102,16 @@ def test_set_suggests_the_field_meant() -> None:
         apply_overrides(m, st, sy, ["micro_batch_nun=2"])
 
 
+def test_set_keeps_text_fields_as_written() -> None:
+    """A text field given a number-looking value keeps the text (TE 2.10 is not 2.1); numbers
+    stay numbers elsewhere."""
+    from simumax.cli.options import apply_overrides
+
+    m, st, sy = load_model("llama3-8b"), load_strategy("tp1_pp2_dp4_mbs1"), load_system("a100_pcie")
+    m2, st2, _ = apply_overrides(m, st, sy, ["strategy.te_version=2.10", "model.model_name=405", "seq_len=2048"])
+    assert st2.te_version == "2.10" and st2.te_at_least("2.7") and m2.model_name == "405" and st2.seq_len == 2048
+
+
 @pytest.mark.parametrize(
     "args",
     [

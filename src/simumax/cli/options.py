@@ -4,6 +4,7 @@ line naming the files a command wrote."""
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,12 @@ def _parse_value(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def _takes_text(annotation: Any) -> bool:
+    """A field whose values are text and never numbers (``te_version: str | None``)."""
+    args = typing.get_args(annotation) or (annotation,)
+    return str in args and not any(a in args for a in (int, float))
 
 
 def _set_path(data: dict[str, Any], path: list[str], value: Any, key: str) -> None:
@@ -60,7 +67,11 @@ def apply_overrides(model: ModelConfig, strategy: StrategyConfig, system: System
         if path[0] not in fields:
             raise ConfigError(key, f"unknown field of the {target} config{did_you_mean(path[0], fields, f'{target}.')}")
         data = dumps.setdefault(target, configs[target].model_dump())
-        _set_path(data, path, _parse_value(value), key)
+        parsed = _parse_value(value)
+        if isinstance(parsed, (int, float)) and not isinstance(parsed, bool) and len(path) == 1 \
+                and _takes_text(fields[path[0]].annotation):
+            parsed = value  # a version such as 2.10 stays text (as a number it would read 2.1)
+        _set_path(data, path, parsed, key)
     for target, data in dumps.items():
         configs[target] = type(configs[target]).init_from_dict(data, source="--set")
     return configs["model"], configs["strategy"], configs["system"]
