@@ -25,7 +25,6 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.cost.efficiency import ComputeModel
-from simumax.cost.moe_fanout import ep_compute_usage
 from simumax.cost.network import NetworkModel
 from simumax.cost import sources
 from simumax.cost.sources import KernelSources
@@ -146,16 +145,14 @@ class LayerProfiles:
         the data-parallel stream, prefetched, and slow that compute by the tier's
         processor_usage; activation offload copies (graph/offload.py) run on the copy
         engines and take no SMs. The two streams run side by side."""
-        for module, usage in ((SHARDING, self.coster.network.tier("dp").processor_usage), (OFFLOAD, 0.0)):
+        for module, usage in ((SHARDING, self.coster.network.compute_usage("dp")), (OFFLOAD, 0.0)):
             side = [ph for o, ph in zip(ops, phases) if o.module == module]
             if side:
                 self._hide(out, side, usage)
         if self.source.st.moe_shared_expert_overlap:
             shared = [ph for o, ph in zip(ops, phases) if o.module in SHARED_EXPERT_MODULES]
             if shared:
-                usage = ep_compute_usage(self.source.st, self.coster.compute.acc.sm_count,
-                                         self.coster.network.tier("ep").processor_usage)
-                self._hide_shared_experts(out, shared, usage)
+                self._hide_shared_experts(out, shared, self.coster.network.compute_usage("ep"))
 
     @staticmethod
     def _hide_shared_experts(out: StageTime, shared: list[dict[str, PhaseTime]], usage: float) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import CollectiveSpec, NetworkTier, SystemConfig
 from simumax.cost.fabric import leaf_rate, nodes_per_leaf
-from simumax.cost.moe_fanout import expected_units_hit
+from simumax.cost.moe_fanout import ep_compute_usage, expected_units_hit
 from simumax.errors import ConfigError
 from simumax.graph.kernels import Collective
 
@@ -132,6 +132,7 @@ class NetworkModel:
             if self.nets.intra_with_pcie else []
         self.groups = {g: self._place(g, n, stride, overrides.get(g)) for g, (n, stride) in layout.items()}
         self._cache: dict[Collective, float] = {}
+        self._ep_usage = ep_compute_usage(st, system.accelerator.sm_count, self.tier("ep").processor_usage)
 
     def _place(self, group: str, n: int, stride: int, override: str | None) -> GroupPlacement:
         per_node = self.scaleup_size
@@ -162,6 +163,12 @@ class NetworkModel:
 
     def tier(self, group: str) -> NetworkTier:
         return self.nets.tiers[self.groups[group].tier]
+
+    def compute_usage(self, group: str) -> float:
+        """The share of the compute that the group's communication takes while it overlaps
+        that compute: its tier's ``processor_usage``, or for EP under the flex dispatcher the
+        SMs its kernels hold (``moe_fanout.ep_compute_usage``)."""
+        return self._ep_usage if group == "ep" else self.tier(group).processor_usage
 
     def measured(self, group: str) -> bool:
         """Whether a collective of the group runs on numbers that were measured (the

@@ -67,7 +67,7 @@ class Coster:
     def __init__(self, compute: ComputeModel, network: NetworkModel, tp_comm_overlap: bool = False) -> None:
         self.compute = compute
         self.network = network
-        self.tp_overlap_usage = network.tier("tp").processor_usage if tp_comm_overlap else None
+        self.tp_overlap_usage = network.compute_usage("tp") if tp_comm_overlap else None
 
     def kernel(self, k: Kernel) -> float:
         if isinstance(k, Collective):
@@ -94,7 +94,7 @@ class Coster:
                     # attention kernel before them computes
                     hidden = min(t, cover)
                     cover -= hidden
-                    slow = self.network.tier(k.group).processor_usage * hidden
+                    slow = self.network.compute_usage(k.group) * hidden
                     out.total += slow
                     out.compute += slow
                     t -= hidden

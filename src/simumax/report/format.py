@@ -58,11 +58,9 @@ def free_overlap(st: StrategyConfig, network: NetworkModel) -> str | None:
     whose ``processor_usage`` is 0: the estimate then takes the overlap as free (nothing
     taken from the GEMMs beside it), which real NCCL kernels are not."""
     def free(group: str) -> bool:
-        return network.groups[group].size > 1 and network.tier(group).processor_usage == 0
+        return network.groups[group].size > 1 and network.compute_usage(group) == 0
 
-    # the flex dispatcher's kernels take their own SMs (cost/moe_fanout.ep_compute_usage)
-    flex = st.moe_dispatcher_policy == "flex"
-    on = [opt for opt, g in OVERLAP_GROUPS if getattr(st, opt) and free(g) and not (g == "ep" and flex)]
+    on = [opt for opt, g in OVERLAP_GROUPS if getattr(st, opt) and free(g)]
     if st.zero_state >= 2 and ShardingPlan.of(st).per_micro_batch and free("dp"):  # its per-layer collectives
         on.append(f"zero_state {st.zero_state}")
     if not on:
@@ -216,13 +214,11 @@ def check_step_table(row: dict) -> Table:
         real = (f"SM {clocks['sm_mhz']:.0f} MHz, {clocks['power_w']:.0f} W, {clocks['power_capped_share']:.0%} capped"
                 if clocks else "-")
         t.add_row("clock under load", real, f"tensor cores at {row.get('tensor_core_rate_predicted', 1.0):.2f}", "")
-    for phase, real in (row.get("phase_time_real") or {}).items():
-        pred = row["phase_time_predicted"].get(phase)
-        if pred is not None:
-            t.add_row(f"  {phase} (ms)", ms(real), ms(pred), f"{pred / real - 1:+.1%}" if real > 0 else "")
-    kinds = row.get("kernel_seconds_real")
-    if kinds:  # --profile: device time per kernel kind (the prediction at the tables' full clock)
-        for kind, real in kinds.items():
-            pred = row["kernel_seconds_predicted"].get(kind, 0.0)
-            t.add_row(f"  {kind} kernels (ms)", ms(real), ms(pred), f"{pred / real - 1:+.1%}" if real > 0 else "")
+    # each phase, then (--profile) the device time per kernel kind, the prediction at the tables' full clock
+    for suffix, real_key, pred_key, default in (("", "phase_time_real", "phase_time_predicted", None),
+                                                 (" kernels", "kernel_seconds_real", "kernel_seconds_predicted", 0.0)):
+        for part, real in (row.get(real_key) or {}).items():
+            pred = row[pred_key].get(part, default)
+            if pred is not None:
+                t.add_row(f"  {part}{suffix} (ms)", ms(real), ms(pred), f"{pred / real - 1:+.1%}" if real > 0 else "")
     return t

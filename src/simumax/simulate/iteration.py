@@ -22,7 +22,6 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from simumax.cost.moe_fanout import ep_compute_usage
 from simumax.dp.sharding_plan import ShardingPlan
 from simumax.schedule import SPLIT_BACKWARD
 from simumax.schedule.tasks import BACKWARD, FORWARD, WEIGHT, RankOrders
@@ -161,7 +160,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     filled, forward = {}, {}
     for k, c in enumerate(est.chunks):
         filled[c.vstage], forward[c.vstage] = bucket_readiness(est, k, head_wgrad)
-    usage = {g: net.tier(g).processor_usage for g in ("dp", "edp")}
+    usage = {g: net.compute_usage(g) for g in ("dp", "edp")}
     comm: list[list[Event]] = [[] for _ in range(ranks)]
     comm_free = [0.0] * ranks
     # cost() reads only times: the steady-state run records no events (a 405B job has
@@ -198,7 +197,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     opts = PipelineOptions(
         p2p_overlapped=st.p2p_overlapped,
         pair_overlap=st.overlap_moe_expert_parallel_comm,
-        ep_usage=ep_compute_usage(st, est.system.accelerator.sm_count, net.tier("ep").processor_usage),
+        ep_usage=net.compute_usage("ep"),
         delay_wgrad=st.delay_wgrad_compute,
     )
     if not record:
