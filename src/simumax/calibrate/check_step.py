@@ -7,9 +7,9 @@ optimizer: bf16 parameters, fp32 main gradients (Megatron's DDP buffer) into whi
 linear layers' weight-gradient GEMMs accumulate directly (gradient-accumulation fusion;
 other parameters through a hook), fp32 master weights and Adam states, the step as
 Megatron's (DDP's nan check over the main grads, the gradient-norm clip at 1.0, Adam, the
-master copy written back to bf16; the nan check and clip since 2026-11-27). Attention is ``scaled_dot_product_attention``
-(flash on GPUs), the loss Megatron's unfused cross-entropy (``megatron_loss``), the
-SwiGLU unfused.
+master copy written back to bf16; the nan check and clip since 2026-11-27). Attention is
+``scaled_dot_product_attention`` (flash on GPUs), the loss Megatron's unfused cross-entropy
+(``megatron_loss``), the SwiGLU unfused.
 
 The matching simumax strategy (``single_device_strategy``) says exactly that: world 1,
 ZeRO-0, fp32 gradient accumulation, flash attention, fused norm, unfused SwiGLU and loss.
@@ -282,7 +282,8 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
         split by CUDA events and the host waits once, at the end (a Megatron step waits on
         the host about once too: the optimizer's inf check or gradient norm): a host wait
         after each phase idles the GPU while the next phase's first kernels are launched,
-        time a training step does not lose. ``sync_phases``: wait after each phase anyway (how check-step timed before)."""
+        time a training step does not lose. ``sync_phases``: wait after each phase anyway
+        (how check-step timed before)."""
         marks: list[tuple[str, object, object]] = []
 
         def mark(phase: str, start: object) -> object:

@@ -65,6 +65,11 @@ def triton_kernel() -> Callable | None:
     return _KERNEL[0]
 
 
+def amax(x: torch.Tensor) -> torch.Tensor:
+    """The tensor's largest magnitude, fp32 (current scaling's pass of its own)."""
+    return x.abs().amax().float()
+
+
 def cast_transpose(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(fp8 data, its transposed copy, amax of x) of a contiguous 2-D bf16 tensor scaled by
@@ -73,9 +78,9 @@ def cast_transpose(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor
     if run is None:
         fmax = FP8_MAX[dtype]
         xs = torch.clamp(x.float() * scale, -fmax, fmax)
-        return xs.to(dtype), xs.t().contiguous().to(dtype), x.abs().amax().float()
+        return xs.to(dtype), xs.t().contiguous().to(dtype), amax(x)
     q = torch.empty(x.shape, device=x.device, dtype=dtype)
     qt = torch.empty((x.shape[1], x.shape[0]), device=x.device, dtype=dtype)
-    amax = torch.zeros((), device=x.device, dtype=torch.float32)
-    run(x, scale, q, qt, amax)
-    return q, qt, amax
+    largest = torch.zeros((), device=x.device, dtype=torch.float32)  # the kernel's atomic max
+    run(x, scale, q, qt, largest)
+    return q, qt, largest

@@ -33,14 +33,10 @@ from typing import Callable
 
 import torch
 
-from simumax.calibrate.fp8_cast import FP8_MAX, cast_transpose
+from simumax.calibrate.fp8_cast import FP8_MAX, amax, cast_transpose
 
 FP8_RECIPES = ("delayed", "tensorwise")
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-
-
-def _amax(x: torch.Tensor) -> torch.Tensor:
-    return x.abs().amax().float()
 
 
 class Fp8Quantizer:
@@ -52,7 +48,7 @@ class Fp8Quantizer:
         if recipe not in FP8_RECIPES:
             raise ValueError(f"fp8 recipe {recipe!r}: check-step runs {', '.join(FP8_RECIPES)}")
         self.recipe = recipe
-        self._amax_fn: Callable = _amax
+        self._amax_fn: Callable = amax
         if fused and recipe == "tensorwise":
             # one specialisation per tensor shape: a Llama layer has ~8
             import torch._dynamo
@@ -60,7 +56,7 @@ class Fp8Quantizer:
             cfg = torch._dynamo.config
             name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
             setattr(cfg, name, max(getattr(cfg, name), 64))
-            self._amax_fn = torch.compile(_amax, dynamic=False)
+            self._amax_fn = torch.compile(amax, dynamic=False)
         self._amax: dict[tuple[int, str], torch.Tensor] = {}  # delayed scaling: last amax per tensor
 
     def __call__(self, key: tuple[int, str], x: torch.Tensor, dtype: torch.dtype):
@@ -79,25 +75,25 @@ class Fp8Quantizer:
 
 class _Fp8LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, lin: "Fp8Linear") -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, lin: "Fp8Linear") -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         xq, xqt, x_inv = lin.quantizer((id(lin), "input"), x2, E4M3)
         wq, wqt, w_inv = lin.weight_fp8()
         y = torch._scaled_mm(xq, wq.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype, use_fast_accum=True)
         ctx.save_for_backward(xqt, x_inv, wqt, w_inv)
-        ctx.lin, ctx.weight = lin, weight
+        ctx.lin = lin
         return y.view(*x.shape[:-1], wq.shape[0])
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         xqt, x_inv, wqt, w_inv = ctx.saved_tensors
-        lin, weight = ctx.lin, ctx.weight
+        lin = ctx.lin
         dy2 = dy.reshape(-1, dy.shape[-1])
         gq, gqt, g_inv = lin.quantizer((id(lin), "grad"), dy2, E5M2)
         dx = torch._scaled_mm(gq, wqt.t(), scale_a=g_inv, scale_b=w_inv, out_dtype=dy.dtype, use_fast_accum=False)
         dw = torch._scaled_mm(gqt, xqt.t(), scale_a=g_inv, scale_b=x_inv, out_dtype=dy.dtype, use_fast_accum=False)
-        weight.main_grad.add_(dw)  # no in-GEMM accumulation into fp32 in torch (module docstring)
-        return dx.view(*dy.shape[:-1], xqt.shape[0]), None, None
+        lin.weight.main_grad.add_(dw)  # no in-GEMM accumulation into fp32 in torch (module docstring)
+        return dx.view(*dy.shape[:-1], xqt.shape[0]), None
 
 
 class Fp8Linear(torch.nn.Module):
@@ -120,5 +116,5 @@ class Fp8Linear(torch.nn.Module):
 
     @torch.compiler.disable  # its state (cached weights, delayed amaxes) stays out of a compiled layer
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _Fp8LinearFn.apply(x, self.weight, self)
+        y = _Fp8LinearFn.apply(x, self)
         return y + self.bias if self.bias is not None else y

@@ -190,6 +190,7 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
     from simumax.calibrate.check_step import single_device_strategy, train_steps
     from simumax.calibrate.fp8_linear import FP8_RECIPES
     from simumax.calibrate.timing import compute_capability, device_name, fp32_accumulation_fused, pick_device
+    from simumax.config.checks import check_compatible
     from simumax.estimate import Estimate
     from simumax.validate import relative_error
 
@@ -199,7 +200,7 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
     if fp8_recipe is not None and dev.type == "cuda" and compute_capability(dev) < (8, 9):
         raise ConfigError("--fp8", f"{device_name(dev)} runs no fp8 GEMMs (compute capability 8.9 or later: Ada, Hopper)")
     # what the estimate refuses (fp8 on a system without an fp8 peak) fails before the training run
-    Estimate(model, single_device_strategy(seq_len, mbs, mbc, fp8_recipe=fp8_recipe), system).cost(band=False)
+    check_compatible(model, single_device_strategy(seq_len, mbs, mbc, fp8_recipe=fp8_recipe), system)
     real = train_steps(model, seq_len, mbs, mbc, steps, warmup, dev, profile=profile, compile=compile,
                        fp8_recipe=fp8_recipe, sync_phases=sync_phases)
     # predicted after the run: whether torch fused the fp32 weight-gradient accumulation is known then
