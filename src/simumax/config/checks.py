@@ -96,6 +96,9 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
             raise ConfigError("moe_shared_expert_overlap", "needs the all-to-all or flex dispatcher, not all_gather")
         if st.overlap_moe_expert_parallel_comm:
             raise ConfigError("moe_shared_expert_overlap", "with overlap_moe_expert_parallel_comm is not modelled")
+    if model.is_moe and st.moe_router_dtype == "fp64":
+        # megatron-core runs an fp64 router with torch.mm in fp64 (no TE GEMM): FP64 units no system file describes
+        raise ConfigError("moe_router_dtype", "fp64 is not modelled (FP64 GEMMs, no peak for them in a system file); use fp32 or leave it unset")
     if st.moe_router_fusion and st.te_version and not st.te_at_least("2.7"):
         # megatron-core TransformerConfig.moe_router_fusion: "only supported in TransformerEngine 2.7.0 and above"
         raise ConfigError("moe_router_fusion", f"needs TransformerEngine 2.7 or later (te_version {st.te_version})")

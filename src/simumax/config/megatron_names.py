@@ -59,6 +59,7 @@ VALUED: dict[str, tuple[str, str, type]] = {
     "--moe-router-load-balancing-type": ("m", "moe_router_load_balancing_type", str),
     "--moe-z-loss-coeff": ("m", "moe_z_loss_coeff", float),
     "--moe-flex-dispatcher-num-sms": ("s", "moe_flex_dispatcher_num_sms", int),
+    "--moe-router-dtype": ("s", "moe_router_dtype", str),
     "--ddp-bucket-size": ("s", "ddp_bucket_size", int),
     "--main-params-dtype": ("s", "main_params_dtype", str),
     "--exp-avg-dtype": ("s", "exp_avg_dtype", str),

@@ -138,6 +138,11 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         "group-limited top-k, scaling and the dense probabilities in one kernel each way, the aux-loss scores and "
         "loss in one each.",
     )
+    moe_router_dtype: Literal["fp32", "fp64"] | None = Field(
+        None, description="MoE: the router's logits, routing and probabilities in fp32 (--moe-router-dtype fp32; None: "
+        "the activation dtype). Its gating GEMM writes fp32 logits; its gradient GEMMs cast the weight and input to fp32 "
+        "and run on TF32 tensor cores. fp64 is not modelled.",
+    )
     group_linear_mode: Literal["grouped", "serial", "merged"] = Field(
         "grouped",
         description="MoE expert GEMMs: grouped (TE grouped GEMM, --moe-grouped-gemm), serial (one GEMM per "

@@ -16,9 +16,16 @@ from simumax.config.base import snapshot, snapshot_field
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 from simumax.cost.efficiency_fit import MIN_FIT_ENTRIES, TableFit, default_curve, parse_key, wave_fraction
-from simumax.graph.kernels import Attention, Gemm, GroupGemm, MemBound
+from simumax.graph.kernels import TF32_PREFIX, Attention, Gemm, GroupGemm, MemBound
 
 ComputeKernel = Gemm | GroupGemm | Attention
+
+# TF32 tensor-core peak over the dense BF16 one: 1/2 on every datasheet since Ampere (A100
+# 156 / 312, H100 SXM 495 / 989, B200 1.1 / 2.25 PFLOP/s, MI300X 654 / 1307 TFLOP/s). A
+# system without a TF32 family of its own runs TF32 GEMMs at its bf16 family's efficiency
+# for the shape against this share of the bf16 peak (measured on an H100, router shapes:
+# docs/calibration.md, "Router GEMMs in fp32").
+TF32_OF_BF16_PEAK = 0.5
 
 
 SOURCES = ("measured", "fitted", "default")
@@ -57,9 +64,9 @@ class ComputeModel:
         self._hbm_seconds_per_byte = 1.0 / (hbm.gbps * 1e9 * hbm.efficient_factor)
 
     def _family(self, name: str) -> str:
-        """The configured family a kernel uses: its own, else (fp8) its bf16 twin, else default."""
+        """The configured family a kernel uses: its own, else (fp8, TF32) its bf16 twin, else default."""
         ops = self.acc.op
-        for candidate in (name, name.removeprefix("fp8_").removeprefix("fp4_")):
+        for candidate in (name, name.removeprefix("fp8_").removeprefix("fp4_").removeprefix(TF32_PREFIX)):
             if candidate in ops:
                 return candidate
         return "default"
@@ -165,6 +172,10 @@ class ComputeModel:
         # a table's efficiencies are in the FLOP convention it was measured with
         table_flops = k.table_flops(spec.sdp_bwd_ratio) if isinstance(k, Attention) else k.flops
         peak = spec.tflops * 1e12
+        if k.family.startswith(TF32_PREFIX) and not name.startswith(TF32_PREFIX):
+            # the bf16 twin's shape efficiency at the TF32 rate no table of this device holds
+            peak *= TF32_OF_BF16_PEAK
+            source = "default"
         if eff <= 0 or peak <= 0:
             raise ConfigError(
                 f"accelerator.op.{name}", f"peak {spec.tflops} TFLOP/s at efficiency {eff:g} for a kernel this job runs "

@@ -14,6 +14,16 @@ Group = Literal["tp", "cp", "cp_a2a", "cp_p2p", "ep", "etp", "dp", "edp", "pp"]
 
 _IN_BYTES = {False: 2, True: 1}  # operand bytes: bf16/fp16, fp8
 _OUT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# A GEMM family on fp32 operands run on TF32 tensor cores (Megatron's fp32 router GEMMs):
+# priced as its bf16 twin's shape at TF32's rate (cost/efficiency.py)
+TF32_PREFIX = "tf32_"
+
+
+def operand_bytes(family: str) -> int:
+    """Bytes per GEMM operand element of a kernel family: fp8 1, TF32 (fp32 operands) 4, else 2."""
+    if family.startswith(TF32_PREFIX):
+        return 4
+    return _IN_BYTES[family.startswith("fp8")]
 
 
 def gemm_bytes(m: int, k: int, n: int, in_bytes: int, out_bytes: int, accumulate: bool) -> float:
@@ -40,8 +50,8 @@ class Gemm(NamedTuple):
     @property
     def bytes(self) -> float:
         """HBM traffic at the least: both operands read once, the output written (and read
-        too when accumulating); operands 1 B in the fp8 family, else 2."""
-        return self.b * gemm_bytes(self.m, self.k, self.n, _IN_BYTES[self.family.startswith("fp8")],
+        too when accumulating); operands 1 B in the fp8 family, 4 in a TF32 one, else 2."""
+        return self.b * gemm_bytes(self.m, self.k, self.n, operand_bytes(self.family),
                                    _OUT_BYTES.get(self.out_dtype, 2), self.accumulate)
 
     @property

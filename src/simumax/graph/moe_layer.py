@@ -28,7 +28,7 @@ from simumax.graph import fp8 as fp8_recipe
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective, Fanout, Gemm, GroupGemm, Kernel, MemBound
 from simumax.graph.ops import Op, Tensor
-from simumax.graph.router import router_kernels
+from simumax.graph.router import fp32_gemm_kernels, router_kernels
 
 FP32 = 4
 INDEX = 4  # int32 row-id maps
@@ -89,8 +89,19 @@ def _router(P: str, layer: int, model: ModelConfig, st: StrategyConfig, d: Dims,
     small kernels its options choose (graph/router.py)."""
     t, E, k = md.tokens, md.experts, md.topk
     te = float(t * E)
-    ab = d.act_bytes
-    fwd, bwd = router_kernels(model, d, P, t, h, model.capacity is not None, st.dp_size > 1, st.moe_router_fusion)
+    fp32 = st.moe_router_dtype == "fp32"
+    ab = FP32 if fp32 else d.act_bytes  # the logits' dtype
+    fwd, bwd = router_kernels(model, d, P, t, h, model.capacity is not None, st.dp_size > 1, st.moe_router_fusion, fp32)
+    wgrad = Gemm(E, t, h, "NT", accumulate=True, out_dtype="fp32")
+    bwd_weight: tuple[Kernel, ...] = (wgrad,)
+    bwd_transient = 4 * te * ab
+    if fp32:
+        # the weight gradient from the fp32 copy of the input, cast to bf16, which DDP's hook
+        # adds to the fp32 main grad (main_grad.add_(grad)); alive at its peak: the fp32 input
+        # copy, the fp32 input gradient (cast back after both GEMMs) and the fp32 weight gradient
+        bwd_weight = (*fp32_gemm_kernels("wgrad", wgrad, cast_in=float(t * h), d=d),
+                      MemBound("router.main_grad_add", float(E * h) * (2 * st.main_grad_bytes + d.act_bytes)))
+        bwd_transient += float(t * h) * 2 * FP32 + float(E * h) * FP32
     scores = te * FP32
     saved: tuple[Tensor, ...] = (x, (f"{P}.router.scores", scores), (f"{P}.router.map", te))
     if st.moe_router_fusion:
@@ -107,9 +118,9 @@ def _router(P: str, layer: int, model: ModelConfig, st: StrategyConfig, d: Dims,
     return Op(
         name=f"{P}.router", module="router", layer=layer,
         fwd=tuple(fwd), bwd_input=tuple(bwd),
-        bwd_weight=(Gemm(E, t, h, "NT", accumulate=True, out_dtype="fp32"),),
+        bwd_weight=bwd_weight,
         saved=saved,
-        input=(x,), fwd_transient=4 * te * ab, bwd_transient=4 * te * ab,
+        input=(x,), fwd_transient=4 * te * ab, bwd_transient=bwd_transient,
         params=E * h, tp_replicated_params=E * h,
     )
 

@@ -97,12 +97,14 @@ def _fused_score_topk(te: float, ab: int) -> tuple[list[tuple[str, float]], list
 
 
 def router_kernels(model: ModelConfig, d: Dims, P: str, tokens: int, h: int, capacity: bool,
-                   dp_reduce: bool, fused: bool = False) -> tuple[list[Kernel], list[Kernel]]:
+                   dp_reduce: bool, fused: bool = False, fp32: bool = False) -> tuple[list[Kernel], list[Kernel]]:
     """(forward, backward-input) kernels of one router on ``tokens`` local tokens; ``fused``:
-    TE's fused router kernels (``moe_router_fusion``)."""
+    TE's fused router kernels (``moe_router_fusion``); ``fp32``: ``moe_router_dtype`` fp32
+    (logits and every routing tensor in fp32, the data-gradient GEMM on fp32 operands:
+    ``fp32_gemm_kernels``)."""
     t, E = tokens, model.expert_num or 1
     te = float(t * E)
-    ab = d.act_bytes
+    ab = FP32 if fp32 else d.act_bytes  # the logits' dtype, which the routing tensors keep
     lb = model.moe_router_load_balancing_type
     chain: list[tuple[str, float]] = []
     back: list[tuple[str, float]] = []
@@ -144,6 +146,23 @@ def router_kernels(model: ModelConfig, d: Dims, P: str, tokens: int, h: int, cap
         extra_grads += 1
     if extra_grads:
         back.append(("add_grads", (2 + extra_grads) * te * ab))
-    fwd: list[Kernel] = [Gemm(t, h, E, "TN"), *(MemBound(f"router.{n}", b) for n, b in chain), *comm]
-    bwd: list[Kernel] = [*(MemBound(f"router.{n}", b) for n, b in back), Gemm(t, E, h, "NN")]
+    gating = Gemm(t, h, E, "TN", out_dtype="fp32") if fp32 else Gemm(t, h, E, "TN")
+    dgrad = fp32_gemm_kernels("dgrad", Gemm(t, E, h, "NN"), cast_in=float(E * h), d=d) if fp32 else [Gemm(t, E, h, "NN")]
+    fwd: list[Kernel] = [gating, *(MemBound(f"router.{n}", b) for n, b in chain), *comm]
+    bwd: list[Kernel] = [*(MemBound(f"router.{n}", b) for n, b in back), *dgrad]
     return fwd, bwd
+
+
+def fp32_gemm_kernels(name: str, g: Gemm, cast_in: float, d: Dims) -> list[Kernel]:
+    """A router gradient GEMM with ``moe_router_dtype`` fp32, as megatron-core's
+    ``RouterGatingLinearFunction.backward`` runs it (``transformer/moe/moe_utils.py``): the
+    bf16 operand it takes from forward (``cast_in`` elements: the weight for the data
+    gradient, the input for the weight gradient) cast to fp32, the GEMM on fp32 operands
+    (TF32 tensor cores: TE's GEMM runs fp32 inputs so) writing fp32, its output cast back to
+    the bf16 of the input or weight."""
+    ab = d.act_bytes
+    return [
+        MemBound(f"router.{name}_cast_fp32", cast_in * (ab + FP32)),
+        g._replace(out_dtype="fp32", accumulate=False, family="tf32_matmul"),
+        MemBound(f"router.{name}_cast_back", float(g.m * g.n) * (FP32 + ab)),
+    ]
