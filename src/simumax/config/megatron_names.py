@@ -93,6 +93,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--moe-permute-fusion": ("s", "moe_permute_fusion", True),
     "--moe-router-fusion": ("s", "moe_router_fusion", True),
     "--no-masked-softmax-fusion": ("s", "masked_softmax_fusion", False),
+    "--no-rope-fusion": ("s", "apply_rope_fusion", False),
     "--overlap-grad-reduce": ("s", "overlap_grad_reduce", True),
     "--ddp-average-in-collective": ("s", "ddp_average_in_collective", True),
     "--no-gradient-accumulation-fusion": ("s", "gradient_accumulation_fusion", False),

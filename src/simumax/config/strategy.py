@@ -138,6 +138,11 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         "group-limited top-k, scaling and the dense probabilities in one kernel each way, the aux-loss scores and "
         "loss in one each.",
     )
+    apply_rope_fusion: bool = Field(
+        True, description="RoPE as one TransformerEngine kernel on q and k (Megatron's default; --no-rope-fusion turns "
+        "it off: megatron-core's torch RoPE, t*cos + rotate_half(t)*sin, several passes each way). The local "
+        "transformer_impl always runs the torch RoPE.",
+    )
     moe_router_dtype: Literal["fp32", "fp64"] | None = Field(
         None, description="MoE: the router's logits, routing and probabilities in fp32 (--moe-router-dtype fp32; None: "
         "the activation dtype). Its gating GEMM writes fp32 logits; its gradient GEMMs cast the weight and input to fp32 "

@@ -60,7 +60,8 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
             q = k = rope_in
     if rotary:
         ops.append(
-            blocks.rope(f"{P}.rope", layer, d, q_w + kv_w, fused=not local, rot_dim=hd).with_(input=(rope_in,), output=q, also_outputs=(k,))
+            blocks.rope(f"{P}.rope", layer, d, q_w + kv_w, fused=st.apply_rope_fusion and not local, rot_dim=hd).with_(
+                input=(rope_in,), output=q, also_outputs=(k,))
         )
     if st.use_math_sdp or local:
         core = attention.math_attention(

@@ -21,29 +21,37 @@ from simumax.graph.kernels import Collective, MemBound, op_label
 from simumax.graph.ops import Op, Tensor
 
 
+# passes over a RoPE'd tensor each way, each a read and a write: fused one; megatron-core's
+# torch RoPE (rope_utils._apply_rotary_pos_emb_bshd with MLA's interleave: the interleave
+# copy, t * cos, rotate_half, * sin, the add, the final cat) about four (blocks.rope)
+ROPE_PASSES = {True: 1, False: 4}
+
+
 def _rope_concat(
     name: str, layer: int, d: Dims, q: Tensor, kv: Tensor, kv_comb: Tensor, rope_widths: tuple[int, int],
-    outs: tuple[Tensor, Tensor, Tensor],
+    outs: tuple[Tensor, Tensor, Tensor], fused: bool = True,
 ) -> Op:
-    """Fused RoPE on the q and k positional parts, then concatenation into contiguous query,
-    key (the one k_pe broadcast to every head) and value, kernel by kernel as Megatron runs
-    them. Saves nothing. Backward: RoPE backward on both, the broadcast's sum over heads, and
-    the gradients of the split q and kv up-projection outputs re-assembled (two copies).
-    With SP, k_pe is all-gathered over TP first (reduce-scattered in backward)."""
+    """RoPE on the q and k positional parts (fused, or megatron-core's torch RoPE with
+    ``--no-rope-fusion``), then concatenation into contiguous query, key (the one k_pe
+    broadcast to every head) and value, kernel by kernel as Megatron runs them. Saves
+    nothing. Backward: RoPE backward on both, the broadcast's sum over heads, and the
+    gradients of the split q and kv up-projection outputs re-assembled (two copies). With
+    SP, k_pe is all-gathered over TP first (reduce-scattered in backward)."""
     q_pe, k_pe = (d.act(w) for w in rope_widths)
     query, key, value = outs
+    passes = 2 * ROPE_PASSES[fused]
     fwd: list = []
     bwd: list = []
     if d.sp:
         fwd.append(Collective("all_gather", k_pe, "tp"))
     fwd += [
-        MemBound(f"{op_label(name)}.rope_q", 2 * q_pe), MemBound(f"{op_label(name)}.rope_k", 2 * k_pe),
+        MemBound(f"{op_label(name)}.rope_q", passes * q_pe), MemBound(f"{op_label(name)}.rope_k", passes * k_pe),
         MemBound(f"{op_label(name)}.cat_query", 2 * query[1]), MemBound(f"{op_label(name)}.cat_key", 2 * key[1]),
         MemBound(f"{op_label(name)}.contiguous_value", 2 * value[1]),
     ]
     bwd += [
-        MemBound(f"{op_label(name)}.rope_q_bwd", 2 * q_pe), MemBound(f"{op_label(name)}.k_pe_sum", q_pe + k_pe),
-        MemBound(f"{op_label(name)}.rope_k_bwd", 2 * k_pe), MemBound(f"{op_label(name)}.q_grad", 2 * q[1]), MemBound(f"{op_label(name)}.kv_grad", 2 * kv[1]),
+        MemBound(f"{op_label(name)}.rope_q_bwd", passes * q_pe), MemBound(f"{op_label(name)}.k_pe_sum", q_pe + k_pe),
+        MemBound(f"{op_label(name)}.rope_k_bwd", passes * k_pe), MemBound(f"{op_label(name)}.q_grad", 2 * q[1]), MemBound(f"{op_label(name)}.kv_grad", 2 * kv[1]),
     ]
     if d.sp:
         bwd.append(Collective("reduce_scatter", k_pe, "tp"))
@@ -93,7 +101,8 @@ def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
     query = (f"{P}.query", d.act(heads * q_dim))
     key = (f"{P}.key", d.act(heads * q_dim))
     value = (f"{P}.value", d.act(heads * v_dim))
-    ops.append(_rope_concat(f"{P}.rope", layer, d, q_full, kv_full, kv_comb, (heads * rope_dim, rope_dim), (query, key, value)).with_(output=query, also_outputs=(key, value)))
+    ops.append(_rope_concat(f"{P}.rope", layer, d, q_full, kv_full, kv_comb, (heads * rope_dim, rope_dim), (query, key, value),
+                            fused=st.apply_rope_fusion).with_(output=query, also_outputs=(key, value)))
 
     out = (f"{P}.attn.out", d.act(heads * v_dim))
     if st.use_math_sdp:
