@@ -131,6 +131,18 @@ def test_megatron_flags_round_trip(model: str, strategy: str, world: int) -> Non
     assert a.memory().peak_mem == pytest.approx(b.memory().peak_mem, rel=1e-12)
 
 
+def test_megatron_flags_not_modelled_are_said_with_the_reason() -> None:
+    """Flags with a real effect the model leaves out (garbage-collection timing, CUDA graphs)
+    come back as one note per reason, not as "ignored"."""
+    _, _, notes = parse_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 "
+                                      "--seq-length 16 --vocab-size 100 --manual-gc --manual-gc-interval 10 "
+                                      "--enable-cuda-graph --cuda-graph-scope attn")
+    said = [n for n in notes if n.startswith("not modelled")]
+    assert len(said) == 2 and "--manual-gc --manual-gc-interval (" in said[0] and "collector" in said[0]
+    assert "--enable-cuda-graph --cuda-graph-scope (CUDA graphs" in said[1]
+    assert not any(n.startswith("ignored") for n in notes)
+
+
 def test_megatron_script_with_unknown_flags_and_errors(tmp_path) -> None:
     script = tmp_path / "train.sh"
     script.write_text("#!/bin/bash\ntorchrun --nproc-per-node 8 pretrain_gpt.py \\\n  --num-layers 4 --hidden-size 1024 \\\n"

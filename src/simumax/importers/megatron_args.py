@@ -40,6 +40,16 @@ NO_EFFECT = frozenset({
 })
 
 
+# flags with a real effect the model leaves out, and why (said back, not silently ignored)
+_GC = "Python's garbage collection timing: steps are predicted without collector pauses"
+_GRAPHS = "CUDA graphs: host launch gaps, which graph replay removes, are not modelled, nor the graphs' static buffers"
+NOT_MODELLED = {
+    "--manual-gc": _GC, "--manual-gc-interval": _GC, "--manual-gc-eval": _GC,
+    **dict.fromkeys(("--enable-cuda-graph", "--cuda-graph-scope", "--cuda-graph-impl", "--external-cuda-graph",
+                     "--cuda-graph-warmup-steps"), _GRAPHS),
+}
+
+
 # flag, model field, Megatron-LM's default when the flag is left out (megatron/training/
 # arguments.py), and the note that says so (none for the ones every GPT script leaves out)
 MEGATRON_DEFAULTS = (
@@ -63,6 +73,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     notes: list[str] = []
     gbs = None
     no_effect: list[str] = []
+    not_modelled: dict[str, list[str]] = {}
     i = 0
     extra: dict[str, str] = {}
     while i < len(tokens):
@@ -172,11 +183,15 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             extra["method"] = value
         elif flag in NO_EFFECT or (flag == "--rotary-percent" and value is not None and _is_one(value)):
             no_effect.append(flag)
+        elif flag in NOT_MODELLED:
+            not_modelled.setdefault(NOT_MODELLED[flag], []).append(flag)
         elif flag.startswith("--") and flag not in IGNORED_VALUED:
             notes.append(f"ignored {flag}")
         i += step
     if no_effect:
         notes.append(f"no effect on time or memory, read past: {' '.join(no_effect)}")
+    for why, flags in not_modelled.items():
+        notes.append(f"not modelled, read past: {' '.join(flags)} ({why})")
     for flag, field, value, text in MEGATRON_DEFAULTS:  # flags left out mean what Megatron makes of them
         if field not in m:
             m[field] = value
