@@ -131,6 +131,18 @@ def test_megatron_flags_round_trip(model: str, strategy: str, world: int) -> Non
     assert a.memory().peak_mem == pytest.approx(b.memory().peak_mem, rel=1e-12)
 
 
+def test_export_of_a_recompute_megatron_cannot_express_is_a_config_error() -> None:
+    """SimuMax's attn_only recompute (the whole attention sub-block) has no Megatron flag:
+    export says so as a ConfigError (the CLI's one line, exit 2), not a Python error."""
+    st = load_strategy("tp2_pp1_dp4_mbs1_selective_recompute").with_updates(
+        {"recompute_granularity": "attn_only"}, source="test")
+    with pytest.raises(ConfigError, match="recompute_granularity"):
+        megatron_flags(st, load_model("llama3-8b"))
+    r = run_cli("export", "-m", "llama3-8b", "-s", "tp1_pp1_dp8_mbs1", "--set", "strategy.enable_recompute=true",
+                "--set", "strategy.recompute_granularity=attn_only")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
 def test_megatron_flags_not_modelled_are_said_with_the_reason() -> None:
     """Flags with a real effect the model leaves out (garbage-collection timing, CUDA graphs)
     come back as one note per reason, not as "ignored"."""

@@ -6,6 +6,7 @@ from simumax.config.checks import stage_layer_counts
 from simumax.config.megatron_names import switch_flag, valued_flag
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
+from simumax.errors import ConfigError
 
 
 def _s(field: str, value: object) -> str:
