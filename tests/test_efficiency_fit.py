@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simumax.config.loader import load_model, load_strategy, load_system
-from simumax.cost.network import NetworkModel
 from simumax.cost.sources import of_ops
 from simumax.graph.ops import Op
 from simumax.config.system import SystemConfig
