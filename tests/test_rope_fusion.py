@@ -40,16 +40,23 @@ def test_dense_rope_fused_and_unfused_by_hand() -> None:
     assert _op(_est(_llama(), transformer_impl="local"), "L0.rope").saved
 
 
-def test_mla_rope_parts_fused_and_unfused() -> None:
-    """MLA's positional parts (heads x 64 of q, one 64-dim k_pe): four times the passes
-    unfused, the concatenations unchanged."""
+def test_mla_rope_fused_and_unfused_by_hand() -> None:
+    """DeepSeek-V3's MLA, 1024 tokens, bf16, 128 heads, q/k dims 128 + 64 (rope), v 128.
+    Fused (megatron-core's YaRN kernels): q's 64-dim parts rotated in place (read + write),
+    one kernel reading kv (128 + 128 per head) and k_pe (64) and writing key (192 per head) and
+    value (128 per head); backward the same bytes. Unfused: four passes over each positional
+    part each way, the query and key concatenations and value's contiguous copy."""
     m = load_model("deepseek-v3").with_updates({"layer_num": 4})
     ops = [_op(_est(m, apply_rope_fusion=f, seq_len=1024, micro_batch_size=1), "L0.rope") for f in (True, False)]
     by = [{k.name.rsplit(".", 1)[1]: k.bytes for k in [*o.fwd, *o.bwd_input] if isinstance(k, MemBound)} for o in ops]
-    q_pe = 1024 * m.head_num * m.qk_pos_emb_head_dim * 2
-    assert by[0]["rope_q"] == 2 * q_pe and by[1]["rope_q"] == 8 * q_pe
-    assert by[1]["rope_q_bwd"] == 4 * by[0]["rope_q_bwd"] and by[1]["rope_k"] == 4 * by[0]["rope_k"]
-    assert by[0]["cat_query"] == by[1]["cat_query"]
+    t, heads, b = 1024, m.head_num, 2
+    q_pe, k_pe = t * heads * 64 * b, t * 64 * b
+    kv, key, value = t * heads * 256 * b, t * heads * 192 * b, t * heads * 128 * b
+    assert by[0] == {"rope_q": 2 * q_pe, "rope_kv": kv + k_pe + key + value,
+                     "rope_q_bwd": 2 * q_pe, "rope_kv_bwd": key + value + kv + k_pe}
+    assert by[1]["rope_q"] == by[1]["rope_q_bwd"] == 8 * q_pe and by[1]["rope_k"] == 8 * k_pe
+    assert by[1]["cat_query"] == 2 * key and by[1]["cat_key"] == 2 * key and by[1]["contiguous_value"] == 2 * value
+    assert ops[0].bwd_transient == kv + k_pe < ops[1].bwd_transient
 
 
 def test_no_rope_fusion_flag_round_trip() -> None:

@@ -21,44 +21,55 @@ from simumax.graph.kernels import Collective, MemBound, op_label
 from simumax.graph.ops import Op, Tensor
 
 
-# passes over a RoPE'd tensor each way, each a read and a write: fused one; megatron-core's
-# torch RoPE (rope_utils._apply_rotary_pos_emb_bshd with MLA's interleave: the interleave
-# copy, t * cos, rotate_half, * sin, the add, the final cat) about four (blocks.rope)
-ROPE_PASSES = {True: 1, False: 4}
+# megatron-core's torch RoPE (rope_utils._apply_rotary_pos_emb_bshd with MLA's interleave:
+# the interleave copy, t * cos, rotate_half, * sin, the add, the final cat): about four
+# passes each way, each a read and a write (as blocks.rope)
+TORCH_ROPE_PASSES = 4
 
 
 def _rope_concat(
     name: str, layer: int, d: Dims, q: Tensor, kv: Tensor, kv_comb: Tensor, rope_widths: tuple[int, int],
     outs: tuple[Tensor, Tensor, Tensor], fused: bool = True,
 ) -> Op:
-    """RoPE on the q and k positional parts (fused, or megatron-core's torch RoPE with
-    ``--no-rope-fusion``), then concatenation into contiguous query, key (the one k_pe
-    broadcast to every head) and value, kernel by kernel as Megatron runs them. Saves
-    nothing. Backward: RoPE backward on both, the broadcast's sum over heads, and the
-    gradients of the split q and kv up-projection outputs re-assembled (two copies). With
-    SP, k_pe is all-gathered over TP first (reduce-scattered in backward)."""
+    """RoPE on the q and k positional parts and the contiguous query, key (the one k_pe
+    broadcast to every head) and value attention takes, kernel by kernel as Megatron runs them.
+    Saves nothing. With SP, k_pe is all-gathered over TP first (reduce-scattered in backward).
+
+    Fused (``apply_rope_fusion``, megatron-core's YaRN kernels, ``fusions/
+    fused_mla_yarn_rope_apply.py``): ``ApplyMLARotaryEmbQ`` rotates q's positional part in
+    place (q is the query), ``ApplyMLARotaryEmbKV`` reads kv and k_pe and writes key and value;
+    backward the same two, the kv one summing k_pe's gradient over the heads. Unfused
+    (``--no-rope-fusion``): the torch RoPE on each part, the concatenations into query and key,
+    value made contiguous; backward the RoPE backward on both, the broadcast's sum over heads,
+    and the gradients of the split q and kv up-projection outputs re-assembled (two copies)."""
     q_pe, k_pe = (d.act(w) for w in rope_widths)
     query, key, value = outs
-    passes = 2 * ROPE_PASSES[fused]
-    fwd: list = []
+    label = op_label(name)
+    fwd: list = [Collective("all_gather", k_pe, "tp")] if d.sp else []
     bwd: list = []
-    if d.sp:
-        fwd.append(Collective("all_gather", k_pe, "tp"))
-    fwd += [
-        MemBound(f"{op_label(name)}.rope_q", passes * q_pe), MemBound(f"{op_label(name)}.rope_k", passes * k_pe),
-        MemBound(f"{op_label(name)}.cat_query", 2 * query[1]), MemBound(f"{op_label(name)}.cat_key", 2 * key[1]),
-        MemBound(f"{op_label(name)}.contiguous_value", 2 * value[1]),
-    ]
-    bwd += [
-        MemBound(f"{op_label(name)}.rope_q_bwd", passes * q_pe), MemBound(f"{op_label(name)}.k_pe_sum", q_pe + k_pe),
-        MemBound(f"{op_label(name)}.rope_k_bwd", passes * k_pe), MemBound(f"{op_label(name)}.q_grad", 2 * q[1]), MemBound(f"{op_label(name)}.kv_grad", 2 * kv[1]),
-    ]
+    if fused:
+        fwd += [MemBound(f"{label}.rope_q", 2 * q_pe), MemBound(f"{label}.rope_kv", kv[1] + k_pe + key[1] + value[1])]
+        bwd += [MemBound(f"{label}.rope_q_bwd", 2 * q_pe), MemBound(f"{label}.rope_kv_bwd", key[1] + value[1] + kv[1] + k_pe)]
+        transient = kv[1] + k_pe  # the kv and k_pe gradients (q's is rotated in place)
+    else:
+        passes = 2 * TORCH_ROPE_PASSES
+        fwd += [
+            MemBound(f"{label}.rope_q", passes * q_pe), MemBound(f"{label}.rope_k", passes * k_pe),
+            MemBound(f"{label}.cat_query", 2 * query[1]), MemBound(f"{label}.cat_key", 2 * key[1]),
+            MemBound(f"{label}.contiguous_value", 2 * value[1]),
+        ]
+        bwd += [
+            MemBound(f"{label}.rope_q_bwd", passes * q_pe), MemBound(f"{label}.k_pe_sum", q_pe + k_pe),
+            MemBound(f"{label}.rope_k_bwd", passes * k_pe), MemBound(f"{label}.q_grad", 2 * q[1]),
+            MemBound(f"{label}.kv_grad", 2 * kv[1]),
+        ]
+        transient = sum(b for _, b in outs) + q[1] + kv[1]
     if d.sp:
         bwd.append(Collective("reduce_scatter", k_pe, "tp"))
     return Op(
         name=name, module="mla_rope", layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd),
         input=(q, kv, kv_comb),  # k_pe is a view into the kv down-projection output
-        bwd_transient=sum(b for _, b in outs) + q[1] + kv[1],
+        bwd_transient=transient,
     )
 
 
