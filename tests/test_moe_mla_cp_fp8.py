@@ -321,20 +321,24 @@ def test_flex_dispatcher_sends_once_per_destination() -> None:
 def test_flex_dispatcher_sms_slow_the_compute_it_overlaps() -> None:
     """The flex dispatcher's kernels hold moe_flex_dispatcher_num_sms SMs (Megatron's 20 by
     default) while they run: overlapped with compute (shared-expert overlap, the 1F1B
-    all-to-all overlap) they take that share of the device's SMs from it, where NCCL's
+    all-to-all overlap) the GEMMs beside them slow by the accelerator's slowdown_beside (the
+    H100's measured curve: 0.273 at 20 SMs; without a curve c / (SMs - c)), where NCCL's
     all-to-all takes its tier's processor_usage (0 in the presets). By hand for the shared
-    experts: the hidden all-to-all time leaves 20/132 of itself exposed on an H100."""
+    experts: the hidden all-to-all time leaves 0.273 of itself exposed on an H100."""
     from simumax.config.loader import load_strategy
     from simumax.cost.moe_fanout import ep_compute_usage
     from simumax.profiles import SHARED_EXPERT_MODULES
 
     sy = load_system("h100-sxm-80gb")
+    acc = sy.accelerator
+    plain = acc.model_copy(update={"sm_contention": None})
     st = load_strategy("ep4_pp2_dp4_mbs1").with_updates({"seq_len": 4096, "pp_size": 1, "world_size": 8, "ep_size": 8})
     flex = st.with_updates({"moe_dispatcher_policy": "flex"})
-    assert ep_compute_usage(st, 132, 0.0) == 0.0 and ep_compute_usage(st, 132, 0.1) == 0.1
-    assert ep_compute_usage(flex, 132, 0.1) == pytest.approx(20 / 132)
-    assert ep_compute_usage(flex.with_updates({"moe_flex_dispatcher_num_sms": 33}), 132, 0.0) == pytest.approx(0.25)
-    assert ep_compute_usage(flex, None, 0.1) == 0.1  # no SM count: the tier's figure
+    assert ep_compute_usage(st, acc, 0.0) == 0.0 and ep_compute_usage(st, acc, 0.1) == 0.1
+    assert ep_compute_usage(flex, acc, 0.1) == pytest.approx(0.273)
+    assert ep_compute_usage(flex, plain, 0.1) == pytest.approx(20 / 112)
+    assert ep_compute_usage(flex.with_updates({"moe_flex_dispatcher_num_sms": 33}), plain, 0.0) == pytest.approx(1 / 3)
+    assert ep_compute_usage(flex, acc.model_copy(update={"sm_count": None}), 0.1) == 0.1  # no SM count: the tier's figure
     m = load_model("deepseek-v2-lite").with_updates({"layer_num": 4, "moe_pad_expert_input_to_capacity": False})
     off = Estimate(m, flex, sy)
     on = Estimate(m, flex.with_updates({"moe_shared_expert_overlap": True}), sy)
@@ -344,12 +348,55 @@ def test_flex_dispatcher_sms_slow_the_compute_it_overlaps() -> None:
               if o.module in SHARED_EXPERT_MODULES]
     side = sum(ph["fwd"].total for ph in shared)
     hidden = min(side, t0.fwd.comm["ep"])
-    assert t1.fwd.total == pytest.approx(t0.fwd.total - hidden * (1 - 20 / 132), rel=1e-12)
+    assert t1.fwd.total == pytest.approx(t0.fwd.total - hidden * (1 - 0.273), rel=1e-12)
     # the 1F1B all-to-all overlap: more SMs for the dispatcher, less left to the GEMMs beside it
     pair = flex.with_updates({"overlap_moe_expert_parallel_comm": True})
     times = [Estimate(m, pair.with_updates({"moe_flex_dispatcher_num_sms": n}), sy).cost().duration_time_per_iter
              for n in (8, 20, 64)]
     assert times[0] < times[1] < times[2]
+
+
+def test_slowdown_beside_a_kernel_holding_sms() -> None:
+    """accelerator.sm_contention: linear between the measured points and from (0, 0), the
+    last segment carried on, at most 1; without points c / (SMs - c); bad points refused."""
+    sy = load_system("h100-sxm-80gb")
+    acc = sy.accelerator
+    assert acc.slowdown_beside(0) == 0.0
+    assert acc.slowdown_beside(4) == pytest.approx(0.169 / 2)
+    assert acc.slowdown_beside(18) == pytest.approx((0.271 + 0.273) / 2)
+    assert acc.slowdown_beside(64) == pytest.approx(0.525 + (0.525 - 0.369) / 16 * 16)
+    assert acc.slowdown_beside(1000) == 1.0
+    plain = acc.model_copy(update={"sm_contention": None})
+    assert plain.slowdown_beside(32) == pytest.approx(32 / 100) and plain.slowdown_beside(132) == 1.0
+    for bad in ([[8, 0.1], [8, 0.2]], [[0, 0.1]], [[8, -0.1]], [[8]]):
+        with pytest.raises(ConfigError, match="sm_contention"):
+            sy.with_updates({"accelerator": {**acc.model_dump(), "sm_contention": bad}})
+
+
+def test_h100_sm_contention_is_the_measurement() -> None:
+    """The H100 presets' curve is the median, per SM count, of the GEMM slowdowns measured
+    beside a kernel holding that many SMs (benchmarks/sm_share_contention.py on the lent
+    H100: four GEMM shapes, a spinning and a copying side kernel). Each point is well above
+    the SM share c / SMs the flex dispatcher was charged before, and above c / (SMs - c):
+    GEMMs planned for every SM leave a tail when some are taken."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parents[1] / "docs" / "calibration" / "sm_share_2026-11-27" / "h100.json").read_text())
+    by: dict[int, list[float]] = {}
+    for row in data["rows"]:
+        for b in row["beside"]:
+            assert b["side_outlasted"]
+            by.setdefault(b["ctas"], []).append(b["u"])
+    sms = data["meta"]["sms"]
+    for name in ("nvidia_h100_80gb_hbm3", "h100-sxm-80gb", "h200-sxm-141gb"):
+        curve = load_system(name).accelerator.sm_contention
+        assert curve == [[float(c), round(statistics.median(us), 3)] for c, us in sorted(by.items())], name
+    for c, u in load_system("h100-sxm-80gb").accelerator.sm_contention[:-1]:
+        print(f"{int(c)} SMs held: GEMMs {u:+.3f} (SM share {c / sms:.3f}, c/(SMs-c) {c / (sms - c):.3f})")
+        assert u > c / (sms - c)
+    assert load_system("b200-sxm-180gb").accelerator.sm_contention is None  # not measured there
 
 
 def test_fp8_parameters_need_no_per_micro_batch_cast() -> None:

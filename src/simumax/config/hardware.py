@@ -272,6 +272,9 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
         # tables timed at full clock come with the clock's response to the power limit
         # (cost/power.py); the same board at the same limit shares it
         accelerator["power_curve"] = copy.deepcopy(measured["accelerator"]["power_curve"])
+    if measured is not None and measured["accelerator"].get("sm_contention") and measured["accelerator"].get("sm_count") in (None, gpu.sm_count):
+        # the same SM array: a GEMM beside a kernel holding SMs leaves the same tail
+        accelerator["sm_contention"] = copy.deepcopy(measured["accelerator"]["sm_contention"])
     return {
         "sys_name": gpu.name,
         "num_per_node": gpu.num_per_node,

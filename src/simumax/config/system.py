@@ -96,6 +96,43 @@ class AcceleratorConfig(ConfigBase):
         "kernels run at their table rate whatever their share.",
     )
 
+    sm_contention: list[list[float]] | None = Field(
+        None,
+        description="Compute beside a kernel that holds SMs: [SMs held, extra GEMM time per second of overlap] "
+        "points, measured with benchmarks/sm_share_contention.py (GEMMs planned for every SM leave a tail when some "
+        "are taken). Unset: c / (SMs - c), the GEMM on the SMs left. Used for the flex (DeepEP / HybridEP) "
+        "dispatcher's moe_flex_dispatcher_num_sms.",
+    )
+
+    @field_validator("sm_contention")
+    @classmethod
+    def _sm_contention(cls, pts: list[list[float]] | None) -> list[list[float]] | None:
+        if pts is None:
+            return None
+        if not pts or any(len(p) != 2 for p in pts):
+            raise ConfigError("accelerator.sm_contention", "give [SMs held, slowdown] points (at least one), or leave it unset")
+        held = [p[0] for p in pts]
+        if held != sorted(set(held)) or held[0] <= 0 or any(u < 0 for _, u in pts):
+            raise ConfigError("accelerator.sm_contention",
+                              "SMs held must increase from point to point from above 0, and slowdowns be >= 0")
+        return [[float(a), float(b)] for a, b in pts]
+
+    def slowdown_beside(self, sms_held: float) -> float:
+        """Extra compute time per second of overlap with a kernel holding ``sms_held`` SMs:
+        the measured ``sm_contention`` points, linear between them and from (0, 0), the last
+        segment carried on past the last point; without them c / (SMs - c). At most 1, and 0
+        without an SM count."""
+        if sms_held <= 0 or not self.sm_count:
+            return 0.0
+        pts = self.sm_contention
+        if not pts:
+            left = self.sm_count - sms_held
+            return 1.0 if left <= 0 else min(1.0, sms_held / left)
+        xs, ys = [0.0, *(p[0] for p in pts)], [0.0, *(p[1] for p in pts)]
+        i = next((j for j in range(1, len(xs)) if sms_held <= xs[j]), len(xs) - 1)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return max(0.0, min(1.0, y0 + (y1 - y0) * (sms_held - x0) / (x1 - x0)))
+
     @field_validator("power_curve")
     @classmethod
     def _power_curve(cls, pts: list[list[float]] | None) -> list[list[float]] | None:

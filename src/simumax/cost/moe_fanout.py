@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from simumax.config.strategy import StrategyConfig
+    from simumax.config.system import AcceleratorConfig
 
 # SMs the flex dispatcher's kernels hold when moe_flex_dispatcher_num_sms is unset:
 # megatron-core token_dispatcher.py, set_deepep_num_sms(... else 20)
@@ -69,12 +70,12 @@ def _miss(overlaps: tuple[int, ...], groups: int, group_topk: int, per_group: in
     return out
 
 
-def ep_compute_usage(st: "StrategyConfig", sm_count: int | None, tier_usage: float) -> float:
-    """Share of the compute that EP communication overlapping it takes (its slowdown while
-    the dispatch or combine runs): the EP tier's ``processor_usage`` (NCCL's all-to-all, as
-    ``calibrate-comm`` measures it), or with the flex dispatcher the SMs its DeepEP / HybridEP
-    kernels hold for their whole run (``moe_flex_dispatcher_num_sms``, Megatron's 20 by
-    default) out of the device's, which the GEMMs beside them do not have."""
-    if st.moe_dispatcher_policy != "flex" or not sm_count:
+def ep_compute_usage(st: "StrategyConfig", acc: "AcceleratorConfig", tier_usage: float) -> float:
+    """Slowdown of the compute that EP communication overlaps, per second of overlap: the EP
+    tier's ``processor_usage`` (NCCL's all-to-all, as ``calibrate-comm`` measures it), or with
+    the flex dispatcher what the GEMMs beside its DeepEP / HybridEP kernels lose to the SMs
+    those hold for their whole run (``moe_flex_dispatcher_num_sms``, Megatron's 20 by
+    default): ``AcceleratorConfig.slowdown_beside`` (measured on the H100: 0.27 at 20 SMs)."""
+    if st.moe_dispatcher_policy != "flex" or not acc.sm_count:
         return tier_usage
-    return min(1.0, (st.moe_flex_dispatcher_num_sms or FLEX_DEFAULT_SMS) / sm_count)
+    return acc.slowdown_beside(st.moe_flex_dispatcher_num_sms or FLEX_DEFAULT_SMS)

@@ -132,7 +132,7 @@ class NetworkModel:
             if self.nets.intra_with_pcie else []
         self.groups = {g: self._place(g, n, stride, overrides.get(g)) for g, (n, stride) in layout.items()}
         self._cache: dict[Collective, float] = {}
-        self._ep_usage = ep_compute_usage(st, system.accelerator.sm_count, self.tier("ep").processor_usage)
+        self._ep_usage = ep_compute_usage(st, system.accelerator, self.tier("ep").processor_usage)
 
     def _place(self, group: str, n: int, stride: int, override: str | None) -> GroupPlacement:
         per_node = self.scaleup_size
