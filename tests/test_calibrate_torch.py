@@ -43,6 +43,7 @@ def test_calibrate_cli_on_cpu_writes_a_system_the_job_hits(tmp_path, tiny_files)
     assert {"default", "ce"} <= set(report["bandwidth"])
     # on CPU kernels run back to back (no power limit to wait out) and no power curve is measured
     assert report["cooldown_seconds"] == 0.0 and report["power_curve"] is None and system.accelerator.power_curve is None
+    assert report["sm_contention"] is None and system.accelerator.sm_contention is None  # GPU only
     r = _cli("perf", "-m", str(m), "-s", str(s), "-y", str(out), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["cost"]["efficiency_lookups"]["misses"] == {}

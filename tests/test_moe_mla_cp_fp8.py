@@ -380,23 +380,33 @@ def test_h100_sm_contention_is_the_measurement() -> None:
     the SM share c / SMs the flex dispatcher was charged before, and above c / (SMs - c):
     GEMMs planned for every SM leave a tail when some are taken."""
     import json
-    import statistics
     from pathlib import Path
 
+    from simumax.calibrate.sm_hold import contention_curve
+
     data = json.loads((Path(__file__).parents[1] / "docs" / "calibration" / "sm_share_2026-11-27" / "h100.json").read_text())
-    by: dict[int, list[float]] = {}
-    for row in data["rows"]:
-        for b in row["beside"]:
-            assert b["side_outlasted"]
-            by.setdefault(b["ctas"], []).append(b["u"])
+    assert all(b["side_outlasted"] for row in data["rows"] for b in row["beside"])
     sms = data["meta"]["sms"]
     for name in ("nvidia_h100_80gb_hbm3", "h100-sxm-80gb", "h200-sxm-141gb"):
-        curve = load_system(name).accelerator.sm_contention
-        assert curve == [[float(c), round(statistics.median(us), 3)] for c, us in sorted(by.items())], name
+        assert load_system(name).accelerator.sm_contention == contention_curve(data["rows"]), name
     for c, u in load_system("h100-sxm-80gb").accelerator.sm_contention[:-1]:
         print(f"{int(c)} SMs held: GEMMs {u:+.3f} (SM share {c / sms:.3f}, c/(SMs-c) {c / (sms - c):.3f})")
         assert u > c / (sms - c)
     assert load_system("b200-sxm-180gb").accelerator.sm_contention is None  # not measured there
+
+
+def test_contention_curve_is_the_median_per_sm_count() -> None:
+    """calibrate's accelerator.sm_contention: per SM count, the median over GEMMs and side
+    kernels of the runs whose side kernel outlasted the loop (3 decimals)."""
+    from simumax.calibrate.sm_hold import contention_curve
+
+    def b(c: int, u: float, outlasted: bool = True) -> dict:
+        return {"ctas": c, "u": u, "side_outlasted": outlasted}
+
+    rows = [{"beside": [b(8, 0.1), b(8, 0.3), b(16, 0.2), b(16, 0.9, outlasted=False)]},
+            {"beside": [b(8, 0.2), b(16, 0.4)]}]
+    assert contention_curve(rows) == [[8.0, 0.2], [16.0, 0.3]]
+    assert contention_curve([{"beside": [b(8, 0.1, outlasted=False)]}]) == []
 
 
 def test_fp8_parameters_need_no_per_micro_batch_cast() -> None:

@@ -36,14 +36,16 @@ def calibrate_jobs(
     cooldown: float | None = None,
     power_curve: bool = True,
     on_phase: Callable[[str], None] | None = None,
+    sm_contention: bool = True,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Time every kernel the jobs run; return (system dict, report dict).
 
     ``cooldown`` (default 0.3 s on a GPU, 0 on CPU): idle seconds before each compute
     kernel, timed then at full clock; with it on a GPU (and ``power_curve``) the clock's
     response to the power limit is measured too (calibrate/power.py), so the estimate
-    slows tensor-core kernels by each step's own mix (cost/power.py). ``on_phase`` hears
-    what a long step after the kernels is doing."""
+    slows tensor-core kernels by each step's own mix (cost/power.py); with
+    ``sm_contention`` the GEMMs' slowdown beside a kernel holding SMs (calibrate/sm_hold.py).
+    ``on_phase`` hears what a long step after the kernels is doing."""
     torch = _torch()
     from simumax.calibrate import compute, system_writer
     from simumax.calibrate.shapes import JobKernels, job_kernels
@@ -81,7 +83,16 @@ def calibrate_jobs(
         if on_phase:
             on_phase("measuring the power curve (~40 s)")
         curve = system["accelerator"]["power_curve"] = measure_power_curve(dev)
-    elif cooldown == 0 and system["accelerator"].get("power_curve"):
+    sm_rows = None
+    if sm_contention and cooldown > 0 and dev.type == "cuda":
+        from simumax.calibrate.sm_hold import contention_curve, measure_sm_contention
+
+        if on_phase:
+            on_phase("measuring GEMMs beside a kernel holding SMs (~25 s)")
+        sm_rows = measure_sm_contention(dev)
+        if points := contention_curve(sm_rows):  # none when no side kernel outlasted its loop
+            system["accelerator"]["sm_contention"] = points
+    if cooldown == 0 and system["accelerator"].get("power_curve"):  # (nothing measured above then)
         log.warning("kernels timed back to back (--cooldown 0) into a base with a power curve: the new entries "
                     "hold part of the power limit's slowdown, which the curve applies again")
     SystemConfig.init_from_dict(system)  # what we write must load
@@ -93,6 +104,7 @@ def calibrate_jobs(
         "peak_source": cal.peak_source,
         "cooldown_seconds": cooldown,
         "power_curve": curve,
+        "sm_contention": sm_rows,
         "kernels": [{"family": t.family, "key": t.key, "flops": t.flops, "seconds": t.seconds} for t in cal.timings],
         "bandwidth": {f: {"points": cal.bandwidth_points[f], "seconds_per_byte": a.seconds_per_byte,
                           "latency": a.latency, "max_rel_residual": a.max_rel_residual}

@@ -50,6 +50,10 @@ def calibrate(
         True, "--power-curve/--no-power-curve",
         help="With --cooldown on a GPU: also measure how the power limit slows tensor-core kernels by their share "
              "of the time (~40 s), written as accelerator.power_curve."),
+    sm_contention: bool = typer.Option(
+        True, "--sm-contention/--no-sm-contention",
+        help="With --cooldown on a GPU: also measure how GEMMs slow beside a kernel that holds SMs (~25 s; what the "
+             "flex dispatcher's SMs cost the compute they overlap), written as accelerator.sm_contention."),
     set_: list[str] = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the written system config as JSON."),
 ) -> None:
@@ -72,7 +76,7 @@ def calibrate(
         system, report = calibrate_jobs(
             jobs, base_cfg, name, device, warmup, repeats, peak_tflops, hbm_gbps, num_per_node,
             progress=lambda i, n: bar.update(task, completed=i, total=n), cooldown=cooldown, power_curve=power_curve,
-            on_phase=lambda what: bar.update(task, description=what),
+            on_phase=lambda what: bar.update(task, description=what), sm_contention=sm_contention,
         )
     write_json_atomic(out, system)
     write_json_atomic(out.with_name(out.stem + ".report.json"), report)
