@@ -534,6 +534,14 @@ def test_userbuffers_times_by_hand() -> None:
     ph2 = coster.sequence(proj.fwd)
     assert ph2.total == pytest.approx(split + 3 * max(split, rs / 4) + rs / 4)
     assert ph2.comm["tp"] == pytest.approx(3 * max(0.0, rs / 4 - split) + rs / 4)
+    # bulk (the column-parallel backward): its GEMMs planned for 132 - 16 SMs (TE's
+    # set_sm_margin), the input re-gather and gradient reduce-scatter under them
+    gemms = sum(coster.kernel(k) for k in qkv.bwd_input if isinstance(k, Gemm))
+    tp = sum(coster.kernel(k) for k in qkv.bwd_input if isinstance(k, Collective) and k.group == "tp")
+    rest = sum(coster.kernel(k) for k in qkv.bwd_input if not isinstance(k, Gemm) and not (isinstance(k, Collective) and k.group == "tp"))
+    ph3 = coster.sequence(qkv.bwd_input)
+    assert tp > 0 and ph3.total == pytest.approx(rest + max(gemms * 132 / 116, tp))
+    assert ph3.comm.get("tp", 0.0) == pytest.approx(max(0.0, tp - gemms * 132 / 116))
 
 
 def test_cp_all_gather_gathers_reorders_and_reduce_scatters() -> None:

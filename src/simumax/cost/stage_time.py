@@ -67,7 +67,7 @@ class Coster:
     def __init__(self, compute: ComputeModel, network: NetworkModel, tp_comm_overlap: bool = False) -> None:
         self.compute = compute
         self.network = network
-        self.tp_overlap_usage = network.compute_usage("tp") if tp_comm_overlap else None
+        self.tp_comm_overlap = tp_comm_overlap
 
     def kernel(self, k: Kernel) -> float:
         if isinstance(k, Collective):
@@ -79,7 +79,7 @@ class Coster:
     def sequence(self, kernels: tuple[Kernel, ...]) -> PhaseTime:
         if not kernels:
             return PhaseTime()
-        if self.tp_overlap_usage is not None and self.network.groups["tp"].size > 1:
+        if self.tp_comm_overlap and self.network.groups["tp"].size > 1:
             method = userbuffers.overlap_method(kernels)
             if method in ("ring", "pipeline"):
                 return self._userbuffers(kernels, method)
@@ -105,12 +105,15 @@ class Coster:
                     gemm += t
                 elif isinstance(k, Attention):
                     cover = t
-        u = self.tp_overlap_usage
-        if u is not None and out.comm.get("tp") and gemm > 0:
-            hidden = min(out.comm["tp"], gemm)
+        if self.tp_comm_overlap and out.comm.get("tp") and gemm > 0:
+            # userbuffers' bulk overlap: the GEMMs on the SMs the TP kernels leave them, the
+            # collectives under them (cost/userbuffers.py)
+            extra = gemm * (userbuffers.margin_factor(self.compute.acc.sm_count) - 1.0)
+            out.compute += extra
+            out.total += extra
+            hidden = min(out.comm["tp"], gemm + extra)
             out.comm["tp"] -= hidden
-            out.compute += u * hidden  # the GEMM runs slower beside the collective
-            out.total += (u - 1) * hidden
+            out.total -= hidden
         return out
 
     def _userbuffers(self, kernels: tuple[Kernel, ...], method: str) -> PhaseTime:

@@ -10,7 +10,13 @@ GEMM, the layout NeMo's ``tp_comm_overlap_cfg`` files use):
   splits of M/4 rows on the SMs the communication kernel leaves it (TE's default 16, with
   ``set_sm_margin``), each split's reduce-scatter under the next split; the last one is exposed.
 * **bulk** — the column-parallel backward's input re-gather and gradient reduce-scatter run
-  beside its GEMMs: max(G, C) + u·min(G, C), u the TP tier's ``processor_usage``.
+  beside its GEMMs, which TE plans for the SMs its communication kernels leave (default 16,
+  ``set_sm_margin`` on for every method but ring exchange since TE 2.0, ``get_default_config``;
+  ``CommOverlapBase::_math_sms``): max(G · SMs / (SMs - 16), C).
+
+Told the SM count to plan for, cuBLAS has no tail of tiles waiting for the communication's
+SMs, so these GEMMs pay SMs / (SMs - 16) and not the larger slowdown of a GEMM that meets an
+SM-holding kernel unannounced (``accelerator.sm_contention``, docs/calibration.md).
 
 Other kernels of the phase (casts, amax reductions) run before and after as usual.
 """
@@ -23,7 +29,12 @@ from typing import Callable
 from simumax.graph.kernels import Collective, Gemm, Kernel
 
 PIPELINE_SPLITS = 4  # TE default num_splits of the pipelined reduce-scatter overlap
-PIPELINE_SMS = 16  # TE default num_sm of a userbuffers communication kernel (set_sm_margin: the GEMM gets the rest)
+COMM_SMS = 16  # TE default num_sm of the pipeline and bulk methods' kernels (set_sm_margin: the GEMM gets the rest)
+
+
+def margin_factor(sm_count: int | None) -> float:
+    """A GEMM planned for the SMs the communication kernel leaves: its time over the whole device's."""
+    return sm_count / (sm_count - COMM_SMS) if sm_count and sm_count > COMM_SMS else 1.0
 
 
 def _tp(k: Kernel, op: str) -> bool:
@@ -63,8 +74,7 @@ def ring_time(g: Gemm, ag: float, tp: int, time_of: Callable[[Kernel], float]) -
 
 def pipeline_time(g: Gemm, rs: float, sm_count: int | None, time_of: Callable[[Kernel], float]) -> tuple[float, float]:
     """(seconds of GEMM and reduce-scatter together, of which exposed reduce-scatter)."""
-    slow = sm_count / (sm_count - PIPELINE_SMS) if sm_count and sm_count > PIPELINE_SMS else 1.0
-    chunk = chunked_gemm_time(g, PIPELINE_SPLITS, time_of) * slow
+    chunk = chunked_gemm_time(g, PIPELINE_SPLITS, time_of) * margin_factor(sm_count)
     part = rs / PIPELINE_SPLITS
     total = chunk + (PIPELINE_SPLITS - 1) * max(chunk, part) + part
     return total, (PIPELINE_SPLITS - 1) * max(0.0, part - chunk) + part
