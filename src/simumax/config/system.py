@@ -78,6 +78,15 @@ class BandwidthSpec(ConfigBase):
     )
 
 
+def _points(field: str, pts: list[list[float]] | None, what: str) -> list[list[float]] | None:
+    """A curve given as [x, y] points, as floats (None: unset)."""
+    if pts is None:
+        return None
+    if not pts or any(len(p) != 2 for p in pts):
+        raise ConfigError(field, f"give [{what}] points (at least one), or leave it unset")
+    return [[float(a), float(b)] for a, b in pts]
+
+
 class AcceleratorConfig(ConfigBase):
     backend: str = Field("cuda", description="Runtime backend name (informational).")
     mem_gbs: PositiveFloat = Field(le=1e6, description="Device memory in GiB.")
@@ -107,15 +116,13 @@ class AcceleratorConfig(ConfigBase):
     @field_validator("sm_contention")
     @classmethod
     def _sm_contention(cls, pts: list[list[float]] | None) -> list[list[float]] | None:
-        if pts is None:
-            return None
-        if not pts or any(len(p) != 2 for p in pts):
-            raise ConfigError("accelerator.sm_contention", "give [SMs held, slowdown] points (at least one), or leave it unset")
-        held = [p[0] for p in pts]
-        if held != sorted(set(held)) or held[0] <= 0 or any(u < 0 for _, u in pts):
-            raise ConfigError("accelerator.sm_contention",
-                              "SMs held must increase from point to point from above 0, and slowdowns be >= 0")
-        return [[float(a), float(b)] for a, b in pts]
+        pts = _points("accelerator.sm_contention", pts, "SMs held, slowdown")
+        if pts is not None:
+            held = [p[0] for p in pts]
+            if held != sorted(set(held)) or held[0] <= 0 or any(u < 0 for _, u in pts):
+                raise ConfigError("accelerator.sm_contention",
+                                  "SMs held must increase from point to point from above 0, and slowdowns be >= 0")
+        return pts
 
     def slowdown_beside(self, sms_held: float) -> float:
         """Extra compute time per second of overlap with a kernel holding ``sms_held`` SMs:
@@ -136,18 +143,17 @@ class AcceleratorConfig(ConfigBase):
     @field_validator("power_curve")
     @classmethod
     def _power_curve(cls, pts: list[list[float]] | None) -> list[list[float]] | None:
+        pts = _points("accelerator.power_curve", pts, "share, rate")
         if pts is None:
             return None
-        if not pts or any(len(p) != 2 for p in pts):
-            raise ConfigError("accelerator.power_curve", "give [share, rate] points (at least one), or leave it unset")
         for share, rate in pts:
             if not 0 < share <= 1 or not 0 < rate <= 1:
                 raise ConfigError("accelerator.power_curve",
-                                  f"points are [share, rate] with share in (0, 1] and rate in (0, 1] (got [{share}, {rate}])")
+                                  f"points are [share, rate] with share in (0, 1] and rate in (0, 1] (got [{share:g}, {rate:g}])")
         shares = [p[0] for p in pts]
         if shares != sorted(set(shares)):
             raise ConfigError("accelerator.power_curve", "shares must increase from point to point")
-        return [[float(a), float(b)] for a, b in pts]
+        return pts
 
     @model_validator(mode="after")
     def _defaults(self) -> "AcceleratorConfig":
