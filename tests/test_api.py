@@ -116,7 +116,8 @@ def test_perf_says_when_overlapped_communication_is_taken_as_free() -> None:
     st = perf.strategy.with_updates({"overlap_grad_reduce": True, "tp_comm_overlap": True})
     est = Estimate(perf.model_config, st, perf.system)
     note = free_overlap(st, est.network)
-    assert note is not None and note.startswith("overlap_grad_reduce, tp_comm_overlap:") and "calibrate-comm" in note
+    # TE's TP overlap reserves its SMs (cost/userbuffers.py): not named
+    assert note is not None and note.startswith("overlap_grad_reduce:") and "calibrate-comm" in note
     assert free_overlap(perf.strategy, est.network) is None
     # the flex dispatcher's overlap takes its kernels' SMs, never nothing
     moe = PerfLLM().configure(strategy_config="ep4_pp2_dp4_mbs1", model_config="deepseek-v2-lite", system_config="h100-sxm-80gb")

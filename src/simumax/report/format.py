@@ -49,7 +49,9 @@ def out_of_memory(mem: MemResult) -> str | None:
 
 
 # overlap options and the group whose tier's processor_usage slows the compute beside them
-OVERLAP_GROUPS = (("overlap_grad_reduce", "dp"), ("overlap_param_gather", "dp"), ("tp_comm_overlap", "tp"),
+# (tp_comm_overlap is not one: TE's userbuffers plan their GEMMs for the SMs they leave,
+# cost/userbuffers.py)
+OVERLAP_GROUPS = (("overlap_grad_reduce", "dp"), ("overlap_param_gather", "dp"),
                   ("overlap_moe_expert_parallel_comm", "ep"), ("moe_shared_expert_overlap", "ep"))
 
 
@@ -66,7 +68,8 @@ def free_overlap(st: StrategyConfig, network: NetworkModel) -> str | None:
     if not on:
         return None
     return (f"{', '.join(on)}: the overlapped communication takes nothing from the compute beside it here "
-            "(processor_usage 0 on its tier, as in every preset); `simumax calibrate-comm` measures it")
+            "(processor_usage 0 on its tier, as in every preset; on an H100, GEMMs beside a kernel holding 8-32 SMs "
+            "take 17-37 % longer, docs/calibration.md); `simumax calibrate-comm` measures it")
 
 
 def summary_table(cost: CostResult, mem: MemResult) -> Table:
