@@ -378,6 +378,21 @@ def test_empty_search_says_which_rule_stopped_it() -> None:
     assert out.returncode == 2 and "--world-size: 8 is not a multiple of tp x pp x cp" in out.stderr
 
 
+def test_search_without_a_base_strategy_takes_the_usual_one() -> None:
+    """No -s: the dense base (tp1_pp1_dp8_mbs1) or, for a MoE model, the EP one, said on
+    stderr; the rows are those of the search given that base explicitly."""
+    from tests.conftest import run_cli
+
+    args = ["-m", "llama3-8b", "-y", "h100-sxm-80gb", "--world-size", "8", "--gbs", "64", "--json"]
+    implicit, explicit = run_cli("search", *args), run_cli("search", *args, "-s", "tp1_pp1_dp8_mbs1")
+    assert implicit.returncode == explicit.returncode == 0
+    assert "base strategy: tp1_pp1_dp8_mbs1" in implicit.stderr and "base strategy" not in explicit.stderr
+    assert implicit.stdout == explicit.stdout
+    moe = run_cli("search", "-m", "deepseek-v2-lite", "-y", "h100-sxm-80gb", "--world-size", "8", "--top", "1",
+                  "--set", "model.layer_num=4")
+    assert moe.returncode == 0 and "base strategy: ep8_pp1_dp8_mbs1" in moe.stderr
+
+
 def test_a_search_leaves_nothing_for_the_cyclic_gc_and_restores_it() -> None:
     """The search runs its candidates with the cyclic collector paused (gc_pause.py): that
     is only sound while nothing it makes is cyclic, so a finished search must leave no

@@ -20,10 +20,16 @@ from simumax.errors import ConfigError
 from simumax.report import format as fmt
 
 
+DEFAULT_BASE = {False: "tp1_pp1_dp8_mbs1", True: "ep8_pp1_dp8_mbs1"}  # without -s: dense, MoE
+
+
 @cli.app.command()
 def search(
     model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
-    strategy: str = typer.Option(..., "--strategy", "-s", help="Base strategy (seq_len, dtype, kernels ...)."),
+    strategy: Optional[str] = typer.Option(
+        None, "--strategy", "-s",
+        help="Base strategy (seq_len, dtype, kernels ...); default tp1_pp1_dp8_mbs1 (ep8_pp1_dp8_mbs1 for a MoE "
+             "model): sequence 4096, bf16, ZeRO-1, flash attention, SP."),
     system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
     world_size: int = typer.Option(..., "--world-size", help="Accelerators to lay the job out on."),
     global_batch_size: Optional[int] = typer.Option(None, "--gbs", help="Global batch (sequences); default the base strategy's."),
@@ -66,7 +72,11 @@ def search(
         raise ConfigError("--top", f"must be >= 1 (got {top})")
     if world_size < 1:
         raise ConfigError("--world-size", f"must be >= 1 (got {world_size})")
-    m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
+    base_model = load_model(model)
+    if strategy is None:
+        strategy = DEFAULT_BASE[base_model.is_moe]
+        cli.err_console.print(f"base strategy: {strategy} (give -s to choose another)", highlight=False)
+    m, st, sy = apply_overrides(base_model, load_strategy(strategy), load_system(system), set_)
     schedules = tuple(None if s == "auto" else s for s in _str_list(schedule))
     for flag, text in (("--ep", ep), ("--etp", etp)):
         if text and not m.is_moe and any(v != 1 for v in _int_list(text, flag)):
