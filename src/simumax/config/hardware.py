@@ -300,24 +300,27 @@ SIMUMAX_MEASURED = {
 }
 
 
-def _has_power_curve(preset: str) -> bool:
-    """Whether a shipped system preset carries a power curve (its file says; cost/power.py)."""
+def _measured_curves(preset: str) -> tuple[bool, bool]:
+    """Whether a shipped system preset carries a power curve (cost/power.py) and an SM
+    contention curve (``accelerator.sm_contention``): its file says."""
     from simumax.config.loader import load_system  # the loader reads presets; this module only describes them
 
-    return load_system(preset).accelerator.power_curve is not None
+    acc = load_system(preset).accelerator
+    return acc.power_curve is not None, acc.sm_contention is not None
 
 
 def preset_provenance(name: str) -> str:
     """One line: measured tables, or datasheet peaks with which tables / default curves, and
-    whether a power curve comes with them."""
-    if name in SIMUMAX_MEASURED:
-        return SIMUMAX_MEASURED[name] + ("; with its measured power curve" if _has_power_curve(name) else "")
+    whether a power curve and an SM contention curve come with them."""
     gpu = next((g for g in GPUS if g.name == name), None)
-    if gpu is None:
+    if gpu is None and name not in SIMUMAX_MEASURED:
         return "user file"
+    power, sms = _measured_curves(name)
+    contention = "; its SM contention" if sms else ""
+    if gpu is None:
+        return SIMUMAX_MEASURED[name] + ("; with its measured power curve" if power else "") + contention
     if gpu.measured_base:
-        power = ("; its own measured power curve" if gpu.power_curve
-                 else "; its power curve" if _has_power_curve(gpu.measured_base) else "")
+        power_note = ("; its own measured power curve" if gpu.power_curve else "; its power curve" if power else "")
         same = " as that device's kernel times (the same die)" if gpu.table_tflops else ""
-        return f"derived: datasheet peaks and fabric, compute tables of {gpu.measured_base}{same}{power}"
+        return f"derived: datasheet peaks and fabric, compute tables of {gpu.measured_base}{same}{power_note}{contention}"
     return "derived: datasheet peaks and fabric, default efficiency curves (no table)"
