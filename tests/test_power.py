@@ -108,13 +108,14 @@ def test_bad_power_curves_name_the_field_and_rule(curve, rule) -> None:
     assert "power_curve" in str(e.value) and rule in str(e.value)
 
 
-def test_presets_say_which_carry_a_power_curve() -> None:
+def test_presets_say_which_carry_a_power_curve_and_sm_contention() -> None:
     from simumax.config.hardware import preset_provenance
 
     assert "power curve" in preset_provenance("nvidia_h100_80gb_hbm3")
-    assert preset_provenance("h100-sxm-80gb").endswith("; its power curve")
-    assert preset_provenance("h200-sxm-141gb").endswith("; its own measured power curve")
-    assert "power curve" not in preset_provenance("b200-sxm-180gb") + preset_provenance("a100_pcie")
+    assert preset_provenance("h100-sxm-80gb").endswith("; its power curve; its SM contention")
+    assert preset_provenance("h200-sxm-141gb").endswith("; its own measured power curve; its SM contention")
+    others = preset_provenance("b200-sxm-180gb") + preset_provenance("a100_pcie")
+    assert "power curve" not in others and "SM contention" not in others
 
 
 def test_each_stage_reports_the_rate_its_chunks_ran_at() -> None:
