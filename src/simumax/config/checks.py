@@ -96,6 +96,9 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
             raise ConfigError("moe_shared_expert_overlap", "needs the all-to-all or flex dispatcher, not all_gather")
         if st.overlap_moe_expert_parallel_comm:
             raise ConfigError("moe_shared_expert_overlap", "with overlap_moe_expert_parallel_comm is not modelled")
+    if st.moe_apply_probs_on_input and not (model.is_moe and model.topk == 1):
+        # megatron-core experts.py: "`moe_apply_probs_on_input` only works with `moe_router_topk`=1."
+        raise ConfigError("moe_apply_probs_on_input", f"needs a MoE model with top-1 routing (topk {model.topk})")
     if model.is_moe and st.moe_router_dtype == "fp64":
         # megatron-core runs an fp64 router with torch.mm in fp64 (no TE GEMM): FP64 units no system file describes
         raise ConfigError("moe_router_dtype", "fp64 is not modelled (FP64 GEMMs, no peak for them in a system file); use fp32 or leave it unset")

@@ -92,6 +92,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--moe-grouped-gemm": ("s", "group_linear_mode", "grouped"),
     "--moe-permute-fusion": ("s", "moe_permute_fusion", True),
     "--moe-router-fusion": ("s", "moe_router_fusion", True),
+    "--moe-apply-probs-on-input": ("s", "moe_apply_probs_on_input", True),
     "--no-masked-softmax-fusion": ("s", "masked_softmax_fusion", False),
     "--no-rope-fusion": ("s", "apply_rope_fusion", False),
     "--overlap-grad-reduce": ("s", "overlap_grad_reduce", True),

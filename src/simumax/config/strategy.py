@@ -143,6 +143,10 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         "it off: megatron-core's torch RoPE, t*cos + rotate_half(t)*sin, several passes each way). The local "
         "transformer_impl always runs the torch RoPE.",
     )
+    moe_apply_probs_on_input: bool = Field(
+        False, description="MoE, top-1 routing: the routing probability multiplies each expert's input tokens before "
+        "FC1 (--moe-apply-probs-on-input, Llama 4), not its activation.",
+    )
     moe_router_dtype: Literal["fp32", "fp64"] | None = Field(
         None, description="MoE: the router's logits, routing and probabilities in fp32 (--moe-router-dtype fp32; None: "
         "the activation dtype). Its gating GEMM writes fp32 logits; its gradient GEMMs cast the weight and input to fp32 "

@@ -64,6 +64,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
             f.append(switch_flag("s", "moe_permute_fusion"))
         if st.moe_router_fusion:
             f.append(switch_flag("s", "moe_router_fusion"))
+        if st.moe_apply_probs_on_input:
+            f.append(switch_flag("s", "moe_apply_probs_on_input"))
         if st.moe_router_dtype is not None:
             f.append(_s("moe_router_dtype", st.moe_router_dtype))
         if st.moe_dispatcher_policy == "flex" and st.moe_flex_dispatcher_num_sms is not None:

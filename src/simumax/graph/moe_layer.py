@@ -283,6 +283,28 @@ def _allgather_dispatch(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out
     return dispatch, combine
 
 
+def _probs_on_input(P: str, layer: int, md: MoeDims, tokens: Tensor, h: int, ab: int) -> tuple[Op, Tensor]:
+    """``moe_apply_probs_on_input`` (top-1; megatron-core 0.19 ``experts.py``, the grouped and
+    sequential MLPs' forward): the permuted tokens times their fp32 routing prob (an fp32
+    product), cast back to the activation dtype, then fed to FC1; the probs reset to ones, so
+    the activation's weighting stays, by 1. Keeps the unweighted tokens and the probs for the
+    probs' gradient. Backward: the cast's (to fp32), the tokens' gradient (times the probs,
+    cast back) and the probs' (gradient times tokens, summed over the hidden size)."""
+    rows = md.expert_rows
+    e = float(rows * h)
+    weighted = (f"{P}.moe.tokens_weighted", e * ab)
+    fwd = (MemBound("probs_on_input.mul", e * (ab + FP32) + rows * FP32), MemBound("probs_on_input.cast", e * (FP32 + ab)))
+    bwd = (
+        MemBound("probs_on_input.cast_bwd", e * (ab + FP32)),
+        MemBound("probs_on_input.tokens_grad", e * 2 * FP32 + rows * FP32), MemBound("probs_on_input.tokens_grad_cast", e * (FP32 + ab)),
+        MemBound("probs_on_input.probs_grad", e * (FP32 + ab + FP32)), MemBound("probs_on_input.probs_grad_sum", e * FP32 + rows * FP32),
+    )
+    op = Op(name=f"{P}.probs_on_input", module="moe_probs", layer=layer, fwd=fwd, bwd_input=bwd,
+            saved=(tokens, (f"{P}.moe.probs_on_input", float(rows * FP32))), input=(tokens,), output=weighted,
+            fwd_transient=e * FP32, bwd_transient=2 * e * FP32)
+    return op, weighted
+
+
 def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_mid: Tensor) -> list[Op]:
     P = f"L{layer}"
     md = MoeDims.of(model, st, d)
@@ -299,7 +321,8 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
     fc2_out = (f"{P}.expert_fc2.out", float(rows * h * ab))
     routed = (f"{P}.moe.routed", d.act(h, local=True))
     local = st.transformer_impl == "local"
-    probs_in_experts = st.dispatch_probs or local  # the local spec's experts always weight by the probs
+    # the local spec's experts always weight by the probs; applying them on the input needs them there
+    probs_in_experts = st.dispatch_probs or local or st.moe_apply_probs_on_input
     pad = model.moe_pad_expert_input_to_capacity and model.capacity is not None
 
     act_saved: list[Tensor] = [fc1_out]
@@ -327,11 +350,17 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         fused = st.moe_permute_fusion and not local  # TE's fused permute kernels
         dispatch = _dispatch(P, layer, d, md, ln_out, tokens, h, probs_in_experts, pad, fused)
         combine = _combine(P, layer, d, md, fc2_out, routed, h, probs_in_experts, pad, fused)
+    on_input: list[Op] = []
+    fc1_in = tokens
+    if st.moe_apply_probs_on_input:
+        op, fc1_in = _probs_on_input(P, layer, md, tokens, h, ab)
+        on_input.append(op)
     ops = [
         blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance, residual=True).with_(output=ln_out),
         _router(P, layer, model, st, d, md, ln_out, h, local),
         dispatch,
-        _experts(P, "expert_fc1", "expert_fc1", layer, st, md, tokens, h, fc1_n, bias=model.add_bias_linear).with_(output=fc1_out),
+        *on_input,
+        _experts(P, "expert_fc1", "expert_fc1", layer, st, md, fc1_in, h, fc1_n, bias=model.add_bias_linear).with_(output=fc1_out),
         act,
         _experts(P, "expert_fc2", "expert_fc2", layer, st, md, act_out, md.ffn, h, bias=model.add_bias_linear).with_(output=fc2_out),
         combine,
