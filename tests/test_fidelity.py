@@ -542,6 +542,13 @@ def test_userbuffers_times_by_hand() -> None:
     ph3 = coster.sequence(qkv.bwd_input)
     assert tp > 0 and ph3.total == pytest.approx(rest + max(gemms * 132 / 116, tp))
     assert ph3.comm.get("tp", 0.0) == pytest.approx(max(0.0, tp - gemms * 132 / 116))
+    # the output layer is Megatron's ColumnParallelLinear, not a TE linear: its collectives
+    # stay off userbuffers, the forward all-gather exposed as without tp_comm_overlap
+    head = _op(est, "lm_head")
+    assert not head.weight_shapes and userbuffers.overlap_method(head.fwd) == "ring"
+    times = coster.op(head)
+    assert times["fwd"].total == pytest.approx(sum(coster.kernel(k) for k in head.fwd))
+    assert times["fwd"].comm["tp"] == pytest.approx(sum(coster.kernel(k) for k in head.fwd if isinstance(k, Collective)))
 
 
 def test_cp_all_gather_gathers_reorders_and_reduce_scatters() -> None:

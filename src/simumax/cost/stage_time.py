@@ -76,10 +76,14 @@ class Coster:
             return self.compute.membound(k)
         return self.compute.compute(k)[0]
 
-    def sequence(self, kernels: tuple[Kernel, ...]) -> PhaseTime:
+    def sequence(self, kernels: tuple[Kernel, ...], userbuffers_op: bool = True) -> PhaseTime:
+        """The phase's time; ``userbuffers_op``: the op is a TransformerEngine linear, whose
+        TP collectives ``tp_comm_overlap`` puts on userbuffers (Megatron's own layers, the
+        output layer's ``ColumnParallelLinear``, keep theirs as they are)."""
         if not kernels:
             return PhaseTime()
-        if self.tp_comm_overlap and self.network.groups["tp"].size > 1:
+        ub = self.tp_comm_overlap and userbuffers_op
+        if ub and self.network.groups["tp"].size > 1:
             method = userbuffers.overlap_method(kernels)
             if method in ("ring", "pipeline"):
                 return self._userbuffers(kernels, method)
@@ -105,7 +109,7 @@ class Coster:
                     gemm += t
                 elif isinstance(k, Attention):
                     cover = t
-        if self.tp_comm_overlap and out.comm.get("tp") and gemm > 0:
+        if ub and out.comm.get("tp") and gemm > 0:
             # userbuffers' bulk overlap: the GEMMs on the SMs the TP kernels leave them, the
             # collectives under them (cost/userbuffers.py)
             extra = gemm * (userbuffers.margin_factor(self.compute.acc.sm_count) - 1.0)
@@ -162,10 +166,11 @@ class Coster:
     def op(self, o: Op) -> dict[str, PhaseTime]:
         """One PhaseTime per phase: fwd, bwd_input, bwd_weight, recompute (a checkpointed
         op's forward again: the same kernels, the same costs, computed once)."""
-        fwd = self.sequence(o.fwd)
+        te = bool(o.weight_shapes)  # a TE linear (graph/linears.py): userbuffers can take its TP collectives
+        fwd = self.sequence(o.fwd, te)
         again = PhaseTime(fwd.total, fwd.compute, fwd.membound, dict(fwd.comm), fwd.flops, fwd.bytes) \
             if o.recompute_group else PhaseTime()
-        return {"fwd": fwd, "bwd_input": self.sequence(o.bwd_input), "bwd_weight": self.sequence(o.bwd_weight),
+        return {"fwd": fwd, "bwd_input": self.sequence(o.bwd_input, te), "bwd_weight": self.sequence(o.bwd_weight, te),
                 "recompute": again}
 
 
