@@ -208,6 +208,30 @@ def test_processor_usage_makes_overlap_cost_compute() -> None:
         tp.cost().duration_time_per_iter, rel=1e-12)
 
 
+def test_comm_sms_charges_the_measured_sm_contention() -> None:
+    """A tier's comm_sms (NCCL's channel count) without a processor_usage above 0: the
+    compute its collectives overlap slows by the accelerator's slowdown_beside (on the H100
+    presets the measured curve: 0.271 at 16 SMs); a measured processor_usage wins; perf's
+    "taken as free" note goes."""
+    from simumax.report.format import free_overlap
+
+    sy = load_system("h100-sxm-80gb")
+    nets = sy.to_dict()["networks"]
+
+    def with_tiers(**fields) -> object:
+        return sy.with_updates({"networks": {**nets, **{t: {**v, **fields} for t, v in nets.items() if isinstance(v, dict)}}})
+
+    base = _est(tp_size=1, pp_size=2, micro_batch_num=4, overlap_grad_reduce=True, zero_state=3)
+    est = {k: Estimate(base.model, base.strategy, y) for k, y in
+           (("free", sy), ("sms", with_tiers(comm_sms=16)), ("both", with_tiers(comm_sms=16, processor_usage=0.05)))}
+    assert est["sms"].network.compute_usage("dp") == pytest.approx(0.271)
+    assert est["both"].network.compute_usage("dp") == 0.05
+    t = {k: e.cost().duration_time_per_iter for k, e in est.items()}
+    assert t["free"] < t["both"] < t["sms"]
+    assert free_overlap(base.strategy, est["free"].network) is not None
+    assert free_overlap(base.strategy, est["sms"].network) is None
+
+
 @pytest.mark.parametrize(
     "kw, field",
     [

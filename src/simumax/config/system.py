@@ -201,6 +201,11 @@ class CollectiveSpec(ConfigBase):
 
 class NetworkTier(ConfigBase):
     processor_usage: float = Field(0.0, ge=0, le=1, description="Compute slowdown while this tier communicates.")
+    comm_sms: PositiveInt | None = Field(
+        None, description="SMs this tier's collectives hold while they run: NCCL's channel count (its NCCL_DEBUG=INFO "
+        "'coll channels', or NCCL_MIN_CTAS / NCCL_MAX_CTAS). With it and no processor_usage above 0, the compute "
+        "they overlap slows by accelerator.slowdown_beside(comm_sms) (the measured sm_contention curve).",
+    )
     provenance: Literal["measured", "datasheet"] | None = Field(
         None, description="Where the tier's numbers come from: measured (simumax calibrate-comm) or datasheet (a "
         "preset's fabric; an inter_node bandwidth set from nics_per_node x nic_gbps). Unset: as a file gives them, "

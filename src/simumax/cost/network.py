@@ -132,7 +132,8 @@ class NetworkModel:
             if self.nets.intra_with_pcie else []
         self.groups = {g: self._place(g, n, stride, overrides.get(g)) for g, (n, stride) in layout.items()}
         self._cache: dict[Collective, float] = {}
-        self._ep_usage = ep_compute_usage(st, system.accelerator, self.tier("ep").processor_usage)
+        self._acc = system.accelerator
+        self._ep_usage = ep_compute_usage(st, system.accelerator, self._tier_usage(self.tier("ep")))
 
     def _place(self, group: str, n: int, stride: int, override: str | None) -> GroupPlacement:
         per_node = self.scaleup_size
@@ -166,9 +167,16 @@ class NetworkModel:
 
     def compute_usage(self, group: str) -> float:
         """The share of the compute that the group's communication takes while it overlaps
-        that compute: its tier's ``processor_usage``, or for EP under the flex dispatcher the
-        SMs its kernels hold (``moe_fanout.ep_compute_usage``)."""
-        return self._ep_usage if group == "ep" else self.tier(group).processor_usage
+        that compute: its tier's (``_tier_usage``), or for EP under the flex dispatcher what
+        the SMs its kernels hold cost (``moe_fanout.ep_compute_usage``)."""
+        return self._ep_usage if group == "ep" else self._tier_usage(self.tier(group))
+
+    def _tier_usage(self, tier: NetworkTier) -> float:
+        """A tier's ``processor_usage`` (measured by calibrate-comm), else what its collectives'
+        ``comm_sms`` cost the GEMMs beside them on this accelerator, else 0."""
+        if tier.processor_usage > 0 or not tier.comm_sms:
+            return tier.processor_usage
+        return self._acc.slowdown_beside(tier.comm_sms)
 
     def measured(self, group: str) -> bool:
         """Whether a collective of the group runs on numbers that were measured (the

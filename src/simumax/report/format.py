@@ -69,7 +69,8 @@ def free_overlap(st: StrategyConfig, network: NetworkModel) -> str | None:
         return None
     return (f"{', '.join(on)}: the overlapped communication takes nothing from the compute beside it here "
             "(processor_usage 0 on its tier, as in every preset; on an H100, GEMMs beside a kernel holding 8-32 SMs "
-            "take 17-37 % longer, docs/calibration.md); `simumax calibrate-comm` measures it")
+            "take 17-37 % longer, docs/calibration.md); give the tier's comm_sms (NCCL's channel count) or measure "
+            "it with `simumax calibrate-comm`")
 
 
 def summary_table(cost: CostResult, mem: MemResult) -> Table:
