@@ -373,6 +373,22 @@ def test_slowdown_beside_a_kernel_holding_sms() -> None:
             sy.with_updates({"accelerator": {**acc.model_dump(), "sm_contention": bad}})
 
 
+@settings(max_examples=60, deadline=None)
+@given(hs.lists(hs.tuples(hs.integers(1, 64), hs.floats(0.0, 0.9)), min_size=1, max_size=6, unique_by=lambda p: p[0]),
+       hs.integers(0, 200))
+def test_slowdown_beside_stays_in_bounds_and_grows_with_the_sms_held(points, held) -> None:
+    """For any non-decreasing measured curve, slowdown_beside is in [0, 1], zero at 0 SMs and
+    never falls as more SMs are held; without a curve likewise (c / (SMs - c), capped)."""
+    pts = sorted(points)
+    ys = sorted(u for _, u in pts)  # a curve that does not fall
+    acc = load_system("h100-sxm-80gb").accelerator
+    for a in (acc.model_copy(update={"sm_contention": [[float(c), u] for (c, _), u in zip(pts, ys)]}),
+              acc.model_copy(update={"sm_contention": None})):
+        lo, hi = a.slowdown_beside(held), a.slowdown_beside(held + 1)
+        assert 0.0 <= lo <= hi <= 1.0
+        assert a.slowdown_beside(0) == 0.0
+
+
 def test_h100_sm_contention_is_the_measurement() -> None:
     """The H100 presets' curve is the median, per SM count, of the GEMM slowdowns measured
     beside a kernel holding that many SMs (benchmarks/sm_share_contention.py on the lent
