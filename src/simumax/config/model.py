@@ -60,6 +60,11 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         None, description="Hidden size of the shared expert(s) in total; absent means none."
     )
     dense_layers: int = Field(0, ge=0, description="The first k layers of a MoE model use a dense MLP.")
+    moe_layer_freq: int | list[int] = Field(
+        1, description="Which layers of a MoE model have a MoE MLP (Megatron --moe-layer-freq): N, layer i when "
+        "i % N == 0; or a 0/1 list, one entry per layer. dense_layers applies on top; MTP layers take the last "
+        "layer's kind.",
+    )
     moe_pad_expert_input_to_capacity: bool = Field(False, description="Pad each expert's tokens to capacity.")
     capacity: float | None = Field(None, gt=0, le=1000, description="MoE capacity factor (with padding).")
     moe_load_imbalance: float = Field(
@@ -141,6 +146,13 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
                 raise ConfigError("topk", f"must be <= expert_num ({self.expert_num})")
             if self.dense_layers > self.layer_num:
                 raise ConfigError("dense_layers", f"must be <= layer_num ({self.layer_num})")
+            freq = self.moe_layer_freq
+            if isinstance(freq, list):
+                if len(freq) != self.layer_num or set(freq) - {0, 1}:
+                    raise ConfigError("moe_layer_freq", f"a list needs one 0 or 1 per layer ({self.layer_num}; got "
+                                      f"{len(freq)} entries)")
+            elif freq < 1:
+                raise ConfigError("moe_layer_freq", f"must be >= 1 (got {freq})")
             groups, group_topk = self.moe_router_num_groups, self.moe_router_group_topk
             if (groups is None) != (group_topk is None):
                 raise ConfigError("moe_router_group_topk", "group-limited routing needs moe_router_num_groups and moe_router_group_topk together")
@@ -188,5 +200,14 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         return -(-self.vocab_size // mult) * mult
 
     def is_moe_layer(self, layer: int) -> bool:
-        """Whether global layer index ``layer`` (0-based) has a MoE MLP."""
-        return self.is_moe and layer >= self.dense_layers
+        """Whether global layer index ``layer`` (0-based) has a MoE MLP: not among the first
+        ``dense_layers``, and MoE in ``moe_layer_freq`` (megatron-core ``gpt_layer_specs``:
+        N means i % N == 0). An MTP layer (index >= layer_num) takes the last decoder layer's
+        kind, as Megatron's MTP block takes that layer's spec."""
+        if not self.is_moe:
+            return False
+        layer = min(layer, self.layer_num - 1)
+        if layer < self.dense_layers:
+            return False
+        freq = self.moe_layer_freq
+        return bool(freq[layer]) if isinstance(freq, list) else layer % freq == 0

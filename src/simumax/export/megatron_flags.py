@@ -191,8 +191,10 @@ def model_flags(model: ModelConfig) -> list[str]:
             value = getattr(model, name)
             if value != default:
                 f.append(switch_flag("m", name) if isinstance(value, bool) else _m(name, value))
-        if model.dense_layers:
-            pattern = "[" + ",".join(["0"] * model.dense_layers + ["1"] * (model.layer_num - model.dense_layers)) + "]"
+        if isinstance(model.moe_layer_freq, int) and model.moe_layer_freq > 1 and not model.dense_layers:
+            f.append(f"--moe-layer-freq {model.moe_layer_freq}")
+        elif model.dense_layers or model.moe_layer_freq != 1:
+            pattern = "[" + ",".join("1" if model.is_moe_layer(i) else "0" for i in range(model.layer_num)) + "]"
             f.append(f"--moe-layer-freq '{pattern}'")  # quoted for the shell (brackets glob)
     if model.attention_type == "mla":
         f.append(switch_flag("m", "attention_type", "mla"))

@@ -88,10 +88,13 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
             if cfg.get("shared_expert_intermediate_size"):
                 out["moe_shared_expert_intermediate_size"] = cfg["shared_expert_intermediate_size"]
                 notes.append("Qwen2-MoE shared-expert gate not modelled")
-            if cfg.get("mlp_only_layers"):
-                notes.append(f"mlp_only_layers {cfg['mlp_only_layers']} modelled as MoE")
-            if (cfg.get("decoder_sparse_step") or 1) != 1:
-                notes.append("decoder_sparse_step != 1 modelled as every layer MoE")
+            # transformers' Qwen2/3-MoE decoder layer: MoE when the layer is not in
+            # mlp_only_layers and (i + 1) % decoder_sparse_step == 0, else a dense MLP of
+            # intermediate_size
+            step, dense_only = cfg.get("decoder_sparse_step") or 1, set(cfg.get("mlp_only_layers") or ())
+            if step != 1 or dense_only:
+                layers = _req(cfg, "num_hidden_layers", source)
+                out["moe_layer_freq"] = [int(i not in dense_only and (i + 1) % step == 0) for i in range(layers)]
         out["topk"] = _req(cfg, "num_experts_per_tok", source)
     if arch in MLA:
         out.update(

@@ -165,9 +165,14 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             pattern = _layer_pattern(value)
             lead = len(pattern) - len("".join(pattern).lstrip("0")) if pattern else 0
             if pattern and set("".join(pattern[lead:])) <= {"1"}:
-                m["dense_layers"] = lead  # dense layers first, as simumax models them
-            elif value != "1":
-                notes.append(f"--moe-layer-freq {value}: simumax takes dense layers first (dense_layers); set it by hand")
+                m["dense_layers"] = lead  # dense layers first (DeepSeek's first_k_dense)
+            elif pattern:
+                m["moe_layer_freq"] = [int(x) for x in pattern]
+            else:
+                try:
+                    m["moe_layer_freq"] = int(value)  # every N-th layer from the first
+                except ValueError:
+                    raise ConfigError(flag, f"expected an int or a list of 0/1, got {value!r}") from None
         elif flag == "--attention-backend" and value is not None:  # Megatron-Core's AttnBackend
             if value not in ("auto", "flash", "fused", "unfused", "local"):
                 raise ConfigError(flag, f"expected auto, flash, fused, unfused or local, got {value!r}")
