@@ -44,6 +44,33 @@ DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, 
                "topk_method": "noaux_tc", "norm_topk_prob": True, "seq_aux": True, "aux_loss_alpha": 0.001}
 
 
+# Llama 4's text model (transformers Llama4TextConfig; Meta's published sizes: Maverick 400B
+# total / 17B active, 128 experts, MoE every other layer; Scout 109B / 17B, 16 experts, every
+# layer, its total with the vision encoder)
+LLAMA4_TEXT = {"hidden_size": 5120, "intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_attention_heads": 40,
+               "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 48, "num_experts_per_tok": 1,
+               "vocab_size": 202048, "use_qk_norm": True, "attention_chunk_size": 8192, "tie_word_embeddings": False,
+               "hidden_act": "silu", "rope_theta": 500000.0}
+
+
+def test_hf_llama4_text_model() -> None:
+    """Maverick: 400B total, 17B active to the published digits; MoE layers 1, 3, 5, ... (the
+    last of each interleave step), dense MLPs of intermediate_size_mlp between; top-1
+    sigmoid routing beside one shared expert; what is approximated said in notes."""
+    mav, notes = model_from_hf({"architectures": ["Llama4ForConditionalGeneration"],
+                                "text_config": {**LLAMA4_TEXT, "num_local_experts": 128, "interleave_moe_layer_step": 2}})
+    t, a = _params(mav)
+    assert round(t) == 401 and round(a) == 17  # 400.7 / 17.2 (Meta: 400 / 17)
+    assert [mav.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    assert (mav.intermediate_size, mav.moe_ffn_hidden_size, mav.moe_shared_expert_intermediate_size) == (16384, 8192, 8192)
+    assert mav.topk == 1 and mav.moe_router_score_function == "sigmoid" and mav.qk_layernorm
+    assert any("chunked attention" in n for n in notes) and any("moe_apply_probs_on_input" in n for n in notes)
+    scout, _ = model_from_hf({"architectures": ["Llama4ForCausalLM"], **LLAMA4_TEXT, "num_local_experts": 16,
+                              "interleave_moe_layer_step": 1})
+    assert all(scout.is_moe_layer(i) for i in range(48)) and scout.moe_layer_freq == 1
+    assert 105 < _params(scout)[0] < 109 and round(_params(scout)[1]) == 17
+
+
 def _params(model) -> tuple[float, float]:
     st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"world_size": 1}, source="test")
     p = Estimate(model, st, load_system("a100_pcie")).params

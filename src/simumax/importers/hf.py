@@ -1,7 +1,8 @@
 """A Hugging Face ``config.json`` (a local file) as a simumax ModelConfig.
 
 Architectures: Llama, Mistral, Qwen2, Qwen3 (dense), Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS
-(MoE with sliding-window layers and attention sinks), and DeepSeek-V2 / V3 (MLA + MoE).
+(MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 (MLA + MoE) and Llama 4
+(its text model: interleaved top-1 MoE with a shared expert).
 What the ModelConfig cannot say is returned as notes (e.g. Qwen2's q/k/v-only biases),
 never silently dropped.
 """
@@ -18,6 +19,7 @@ from simumax.errors import ConfigError
 DENSE = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM"}
 MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
+LLAMA4 = {"Llama4ForConditionalGeneration", "Llama4ForCausalLM"}  # the text model (its text_config)
 
 
 def _req(cfg: dict[str, Any], key: str, src: str) -> Any:
@@ -38,16 +40,20 @@ SIZE_KEYS = {
     "num_attention_heads", "hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size", "num_key_value_heads",
     "head_dim", "num_local_experts", "num_experts", "moe_intermediate_size", "num_experts_per_tok", "kv_lora_rank",
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "q_lora_rank", "n_shared_experts",
-    "shared_expert_intermediate_size", "max_position_embeddings", "sliding_window",
+    "shared_expert_intermediate_size", "max_position_embeddings", "sliding_window", "intermediate_size_mlp",
+    "interleave_moe_layer_step",
 }
 
 
 def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "config.json") -> tuple[ModelConfig, list[str]]:
     """(ModelConfig, notes) from a parsed config.json."""
     archs = cfg.get("architectures") or []
-    arch = next((a for a in archs if a in DENSE | MOE | MLA), None)
+    known = DENSE | MOE | MLA | LLAMA4
+    arch = next((a for a in archs if a in known), None)
     if arch is None:
-        raise ConfigError("architectures", f"unsupported {archs or 'missing'}; known: {', '.join(sorted(DENSE | MOE | MLA))}", source)
+        raise ConfigError("architectures", f"unsupported {archs or 'missing'}; known: {', '.join(sorted(known))}", source)
+    if arch in LLAMA4 and isinstance(cfg.get("text_config"), dict):
+        cfg = cfg["text_config"]  # the multimodal checkpoint's language model
     notes: list[str] = []
     _check_sizes(cfg, source)
     heads = _req(cfg, "num_attention_heads", source)
@@ -111,6 +117,8 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
             out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * cfg["moe_intermediate_size"]
         if cfg.get("num_nextn_predict_layers"):
             out["mtp_num_layers"] = cfg["num_nextn_predict_layers"]
+    if arch in LLAMA4:
+        out.update(_llama4(cfg, source, notes))
     if arch == "GptOssForCausalLM":
         # biases on every linear (attention and experts), learned attention sinks per head
         out.update(add_bias_linear=bool(cfg.get("attention_bias", True)), attention_sinks=True)
@@ -146,6 +154,34 @@ def _sliding_window(cfg: dict[str, Any], arch: str, notes: list[str]) -> dict[st
             return {"window_size": window, "window_attn_skip_freq": k}
     notes.append(f"layer_types pattern {types[:4]}...: not a 'every k-th layer full' pattern; modelled as every layer full")
     return {}
+
+
+def _llama4(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any]:
+    """Llama 4's text model (transformers ``Llama4TextConfig`` / ``Llama4TextDecoderLayer``):
+    top-1 sigmoid-routed experts of ``intermediate_size`` beside one shared expert of the same
+    size, in the layers ``moe_layers`` names (by default every ``interleave_moe_layer_step``-th,
+    ending each run: step - 1, 2·step - 1, ...), dense MLPs of ``intermediate_size_mlp``
+    elsewhere; weightless L2 q/k norms."""
+    layers = _req(cfg, "num_hidden_layers", source)
+    expert = _req(cfg, "intermediate_size", source)
+    step = cfg.get("interleave_moe_layer_step") or 1
+    moe = set(cfg.get("moe_layers") or range(step - 1, layers, step))
+    out: dict[str, Any] = {
+        "model_type": "moe", "expert_num": _req(cfg, "num_local_experts", source), "topk": _req(cfg, "num_experts_per_tok", source),
+        "moe_ffn_hidden_size": expert, "moe_shared_expert_intermediate_size": expert,
+        "intermediate_size": cfg.get("intermediate_size_mlp") or expert, "moe_router_score_function": "sigmoid",
+    }
+    if moe != set(range(layers)):
+        out["moe_layer_freq"] = [int(i in moe) for i in range(layers)]
+    if cfg.get("use_qk_norm"):
+        out["qk_layernorm"] = True
+        notes.append("the weightless L2 q/k norm modelled as a q/k RMSNorm (its few weights counted)")
+    if cfg.get("attention_chunk_size"):
+        notes.append(f"chunked attention ({cfg['attention_chunk_size']} tokens, on the RoPE layers) modelled as full causal "
+                     "attention: the same work up to that many tokens, more beyond")
+    notes.append("its router weights each expert's input by the routing probability: Megatron's "
+                 "--moe-apply-probs-on-input, a strategy option (moe_apply_probs_on_input)")
+    return out
 
 
 def _deepseek_routing(cfg: dict[str, Any]) -> dict[str, Any]:
