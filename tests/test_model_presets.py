@@ -27,6 +27,7 @@ def _params(name: str):
     ("kimi-k2", 1.03e3, -1),       # Moonshot: "1 T total" (1.03 T by its config)
     ("qwen3-235b-a22b", 235, 0),   # Qwen3 report: 235 B total (22 B activated, below)
     ("qwen3-32b", 32.8, 1),        # 32.8 B (SimuMax's file)
+    ("llama4-maverick", 401, 0),   # Meta: 400 B total (400.7 by its text config), 17 B active (below)
 ])
 def test_totals(preset: str, total: float, digits: int) -> None:
     _, p = _params(preset)
@@ -53,3 +54,13 @@ def test_qwen3_moe_active() -> None:
     """Qwen3 report: 235B-A22B activates 22 B per token, 30B-A3B "3.3 B" (3.35 truncated)."""
     assert round(_params("qwen3-235b-a22b")[1].active / 1e9) == 22
     assert 3.3 <= _params("qwen3-30b-a3b")[1].active / 1e9 < 3.4
+
+
+def test_llama4_active_and_layer_pattern() -> None:
+    """Meta's Llama 4: 17 B active in both; Maverick's MoE layers alternate with dense ones,
+    Scout's are every layer (its published 109 B counts the vision encoder too)."""
+    for name in ("llama4-maverick", "llama4-scout"):
+        m, p = _params(name)
+        assert round(p.active / 1e9) == 17 and m.topk == 1 and not m.moe_pad_expert_input_to_capacity
+    assert load_model("llama4-maverick").moe_layer_freq[:4] == [0, 1, 0, 1]
+    assert 105 < _params("llama4-scout")[1].total / 1e9 < 109
