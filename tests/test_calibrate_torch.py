@@ -286,6 +286,29 @@ def test_calibrate_measures_the_fp8_gemms_of_an_fp8_job(tmp_path, tiny_files) ->
     assert est.cost().efficiency_lookups["sources"]["fp8_matmul"]["measured"] > 0
 
 
+def test_calibrate_times_the_fp32_routers_tf32_gemms(tmp_path) -> None:
+    """A MoE job with moe_router_dtype fp32: its router gradient GEMMs (tf32_matmul) are timed
+    on fp32 operands with TF32 allowed, into a TF32 family at half the bf16 peak, and the
+    estimate then reads them as measured."""
+    from simumax.cost.efficiency import TF32_OF_BF16_PEAK
+
+    m, s = tmp_path / "moe.json", tmp_path / "s.json"
+    m.write_text(json.dumps({**TINY_MODEL, "model_type": "moe", "expert_num": 4, "topk": 2, "moe_ffn_hidden_size": 64,
+                             "moe_pad_expert_input_to_capacity": False}))
+    s.write_text(json.dumps({**TINY_STRATEGY, "moe_router_dtype": "fp32"}))
+    out = tmp_path / "tf32.json"
+    r = _cli("calibrate", "-m", str(m), "-s", str(s), "--base", "h100-sxm-80gb", "--name", "cpu_tf32", "--out", str(out),
+             "--device", "cpu", "--warmup", "1", "--repeats", "2")
+    assert r.returncode == 0, r.stderr
+    system = SystemConfig.init_from_config_file(out)
+    fam = system.accelerator.op["tf32_matmul"]
+    assert fam.tflops == pytest.approx(system.accelerator.op["matmul"].tflops * TF32_OF_BF16_PEAK)
+    est = Estimate(load_model(str(m)), StrategyConfig.init_from_config_file(s), system)
+    keys = {k.key for c in est.chunks for k in c.kernels() if getattr(k, "family", "") == "tf32_matmul"}
+    assert keys and keys <= set(fam.accurate_efficient_factor)
+    assert est.cost().efficiency_lookups["sources"]["tf32_matmul"]["measured"] > 0
+
+
 def test_megatrons_cross_entropy_chain_is_the_cross_entropy() -> None:
     """The chain calibrate times for the ``ce`` line and check-step trains with gives the
     cross-entropy and its gradient (in the logits' dtype), and leaves the bf16 logits as they were."""

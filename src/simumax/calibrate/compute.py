@@ -37,7 +37,7 @@ from simumax.calibrate.shapes import JobKernels
 from simumax.calibrate.timing import FULL_CLOCK_LOAD_SECONDS, accumulate_fp32_, graphed, median_seconds
 from simumax.config.hardware import datasheet
 from simumax.graph.blocks import LOSS_FWD_PASSES, loss_fwd_bytes_per_logit
-from simumax.graph.kernels import MODEL_SDP_BWD_RATIO, Attention, Gemm, GroupGemm
+from simumax.graph.kernels import MODEL_SDP_BWD_RATIO, TF32_PREFIX, Attention, Gemm, GroupGemm
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,21 @@ def gemm_fn(k: Gemm, device: torch.device, dtype: torch.dtype = torch.bfloat16):
         c = torch.zeros((k.m, k.n), dtype=torch.float32, device=device)
         return lambda: accumulate_fp32_(c, a, b)
     return lambda: torch.matmul(a, b)
+
+
+def tf32_gemm_fn(k: Gemm, device: torch.device):
+    """A GEMM on fp32 operands with TF32 allowed while it runs, as TransformerEngine's GEMM
+    runs fp32 inputs (the fp32 router's gradient GEMMs, ``tf32_matmul``)."""
+    inner = gemm_fn(k, device, torch.float32)
+
+    def run():
+        before = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            return inner()
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = before
+    return run
 
 
 # TransformerEngine's fp8 linears (transformer_engine/pytorch/module/base.py): the forward GEMM
@@ -253,6 +268,8 @@ def calibrate_compute(
                 log.info("skipping %s (no fp8 kernel for it here): %s", family, k.key)
                 done += 1
                 continue
+        elif isinstance(k, Gemm) and family.startswith(TF32_PREFIX):
+            fn = tf32_gemm_fn(k, device)
         elif isinstance(k, Gemm):
             fn = gemm_fn(k, device)
         elif isinstance(k, GroupGemm):

@@ -16,7 +16,8 @@ from simumax.calibrate.fit import AlphaBeta
 from simumax.config.hardware import NIC_FIXED_US, NIC_STEP_US, SCALEUP_FIXED_US, SCALEUP_STEP_US, collective_tier, datasheet
 from simumax.config.system import MAX_LINK_EFFICIENCY, link_bytes_per_gb
 from simumax.cost.network import DEFAULT_SPECS, ring_steps
-from simumax.graph.kernels import MODEL_SDP_BWD_RATIO, SIMUMAX_SDP_BWD_RATIO
+from simumax.cost.efficiency import TF32_OF_BF16_PEAK
+from simumax.graph.kernels import MODEL_SDP_BWD_RATIO, SIMUMAX_SDP_BWD_RATIO, TF32_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,9 @@ def merge_compute(system: dict[str, Any], cal: Any, mem_gib: float | None = None
     for t in cal.timings:
         fam = acc["op"].get(t.family)
         if fam is None:
-            fam = acc["op"][t.family] = {"tflops": cal.peak_tflops, "efficient_factor": 0.7, "accurate_efficient_factor": {}}
+            # a TF32 family's peak is half the bf16 one (cost/efficiency.TF32_OF_BF16_PEAK)
+            peak = cal.peak_tflops * (TF32_OF_BF16_PEAK if t.family.startswith(TF32_PREFIX) else 1.0)
+            fam = acc["op"][t.family] = {"tflops": peak, "efficient_factor": 0.7, "accurate_efficient_factor": {}}
             if t.family == "sdp_bwd":
                 fam["bwd_flops_ratio"] = MODEL_SDP_BWD_RATIO
             new_families[t.family] = []
