@@ -139,9 +139,10 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         "loss in one each.",
     )
     apply_rope_fusion: bool = Field(
-        True, description="RoPE as one TransformerEngine kernel on q and k (Megatron's default; --no-rope-fusion turns "
-        "it off: megatron-core's torch RoPE, t*cos + rotate_half(t)*sin, several passes each way). The local "
-        "transformer_impl always runs the torch RoPE.",
+        True, description="Fused RoPE (Megatron's default; --no-rope-fusion turns it off): one TransformerEngine kernel "
+        "on q and k, and for MLA megatron-core's two YaRN kernels; off, megatron-core's torch RoPE (t*cos + "
+        "rotate_half(t)*sin, several passes each way). The local transformer_impl's dense attention always runs the "
+        "torch RoPE.",
     )
     moe_apply_probs_on_input: bool = Field(
         False, description="MoE, top-1 routing: the routing probability multiplies each expert's input tokens before "
