@@ -178,7 +178,8 @@ def _llama4(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any
         notes.append("the weightless L2 q/k norm modelled as a q/k RMSNorm (its few weights counted)")
     if cfg.get("attention_chunk_size"):
         notes.append(f"chunked attention ({cfg['attention_chunk_size']} tokens, on the RoPE layers) modelled as full causal "
-                     "attention: the same work up to that many tokens, more beyond")
+                     "attention, as Megatron-Core (which has no chunked attention) runs it: the same work up to that "
+                     "many tokens")
     notes.append("its router weights each expert's input by the routing probability: Megatron's "
                  "--moe-apply-probs-on-input, a strategy option (moe_apply_probs_on_input)")
     return out
