@@ -64,6 +64,7 @@ def test_hf_llama4_text_model() -> None:
     assert [mav.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
     assert (mav.intermediate_size, mav.moe_ffn_hidden_size, mav.moe_shared_expert_intermediate_size) == (16384, 8192, 8192)
     assert mav.topk == 1 and mav.moe_router_score_function == "sigmoid" and mav.qk_layernorm
+    assert [mav.uses_rope(i) for i in range(8)] == [True, True, True, False] * 2  # NoPE every 4th (interval 4)
     assert any("chunked attention" in n for n in notes) and any("moe_apply_probs_on_input" in n for n in notes)
     scout, _ = model_from_hf({"architectures": ["Llama4ForCausalLM"], **LLAMA4_TEXT, "num_local_experts": 16,
                               "interleave_moe_layer_step": 1})

@@ -3,6 +3,8 @@ or megatron-core's torch RoPE (``rope_utils._apply_rotary_pos_emb_bshd``)."""
 
 from __future__ import annotations
 
+import pytest
+
 from simumax.config.loader import load_model, load_system
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
@@ -70,3 +72,24 @@ def test_no_rope_fusion_flag_round_trip() -> None:
                                                   "--vocab-size", "32000", "--position-embedding-type", "rope"])
     assert back.apply_rope_fusion is False and not any("rope-fusion" in n for n in notes)
     assert "--no-rope-fusion" not in megatron_flags(_est(_llama()).strategy, _llama())
+
+
+def test_nope_layers_have_no_rope() -> None:
+    """no_rope_freq (Megatron --no-rope-freq; Llama 4's NoPE layers): N makes layer i NoPE when
+    (i + 1) % N == 0, a list names them; those layers build no RoPE op (q and k stay views of
+    the QKV output) and cost less; the flag round-trips; a bad value is a ConfigError."""
+    from simumax.errors import ConfigError
+    from simumax.export.megatron_flags import model_flags
+    from simumax.importers.megatron_args import parse_megatron_args
+
+    m = _llama().with_updates({"layer_num": 4, "no_rope_freq": 2})
+    assert [m.uses_rope(i) for i in range(4)] == [True, False, True, False]
+    assert m.with_updates({"no_rope_freq": [0, 0, 1, 0]}).uses_rope(2) is False
+    est = _est(m)
+    assert sorted(o.layer for c in est.chunks for o in c.ops if o.module == "rope") == [0, 2]
+    assert est.cost().duration_time_per_iter < _est(_llama().with_updates({"layer_num": 4})).cost().duration_time_per_iter
+    back, _, _ = parse_megatron_args(model_flags(m) + ["--seq-length", "2048"], world_size=1)
+    assert back.no_rope_freq == 2
+    for bad in (3, [0, 1], 0):
+        with pytest.raises(ConfigError, match="no_rope_freq"):
+            _llama().with_updates({"layer_num": 4, "no_rope_freq": bad})

@@ -93,6 +93,10 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         False, description="Aux-loss-free balancing: a per-expert bias on the routing scores (DeepSeek-V3)."
     )
     moe_z_loss_coeff: float | None = Field(None, gt=0, description="Router z-loss coefficient; absent means none.")
+    no_rope_freq: int | list[int] | None = Field(
+        None, description="Layers without RoPE (NoPE; Megatron --no-rope-freq, Llama 4): N, every N-th layer (layer i "
+        "when (i + 1) % N == 0, N dividing layer_num); or a 0/1 list, 1 for NoPE. Null: RoPE on every layer.",
+    )
     window_size: PositiveInt | None = Field(
         None, le=2**27, description="Sliding-window attention: keys each query attends at most, itself included "
         "(GPT-OSS 128); flash attention skips the rest. Null: full causal attention.",
@@ -138,6 +142,11 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
             self.__dict__["head_size"] = self.hidden_size // self.head_num
         if self.attention_type == "mha" and self.head_num % self.kv_head_num:
             raise ConfigError("kv_head_num", f"head_num ({self.head_num}) must be a multiple of kv_head_num ({self.kv_head_num})")
+        nope = self.no_rope_freq
+        if isinstance(nope, list) and (len(nope) != self.layer_num or set(nope) - {0, 1}):
+            raise ConfigError("no_rope_freq", f"a list needs one 0 or 1 per layer ({self.layer_num}; got {len(nope)} entries)")
+        if isinstance(nope, int) and (nope < 1 or self.layer_num % nope):
+            raise ConfigError("no_rope_freq", f"must be >= 1 and divide layer_num ({self.layer_num}; got {nope}), as Megatron asserts")
         if self.model_type == "moe":
             for name in ("expert_num", "topk"):
                 if getattr(self, name) is None:
@@ -198,6 +207,17 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
             return self.vocab_size
         mult = self.make_vocab_size_divisible_by * tp
         return -(-self.vocab_size // mult) * mult
+
+    def uses_rope(self, layer: int) -> bool:
+        """Whether global layer ``layer`` applies RoPE: rotary embeddings, and not a NoPE layer
+        of ``no_rope_freq`` (megatron-core ``attention.py``: ``no_rope_freq[layer_number - 1]``)."""
+        if self.position_embedding_type != "rope":
+            return False
+        nope = self.no_rope_freq
+        if nope is None:
+            return True
+        layer = min(layer, self.layer_num - 1)
+        return not (nope[layer] if isinstance(nope, list) else (layer + 1) % nope == 0)
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether global layer index ``layer`` (0-based) has a MoE MLP: not among the first

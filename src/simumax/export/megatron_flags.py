@@ -196,6 +196,10 @@ def model_flags(model: ModelConfig) -> list[str]:
         elif model.dense_layers or model.moe_layer_freq != 1:
             pattern = "[" + ",".join("1" if model.is_moe_layer(i) else "0" for i in range(model.layer_num)) + "]"
             f.append(f"--moe-layer-freq '{pattern}'")  # quoted for the shell (brackets glob)
+    if isinstance(model.no_rope_freq, int):
+        f.append(f"--no-rope-freq {model.no_rope_freq}")
+    elif model.no_rope_freq:
+        f.append("--no-rope-freq '[" + ",".join(map(str, model.no_rope_freq)) + "]'")
     if model.attention_type == "mla":
         f.append(switch_flag("m", "attention_type", "mla"))
         if model.q_lora_rank:

@@ -23,7 +23,7 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     # keeps that whole buffer alive; RoPE writes new q and k tensors (and TE's fused
     # attention then keeps a contiguous copy of v instead: ``copies`` below)
     v = mixed
-    rotary = model.position_embedding_type == "rope"
+    rotary = model.uses_rope(layer)
     q = (f"{P}.q", d.act(q_w)) if rotary else mixed
     k = (f"{P}.k", d.act(kv_w)) if rotary else mixed
     out = (f"{P}.attn.out", d.act(q_w))

@@ -66,8 +66,8 @@ def _fp8_amax_reduction(st: StrategyConfig, linears: int, vstage: int) -> Op | N
     return Op(name=f"fp8.amax_reduce.v{vstage}", module="fp8_amax", layer=-1, fwd=(reduce,), bwd_input=(reduce,))
 
 
-LayerKind = tuple[bool, bool, bool, int | None]  # OpSource.kind
-CostKind = tuple[bool, bool, bool, bool, int | None]  # OpSource.cost_kind: recomputed, then the LayerKind
+LayerKind = tuple[bool, bool, bool, int | None, bool]  # OpSource.kind
+CostKind = tuple[bool, bool, bool, bool, int | None, bool]  # OpSource.cost_kind: recomputed, then the LayerKind
 
 
 @dataclass
@@ -123,12 +123,12 @@ class OpSource:
     def kind(self, layer: int) -> LayerKind:
         """What makes layers' ops alike but for their names: dense or MoE, kept in BF16 or
         not, offloaded by TE's layer offload or not, the attention window (gpt-oss
-        alternates sliding-window and full-attention layers). Kept per layer: a search
-        builds the chunks of many layouts from one source."""
+        alternates sliding-window and full-attention layers), RoPE or NoPE (Llama 4). Kept
+        per layer: a search builds the chunks of many layouts from one source."""
         got = self._kinds.get(layer)
         if got is None:
             got = self._kinds[layer] = (self.model.is_moe_layer(layer), self.bf16_layer(layer), self.te_offloaded(layer),
-                                        self.model.attention_window(layer))
+                                        self.model.attention_window(layer), self.model.uses_rope(layer))
         return got
 
     def cost_kind(self, layer: int, recomputed: bool) -> CostKind:

@@ -173,6 +173,11 @@ def _llama4(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any
     }
     if moe != set(range(layers)):
         out["moe_layer_freq"] = [int(i in moe) for i in range(layers)]
+    # NoPE layers: transformers' no_rope_layers (1 = RoPE), by default every
+    # no_rope_layer_interval-th layer (4) without; Megatron's no_rope_freq says 1 for NoPE
+    rope = cfg.get("no_rope_layers") or [int((i + 1) % (cfg.get("no_rope_layer_interval") or 4) != 0) for i in range(layers)]
+    if len(rope) >= layers and not all(rope[:layers]):
+        out["no_rope_freq"] = [1 - int(x) for x in rope[:layers]]
     if cfg.get("use_qk_norm"):
         out["qk_layernorm"] = True
         notes.append("the weightless L2 q/k norm modelled as a q/k RMSNorm (its few weights counted)")

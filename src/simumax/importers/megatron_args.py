@@ -173,6 +173,15 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
                     m["moe_layer_freq"] = int(value)  # every N-th layer from the first
                 except ValueError:
                     raise ConfigError(flag, f"expected an int or a list of 0/1, got {value!r}") from None
+        elif flag == "--no-rope-freq" and value is not None:  # Megatron's no_rope_freq_type: an int or a list
+            pattern = _layer_pattern(value)
+            if pattern:
+                m["no_rope_freq"] = [int(x) for x in pattern]
+            else:
+                try:
+                    m["no_rope_freq"] = int(value)
+                except ValueError:
+                    raise ConfigError(flag, f"expected an int or a list of 0/1, got {value!r}") from None
         elif flag == "--attention-backend" and value is not None:  # Megatron-Core's AttnBackend
             if value not in ("auto", "flash", "fused", "unfused", "local"):
                 raise ConfigError(flag, f"expected auto, flash, fused, unfused or local, got {value!r}")
