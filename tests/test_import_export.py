@@ -159,6 +159,24 @@ def test_megatron_flags_round_trip(model: str, strategy: str, world: int) -> Non
     assert a.memory().peak_mem == pytest.approx(b.memory().peak_mem, rel=1e-12)
 
 
+def test_megatron_flags_of_routing_limits_and_the_nan_check() -> None:
+    """--moe-router-topk-limited-devices N is megatron-core's group-limited routing with one
+    group per EP rank (num_groups = EP size, group_topk = N); --no-check-for-nan-in-loss-and-grad
+    drops the pass over the main grads before the reduce (a shorter step), and round-trips;
+    flags with a real effect that is not modelled are said with the reason."""
+    base = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --vocab-size 32000 "
+            "--num-experts 64 --moe-router-topk 6 --expert-model-parallel-size 8 ")
+    m, st, notes = parse_megatron_args(base + "--moe-router-topk-limited-devices 3 --no-check-for-nan-in-loss-and-grad "
+                                       "--log-params-norm --use-sharp --distributed-backend nccl", world_size=8)
+    assert (m.moe_router_num_groups, m.moe_router_group_topk) == (8, 3) and st.check_for_nan_in_grad is False
+    assert any("--log-params-norm (" in n for n in notes) and any("--use-sharp (" in n for n in notes)
+    assert not any(n.startswith("ignored") for n in notes)
+    assert "--no-check-for-nan-in-loss-and-grad" in megatron_flags(st, m)
+    sy = load_system("h100-sxm-80gb")
+    checked = Estimate(m, st.with_updates({"check_for_nan_in_grad": True}), sy)
+    assert Estimate(m, st, sy).cost().breakdown["optimizer"] < checked.cost().breakdown["optimizer"]
+
+
 def test_export_of_a_recompute_megatron_cannot_express_is_a_config_error() -> None:
     """SimuMax's attn_only recompute (the whole attention sub-block) has no Megatron flag:
     export says so as a ConfigError (the CLI's one line, exit 2), not a Python error."""

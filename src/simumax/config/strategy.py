@@ -223,6 +223,10 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         False, description="Megatron --ddp-average-in-collective: the DP collective averages. Without it (Megatron's "
         "default) DDP scales each gradient buffer by 1/dp before its reduce, one pass over the buffer per iteration.",
     )
+    check_for_nan_in_grad: bool = Field(
+        True, description="Megatron checks the gradients for NaN/Inf before reducing them (a pass over the main-grad "
+        "buffer each step; --no-check-for-nan-in-loss-and-grad turns it off).",
+    )
     gradient_accumulation_fusion: bool = Field(
         True, description="Megatron's gradient-accumulation fusion (on by default; --no-gradient-accumulation-fusion "
         "turns it off): weight-gradient GEMMs accumulate into the main grad. Off: each writes the gradient in the "

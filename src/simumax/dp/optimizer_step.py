@@ -30,7 +30,8 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
     which is the same tensor when it is fp32 already), with fp16 the loss scaler's unscale
     (read and write 4 per stepped parameter), the nan/inf check (a norm over the
     rank's whole main-grad buffer, g per local parameter: Megatron's default
-    check_for_nan_in_grad runs it per bucket before the reduce), grad norm (4).
+    check_for_nan_in_grad runs it per bucket before the reduce; ``check_for_nan_in_grad``
+    false skips it), grad norm (4).
     After: clip scale (8), Adam (read grad, master, m, v; write master, m, v:
     4 + 2*12), master -> bf16 param (4 + 2), and zeroing the full main-grad buffer (g);
     then the host's share when the optimizer is offloaded.
@@ -56,10 +57,9 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
         # (optimizer.py, _unscale_main_grads_and_check_for_nan: _amp_foreach_non_finite_check_and_unscale_)
         before.append(MemBound("optimizer.unscale", shard * 8))
     step_grad = g if te_adam else 4  # the gradient the norm, clip and Adam read
-    before += [
-        MemBound("optimizer.check_finite", stage.params * g),
-        MemBound("optimizer.grad_norm", shard * step_grad),
-    ]
+    if st.check_for_nan_in_grad:
+        before.append(MemBound("optimizer.check_finite", stage.params * g))
+    before.append(MemBound("optimizer.grad_norm", shard * step_grad))
     # the parameters as stored (fp8_param_gather: the fp8 linears' one byte; the cast from the
     # fp32 master computes its amax first under current scaling), pro rata on the shard
     r = fp8.recipe(st.lp_recipe) if st.low_precision else None

@@ -119,6 +119,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f.append(switch_flag("s", "use_flash_sdp"))
     if not st.apply_rope_fusion:
         f.append(switch_flag("s", "apply_rope_fusion", False))
+    if not st.check_for_nan_in_grad:
+        f.append(switch_flag("s", "check_for_nan_in_grad", False))
     p = "0.1" if st.enable_dropout else "0.0"  # Megatron's defaults are 0.1: said either way
     f += [f"--attention-dropout {p}", f"--hidden-dropout {p}"]
     if st.cross_entropy_loss_fusion:

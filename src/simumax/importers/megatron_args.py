@@ -37,14 +37,24 @@ NO_EFFECT = frozenset({
     "--no-bias-swiglu-fusion", "--profile", "--profile-step-start", "--profile-step-end", "--use-pytorch-profiler",
     "--norm-epsilon", "--moe-aux-loss-coeff", "--moe-router-bias-update-rate", "--mtp-loss-scaling-factor",
     "--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--moe-enable-deepep", "--enable-experimental",
+    "--distributed-backend", "--async-save", "--dist-ckpt-strictness", "--exit-signal-handler", "--no-mmap-bin-files",
+    "--te-rng-tracker", "--inference-rng-tracker", "--use-cpu-initialization", "--tp-comm-bootstrap-backend",
+    "--use-rope-scaling", "--rotary-seq-len-interpolation-factor", "--moe-token-drop-policy",
 })
 
 
 # flags with a real effect the model leaves out, and why (said back, not silently ignored)
 _GC = "Python's garbage collection timing: steps are predicted without collector pauses"
 _GRAPHS = "CUDA graphs: host launch gaps, which graph replay removes, are not modelled, nor the graphs' static buffers"
+_LOG = "an extra pass over the parameters or gradients on every logged step"
 NOT_MODELLED = {
     "--manual-gc": _GC, "--manual-gc-interval": _GC, "--manual-gc-eval": _GC,
+    "--log-params-norm": _LOG, "--log-num-zeros-in-grad": _LOG,
+    "--empty-unused-memory-level": "torch.cuda.empty_cache between steps: the allocator's time and its cache",
+    "--use-sharp": "NCCL SHARP in-network reductions for data-parallel all-reduces",
+    "--tp-comm-overlap-cfg": "userbuffers settings from a file: TransformerEngine's defaults are modelled",
+    **dict.fromkeys(("--ddp-num-buckets", "--ddp-pad-buckets-for-high-nccl-busbw", "--align-grad-reduce",
+                     "--align-param-gather"), "DDP bucket layout and launch options: Megatron's defaults are modelled"),
     **dict.fromkeys(("--enable-cuda-graph", "--cuda-graph-scope", "--cuda-graph-impl", "--external-cuda-graph",
                      "--cuda-graph-warmup-steps"), _GRAPHS),
 }
@@ -173,6 +183,13 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
                     m["moe_layer_freq"] = int(value)  # every N-th layer from the first
                 except ValueError:
                     raise ConfigError(flag, f"expected an int or a list of 0/1, got {value!r}") from None
+        elif flag == "--moe-router-topk-limited-devices" and value is not None:
+            # megatron-core TransformerConfig: deprecated for group-limited routing with one
+            # group per EP rank (moe_router_num_groups = EP size, moe_router_group_topk = N)
+            try:
+                extra["limited_devices"] = str(int(value))
+            except ValueError:
+                raise ConfigError(flag, f"expected an int, got {value!r}") from None
         elif flag == "--no-rope-freq" and value is not None:  # Megatron's no_rope_freq_type: an int or a list
             pattern = _layer_pattern(value)
             if pattern:
@@ -215,6 +232,8 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     s["enable_dropout"] = any(p > 0 for p in dropout)
     if "--attention-dropout" not in extra and "--hidden-dropout" not in extra:
         notes.append("--attention-dropout / --hidden-dropout not given: Megatron's default 0.1 (dropout on)")
+    if "limited_devices" in extra and "moe_router_group_topk" not in m:
+        m["moe_router_num_groups"], m["moe_router_group_topk"] = s.get("ep_size", 1), int(extra["limited_devices"])
     if m.get("expert_num"):
         m["model_type"] = "moe"
         # Megatron is dropless unless told otherwise (SimuMax files default to padding)
