@@ -175,6 +175,10 @@ def test_megatron_flags_of_routing_limits_and_the_nan_check() -> None:
     sy = load_system("h100-sxm-80gb")
     checked = Estimate(m, st.with_updates({"check_for_nan_in_grad": True}), sy)
     assert Estimate(m, st, sy).cost().breakdown["optimizer"] < checked.cost().breakdown["optimizer"]
+    # --no-bias-swiglu-fusion: megatron-core's MLP runs the unfused glu (use_fused_swiglu false)
+    dense, st2, _ = parse_megatron_args("--num-layers 2 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 "
+                                        "--vocab-size 32000 --swiglu --no-bias-swiglu-fusion", world_size=1)
+    assert st2.use_fused_swiglu is False and "--no-bias-swiglu-fusion" in megatron_flags(st2, dense)
 
 
 def test_export_of_a_recompute_megatron_cannot_express_is_a_config_error() -> None:

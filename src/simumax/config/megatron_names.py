@@ -96,6 +96,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--no-masked-softmax-fusion": ("s", "masked_softmax_fusion", False),
     "--no-rope-fusion": ("s", "apply_rope_fusion", False),
     "--no-check-for-nan-in-loss-and-grad": ("s", "check_for_nan_in_grad", False),
+    "--no-bias-swiglu-fusion": ("s", "use_fused_swiglu", False),  # megatron-core mlp.py: bias_activation_fusion off
     "--overlap-grad-reduce": ("s", "overlap_grad_reduce", True),
     "--ddp-average-in-collective": ("s", "ddp_average_in_collective", True),
     "--no-gradient-accumulation-fusion": ("s", "gradient_accumulation_fusion", False),

@@ -121,6 +121,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f.append(switch_flag("s", "apply_rope_fusion", False))
     if not st.check_for_nan_in_grad:
         f.append(switch_flag("s", "check_for_nan_in_grad", False))
+    if not st.use_fused_swiglu and model is not None and model.use_swiglu:
+        f.append(switch_flag("s", "use_fused_swiglu", False))
     p = "0.1" if st.enable_dropout else "0.0"  # Megatron's defaults are 0.1: said either way
     f += [f"--attention-dropout {p}", f"--hidden-dropout {p}"]
     if st.cross_entropy_loss_fusion:
