@@ -134,3 +134,35 @@ def test_uneven_first_last_stages_with_virtual_pipelining() -> None:
     per_v, per_rank = _counts("llama3-8b", 32, world_size=4, pp_size=4, interleaving_size=2,
                               num_layers_in_first_pipeline_stage=6, num_layers_in_last_pipeline_stage=6)
     assert per_rank == [6, 10, 10, 6] and per_v == [3, 5, 5, 3, 3, 5, 5, 3]
+
+
+def test_standalone_mtp_stage() -> None:
+    """A layout may put the MTP layers on a stage of their own before the loss's (megatron-core
+    pipeline_parallel_layer_layout: after every decoder layer, in the last virtual stage of
+    their rank): that stage runs each depth's embedding copy, norms, projection and layer; the
+    loss's stage runs each depth's final norm, output head and loss, so from the MTP stage on
+    each depth's hidden state travels with the main one; the word-embedding gradient is
+    all-reduced between the first stage and the MTP stage."""
+    m = load_model("deepseek-v3-mtp").with_updates({"layer_num": 8, "dense_layers": 1})
+    base = load_strategy("ep8_pp1_dp8_mbs1").with_updates({"pp_size": 4, "world_size": 32, "seq_len": 4096,
+                                                           "micro_batch_num": 8})
+    sy = load_system("h100-sxm-80gb")
+    est = Estimate(m, base.with_updates({"pipeline_model_parallel_layout": "Et*2|ttt|tttm|L"}), sy)
+    mtp = [[o.name for o in c.ops if o.name.startswith("mtp0.")] for c in est.chunks]
+    assert not mtp[0] and not mtp[1]
+    assert mtp[2][0] == "mtp0.embedding" and "mtp0.final_norm" not in mtp[2]
+    assert mtp[3] == ["mtp0.final_norm", "mtp0.lm_head", "mtp0.loss"]
+    p2p = [c.p2p_bytes for c in est.chunks]
+    assert p2p[2] == 2 * p2p[1] and p2p[3] == 0
+    sync = est.embedding_grad_sync
+    assert sync[0] == sync[2] > 0 and sync[1] == sync[3] == 0
+    together = Estimate(m, base.with_updates({"pipeline_model_parallel_layout": "Et*2|tt|tt|ttmL"}), sy)
+    assert together.embedding_grad_sync[3] > 0 and together.chunks[3].p2p_bytes == 0
+    with pytest.raises(ConfigError, match="decoder layers"):
+        Estimate(m, base.with_updates({"pipeline_model_parallel_layout": "Et*2|tt|ttm|ttL"}), sy).stages
+    alone = Estimate(m, base.with_updates({"pipeline_model_parallel_layout": "Et*7|t|m|L"}), sy)  # the MTP stage alone
+    assert [len(c.layers) for c in alone.chunks] == [7, 1, 0, 0] and alone.cost().duration_time_per_iter > 0
+    vpp = base.with_updates({"pp_size": 2, "world_size": 16, "interleaving_size": 2,
+                             "pipeline_model_parallel_layout": "Et*8|m||L"})
+    with pytest.raises(ConfigError, match="last virtual stage of their pipeline rank"):
+        Estimate(m, vpp, sy).stages

@@ -49,8 +49,9 @@ def expand(layout: str) -> list[str]:
     return stages
 
 
-def parse_layout(layout: str, n_stages: int, layer_num: int, mtp_layers: int = 0) -> list[int]:
-    """Transformer layers of each virtual stage, checked as Megatron checks a layout."""
+def parse_layout(layout: str, n_stages: int, layer_num: int, mtp_layers: int = 0, pp: int | None = None) -> list[int]:
+    """Transformer layers of each virtual stage, checked as Megatron checks a layout (``pp``:
+    the pipeline ranks, virtual stage k on rank k % pp)."""
     stages = expand(layout)
     if len(stages) != n_stages:
         raise ConfigError(FIELD, f"{len(stages)} stages in the layout; pp_size x virtual stages per rank = {n_stages}")
@@ -63,9 +64,27 @@ def parse_layout(layout: str, n_stages: int, layer_num: int, mtp_layers: int = 0
         raise ConfigError(FIELD, f"{joined.count('t')} transformer layers (t) in the layout; layer_num is {layer_num}")
     if joined.count("m") != mtp_layers:
         raise ConfigError(FIELD, f"{joined.count('m')} MTP layers (m) in the layout; mtp_num_layers is {mtp_layers}")
-    if "m" in joined and "m" not in stages[-1]:
-        raise ConfigError(FIELD, "MTP layers (m) go in the last stage, before the loss")
+    if "m" in joined:
+        # megatron-core pipeline_parallel_layer_layout.validate_layer_layout: every MTP layer in
+        # one stage, after every decoder layer, in the last virtual stage of its rank (a
+        # standalone MTP stage when that is not the loss's)
+        at = next(i for i, s in enumerate(stages) if "m" in s)
+        if stages[at].count("m") != mtp_layers:
+            raise ConfigError(FIELD, "all MTP layers (m) go in one stage")
+        if "t" in joined[joined.index("m"):]:
+            raise ConfigError(FIELD, "decoder layers (t) go before the MTP layers (m)")
+        if pp and at // pp != n_stages // pp - 1:
+            raise ConfigError(FIELD, "the MTP layers (m) go in the last virtual stage of their pipeline rank")
     return [s.count("t") for s in stages]
+
+
+def mtp_stage(layout: str | None, n_stages: int) -> int:
+    """The virtual stage the MTP layers run in: the layout's stage holding them, else the last."""
+    if layout:
+        for i, s in enumerate(expand(layout)):
+            if "m" in s:
+                return i
+    return n_stages - 1
 
 
 def virtual_stage_layers(model: "ModelConfig", st: "StrategyConfig", per_rank: list[int]) -> list[int]:
@@ -79,7 +98,7 @@ def virtual_stage_layers(model: "ModelConfig", st: "StrategyConfig", per_rank: l
         if uneven or emb or loss:
             raise ConfigError(FIELD, "a layout states every stage: drop num_layers_in_first/last_pipeline_stage and "
                               "account_for_*_in_pipeline_split")
-        return parse_layout(st.pipeline_model_parallel_layout, n_stages, model.layer_num, model.mtp_num_layers)
+        return parse_layout(st.pipeline_model_parallel_layout, n_stages, model.layer_num, model.mtp_num_layers, p)
     if (emb or loss) and uneven:
         raise ConfigError("account_for_embedding_in_pipeline_split",
                           "cannot be combined with num_layers_in_first/last_pipeline_stage (Megatron)")

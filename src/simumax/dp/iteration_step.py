@@ -13,6 +13,7 @@ from simumax.dp.buckets import GradBucket, ParamOrder, bucket_key, bucket_size, 
 from simumax.dp.optimizer_step import step_passes
 from simumax.memory.model_states import fp8_weight_params, stored_param_bytes
 from simumax.graph.kernels import Collective
+from simumax.graph.mtp import MODULE_EMBEDDING
 from simumax.graph.ops import Stage
 
 if TYPE_CHECKING:
@@ -95,15 +96,20 @@ class DataParallelStep:
         """Per rank: the all-reduce of the tied word-embedding gradient between the first and
         the last pipeline stage (Megatron ``finalize_model_grads`` ->
         ``_allreduce_word_embedding_grads``: the fp32 main grad of the rank's vocab shard,
-        after the data-parallel reduce). 0 elsewhere, untied, or without PP."""
+        after the data-parallel reduce), and the MTP block's embedding copy on its stage. 0
+        elsewhere, untied without MTP, or without PP."""
         out = [0.0] * len(self.stages)
-        first, last = self.chunks[0].index, self.chunks[-1].index
-        shared = not self.model.untie_embeddings_and_output_weights or self.model.mtp_num_layers > 0  # MTP's copy too
-        if not shared or first == last:
+        holders = {self.chunks[0].index}  # the word embedding, and the copies of it other ranks hold
+        if not self.model.untie_embeddings_and_output_weights:
+            holders.add(self.chunks[-1].index)  # the tied output layer
+        if self.model.mtp_num_layers:  # MTP's copy, on its (standalone or last) stage
+            holders.add(next(c.index for c in self.chunks if any(o.module == MODULE_EMBEDDING for o in c.ops)))
+        if len(holders) < 2:
             return out
         d = self.layer_profiles.source.dims
         t = self.network.time(Collective("all_reduce", float(d.vocab * d.h * self.strategy.main_grad_bytes), "pp"))
-        out[first] = out[last] = t
+        for r in holders:
+            out[r] = t
         return out
 
     @cached_property

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from simumax.config.checks import vstage_layer_counts
+from simumax.config.layout import mtp_stage
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks, fp8, linears
@@ -104,7 +105,7 @@ class OpSource:
         self._recomputed_renamers: dict[int, Relabeler] = {}  # by first recomputed layer of a kind
         self._embedding: Op | None = None
         self._head: dict[bool, list[Op]] = {}
-        self._mtp: dict[bool, list[Op]] = {}
+        self._mtp: dict[tuple[bool, str], list[Op]] = {}
         self._amax: dict[tuple[int, int], Op | None] = {}
         self._kinds: dict[int, LayerKind] = {}
         self._kind_first: dict[CostKind, int] = {}
@@ -188,13 +189,15 @@ class OpSource:
         body = tag_recompute(self.st, own) if recomputed else own
         return with_sharding(f"L{layer}", layer, with_offload(f"L{layer}", layer, body, self.st), self.st)
 
-    def mtp(self, embedding_on_this_rank: bool) -> list[Op]:
-        """The multi-token-prediction block (graph/mtp.py), its layers unrecomputed."""
-        ops = self._mtp.get(embedding_on_this_rank)
+    def mtp(self, embedding_on_this_rank: bool, part: str = "all") -> list[Op]:
+        """The multi-token-prediction block (graph/mtp.py), its layers unrecomputed; ``part``:
+        all, or a standalone MTP stage's body and the loss stage's tail."""
+        key = (embedding_on_this_rank, part)
+        ops = self._mtp.get(key)
         if ops is None:
-            ops = mtp_ops(self.model, self.st, self.dims, lambda k: self.layer(k, False), embedding_on_this_rank)
+            ops = mtp_ops(self.model, self.st, self.dims, lambda k: self.layer(k, False), embedding_on_this_rank, part)
             own = [o for o in ops if o.module in ("mtp_embedding", "mtp_proj", "mtp_norm")]  # its layers carry their own
-            ops = self._mtp[embedding_on_this_rank] = [*sharding_ops("mtp", self.model.layer_num, own, self.st), *ops]
+            ops = self._mtp[key] = [*sharding_ops(f"mtp_{part}", self.model.layer_num, own, self.st), *ops]
         return ops
 
     def amax_reduction(self, groups: list[tuple[list[Op], int]], vstage: int) -> Op | None:
@@ -240,6 +243,7 @@ def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSourc
     src = source or OpSource(model, st)
     counts = vstage_layer_counts(model, st)
     places = virtual_stage_places(st)
+    mtp_at = mtp_stage(st.pipeline_model_parallel_layout, len(places))
     p2p = src.dims.act(src.dims.h, local=True)
     group = st.recompute_group_layers  # layers per checkpoint (uniform recompute)
     out: list[Stage] = []
@@ -260,15 +264,19 @@ def build_virtual_stages(model: ModelConfig, st: StrategyConfig, source: OpSourc
                             grouped if kind[0] and grouped else partial(_layer_of, src, kind[0]), kind)
                   for kind, ls in runs]
         post: list[Op] = []
-        if k == len(places) - 1:
-            if model.mtp_num_layers:
-                post.extend(src.mtp(embedding_on_this_rank=r == places[0][0]))
+        last = k == len(places) - 1
+        if model.mtp_num_layers and k == mtp_at:
+            post.extend(src.mtp(embedding_on_this_rank=r == places[0][0], part="all" if last else "body"))
+        if last:
+            if model.mtp_num_layers and mtp_at != k:
+                post.extend(src.mtp(embedding_on_this_rank=r == places[0][0], part="tail"))
             post.extend(src.head(same_rank_as_embedding=r == places[0][0]))
         amax = src.amax_reduction([(p.ops, p.times) for p in parts] + [(post, 1)], k)
         if amax is not None:
             post.append(amax)
         stage.parts = [*parts, StagePart(post)]
-        stage.p2p_bytes = p2p if k < len(places) - 1 else 0.0
+        # from a standalone MTP stage on, each depth's hidden state travels with the main one
+        stage.p2p_bytes = (p2p * (1 + model.mtp_num_layers if mtp_at <= k else 1)) if not last else 0.0
         out.append(stage)
         first_layer += n
     return out

@@ -7,8 +7,11 @@ shared word embedding, normalises that (``enorm``) and the previous depth's hidd
 (``eh_proj``, column-parallel), runs one transformer layer of the model's kind (MoE for
 DeepSeek-V3), normalises, and computes logits with the shared output head and its own
 cross-entropy loss. The block sits on the last pipeline stage, before the main head, as
-Megatron places it; there the word embedding is a copy whose gradient is all-reduced with
-the first stage's (as tied embeddings are: Estimate.embedding_grad_sync). The layers reuse
+Megatron places it, or on a standalone stage of its own that a pipeline layout names (``m``
+before the loss's stage): its depths' heads and losses then run on the loss's stage, their
+hidden states sent with the main one. Off the first stage the word embedding is a copy
+whose gradient is all-reduced with the first stage's (as tied embeddings are:
+Estimate.embedding_grad_sync). The layers reuse
 the transformer-layer builder, renamed ``mtp<d>.*`` so their tensors stay their own.
 """
 
@@ -49,11 +52,15 @@ def _renamed(op: Op, ren: Callable[[str], str]) -> Op:
 
 
 def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable[[int], list[Op]],
-            embedding_on_this_rank: bool) -> list[Op]:
+            embedding_on_this_rank: bool, part: str = "all") -> list[Op]:
     """Every MTP depth's ops for one micro-batch, in forward order. ``layer_ops(k)``: the
     transformer layer builder (global index k = layer_num + depth, so a MoE model gets a
-    MoE layer); ``embedding_on_this_rank``: the main embedding lives on this rank (no copy)."""
+    MoE layer); ``embedding_on_this_rank``: the main embedding lives on this rank (no copy).
+    ``part``: all, or a standalone MTP stage's ``body`` (embedding, norms, projection, layer)
+    and the loss stage's ``tail`` (each depth's final norm, output head and loss: megatron-core
+    computes the MTP losses where the main loss is, from hidden states sent along with it)."""
     out: list[Op] = []
+    tail: list[Op] = []
     act = d.act(d.h, local=True)
     hidden: Tensor = (f"L{model.layer_num}.x", act)  # the decoder's output
     rms = model.norm_type == "rmsnorm"
@@ -76,9 +83,15 @@ def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable
         hidden = (p + "out", act)
         ln: Tensor = (p + "final_norm.out", act)
         logits: Tensor = (p + "logits", d.act(d.vocab))
-        out.append(blocks.norm(p + "final_norm", "mtp_norm", k, d, hidden, rms=rms).with_(output=ln))
         head = linears.column_linear(p + "lm_head", "lm_head", -1, d, ln, d.h, d.vocab, te=False)
-        out.append(head.with_(output=logits, params=0))  # the shared output head (the main head's weight)
         loss = blocks.cross_entropy(d, logits, fused=st.cross_entropy_loss_fusion, impl=st.cross_entropy_fusion_impl)
-        out.append(loss.with_(name=p + "loss", saved=tuple((p + n if n.startswith("loss.") else n, b) for n, b in loss.saved)))
-    return out
+        ends = [
+            blocks.norm(p + "final_norm", "mtp_norm", k, d, hidden, rms=rms).with_(output=ln),
+            head.with_(output=logits, params=0),  # the shared output head (the main head's weight)
+            loss.with_(name=p + "loss", saved=tuple((p + n if n.startswith("loss.") else n, b) for n, b in loss.saved)),
+        ]
+        if part == "all":
+            out += ends
+        else:
+            tail += ends
+    return tail if part == "tail" else out
