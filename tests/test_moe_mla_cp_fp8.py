@@ -409,6 +409,10 @@ def test_h100_sm_contention_is_the_measurement() -> None:
         print(f"{int(c)} SMs held: GEMMs {u:+.3f} (SM share {c / sms:.3f}, c/(SMs-c) {c / (sms - c):.3f})")
         assert u > c / (sms - c)
     assert load_system("b200-sxm-180gb").accelerator.sm_contention is None  # not measured there
+    # the H200 (the same die) measured its own within 0.015 of the H100's curve it carries
+    h200 = json.loads((Path(__file__).parents[1] / "docs" / "calibration" / "sm_share_2026-11-27" / "h200.json").read_text())
+    for (c, u), (c2, u2) in zip(load_system("h200-sxm-141gb").accelerator.sm_contention, contention_curve(h200["rows"])):
+        assert c == c2 and abs(u - u2) < 0.015, (c, u, u2)
 
 
 def test_contention_curve_is_the_median_per_sm_count() -> None:
