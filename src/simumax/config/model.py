@@ -143,8 +143,7 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         if self.attention_type == "mha" and self.head_num % self.kv_head_num:
             raise ConfigError("kv_head_num", f"head_num ({self.head_num}) must be a multiple of kv_head_num ({self.kv_head_num})")
         nope = self.no_rope_freq
-        if isinstance(nope, list) and (len(nope) != self.layer_num or set(nope) - {0, 1}):
-            raise ConfigError("no_rope_freq", f"a list needs one 0 or 1 per layer ({self.layer_num}; got {len(nope)} entries)")
+        self._check_layer_list("no_rope_freq", nope)
         if isinstance(nope, int) and (nope < 1 or self.layer_num % nope):
             raise ConfigError("no_rope_freq", f"must be >= 1 and divide layer_num ({self.layer_num}; got {nope}), as Megatron asserts")
         if self.model_type == "moe":
@@ -156,11 +155,8 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
             if self.dense_layers > self.layer_num:
                 raise ConfigError("dense_layers", f"must be <= layer_num ({self.layer_num})")
             freq = self.moe_layer_freq
-            if isinstance(freq, list):
-                if len(freq) != self.layer_num or set(freq) - {0, 1}:
-                    raise ConfigError("moe_layer_freq", f"a list needs one 0 or 1 per layer ({self.layer_num}; got "
-                                      f"{len(freq)} entries)")
-            elif freq < 1:
+            self._check_layer_list("moe_layer_freq", freq)
+            if isinstance(freq, int) and freq < 1:
                 raise ConfigError("moe_layer_freq", f"must be >= 1 (got {freq})")
             groups, group_topk = self.moe_router_num_groups, self.moe_router_group_topk
             if (groups is None) != (group_topk is None):
@@ -207,6 +203,11 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
             return self.vocab_size
         mult = self.make_vocab_size_divisible_by * tp
         return -(-self.vocab_size // mult) * mult
+
+    def _check_layer_list(self, field: str, value: object) -> None:
+        """A per-layer 0/1 list (moe_layer_freq, no_rope_freq): one entry per layer, as Megatron asserts."""
+        if isinstance(value, list) and (len(value) != self.layer_num or set(value) - {0, 1}):
+            raise ConfigError(field, f"a list needs one 0 or 1 per layer ({self.layer_num}; got {len(value)} entries)")
 
     def uses_rope(self, layer: int) -> bool:
         """Whether global layer ``layer`` applies RoPE: rotary embeddings, and not a NoPE layer

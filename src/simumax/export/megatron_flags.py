@@ -17,6 +17,11 @@ def _m(field: str, value: object) -> str:
     return valued_flag("m", field, value)
 
 
+def _layer_list(flag: str, bits: list[int]) -> str:
+    """A per-layer 0/1 list flag, quoted for the shell (brackets glob)."""
+    return f"{flag} '[" + ",".join(map(str, bits)) + "]'"
+
+
 DISPATCHERS = {"all2all": "alltoall", "all_gather": "allgather", "flex": "flex"}  # Megatron's dispatcher names
 ROUTER_DEFAULTS = {
     "moe_router_score_function": "softmax", "moe_router_pre_softmax": False, "moe_router_num_groups": None,
@@ -198,12 +203,11 @@ def model_flags(model: ModelConfig) -> list[str]:
         if isinstance(model.moe_layer_freq, int) and model.moe_layer_freq > 1 and not model.dense_layers:
             f.append(f"--moe-layer-freq {model.moe_layer_freq}")
         elif model.dense_layers or model.moe_layer_freq != 1:
-            pattern = "[" + ",".join("1" if model.is_moe_layer(i) else "0" for i in range(model.layer_num)) + "]"
-            f.append(f"--moe-layer-freq '{pattern}'")  # quoted for the shell (brackets glob)
+            f.append(_layer_list("--moe-layer-freq", [int(model.is_moe_layer(i)) for i in range(model.layer_num)]))
     if isinstance(model.no_rope_freq, int):
         f.append(f"--no-rope-freq {model.no_rope_freq}")
     elif model.no_rope_freq:
-        f.append("--no-rope-freq '[" + ",".join(map(str, model.no_rope_freq)) + "]'")
+        f.append(_layer_list("--no-rope-freq", model.no_rope_freq))
     if model.attention_type == "mla":
         f.append(switch_flag("m", "attention_type", "mla"))
         if model.q_lora_rank:

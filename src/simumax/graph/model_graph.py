@@ -197,7 +197,8 @@ class OpSource:
         if ops is None:
             ops = mtp_ops(self.model, self.st, self.dims, lambda k: self.layer(k, False), embedding_on_this_rank, part)
             own = [o for o in ops if o.module in ("mtp_embedding", "mtp_proj", "mtp_norm")]  # its layers carry their own
-            ops = self._mtp[key] = [*sharding_ops(f"mtp_{part}", self.model.layer_num, own, self.st), *ops]
+            name = "mtp" if part == "all" else f"mtp_{part}"  # the block's sharding op, as named before parts
+            ops = self._mtp[key] = [*sharding_ops(name, self.model.layer_num, own, self.st), *ops]
         return ops
 
     def amax_reduction(self, groups: list[tuple[list[Op], int]], vstage: int) -> Op | None:

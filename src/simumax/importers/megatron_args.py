@@ -182,13 +182,8 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             lead = len(pattern) - len("".join(pattern).lstrip("0")) if pattern else 0
             if pattern and set("".join(pattern[lead:])) <= {"1"}:
                 m["dense_layers"] = lead  # dense layers first (DeepSeek's first_k_dense)
-            elif pattern:
-                m["moe_layer_freq"] = [int(x) for x in pattern]
             else:
-                try:
-                    m["moe_layer_freq"] = int(value)  # every N-th layer from the first
-                except ValueError:
-                    raise ConfigError(flag, f"expected an int or a list of 0/1, got {value!r}") from None
+                m["moe_layer_freq"] = _int_or_layer_list(flag, value)  # an int: every N-th layer from the first
         elif flag == "--moe-router-topk-limited-devices" and value is not None:
             # megatron-core TransformerConfig: deprecated for group-limited routing with one
             # group per EP rank (moe_router_num_groups = EP size, moe_router_group_topk = N)
@@ -197,14 +192,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             except ValueError:
                 raise ConfigError(flag, f"expected an int, got {value!r}") from None
         elif flag == "--no-rope-freq" and value is not None:  # Megatron's no_rope_freq_type: an int or a list
-            pattern = _layer_pattern(value)
-            if pattern:
-                m["no_rope_freq"] = [int(x) for x in pattern]
-            else:
-                try:
-                    m["no_rope_freq"] = int(value)
-                except ValueError:
-                    raise ConfigError(flag, f"expected an int or a list of 0/1, got {value!r}") from None
+            m["no_rope_freq"] = _int_or_layer_list(flag, value)
         elif flag == "--attention-backend" and value is not None:  # Megatron-Core's AttnBackend
             if value not in ("auto", "flash", "fused", "unfused", "local"):
                 raise ConfigError(flag, f"expected auto, flash, fused, unfused or local, got {value!r}")
@@ -326,6 +314,18 @@ def _values_after(tokens: list[str], i: int) -> list[str]:
             break
         out.append(tok)
     return out
+
+
+def _int_or_layer_list(flag: str, value: str) -> int | list[int]:
+    """A per-layer flag Megatron takes as an int or a 0/1 list expression (--moe-layer-freq,
+    --no-rope-freq)."""
+    pattern = _layer_pattern(value)
+    if pattern:
+        return [int(x) for x in pattern]
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(flag, f"expected an int or a list of 0/1, got {value!r}") from None
 
 
 def _layer_pattern(value: str) -> list[str] | None:
