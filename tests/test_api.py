@@ -105,13 +105,14 @@ def test_cli_names_the_parallel_sizes_and_warns_when_it_does_not_fit() -> None:
 
 
 def test_perf_says_when_overlapped_communication_is_taken_as_free() -> None:
-    """With an overlap option on a tier whose processor_usage is 0 (every preset) perf says
+    """With an overlap option on a tier whose processor_usage is 0 (every preset), for DP
+    collectives on a GPU without NCCL's known CTA count (the non-Hopper presets), perf says
     so in one line, naming the options; without overlap, or once the tier has a measured
     usage, it says nothing."""
     from simumax.estimate import Estimate
     from simumax.report.format import free_overlap
 
-    base = {"strategy_config": "tp2_pp1_dp4_mbs1", "model_config": "llama3-8b", "system_config": "h100-sxm-80gb"}
+    base = {"strategy_config": "tp2_pp1_dp4_mbs1", "model_config": "llama3-8b", "system_config": "b200-sxm-180gb"}
     perf = PerfLLM().configure(**base)
     st = perf.strategy.with_updates({"overlap_grad_reduce": True, "tp_comm_overlap": True})
     est = Estimate(perf.model_config, st, perf.system)
@@ -119,6 +120,9 @@ def test_perf_says_when_overlapped_communication_is_taken_as_free() -> None:
     # TE's TP overlap reserves its SMs (cost/userbuffers.py): not named
     assert note is not None and note.startswith("overlap_grad_reduce:") and "calibrate-comm" in note
     assert free_overlap(perf.strategy, est.network) is None
+    # on the Hopper presets NCCL's default CTA count charges the DP overlap (cost/nccl_sms.py)
+    hopper = PerfLLM().configure(**{**base, "system_config": "h100-sxm-80gb"})
+    assert free_overlap(st, Estimate(hopper.model_config, st, hopper.system).network) is None
     # the flex dispatcher's overlap takes its kernels' SMs, never nothing
     moe = PerfLLM().configure(strategy_config="ep4_pp2_dp4_mbs1", model_config="deepseek-v2-lite", system_config="h100-sxm-80gb")
     for policy, said in (("all2all", True), ("flex", False)):
@@ -132,5 +136,5 @@ def test_perf_says_when_overlapped_communication_is_taken_as_free() -> None:
             tier["processor_usage"] = 0.12
     measured = Estimate(perf.model_config, st, SystemConfig.init_from_dict(d))
     assert free_overlap(st, measured.network) is None
-    r = run_cli("perf", "-m", "llama3-8b", "-s", "tp2_pp1_dp4_mbs1", "-y", "h100-sxm-80gb", "--set", "overlap_grad_reduce=true")
+    r = run_cli("perf", "-m", "llama3-8b", "-s", "tp2_pp1_dp4_mbs1", "-y", "b200-sxm-180gb", "--set", "overlap_grad_reduce=true")
     assert r.returncode == 0 and "overlap_grad_reduce: the overlapped communication takes nothing" in " ".join(r.stdout.split())

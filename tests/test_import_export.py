@@ -169,7 +169,8 @@ def test_megatron_flags_of_routing_limits_and_the_nan_check() -> None:
     m, st, notes = parse_megatron_args(base + "--moe-router-topk-limited-devices 3 --no-check-for-nan-in-loss-and-grad "
                                        "--log-params-norm --use-sharp --distributed-backend nccl", world_size=8)
     assert (m.moe_router_num_groups, m.moe_router_group_topk) == (8, 3) and st.check_for_nan_in_grad is False
-    assert any("--log-params-norm (" in n for n in notes) and any("--use-sharp (" in n for n in notes)
+    assert any("--log-params-norm (" in n for n in notes) and st.use_sharp
+    assert any(n.startswith("--use-sharp:") and "bandwidth" in n for n in notes)
     assert not any(n.startswith("ignored") for n in notes)
     assert "--no-check-for-nan-in-loss-and-grad" in megatron_flags(st, m)
     sy = load_system("h100-sxm-80gb")

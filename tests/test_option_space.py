@@ -23,7 +23,7 @@ SYSTEMS = {name: load_system(name) for name in ("a100_pcie", "b200_bf16_ceperm",
 FLAGS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_p2p_comm", "overlap_moe_expert_parallel_comm",
          "delay_wgrad_compute", "defer_embedding_wgrad_compute", "pp_comm_async", "cross_entropy_loss_fusion", "enable_dropout",
          "enable_straggler_model", "grad_reduce_in_bf16", "moe_permute_fusion", "dispatch_probs", "gradient_accumulation_fusion",
-         "ddp_average_in_collective")
+         "ddp_average_in_collective", "nccl_ub", "use_sharp")
 
 
 @hs.composite

@@ -215,7 +215,9 @@ def test_comm_sms_charges_the_measured_sm_contention() -> None:
     "taken as free" note goes."""
     from simumax.report.format import free_overlap
 
+    # without NCCL's Hopper default CTA count (cost/nccl_sms.py), which would charge it too
     sy = load_system("h100-sxm-80gb")
+    sy = sy.with_updates({"accelerator": {**sy.accelerator.model_dump(), "nccl_max_ctas": None}})
     nets = sy.to_dict()["networks"]
 
     def with_tiers(**fields) -> object:

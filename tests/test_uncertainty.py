@@ -116,17 +116,8 @@ def _held_out_by_file() -> dict[str, list[int]]:
     return files
 
 
-# The public file's NeMo rows sit at the edge of the band learned without them: measured
-# attention kernels (session 26: CP blocks, batch x heads) moved two of them 2-3 points
-# faster, just outside (Nemotron-8B +13.3 % against a +13.1 % edge, LLAMA3-8B +11.0 against
-# +11.0), docs/validation.md "The 80 % band". Strict: meeting the target fails the mark, so
-# it shows. (The A100 file, over the bound at 29/30 until session 30, now meets it: 27/30.)
-PUBLIC_UNMET = pytest.mark.xfail(strict=True, reason="held-out coverage 29/42 (69 %): under the 70 % bound")
-
-
 @needs_shared
-@pytest.mark.parametrize("name", ["a100_pcie_megatron", "b200_megatron",
-                                  pytest.param("published_public", marks=PUBLIC_UNMET)])
+@pytest.mark.parametrize("name", ["a100_pcie_megatron", "b200_megatron", "published_public"])
 def test_held_out_coverage_of_the_time_band(name: str) -> None:
     """Scored leave-one-source-out (each source's cases against a band fitted on the other
     sources), the time band holds 70-95 % of each file's rows (issue 20: 70-90 %; B200's

@@ -113,6 +113,10 @@ class Gpu:
     # kernel takes the time measured on the sibling. What the larger power budget gains
     # under a training load is not measured for either board (no power curve).
     table_tflops: float | None = None
+    # NCCL's default cap on a collective's CTAs on this GPU where its fabric lets NCCL use
+    # them all (NVSwitch): megatron-core parallel_state.get_nccl_options gives max_ctas = 32
+    # for Hopper; the overlapped DP collectives hold that many SMs (cost/nccl_sms.py)
+    nccl_max_ctas: int | None = None
 
     @property
     def bf16_tflops(self) -> float:
@@ -165,6 +169,10 @@ H200_POWER_CURVE = ((0.421, 0.948), (0.607, 0.892), (0.76, 0.871), (0.865, 0.861
 MEMBOUND_EFF_AMPERE, MEMBOUND_EFF_BLACKWELL = 0.75, 0.67
 MEMBOUND_EFF_UNMEASURED = 0.71
 
+# megatron-core parallel_state.get_nccl_options: "The default values for Hopper GPUs are ...
+# cga_cluster_size = 4, max_ctas = 32, min_ctas = 1"
+HOPPER_NCCL_MAX_CTAS = 32
+
 GPUS = (
     Gpu("a100-sxm-80gb", _sheet("A100"), 0.0, 80.0, 108, 8, 25.0, 0.80, 0.65, 0.95, 0.75, MEMBOUND_EFF_AMPERE, NVLINK_EFF,
         note="A100 SXM4 80GB; no FP8 units (no fp8 families: fp8 is refused); HDR 200 Gb/s per GPU", host_link_gbps=25.0, host_mem_gbps=51.0),
@@ -172,13 +180,13 @@ GPUS = (
         MEMBOUND_EFF_UNMEASURED, NVLINK_EFF, measured_base="nvidia_h100_80gb_hbm3",
         note="H100 SXM5; NDR 400 Gb/s per GPU; tables measured at full clock, with the measured power response "
              "(docs/calibration.md)",
-        fp8_gemm_eff=H100_FULL_CLOCK_FP8_GEMM_EFF, host_link_gbps=50.0, host_mem_gbps=77.0),
+        fp8_gemm_eff=H100_FULL_CLOCK_FP8_GEMM_EFF, host_link_gbps=50.0, host_mem_gbps=77.0, nccl_max_ctas=HOPPER_NCCL_MAX_CTAS),
     Gpu("h200-sxm-141gb", _sheet("H200"), 1978.9, 140.4, 132, 8, 50.0, H100_FULL_CLOCK_GEMM_EFF, 0.70, 0.93, 0.62,
         MEMBOUND_EFF_UNMEASURED, NVLINK_EFF, measured_base="nvidia_h100_80gb_hbm3",
         note="H200 SXM: the H100's SMs, clocks and 700 W with HBM3e, so the H100 compute tables; its own measured "
              "power response; NDR 400 Gb/s per GPU",
         fp8_gemm_eff=H100_FULL_CLOCK_FP8_GEMM_EFF, host_link_gbps=50.0, host_mem_gbps=77.0,
-        power_curve=H200_POWER_CURVE),
+        power_curve=H200_POWER_CURVE, nccl_max_ctas=HOPPER_NCCL_MAX_CTAS),
     Gpu("b200-sxm-180gb", _sheet("B200"), 4500.0, 179.06, 148, 8, 50.0, 0.60, 0.45, 0.70, 0.69, MEMBOUND_EFF_BLACKWELL, NVLINK_EFF,
         measured_base="b200_bf16_ceperm", note="B200 (HGX/DGX B200); reference measured tables, true memory; 400 Gb/s per GPU",
         attn_bwd_flops_ratio=2.5, fp4_tflops=9000.0, host_link_gbps=50.0, host_mem_gbps=90.0),
@@ -272,6 +280,8 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
         # tables timed at full clock come with the clock's response to the power limit
         # (cost/power.py); the same board at the same limit shares it
         accelerator["power_curve"] = copy.deepcopy(measured["accelerator"]["power_curve"])
+    if gpu.nccl_max_ctas:
+        accelerator["nccl_max_ctas"] = gpu.nccl_max_ctas
     if measured is not None and measured["accelerator"].get("sm_contention") and measured["accelerator"].get("sm_count") in (None, gpu.sm_count):
         # the same SM array: a GEMM beside a kernel holding SMs leaves the same tail
         accelerator["sm_contention"] = copy.deepcopy(measured["accelerator"]["sm_contention"])

@@ -114,6 +114,8 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--moe-shared-expert-overlap": ("s", "moe_shared_expert_overlap", True),
     "--use-tp-pp-dp-mapping": ("s", "rank_order", "tp-cp-ep-pp-dp"),
     "--overlap-param-gather-with-optimizer-step": ("s", "overlap_param_gather_with_optimizer_step", True),
+    "--use-nccl-ub": ("s", "nccl_ub", True),
+    "--use-sharp": ("s", "use_sharp", True),
 }
 
 _FLAG_OF = {(target, field): flag for flag, (target, field, _) in VALUED.items()}

@@ -314,6 +314,14 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
     overlap_param_gather: bool = Field(
         False, description="ZeRO-1 parameter all-gather overlaps the next iteration's first forward."
     )
+    nccl_ub: bool = Field(
+        False, description="Megatron --use-nccl-ub: DP/FSDP buffers registered with NCCL, whose SM-efficient "
+        "algorithms hold fewer SMs beside the compute their overlapped collectives run under (cost/nccl_sms.py).",
+    )
+    use_sharp: bool = Field(
+        False, description="Megatron --use-sharp: SHARP for the data-parallel group; with nccl_ub its collectives across "
+        "nodes hold fewer SMs (the in-network reduction's bandwidth is not modelled).",
+    )
     overlap_param_gather_with_optimizer_step: bool = Field(
         False, description="Megatron --overlap-param-gather-with-optimizer-step (interleaved pipelines): the first model "
         "chunk steps first and its parameter all-gathers run while the other chunks step.",

@@ -113,6 +113,13 @@ class AcceleratorConfig(ConfigBase):
         "dispatcher's moe_flex_dispatcher_num_sms.",
     )
 
+    nccl_max_ctas: PositiveInt | None = Field(
+        None, description="NCCL's default cap on the CTAs (channels) a collective launches on this GPU (max_ctas; "
+        "megatron-core: 32 on Hopper). With it, overlapped data-parallel collectives on NVLink hold that many SMs and "
+        "slow the compute beside them by slowdown_beside (cost/nccl_sms.py). Unset: taken as free unless a tier gives "
+        "processor_usage or comm_sms.",
+    )
+
     @field_validator("sm_contention")
     @classmethod
     def _sm_contention(cls, pts: list[list[float]] | None) -> list[list[float]] | None:

@@ -27,6 +27,7 @@ from simumax.config.strategy import StrategyConfig
 from simumax.config.system import CollectiveSpec, NetworkTier, SystemConfig
 from simumax.cost.fabric import leaf_rate, nodes_per_leaf
 from simumax.cost.moe_fanout import ep_compute_usage, expected_units_hit
+from simumax.cost.nccl_sms import DP_GROUPS, domain, dp_collective_sms
 from simumax.errors import ConfigError
 from simumax.graph.kernels import Collective
 
@@ -134,6 +135,7 @@ class NetworkModel:
         self._cache: dict[Collective, float] = {}
         self._acc = system.accelerator
         self._ep_usage = ep_compute_usage(st, system.accelerator, self._tier_usage(self.tier("ep")))
+        self._nccl = (st.nccl_ub, st.use_sharp, system.accelerator.nccl_max_ctas)
 
     def _place(self, group: str, n: int, stride: int, override: str | None) -> GroupPlacement:
         per_node = self.scaleup_size
@@ -165,11 +167,24 @@ class NetworkModel:
     def tier(self, group: str) -> NetworkTier:
         return self.nets.tiers[self.groups[group].tier]
 
-    def compute_usage(self, group: str) -> float:
+    def compute_usage(self, group: str, kind: str = "reduce") -> float:
         """The share of the compute that the group's communication takes while it overlaps
-        that compute: its tier's (``_tier_usage``), or for EP under the flex dispatcher what
-        the SMs its kernels hold cost (``moe_fanout.ep_compute_usage``)."""
-        return self._ep_usage if group == "ep" else self._tier_usage(self.tier(group))
+        that compute: its tier's (``_tier_usage``), for EP under the flex dispatcher what
+        the SMs its kernels hold cost (``moe_fanout.ep_compute_usage``), for a data-parallel
+        group without a tier figure (or under ``nccl_ub``) what its NCCL kernels' SMs cost
+        (cost/nccl_sms.py; ``kind`` 'gather' or 'reduce')."""
+        if group == "ep":
+            return self._ep_usage
+        tier = self.tier(group)
+        if group not in DP_GROUPS:
+            return self._tier_usage(tier)
+        nccl_ub, sharp, max_ctas = self._nccl
+        place = self.groups[group]
+        fabric = domain(place.size, place.stride, place.intra_node, self.scaleup_size, self.nets.intra_with_pcie)
+        sms = dp_collective_sms(fabric, kind, nccl_ub, sharp, max_ctas)
+        if (tier.processor_usage > 0 or tier.comm_sms) and not (nccl_ub and sms):
+            return self._tier_usage(tier)  # the tier's figure is for NCCL's conventional kernels
+        return self._acc.slowdown_beside(sms)
 
     def _tier_usage(self, tier: NetworkTier) -> float:
         """A tier's ``processor_usage`` (measured by calibrate-comm), else what its collectives'

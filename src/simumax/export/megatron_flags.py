@@ -162,7 +162,7 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
 OVERLAP_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "overlap_param_gather_with_optimizer_step",
                   "tp_comm_overlap", "overlap_p2p_comm",
                   "overlap_moe_expert_parallel_comm", "moe_shared_expert_overlap", "delay_wgrad_compute",
-                  "defer_embedding_wgrad_compute")
+                  "defer_embedding_wgrad_compute", "nccl_ub", "use_sharp")
 
 
 def _max_chunk_layers(st: StrategyConfig, model: ModelConfig | None) -> int:

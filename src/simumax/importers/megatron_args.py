@@ -51,7 +51,6 @@ NOT_MODELLED = {
     "--manual-gc": _GC, "--manual-gc-interval": _GC, "--manual-gc-eval": _GC,
     "--log-params-norm": _LOG, "--log-num-zeros-in-grad": _LOG,
     "--empty-unused-memory-level": "torch.cuda.empty_cache between steps: the allocator's time and its cache",
-    "--use-sharp": "NCCL SHARP in-network reductions for data-parallel all-reduces",
     "--tp-comm-overlap-cfg": "userbuffers settings from a file: TransformerEngine's defaults are modelled",
     "--moe-router-padding-for-fp8": "each expert's rows padded to a multiple of 16 / 32 for the quantized GEMMs",
     "--moe-router-padding-for-quantization": "each expert's rows padded to a multiple of 16 / 32 for the quantized GEMMs",
@@ -217,6 +216,9 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         notes.append(f"no effect on time or memory, read past: {' '.join(no_effect)}")
     for why, flags in not_modelled.items():
         notes.append(f"not modelled, read past: {' '.join(flags)} ({why})")
+    if s.get("use_sharp"):
+        notes.append("--use-sharp: its collectives' SMs under --use-nccl-ub are modelled, not the in-network "
+                     "reduction's bandwidth")
     for flag, field, value, text in MEGATRON_DEFAULTS:  # flags left out mean what Megatron makes of them
         if field not in m:
             m[field] = value

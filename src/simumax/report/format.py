@@ -68,9 +68,10 @@ def free_overlap(st: StrategyConfig, network: NetworkModel) -> str | None:
     if not on:
         return None
     return (f"{', '.join(on)}: the overlapped communication takes nothing from the compute beside it here "
-            "(processor_usage 0 on its tier, as in every preset; on an H100, GEMMs beside a kernel holding 8-32 SMs "
-            "take 17-37 % longer, docs/calibration.md); give the tier's comm_sms (NCCL's channel count) or measure "
-            "it with `simumax calibrate-comm`")
+            "(processor_usage 0 on its tier and, for data-parallel collectives, no accelerator.nccl_max_ctas, as in "
+            "the non-Hopper presets; on an H100, GEMMs beside a kernel holding 8-32 SMs take 17-37 % longer, "
+            "docs/calibration.md); give the tier's comm_sms (NCCL's channel count) or measure it with "
+            "`simumax calibrate-comm`")
 
 
 def summary_table(cost: CostResult, mem: MemResult) -> Table:

@@ -160,7 +160,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     filled, forward = {}, {}
     for k, c in enumerate(est.chunks):
         filled[c.vstage], forward[c.vstage] = bucket_readiness(est, k, head_wgrad)
-    usage = {g: net.compute_usage(g) for g in ("dp", "edp")}
+    usage = {(g, kind): net.compute_usage(g, kind) for g in ("dp", "edp") for kind in ("gather", "reduce")}
     comm: list[list[Event]] = [[] for _ in range(ranks)]
     comm_free = [0.0] * ranks
     # cost() reads only times: the steady-state run records no events (a 405B job has
@@ -220,7 +220,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         compute = ComputeSpans([(e.start, e.end) for e in evs if e.stream == "compute"]) if any(usage.values()) else None
         for b_ev in comm[r]:  # gathers at the start
             if compute is not None:
-                slow += usage["dp"] * compute.overlap(b_ev.start, b_ev.end)
+                slow += usage[("dp", "gather")] * compute.overlap(b_ev.start, b_ev.end)
         last_pass = {c.vstage: run.last_weight_pass[c.vstage] for c in chunks_of[r]}
         for c in sorted(chunks_of[r], key=lambda c: last_pass[c.vstage][1]):
             w_start, w_end = last_pass[c.vstage]
@@ -237,7 +237,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
                     red = "reduce_scatter" if st.zero_state >= 1 else "all_reduce"
                     comm[r].append(Event(r, "comm", f"{b.group} {red} grads", s, comm_free[r], "grad_sync", c.vstage))
                 if compute is not None:
-                    slow += usage[b.group] * compute.overlap(s, comm_free[r])
+                    slow += usage[(b.group, "reduce")] * compute.overlap(s, comm_free[r])
         tied = est.embedding_grad_sync[r]
         if tied:  # after every DP reduce of the rank (finalize_model_grads' order)
             s = max(compute_end, comm_free[r])
