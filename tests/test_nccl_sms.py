@@ -93,3 +93,17 @@ def test_megatron_flags_round_trip() -> None:
     assert st.nccl_ub and st.use_sharp
     flags = megatron_flags(st, m)
     assert "--use-nccl-ub" in flags and "--use-sharp" in flags
+
+
+@pytest.mark.parametrize("kw", [{"pp_size": 1}, {"pp_size": 4, "interleaving_size": 2}, {"pp_size": 2, "tp_size": 2}])
+def test_steady_state_times_keep_the_charge(kw: dict) -> None:
+    """cost() takes the pipeline from its steady state, the compute under the overlapped
+    gathers and reduces from a run of the shortest steady count (simulate/iteration.py
+    steady_compute_spans): the same iteration as the run of every micro-batch."""
+    m = load_model("llama3-8b").with_updates({"layer_num": 8})
+    st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({
+        "world_size": 64, "tp_size": 1, "micro_batch_num": 48, "zero_state": 1, "overlap_grad_reduce": True,
+        "overlap_param_gather": True, **kw, "enable_sequence_parallel": kw.get("tp_size", 1) > 1})
+    sy = load_system("h100-sxm-80gb")
+    steady, full = Estimate(m, st, sy).cost().duration_time_per_iter, Estimate(m, st, sy).iteration.total
+    assert steady == pytest.approx(full, rel=1e-12)

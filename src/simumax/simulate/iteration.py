@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from simumax.dp.sharding_plan import ShardingPlan
 from simumax.schedule import SPLIT_BACKWARD
 from simumax.schedule.tasks import BACKWARD, FORWARD, WEIGHT, RankOrders
-from simumax.simulate.engine import Event, PassCosts, PipelineOptions, run_pipeline
+from simumax.simulate.engine import Event, PassCosts, PipelineOptions, PipelineRun, run_pipeline
+from simumax.simulate.steady import first_count, period
 from simumax.simulate.ep_overlap import layer_slots
 
 if TYPE_CHECKING:
@@ -161,11 +162,13 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     for k, c in enumerate(est.chunks):
         filled[c.vstage], forward[c.vstage] = bucket_readiness(est, k, head_wgrad)
     usage = {(g, kind): net.compute_usage(g, kind) for g in ("dp", "edp") for kind in ("gather", "reduce")}
+    slowed = any(usage.values())
     comm: list[list[Event]] = [[] for _ in range(ranks)]
+    gathered: list[list[tuple[float, float]]] = [[] for _ in range(ranks)]  # parameter gathers' intervals
     comm_free = [0.0] * ranks
     # cost() reads only times: the steady-state run records no events (a 405B job has
     # thousands of DDP buckets), the full run records every one
-    record = not (steady and not any(usage.values()))
+    record = not steady
 
     def gather_params(r: int, vstage: int, start: float) -> list[float]:
         """ZeRO-1 parameter all-gathers of one chunk, back to back on the comm stream
@@ -173,9 +176,11 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         done = []
         for b in forward[vstage]:
             if b.gather:
-                if record and start + b.gather > 0:  # (a gather run in the previous step: not this iteration's)
-                    comm[r].append(Event(r, "comm", f"{b.group} all_gather params", max(start, 0.0), start + b.gather,
-                                         "param_gather", vstage))
+                if start + b.gather > 0:  # (a gather run in the previous step: not this iteration's)
+                    gathered[r].append((max(start, 0.0), start + b.gather))
+                    if record:
+                        comm[r].append(Event(r, "comm", f"{b.group} all_gather params", max(start, 0.0),
+                                             start + b.gather, "param_gather", vstage))
                 start += b.gather
                 done.append(start)
         return done
@@ -200,11 +205,14 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         ep_usage=net.compute_usage("ep"),
         delay_wgrad=st.delay_wgrad_compute,
     )
+    costs = pass_costs(est)
     if not record:
-        run = est.steady_pipeline(pass_costs(est), opts, gate)
+        run = est.steady_pipeline(costs, opts, gate)
+        spans = steady_compute_spans(est, run, costs, opts, gate) if slowed else None
     else:
         orders = est.profiles.orders(st)
-        run = run_pipeline(orders, pass_costs(est), opts, gate)
+        run = run_pipeline(orders, costs, opts, gate)
+        spans = None
     deferred = head_wgrad * st.micro_batch_num
     events, end_bwd, end, busy = [], [], [], []
     grads_done: list[float] = []
@@ -217,10 +225,15 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
             compute_end += deferred
         busy.append(run.busy[r] + (compute_end - run.end[r]))
         slow = 0.0
-        compute = ComputeSpans([(e.start, e.end) for e in evs if e.stream == "compute"]) if any(usage.values()) else None
-        for b_ev in comm[r]:  # gathers at the start
+        compute = None
+        if slowed:
+            compute = spans[r] if spans is not None else ComputeSpans([(e.start, e.end) for e in evs if e.stream == "compute"])
+            # (the deferred LM-head pass is compute too)
+            if spans is not None and deferred and r == est.chunks[-1].index:
+                compute = ComputeSpans(list(zip(compute.starts, compute.ends)) + [(run.end[r], compute_end)])
+        for lo, hi in gathered[r]:  # gathers at the start
             if compute is not None:
-                slow += usage[("dp", "gather")] * compute.overlap(b_ev.start, b_ev.end)
+                slow += usage[("dp", "gather")] * compute.overlap(lo, hi)
         last_pass = {c.vstage: run.last_weight_pass[c.vstage] for c in chunks_of[r]}
         for c in sorted(chunks_of[r], key=lambda c: last_pass[c.vstage][1]):
             w_start, w_end = last_pass[c.vstage]
@@ -265,6 +278,45 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         events.append(evs)
         end.append(t)
     return IterationRun(orders, events, end_bwd, end, busy, norm_ready)
+
+
+def steady_compute_spans(est: "Estimate", run: "PipelineRun", costs: PassCosts, opts: PipelineOptions,
+                         gate: dict[int, tuple[float, float]]) -> list[ComputeSpans]:
+    """Each rank's compute intervals for the steady-state times, without running every
+    micro-batch: the overlapped parameter gathers fall in the pipeline's first passes and
+    the gradient reduces in its last, which a run of the schedule's shortest steady count
+    m0 (simulate/steady.py) holds as they are — its first half as is, its second half
+    shifted to the real count's end (past the warm-up every pass moves by the same step
+    per period); the periods between are taken as busy."""
+    st = est.strategy
+    g = period(st)
+    m0 = first_count(st, g) if g else st.micro_batch_num
+    short = run_pipeline(est.profiles.orders(st, min(m0, st.micro_batch_num)), costs, opts, gate)
+    out = []
+    for r, evs in enumerate(short.events):
+        shift = run.end[r] - short.end[r]
+        cut = short.end[r] / 2
+        spans: list[tuple[float, float]] = []
+        for e in evs:
+            if e.stream != "compute":
+                continue
+            if e.end <= cut or shift <= 0:
+                spans.append((e.start, e.end))
+            elif e.start >= cut:
+                spans.append((e.start + shift, e.end + shift))
+            else:
+                spans += [(e.start, cut), (cut + shift, e.end + shift)]
+        if shift > 0:
+            spans.append((cut, cut + shift))
+        spans.sort()
+        merged: list[tuple[float, float]] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        out.append(ComputeSpans(merged))
+    return out
 
 
 def _later_chunks_step(est: "Estimate", rank: int, chunks: list) -> float:
