@@ -12,8 +12,10 @@ Overlap model (each option off by default, as in Megatron):
   chunk's first forward starts after its first bucket and cannot finish before its last.
 - ``defer_embedding_wgrad_compute``: the LM-head weight gradients of every micro-batch
   run after the rank's last pass.
-- Communication overlapping compute slows it by the tier's ``processor_usage`` times
-  the overlapped time (added to the rank's compute).
+- Communication overlapping compute slows it by ``NetworkModel.compute_usage`` (the
+  tier's ``processor_usage``, or what the NCCL kernels' SMs cost, cost/nccl_sms.py) times
+  the overlapped time (added to the rank's compute); for cost() the compute under it
+  comes from the steady-state run (``steady_compute_spans``).
 """
 
 from __future__ import annotations
