@@ -107,3 +107,19 @@ def test_steady_state_times_keep_the_charge(kw: dict) -> None:
     sy = load_system("h100-sxm-80gb")
     steady, full = Estimate(m, st, sy).cost().duration_time_per_iter, Estimate(m, st, sy).iteration.total
     assert steady == pytest.approx(full, rel=1e-12)
+
+
+def test_perf_says_what_the_nccl_kernels_hold() -> None:
+    """perf's one line: the SMs each overlapped DP collective holds and the slowdown; none
+    without DP overlap or where no count is known (the free-overlap note speaks there)."""
+    from simumax.report.format import nccl_sms_note
+
+    e = _llama(16, 1)
+    note = nccl_sms_note(e.strategy, e.network)
+    assert note is not None and "reduce 32 SMs (+37%)" in note and "conventional" in note
+    ub = _llama(16, 1, nccl_ub=True)
+    assert "reduce 16 SMs (+27%)" in nccl_sms_note(ub.strategy, ub.network)
+    off = _llama(16, 1, overlap_grad_reduce=False, overlap_param_gather=False)
+    assert nccl_sms_note(off.strategy, off.network) is None
+    b200 = Estimate(e.model, e.strategy, load_system("b200-sxm-180gb"))
+    assert nccl_sms_note(b200.strategy, b200.network) is None

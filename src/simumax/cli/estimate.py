@@ -94,6 +94,9 @@ def perf(
     free = fmt.free_overlap(st, p.estimate.network)
     if free:
         cli.out_console.print(f"[yellow]{free}[/]")
+    held = fmt.nccl_sms_note(st, p.estimate.network)
+    if held:
+        cli.out_console.print(held, markup=False)
     misses = cost.efficiency_lookups.get("misses", {})
     if misses:
         shares = compute_shares(attribution(p.estimate))

@@ -178,13 +178,21 @@ class NetworkModel:
         tier = self.tier(group)
         if group not in DP_GROUPS:
             return self._tier_usage(tier)
+        sms = self.nccl_sms(group, kind)
+        return self._acc.slowdown_beside(sms) if sms is not None else self._tier_usage(tier)
+
+    def nccl_sms(self, group: str, kind: str = "reduce") -> int | None:
+        """SMs a data-parallel group's collective holds by cost/nccl_sms.py (0: none known);
+        None where the tier's own figure applies (a measured processor_usage or a stated
+        comm_sms, both for NCCL's conventional kernels)."""
+        tier = self.tier(group)
         nccl_ub, sharp, max_ctas = self._nccl
         place = self.groups[group]
         fabric = domain(place.size, place.stride, place.intra_node, self.scaleup_size, self.nets.intra_with_pcie)
         sms = dp_collective_sms(fabric, kind, nccl_ub, sharp, max_ctas)
         if (tier.processor_usage > 0 or tier.comm_sms) and not (nccl_ub and sms):
-            return self._tier_usage(tier)  # the tier's figure is for NCCL's conventional kernels
-        return self._acc.slowdown_beside(sms)
+            return None
+        return sms
 
     def _tier_usage(self, tier: NetworkTier) -> float:
         """A tier's ``processor_usage`` (measured by calibrate-comm), else what its collectives'

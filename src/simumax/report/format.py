@@ -74,6 +74,20 @@ def free_overlap(st: StrategyConfig, network: NetworkModel) -> str | None:
             "`simumax calibrate-comm`")
 
 
+def nccl_sms_note(st: StrategyConfig, network: NetworkModel) -> str | None:
+    """One line when overlapped data-parallel collectives are charged the SMs their NCCL
+    kernels hold (cost/nccl_sms.py): how many, and what it costs the compute beside them."""
+    if network.groups["dp"].size <= 1 or not (st.overlap_grad_reduce or st.overlap_param_gather or st.zero_state >= 2):
+        return None
+    held = {kind: network.nccl_sms("dp", kind) for kind in ("reduce", "gather")}
+    if not all(held.values()):
+        return None
+    source = "--use-nccl-ub's registered buffers" if st.nccl_ub else "NCCL's conventional kernels"
+    parts = ", ".join(f"{kind} {n} SMs (+{network.compute_usage('dp', kind):.0%})" for kind, n in held.items())
+    return (f"overlapped DP collectives ({source}): {parts} on the compute they overlap "
+            "(docs/modeling.md, \"NCCL's SMs beside the overlapped data-parallel collectives\")")
+
+
 def summary_table(cost: CostResult, mem: MemResult) -> Table:
     t = Table(show_header=False)
     t.add_column("metric")
