@@ -136,6 +136,7 @@ class NetworkModel:
         self._acc = system.accelerator
         self._ep_usage = ep_compute_usage(st, system.accelerator, self._tier_usage(self.tier("ep")))
         self._nccl = (st.nccl_ub, st.use_sharp, system.accelerator.nccl_max_ctas)
+        self._usage: dict[tuple[str, str], float] = {}
 
     def _place(self, group: str, n: int, stride: int, override: str | None) -> GroupPlacement:
         per_node = self.scaleup_size
@@ -175,11 +176,13 @@ class NetworkModel:
         (cost/nccl_sms.py; ``kind`` 'gather' or 'reduce')."""
         if group == "ep":
             return self._ep_usage
-        tier = self.tier(group)
-        if group not in DP_GROUPS:
-            return self._tier_usage(tier)
-        sms = self.nccl_sms(group, kind)
-        return self._acc.slowdown_beside(sms) if sms is not None else self._tier_usage(tier)
+        key = (group, kind if group in DP_GROUPS else "")
+        usage = self._usage.get(key)
+        if usage is None:
+            tier = self.tier(group)
+            sms = self.nccl_sms(group, kind) if group in DP_GROUPS else None
+            usage = self._usage[key] = self._acc.slowdown_beside(sms) if sms is not None else self._tier_usage(tier)
+        return usage
 
     def nccl_sms(self, group: str, kind: str = "reduce") -> int | None:
         """SMs a data-parallel group's collective holds by cost/nccl_sms.py (0: none known);

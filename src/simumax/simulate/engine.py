@@ -61,6 +61,8 @@ class PipelineRun:
     end: list[float]  # per rank, end of its last pass
     last_weight_pass: dict[int, tuple[float, float]]  # vstage -> (start, end) of its last weight-gradient pass
     busy: list[float] = field(default_factory=list)  # per rank, seconds its compute stream ran (blocking sends too)
+    # per rank, when its compute stream ran (passes and blocking sends; ``spans`` runs only)
+    spans: list[list[tuple[float, float]]] = field(default_factory=list)
 
 
 class DeadlockError(RuntimeError):
@@ -78,6 +80,7 @@ def run_pipeline(
     opts: PipelineOptions,
     params_ready: dict[int, tuple[float, float]] | None = None,
     record: bool = True,
+    spans: bool = False,
 ) -> PipelineRun:
     """Execute every rank's task list (the one copy of the dependency rules).
 
@@ -87,7 +90,8 @@ def run_pipeline(
     (first, all)``: the stage's first forward starts once its first parameter bucket is
     gathered and cannot end before the last one is. With ``record`` False no events are
     built (the estimate's path); end times, busy time and the last weight passes are the
-    same."""
+    same. ``spans``: keep each rank's compute intervals, no events (what the compute
+    beside overlapped collectives needs)."""
     n_stage = len(costs.rank)
     last = n_stage - 1
     ranks = len(orders)
@@ -107,6 +111,7 @@ def run_pipeline(
     busy = [0.0] * ranks
     pos = [0] * ranks
     events: list[list[Event]] = [[] for _ in range(ranks)]
+    busy_at: list[list[tuple[float, float]]] = [[] for _ in range(ranks)]
     last_w: dict[int, tuple[float, float]] = {}
     pairing = opts.pair_overlap
     dur_of = {kind: [dur.get((kind, k), 0.0) for k in range(n_stage)] for kind in (FORWARD, BACKWARD, WEIGHT)}
@@ -169,6 +174,8 @@ def run_pipeline(
                     else:
                         own[mb] = end + secs
                     used += end - start
+                    if spans:
+                        busy_at[r].append((start, end))
                     now = end
                     p += 1
                     continue
@@ -209,6 +216,8 @@ def run_pipeline(
                         if secs and record:
                             events[r].append(Event(r, "comm", f"send {x.kind}{x.vstage} mb{x.mb}", end, end + secs, "p2p", x.vstage, x.mb))
                         ready[x.kind][x.vstage][x.mb] = end + secs
+                if spans:
+                    busy_at[r].append((start, end))
                 now = end
                 p += len(group)
             if p != pos[r]:
@@ -218,4 +227,4 @@ def run_pipeline(
         if not progressed:
             stuck = {r: order[pos[r]] for r, order in enumerate(orders) if pos[r] < len(order)}
             raise DeadlockError(f"schedule deadlocks: waiting tasks {stuck}")
-    return PipelineRun(events, free, last_w, busy)
+    return PipelineRun(events, free, last_w, busy, busy_at if spans else [])

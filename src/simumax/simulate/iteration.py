@@ -32,6 +32,7 @@ from simumax.simulate.steady import first_count, period
 from simumax.simulate.ep_overlap import layer_slots
 
 if TYPE_CHECKING:
+    from simumax.config.strategy import StrategyConfig
     from simumax.dp.buckets import GradBucket
     from simumax.estimate import Estimate
 
@@ -169,8 +170,10 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     gathered: list[list[tuple[float, float]]] = [[] for _ in range(ranks)]  # parameter gathers' intervals
     comm_free = [0.0] * ranks
     # cost() reads only times: the steady-state run records no events (a 405B job has
-    # thousands of DDP buckets), the full run records every one
-    record = not steady
+    # thousands of DDP buckets), the full run records every one; when communication slows
+    # the compute and the steady state would be run at the real count anyway, the full run
+    # (with its compute intervals) is the cheaper
+    record = not steady or (slowed and _steady_count(st) >= st.micro_batch_num)
 
     def gather_params(r: int, vstage: int, start: float) -> list[float]:
         """ZeRO-1 parameter all-gathers of one chunk, back to back on the comm stream
@@ -282,6 +285,13 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     return IterationRun(orders, events, end_bwd, end, busy, norm_ready)
 
 
+def _steady_count(st: "StrategyConfig") -> int:
+    """The shortest micro-batch count simulate/steady.py runs the schedule at (the real
+    count where it has no period)."""
+    g = period(st)
+    return first_count(st, g) if g else st.micro_batch_num
+
+
 def steady_compute_spans(est: "Estimate", run: "PipelineRun", costs: PassCosts, opts: PipelineOptions,
                          gate: dict[int, tuple[float, float]]) -> list[ComputeSpans]:
     """Each rank's compute intervals for the steady-state times, without running every
@@ -291,23 +301,20 @@ def steady_compute_spans(est: "Estimate", run: "PipelineRun", costs: PassCosts, 
     shifted to the real count's end (past the warm-up every pass moves by the same step
     per period); the periods between are taken as busy."""
     st = est.strategy
-    g = period(st)
-    m0 = first_count(st, g) if g else st.micro_batch_num
-    short = run_pipeline(est.profiles.orders(st, min(m0, st.micro_batch_num)), costs, opts, gate)
+    short = run_pipeline(est.profiles.orders(st, min(_steady_count(st), st.micro_batch_num)), costs, opts, gate,
+                         record=False, spans=True)
     out = []
-    for r, evs in enumerate(short.events):
+    for r, busy_at in enumerate(short.spans):
         shift = run.end[r] - short.end[r]
         cut = short.end[r] / 2
         spans: list[tuple[float, float]] = []
-        for e in evs:
-            if e.stream != "compute":
-                continue
-            if e.end <= cut or shift <= 0:
-                spans.append((e.start, e.end))
-            elif e.start >= cut:
-                spans.append((e.start + shift, e.end + shift))
+        for a, b in busy_at:
+            if b <= cut or shift <= 0:
+                spans.append((a, b))
+            elif a >= cut:
+                spans.append((a + shift, b + shift))
             else:
-                spans += [(e.start, cut), (cut + shift, e.end + shift)]
+                spans += [(a, cut), (cut + shift, b + shift)]
         if shift > 0:
             spans.append((cut, cut + shift))
         spans.sort()
