@@ -18,6 +18,7 @@ def test_domain_of_a_group() -> None:
     assert domain(8, 2, False, 8, False) == "nvl+ib"
     assert domain(4, 8, False, 8, False) == "ib"
     assert domain(4, 1, True, 8, True) is None
+    assert domain(16, 1, False, 8, True) == "ib"
 
 
 @pytest.mark.parametrize("fabric, kind, ub, sharp, expected", [

@@ -35,10 +35,11 @@ UB_SMS = {
 
 def domain(size: int, stride: int, intra_node: bool, per_node: int, pcie: bool) -> str | None:
     """The fabric a group's collectives cross: 'nvl' (one NVLink domain), 'nvl+ib' (several
-    ranks per node and several nodes), 'ib' (one rank per node); None on PCIe links."""
+    ranks per node and several nodes), 'ib' (one rank per node, or nodes whose GPUs share
+    PCIe, not NVLink); None inside a PCIe node."""
     if intra_node:
         return None if pcie else "nvl"
-    return "ib" if stride >= per_node or size <= 1 else "nvl+ib"
+    return "ib" if stride >= per_node or size <= 1 or pcie else "nvl+ib"
 
 
 def dp_collective_sms(fabric: str | None, kind: str, nccl_ub: bool, use_sharp: bool,
