@@ -124,3 +124,21 @@ def test_perf_says_what_the_nccl_kernels_hold() -> None:
     assert nccl_sms_note(off.strategy, off.network) is None
     b200 = Estimate(e.model, e.strategy, load_system("b200-sxm-180gb"))
     assert nccl_sms_note(b200.strategy, b200.network) is None
+
+
+def test_hsdp_shard_collectives_take_their_own_groups_fabric() -> None:
+    """FSDP2's HSDP (4 replicas of 8-GPU shards): the per-layer gathers and reduce-scatters
+    run inside one node, so --use-nccl-ub's NVLink row (5 SMs) applies, not the whole DP
+    group's NVLink + IB one; with NCCL's conventional kernels 32 SMs either way."""
+    m = load_model("llama3-8b").with_updates({"layer_num": 4})
+    sy = load_system("h100-sxm-80gb")
+    t = {}
+    for ub in (False, True):
+        st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({
+            "world_size": 32, "zero_state": 3, "fsdp_impl": "torch_fsdp2", "fsdp_replicate_size": 4,
+            "micro_batch_num": 4, "nccl_ub": ub})
+        e = Estimate(m, st, sy)
+        assert e.network.groups["dp_shard"].intra_node and not e.network.groups["dp"].intra_node
+        assert e.network.nccl_sms("dp_shard") == (5 if ub else 32)
+        t[ub] = e.cost().duration_time_per_iter
+    assert t[True] < t[False]

@@ -145,7 +145,8 @@ class LayerProfiles:
         the data-parallel stream, prefetched, and slow that compute by the tier's
         processor_usage; activation offload copies (graph/offload.py) run on the copy
         engines and take no SMs. The two streams run side by side."""
-        for module, usage in ((SHARDING, self.coster.network.compute_usage("dp")), (OFFLOAD, 0.0)):
+        shard_group = ShardingPlan.of(self.source.st).group  # HSDP: one replica's shard group
+        for module, usage in ((SHARDING, self.coster.network.compute_usage(shard_group)), (OFFLOAD, 0.0)):
             side = [ph for o, ph in zip(ops, phases) if o.module == module]
             if side:
                 self._hide(out, side, usage)
