@@ -24,7 +24,7 @@ def test_domain_of_a_group() -> None:
 @pytest.mark.parametrize("fabric, kind, ub, sharp, expected", [
     # conventional kernels: NCCL's cap where NVLink is in the ring, the IB row over IB alone
     ("nvl", "reduce", False, False, 32), ("nvl+ib", "gather", False, False, 32), ("ib", "reduce", False, False, 4),
-    ("ib", "gather", False, False, 1), ("nvl+ib", "reduce", False, True, 32),  # SHARP alone: conventional
+    ("ib", "gather", False, False, 4), ("nvl+ib", "reduce", False, True, 32),  # SHARP alone: conventional
     # --use-nccl-ub: megatron-core's DistributedDataParallelConfig.nccl_ub table
     ("nvl", "gather", True, False, 4), ("nvl", "reduce", True, False, 5), ("nvl+ib", "reduce", True, False, 16),
     ("nvl+ib", "gather", True, True, 6), ("ib", "reduce", True, False, 4), ("ib", "reduce", True, True, 1),

@@ -13,7 +13,9 @@ all-gather launches depends on NCCL's algorithm and the group's fabric:
 * otherwise NCCL's conventional ring kernels, which on a group whose ranks share NVLink
   launch as many channels as NCCL may (``accelerator.nccl_max_ctas``: megatron-core's
   ``parallel_state.get_nccl_options`` gives NCCL's Hopper default max_ctas = 32), while over
-  IB alone a NIC's bandwidth needs few (the table's IB row is taken for them).
+  IB alone a NIC's bandwidth needs few: the table's IB ring figure (its reduce-scatter's 4)
+  for all-gather and reduce-scatter alike (the registered all-gather's 1 SM is a different
+  algorithm).
 
 Without ``nccl_max_ctas`` (every non-Hopper preset, SimuMax files) NCCL's counts on the GPU
 are not known (megatron-core states them for Hopper) and the overlap stays free, as before.
@@ -49,5 +51,8 @@ def dp_collective_sms(fabric: str | None, kind: str, nccl_ub: bool, use_sharp: b
     if fabric is None or not max_ctas:
         return 0
     gather, reduce = UB_SMS[(fabric, use_sharp and nccl_ub)]
-    registered = gather if kind == "gather" else reduce
-    return registered if nccl_ub or fabric == "ib" else max_ctas
+    if nccl_ub:
+        return gather if kind == "gather" else reduce
+    # conventional ring kernels: all-gather and reduce-scatter alike, as many channels as
+    # the fabric lets NCCL fill (over IB alone the table's ring figure, its reduce-scatter)
+    return reduce if fabric == "ib" else max_ctas
