@@ -175,6 +175,12 @@ def test_fresh_system_and_collective_merge_load() -> None:
     assert "sm_count" not in sys_dict["accelerator"]
     with_sms = fresh_system("x", "NVIDIA H100 80GB HBM3", 79.0, 989.4, 3350.0, 8, sm_count=132)
     assert SystemConfig.init_from_dict(with_sms).accelerator.sm_count == 132
+    # NCCL's default CTA cap where megatron-core states it: Hopper SXM (cost/nccl_sms.py)
+    assert "nccl_max_ctas" not in with_sms["accelerator"]
+    hopper = fresh_system("x", "NVIDIA H100 80GB HBM3", 79.0, 989.4, 3350.0, 8, sm_count=132, compute_major=9)
+    assert SystemConfig.init_from_dict(hopper).accelerator.nccl_max_ctas == 32
+    for name, major in (("NVIDIA H100 PCIe", 9), ("NVIDIA H100 NVL", 9), ("NVIDIA A100-SXM4-80GB", 8)):
+        assert "nccl_max_ctas" not in fresh_system("x", name, 79.0, None, None, 8, compute_major=major)["accelerator"]
     # no group sizes: the intercept is one fixed latency per call
     assert spec["latency_us"] == 0.0 and spec["fixed_latency_us"] == pytest.approx(20.0, rel=1e-3)
     SystemConfig.init_from_dict(out)

@@ -73,7 +73,7 @@ def calibrate_jobs(
     sys_name = name or (base.sys_name if base else dname.replace(" ", "_").lower())
     start = base.to_dict() if base else system_writer.fresh_system(
         sys_name, dname, mem_gib or 16.0, cal.peak_tflops, cal.hbm_gbps, num_per_node,
-        props.multi_processor_count if props else None)
+        props.multi_processor_count if props else None, props.major if props else None)
     start["sys_name"] = sys_name
     system = system_writer.merge_compute(start, cal, mem_gib, set_fallbacks=base is None)
     curve = None

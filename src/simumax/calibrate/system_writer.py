@@ -13,7 +13,9 @@ import statistics
 from typing import Any
 
 from simumax.calibrate.fit import AlphaBeta
-from simumax.config.hardware import NIC_FIXED_US, NIC_STEP_US, SCALEUP_FIXED_US, SCALEUP_STEP_US, collective_tier, datasheet
+from simumax.config.hardware import (
+    HOPPER_NCCL_MAX_CTAS, NIC_FIXED_US, NIC_STEP_US, SCALEUP_FIXED_US, SCALEUP_STEP_US, collective_tier, datasheet,
+)
 from simumax.config.system import MAX_LINK_EFFICIENCY, link_bytes_per_gb
 from simumax.cost.network import DEFAULT_SPECS, ring_steps
 from simumax.cost.efficiency import TF32_OF_BF16_PEAK
@@ -26,12 +28,24 @@ PEAK_TFLOPS_UNKNOWN, HBM_GBPS_UNKNOWN, SCALEUP_GBPS_UNKNOWN = 100.0, 1000.0, 100
 IB_GBPS_PER_GPU = 50.0  # one 400 Gb/s NIC per GPU
 
 
+def nccl_max_ctas(compute_major: int | None, device_name: str) -> int | None:
+    """NCCL's default CTA cap where a source states it: Hopper (compute capability 9.x) on
+    NVSwitch (SXM; not the PCIe or NVL cards), megatron-core's ``get_nccl_options``
+    (cost/nccl_sms.py)."""
+    name = device_name.upper()
+    if compute_major == 9 and "PCIE" not in name and "NVL" not in name:
+        return HOPPER_NCCL_MAX_CTAS
+    return None
+
+
 def fresh_system(name: str, device_name: str, mem_gib: float, peak_tflops: float | None, hbm_gbps: float | None,
-                 num_per_node: int, sm_count: int | None = None) -> dict[str, Any]:
+                 num_per_node: int, sm_count: int | None = None, compute_major: int | None = None) -> dict[str, Any]:
     """A system skeleton from datasheet numbers (peaks not given: the device's datasheet
     row); calibration fills the efficiencies. ``sm_count`` (the device's, when known) lets
     the table fit see wave quantisation and give tiny GEMMs a one-tile wave's time
-    (docs/hardware.md)."""
+    (docs/hardware.md); ``compute_major`` (its compute capability) gives NCCL's default CTA
+    cap where one is stated (``nccl_max_ctas``)."""
+    ctas = nccl_max_ctas(compute_major, device_name)
     sheet = datasheet(device_name)
     nvlink = sheet.scaleup_gbps if sheet else SCALEUP_GBPS_UNKNOWN
     peak_tflops = peak_tflops or (sheet.bf16_tflops if sheet else PEAK_TFLOPS_UNKNOWN)
@@ -52,6 +66,7 @@ def fresh_system(name: str, device_name: str, mem_gib: float, peak_tflops: float
             },
             "bandwidth": {"default": {"efficient_factor": 0.8, "gbps": hbm_gbps, "latency_us": 5.0}},
             **({"sm_count": sm_count} if sm_count else {}),
+            **({"nccl_max_ctas": ctas} if ctas else {}),
         },
         "networks": {"intra_with_pcie": False,
                      "high_intra_node": collective_tier(nvlink, SCALEUP_FIXED_US, SCALEUP_STEP_US),
