@@ -142,3 +142,14 @@ def test_hsdp_shard_collectives_take_their_own_groups_fabric() -> None:
         assert e.network.nccl_sms("dp_shard") == (5 if ub else 32)
         t[ub] = e.cost().duration_time_per_iter
     assert t[True] < t[False]
+
+
+@pytest.mark.parametrize("fabric", ["nvl", "nvl+ib", "ib"])
+@pytest.mark.parametrize("kind", ["gather", "reduce"])
+def test_registered_buffers_and_sharp_never_hold_more(fabric: str, kind: str) -> None:
+    """megatron-core's point of --use-nccl-ub and SHARP: fewer SMs, never more, than the
+    conventional kernels at NCCL's Hopper cap."""
+    conventional = dp_collective_sms(fabric, kind, False, False, 32)
+    ub = dp_collective_sms(fabric, kind, True, False, 32)
+    assert dp_collective_sms(fabric, kind, True, True, 32) <= ub <= conventional
+    assert dp_collective_sms(fabric, kind, False, True, 32) == conventional  # SHARP alone: conventional kernels
