@@ -110,7 +110,8 @@ class AcceleratorConfig(ConfigBase):
         description="Compute beside a kernel that holds SMs: [SMs held, extra GEMM time per second of overlap] "
         "points, measured with benchmarks/sm_share_contention.py (GEMMs planned for every SM leave a tail when some "
         "are taken). Unset: c / (SMs - c), the GEMM on the SMs left. Used for the flex (DeepEP / HybridEP) "
-        "dispatcher's moe_flex_dispatcher_num_sms.",
+        "dispatcher's moe_flex_dispatcher_num_sms, a tier's comm_sms and the overlapped data-parallel collectives' "
+        "NCCL kernels (nccl_max_ctas, cost/nccl_sms.py).",
     )
 
     nccl_max_ctas: PositiveInt | None = Field(

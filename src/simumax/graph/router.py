@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from simumax.config.model import ModelConfig
 from simumax.graph.dims import Dims
-from simumax.graph.kernels import Collective, Gemm, Kernel, MemBound
+from simumax.graph.kernels import TF32_PREFIX, Collective, Gemm, Kernel, MemBound
 
 FP32 = 4
 INDEX = 8  # torch.topk indices: int64
@@ -163,6 +163,6 @@ def fp32_gemm_kernels(name: str, g: Gemm, cast_in: float, d: Dims) -> list[Kerne
     ab = d.act_bytes
     return [
         MemBound(f"router.{name}_cast_fp32", cast_in * (ab + FP32)),
-        g._replace(out_dtype="fp32", accumulate=False, family="tf32_matmul"),
+        g._replace(out_dtype="fp32", accumulate=False, family=TF32_PREFIX + g.family),
         MemBound(f"router.{name}_cast_back", float(g.m * g.n) * (FP32 + ab)),
     ]

@@ -55,6 +55,11 @@ OVERLAP_GROUPS = (("overlap_grad_reduce", "dp"), ("overlap_param_gather", "dp"),
                   ("overlap_moe_expert_parallel_comm", "ep"), ("moe_shared_expert_overlap", "ep"))
 
 
+def _sharded_per_layer(st: StrategyConfig) -> bool:
+    """ZeRO-2/3 collectives run per layer and micro-batch, beside the compute (graph/sharding.py)."""
+    return st.zero_state >= 2 and ShardingPlan.of(st).per_micro_batch
+
+
 def free_overlap(st: StrategyConfig, network: NetworkModel) -> str | None:
     """A one-line note when communication the strategy overlaps with compute runs on a tier
     whose ``processor_usage`` is 0: the estimate then takes the overlap as free (nothing
@@ -63,7 +68,7 @@ def free_overlap(st: StrategyConfig, network: NetworkModel) -> str | None:
         return network.groups[group].size > 1 and network.compute_usage(group) == 0
 
     on = [opt for opt, g in OVERLAP_GROUPS if getattr(st, opt) and free(g)]
-    if st.zero_state >= 2 and ShardingPlan.of(st).per_micro_batch and free("dp"):  # its per-layer collectives
+    if _sharded_per_layer(st) and free("dp"):  # its per-layer collectives
         on.append(f"zero_state {st.zero_state}")
     if not on:
         return None
@@ -77,7 +82,7 @@ def free_overlap(st: StrategyConfig, network: NetworkModel) -> str | None:
 def nccl_sms_note(st: StrategyConfig, network: NetworkModel) -> str | None:
     """One line when overlapped data-parallel collectives are charged the SMs their NCCL
     kernels hold (cost/nccl_sms.py): how many, and what it costs the compute beside them."""
-    if network.groups["dp"].size <= 1 or not (st.overlap_grad_reduce or st.overlap_param_gather or st.zero_state >= 2):
+    if network.groups["dp"].size <= 1 or not (st.overlap_grad_reduce or st.overlap_param_gather or _sharded_per_layer(st)):
         return None
     held = {kind: network.nccl_sms("dp", kind) for kind in ("reduce", "gather")}
     if not all(held.values()):

@@ -232,10 +232,11 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         slow = 0.0
         compute = None
         if slowed:
-            compute = spans[r] if spans is not None else ComputeSpans([(e.start, e.end) for e in evs if e.stream == "compute"])
-            # (the deferred LM-head pass is compute too)
-            if spans is not None and deferred and r == est.chunks[-1].index:
-                compute = ComputeSpans(list(zip(compute.starts, compute.ends)) + [(run.end[r], compute_end)])
+            if spans is None:  # the recorded run (the deferred LM-head pass among its events)
+                busy_at = [(e.start, e.end) for e in evs if e.stream == "compute"]
+            else:
+                busy_at = spans[r] + ([(run.end[r], compute_end)] if compute_end > run.end[r] else [])
+            compute = ComputeSpans(busy_at)
         for lo, hi in gathered[r]:  # gathers at the start
             if compute is not None:
                 slow += usage[("dp", "gather")] * compute.overlap(lo, hi)
@@ -293,7 +294,7 @@ def _steady_count(st: "StrategyConfig") -> int:
 
 
 def steady_compute_spans(est: "Estimate", run: "PipelineRun", costs: PassCosts, opts: PipelineOptions,
-                         gate: dict[int, tuple[float, float]]) -> list[ComputeSpans]:
+                         gate: dict[int, tuple[float, float]]) -> list[list[tuple[float, float]]]:
     """Each rank's compute intervals for the steady-state times, without running every
     micro-batch: the overlapped parameter gathers fall in the pipeline's first passes and
     the gradient reduces in its last, which a run of the schedule's shortest steady count
@@ -324,7 +325,7 @@ def steady_compute_spans(est: "Estimate", run: "PipelineRun", costs: PassCosts, 
                 merged[-1] = (merged[-1][0], max(merged[-1][1], b))
             else:
                 merged.append((a, b))
-        out.append(ComputeSpans(merged))
+        out.append(merged)
     return out
 
 
