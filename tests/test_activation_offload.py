@@ -129,8 +129,10 @@ def test_te_layer_offload_refusals_and_flags() -> None:
     with pytest.raises(ConfigError, match="cpu_offloading_num_layers"):
         Estimate(MODEL, st.with_updates({**on, "cpu_offloading_num_layers": 32}), SYSTEM).cost()
     flags = megatron_flags(st.with_updates(on))
-    assert "--cpu-offloading" in flags and "--cpu-offloading-num-layers 2" in flags
+    # Megatron-LM 0.19: the layer count turns it on (older scripts also say --cpu-offloading)
+    assert "--cpu-offloading" not in flags and "--cpu-offloading-num-layers 2" in flags
     args = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 2048 --vocab-size 32000 "
-            "--cpu-offloading --cpu-offloading-num-layers 2 --micro-batch-size 1")
-    _, back, _ = parse_megatron_args(args, world_size=1)
-    assert back.cpu_offloading and back.cpu_offloading_num_layers == 2
+            "--cpu-offloading-num-layers 2 --micro-batch-size 1")
+    for older in ("", " --cpu-offloading"):
+        _, back, _ = parse_megatron_args(args + older, world_size=1)
+        assert back.cpu_offloading and back.cpu_offloading_num_layers == 2

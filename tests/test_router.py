@@ -166,7 +166,8 @@ def test_router_flags_import_export() -> None:
     m0 = load_model("deepseek-v3").with_updates({"layer_num": 4, "moe_z_loss_coeff": 0.001})
     flags = model_flags(m0)
     assert "--moe-router-score-function sigmoid" in flags and "--moe-router-enable-expert-bias" in flags
-    m, _, notes = parse_megatron_args(flags + ["--seq-length", "4096", "--attention-dropout", "0", "--hidden-dropout", "0"])
+    m, _, notes = parse_megatron_args(flags + ["--seq-length", "4096", "--attention-dropout", "0", "--hidden-dropout", "0",
+                                               "--moe-token-dispatcher-type", "alltoall"])
     assert not notes
     for name in ("moe_router_score_function", "moe_router_num_groups", "moe_router_group_topk", "moe_router_topk_scaling_factor",
                  "moe_router_load_balancing_type", "moe_router_enable_expert_bias", "moe_z_loss_coeff", "moe_router_pre_softmax"):

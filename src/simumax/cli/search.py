@@ -126,8 +126,12 @@ def search(
     if rows and rows[0].fits:
         from simumax.export.megatron_flags import megatron_flags
 
+        try:
+            flags = " ".join(megatron_flags(StrategyConfig.init_from_dict(rows[0].strategy or {}), m))
+        except ConfigError as exc:  # an option Megatron-LM cannot run as estimated
+            flags = f"none: {exc}"
         cli.out_console.print("best as Megatron-LM flags:", markup=False)
-        cli.out_console.print(" ".join(megatron_flags(StrategyConfig.init_from_dict(rows[0].strategy or {}), m)), markup=False, soft_wrap=True)
+        cli.out_console.print(flags, markup=False, soft_wrap=True)
 
 
 def _write_search_outputs(out: Path, rows: list, model: ModelConfig, system: SystemConfig, budget: float) -> None:
@@ -143,5 +147,8 @@ def _write_search_outputs(out: Path, rows: list, model: ModelConfig, system: Sys
     if rows and rows[0].fits:
         best = StrategyConfig.init_from_dict(rows[0].strategy or {})
         write_json_atomic(out / "best_strategy.json", best.to_dict())
-        write_text_atomic(out / "best_megatron_flags.txt", " \\\n".join(megatron_flags(best, model)) + "\n")
+        try:
+            write_text_atomic(out / "best_megatron_flags.txt", " \\\n".join(megatron_flags(best, model)) + "\n")
+        except ConfigError as exc:  # an option Megatron-LM cannot run as estimated
+            write_text_atomic(out / "best_megatron_flags.txt", f"# none: {exc}\n")
     _say_written(out, t0)

@@ -1,7 +1,9 @@
 """Megatron-LM flag names of simumax model and strategy fields: one table, read by the
 importer (flags -> fields, importers/megatron_args.py) and the exporter (fields -> flags,
 export/megatron_flags.py). Flags whose value needs a conversion either way (recompute,
-dispatcher type, normalization, --moe-layer-freq, ...) are handled in both places by hand."""
+dispatcher type, normalization, --moe-layer-freq, ...) are handled in both places by hand.
+The exporter writes what Megatron-LM 0.19's parser accepts (tests/test_import_export.py
+parses it with that parser); ``OLDER_FLAGS`` are read from older scripts, never written."""
 
 from __future__ import annotations
 
@@ -108,6 +110,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--accumulate-allreduce-grads-in-fp32": ("s", "use_fp32_accum_grad", True),
     "--grad-reduce-in-bf16": ("s", "grad_reduce_in_bf16", True),
     "--overlap-p2p-communication": ("s", "overlap_p2p_comm", True),
+    "--no-overlap-p2p-communication": ("s", "overlap_p2p_comm", False),  # Megatron-LM 0.19 (on by default with interleaving)
     "--use-precision-aware-optimizer": ("s", "use_precision_aware_optimizer", True),
     "--no-store-param-remainders": ("s", "store_param_remainders", False),
     "--fp8-param-gather": ("s", "fp8_param_gather", True),
@@ -118,8 +121,15 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--use-sharp": ("s", "use_sharp", True),
 }
 
+# switches Megatron-LM 0.19 no longer has: the default they restated (--add-bias-linear), the
+# flag its successor replaced (--cpu-offloading: --cpu-offloading-num-layers > 0 turns it on;
+# --overlap-p2p-communication: on by default with the interleaved schedule) or one without a
+# flag now (--no-store-param-remainders: only TransformerEngine < 2.1 turns it off)
+OLDER_FLAGS = frozenset({"--add-bias-linear", "--cpu-offloading", "--overlap-p2p-communication", "--no-store-param-remainders"})
+
 _FLAG_OF = {(target, field): flag for flag, (target, field, _) in VALUED.items()}
 _SWITCH_OF = {(target, field, value): flag for flag, (target, field, value) in SWITCHES.items()}
+_WRITTEN = {key: flag for flag, key in SWITCHES.items() if flag not in OLDER_FLAGS}
 
 
 def flag_of(target: str, field: str) -> str | None:
@@ -141,5 +151,5 @@ def valued_flag(target: str, field: str, value: Any) -> str:
 
 
 def switch_flag(target: str, field: str, value: Any = True) -> str:
-    """The switch that sets ``field`` to ``value``."""
-    return _SWITCH_OF[(target, field, value)]
+    """The switch that sets ``field`` to ``value`` (Megatron-LM 0.19's; KeyError where it has none)."""
+    return _WRITTEN[(target, field, value)]

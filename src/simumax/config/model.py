@@ -38,7 +38,7 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
     )
     make_vocab_size_divisible_by: PositiveInt = Field(128, description="Megatron's vocab padding divisor.")
     norm_type: Literal["rmsnorm", "layernorm"] = Field("rmsnorm", description="Normalisation layer.")
-    add_bias_linear: bool = Field(False, description="Linear layers carry biases (Megatron --add-bias-linear).")
+    add_bias_linear: bool = Field(False, description="Linear layers carry biases (Megatron's default; --disable-bias-linear turns them off).")
     position_embedding_type: Literal["rope", "learned_absolute", "none"] = Field(
         "rope", description="RoPE (Llama) or learned absolute position embeddings (GPT-3)."
     )

@@ -184,7 +184,7 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         "fp32", description="Adam's second moment (Megatron --exp-avg-sq-dtype; precision-aware optimizer only).")
     store_param_remainders: bool = Field(
         True, description="Precision-aware optimizer, bf16 training, fp32 master: the master keeps only the 16 bits "
-        "the bf16 parameter lacks (Megatron's default, TransformerEngine >= 2.1; --no-store-param-remainders).",
+        "the bf16 parameter lacks (Megatron's default, TransformerEngine >= 2.1; older Megatron-LM: --no-store-param-remainders).",
     )
     fsdp_impl: FsdpImpl = Field(
         "megatron_fsdp", description="The sharded data-parallel implementation. megatron_fsdp (zero_state 2/3): bf16 "
@@ -283,7 +283,7 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         "beside the layer's compute) and come back one layer ahead in backward (graph/offload.py).",
     )
     cpu_offloading: bool = Field(
-        False, description="Megatron --cpu-offloading (TransformerEngine's layer CPU offload): every tensor the first "
+        False, description="Megatron layer offload (TransformerEngine's CPU offload; Megatron-LM 0.19 turns it on with --cpu-offloading-num-layers > 0, older ones with --cpu-offloading): every tensor the first "
         "cpu_offloading_num_layers layers save for backward goes to host memory during forward and comes back one layer "
         "ahead in backward (Megatron: pp 1, no recompute).",
     )
@@ -327,7 +327,9 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         "chunk steps first and its parameter all-gathers run while the other chunks step.",
     )
     tp_comm_overlap: bool = Field(False, description="TP all-gather / reduce-scatter overlap their GEMMs (TE userbuffers).")
-    overlap_p2p_comm: bool = Field(False, description="P2P sends run on a communication stream (do not block compute).")
+    overlap_p2p_comm: bool = Field(False, description="P2P sends run on a communication stream (do not block compute). "
+                                   "Megatron-LM 0.19 does so by default in the interleaved schedule (--no-overlap-p2p-communication "
+                                   "turns it off) and never in 1F1B; SimuMax files (pp_comm_async) default to off.")
     moe_shared_expert_overlap: bool = Field(
         False, description="Megatron --moe-shared-expert-overlap: the shared experts run on a side stream, FC1 under "
         "the dispatch all-to-all and FC2 under the combine's (and their backward under the all-to-alls' backward).",

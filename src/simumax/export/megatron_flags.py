@@ -7,6 +7,7 @@ from simumax.config.megatron_names import switch_flag, valued_flag
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
+from simumax.memory.model_states import keeps_param_remainders
 
 
 def _s(field: str, value: object) -> str:
@@ -99,8 +100,9 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     if st.use_precision_aware_optimizer:
         f.append(switch_flag("s", "use_precision_aware_optimizer"))
         f += [_s(field, getattr(st, field)) for field in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")]
-        if not st.store_param_remainders:
-            f.append(switch_flag("s", "store_param_remainders", False))
+        if not st.store_param_remainders and keeps_param_remainders(st.with_updates({"store_param_remainders": True})):
+            raise ConfigError("store_param_remainders", "Megatron-LM 0.19 has no flag that turns it off (only "
+                              "TransformerEngine < 2.1 does): export with store_param_remainders true")
     if st.ddp_bucket_size is not None and not ds:
         f.append(_s("ddp_bucket_size", st.ddp_bucket_size))
     if st.ddp_average_in_collective and not ds:
@@ -152,17 +154,32 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     elif mode == "megatron":
         f += ["--recompute-granularity selective", "--recompute-modules " + " ".join(st.megatron_recompute_modules)]
     f += [switch_flag("s", field) for field in OVERLAP_FIELDS if getattr(st, field)]
-    if st.cpu_offloading:
-        f += [switch_flag("s", "cpu_offloading"), _s("cpu_offloading_num_layers", st.cpu_offloading_num_layers)]
+    f += _p2p_overlap_flags(st)
+    if st.cpu_offloading and st.cpu_offloading_num_layers:  # Megatron-LM 0.19: a layer count > 0 turns it on
+        f.append(_s("cpu_offloading_num_layers", st.cpu_offloading_num_layers))
     if st.fine_grained_activation_offloading:
         f += [switch_flag("s", "fine_grained_activation_offloading"), "--offload-modules " + " ".join(st.offload_modules)]
     return f
 
 
 OVERLAP_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "overlap_param_gather_with_optimizer_step",
-                  "tp_comm_overlap", "overlap_p2p_comm",
+                  "tp_comm_overlap",
                   "overlap_moe_expert_parallel_comm", "moe_shared_expert_overlap", "delay_wgrad_compute",
                   "defer_embedding_wgrad_compute", "nccl_ub", "use_sharp")
+
+
+def _p2p_overlap_flags(st: StrategyConfig) -> list[str]:
+    """Megatron-LM 0.19 overlaps the pipeline's P2P with compute by default in the interleaved
+    schedule (``--no-overlap-p2p-communication`` turns it off) and never in 1F1B (it turns the
+    option off there: arguments.py, validate_args)."""
+    if st.pp_size == 1:
+        return []
+    if st.schedule == "interleaved":
+        return [] if st.p2p_overlapped else [switch_flag("s", "overlap_p2p_comm", False)]
+    if st.p2p_overlapped:
+        raise ConfigError("overlap_p2p_comm", "Megatron-LM overlaps P2P communication only in the interleaved schedule "
+                          "(interleaving_size > 1); its 1F1B sends block: export with it off")
+    return []
 
 
 def _max_chunk_layers(st: StrategyConfig, model: ModelConfig | None) -> int:
@@ -190,7 +207,8 @@ def model_flags(model: ModelConfig) -> list[str]:
         f.append(switch_flag("m", "use_swiglu"))
     if model.untie_embeddings_and_output_weights:
         f.append(switch_flag("m", "untie_embeddings_and_output_weights"))
-    f.append(switch_flag("m", "add_bias_linear", model.add_bias_linear))
+    if not model.add_bias_linear:  # biases are Megatron's default
+        f.append(switch_flag("m", "add_bias_linear", False))
     if model.is_moe:
         f += [_m("expert_num", model.expert_num), _m("topk", model.topk), _m("moe_ffn_hidden_size", model.moe_ffn)]
         if model.moe_shared_expert_intermediate_size:

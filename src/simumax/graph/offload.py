@@ -1,6 +1,6 @@
 """Activation offloading as an IR pass: Megatron-Core's fine-grained offloading
 (``--fine-grained-activation-offloading --offload-modules ...``) and TransformerEngine's
-layer offload (``--cpu-offloading --cpu-offloading-num-layers N``: TE's
+layer offload (``--cpu-offloading-num-layers N``: TE's
 ``get_cpu_offload_context``, whose AsyncDoubleBufferGroupOffloadHandler offloads every
 activation the first N layers save and reloads layer i while layer i + 1 runs backward).
 

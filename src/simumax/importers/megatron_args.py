@@ -48,7 +48,8 @@ _GC = "Python's garbage collection timing: steps are predicted without collector
 _GRAPHS = "CUDA graphs: host launch gaps, which graph replay removes, are not modelled, nor the graphs' static buffers"
 _LOG = "an extra pass over the parameters or gradients on every logged step"
 NOT_MODELLED = {
-    "--manual-gc": _GC, "--manual-gc-interval": _GC, "--manual-gc-eval": _GC,
+    "--manual-gc": _GC, "--manual-gc-interval": _GC, "--manual-gc-eval": _GC, "--no-manual-gc-eval": _GC,
+    "--disable-manual-gc-eval": _GC,
     "--log-params-norm": _LOG, "--log-num-zeros-in-grad": _LOG,
     "--empty-unused-memory-level": "torch.cuda.empty_cache between steps: the allocator's time and its cache",
     "--tp-comm-overlap-cfg": "userbuffers settings from a file: TransformerEngine's defaults are modelled",
@@ -59,7 +60,8 @@ NOT_MODELLED = {
                     "an unfused element-wise kernel chain: the fused kernel's traffic is modelled"),
     "--moe-per-layer-logging": "a small all-reduce of per-layer MoE statistics on logged steps",
     **dict.fromkeys(("--ddp-num-buckets", "--ddp-pad-buckets-for-high-nccl-busbw", "--align-grad-reduce",
-                     "--align-param-gather"), "DDP bucket layout and launch options: Megatron's defaults are modelled"),
+                     "--no-align-grad-reduce", "--disable-align-grad-reduce", "--align-param-gather",
+                     "--no-align-param-gather"), "DDP bucket layout and launch options: Megatron's defaults are modelled"),
     **dict.fromkeys(("--enable-cuda-graph", "--cuda-graph-scope", "--cuda-graph-impl", "--external-cuda-graph",
                      "--cuda-graph-warmup-steps"), _GRAPHS),
 }
@@ -232,6 +234,9 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         m["moe_router_num_groups"], m["moe_router_group_topk"] = s.get("ep_size", 1), int(extra["limited_devices"])
     if m.get("expert_num"):
         m["model_type"] = "moe"
+        if "moe_dispatcher_policy" not in s:
+            s["moe_dispatcher_policy"] = "all_gather"
+            notes.append("--moe-token-dispatcher-type not given: Megatron's default allgather")
         # Megatron is dropless unless told otherwise (SimuMax files default to padding)
         m.setdefault("moe_pad_expert_input_to_capacity", False)
         m.setdefault("capacity", None)
@@ -292,6 +297,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         # Megatron derives the virtual stages from the layout (PipelineParallelLayerLayout:
         # len(layout) // pipeline_model_parallel_size)
         s["interleaving_size"] = max(1, len(expand_layout(layout)) // pp)
+    _p2p_and_offload_defaults(s, pp, notes)
     # default: DP 1 for the dense groups, enough ranks for the expert groups too
     s["world_size"] = world_size if world_size is not None else pp * math.lcm(tp * cp, s.get("ep_size", 1) * s.get("etp_size", 1))
     if s["world_size"] < 1 or s["world_size"] % (tp * pp * cp):
@@ -305,6 +311,20 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     model = _by_flag("m", lambda: ModelConfig.init_from_dict(m, source="Megatron arguments"))
     strategy = _by_flag("s", lambda: StrategyConfig.init_from_dict(s, source="Megatron arguments"))
     return model, strategy, notes
+
+
+def _p2p_and_offload_defaults(s: dict[str, Any], pp: int, notes: list[str]) -> None:
+    """What Megatron-LM 0.19's validate_args makes of P2P overlap and layer offload: the
+    interleaved schedule overlaps P2P unless --no-overlap-p2p-communication, 1F1B never
+    does (it turns the option off); --cpu-offloading-num-layers > 0 turns offload on."""
+    if pp > 1 and s.get("interleaving_size", 1) > 1:
+        if "overlap_p2p_comm" not in s:
+            s["overlap_p2p_comm"] = True
+            notes.append("P2P overlap: Megatron-LM's default with the interleaved schedule (--no-overlap-p2p-communication turns it off)")
+    elif s.pop("overlap_p2p_comm", False) and pp > 1:
+        notes.append("--overlap-p2p-communication: Megatron turns it off without the interleaved schedule (blocking P2P modelled)")
+    if s.get("cpu_offloading_num_layers", 0) > 0:
+        s["cpu_offloading"] = True
 
 
 def _values_after(tokens: list[str], i: int) -> list[str]:

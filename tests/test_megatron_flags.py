@@ -1,0 +1,143 @@
+"""The exported Megatron-LM flags are Megatron-LM 0.19's: its own argument parser
+(megatron.training.arguments, shipped in the megatron-core wheel) reads every flag set the
+exporter writes and gets back the sizes and options we estimated; and the importer reads a
+command line with that version's defaults (P2P overlap on in the interleaved schedule, off in
+1F1B; a CPU-offload layer count turns offload on)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import typing
+import warnings
+
+import pytest
+
+from simumax.config.loader import load_model, load_strategy
+from simumax.errors import ConfigError
+from simumax.export.megatron_flags import megatron_flags, model_flags
+from simumax.importers.megatron_args import parse_megatron_args
+
+
+@pytest.fixture(scope="module")
+def megatron_parser() -> argparse.ArgumentParser:
+    pytest.importorskip("megatron.core")
+    added = not hasattr(typing, "override")
+    if added:  # megatron.training imports typing.override (Python 3.12); a no-op decorator before it
+        typing.override = lambda f: f  # type: ignore[attr-defined]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
+            from megatron.training.arguments import add_megatron_arguments
+    except ImportError as exc:
+        pytest.skip(f"megatron.training does not import here: {exc}")
+    finally:
+        if added:
+            del typing.override  # type: ignore[attr-defined]
+    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    add_megatron_arguments(parser)
+    return parser
+
+
+CASES = {
+    "gpt-bias-learned-positions": ("gpt3-175b", {"tp_size": 8, "pp_size": 4, "world_size": 32, "interleaving_size": 2,
+                                                 "micro_batch_num": 8, "enable_sequence_parallel": True}, {"add_bias_linear": True}),
+    "interleaved-blocking-p2p": ("llama3.1-8b", {"pp_size": 4, "world_size": 8, "interleaving_size": 2, "micro_batch_num": 8,
+                                                 "overlap_p2p_comm": False}, {}),
+    "interleaved-overlapped-p2p": ("llama3.1-8b", {"pp_size": 4, "world_size": 8, "interleaving_size": 2, "micro_batch_num": 8,
+                                                   "overlap_p2p_comm": True, "overlap_grad_reduce": True,
+                                                   "overlap_param_gather": True, "zero_state": 1}, {}),
+    "layer-offload": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "cpu_offloading": True, "cpu_offloading_num_layers": 4}, {}),
+    "precision-aware-optimizer": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "zero_state": 1, "use_precision_aware_optimizer": True,
+                                                  "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}, {}),
+    "fp8-cp-recompute": ("llama3.1-70b", {"tp_size": 4, "pp_size": 2, "cp_size": 2, "world_size": 16, "seq_len": 8192,
+                                          "enable_sequence_parallel": True, "fp8": True, "fp8_recipe": "blockwise",
+                                          "enable_recompute": True, "recompute_granularity": "full_block", "recompute_layer_num": 2,
+                                          "tp_comm_overlap": True}, {}),
+    "moe-mla-flex": ("deepseek-v3", {"pp_size": 1, "ep_size": 8, "world_size": 8, "moe_dispatcher_policy": "flex",
+                                     "overlap_moe_expert_parallel_comm": True}, {"layer_num": 4}),
+    "megatron-fsdp": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "zero_state": 3, "overlap_grad_reduce": True,
+                                      "overlap_param_gather": True}, {}),
+    "torch-fsdp2": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "zero_state": 3, "fsdp_impl": "torch_fsdp2"}, {}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_megatron_019_parses_every_exported_flag(megatron_parser: argparse.ArgumentParser, name: str) -> None:
+    model_name, upd, model_upd = CASES[name]
+    m = load_model(model_name).with_updates(model_upd) if model_upd else load_model(model_name)
+    st = load_strategy("tp1_pp2_dp4_mbs1").with_updates(upd)
+    tokens = shlex.split(" ".join(model_flags(m) + megatron_flags(st, m)))
+    args, rest = megatron_parser.parse_known_args(tokens)
+    assert not rest, f"Megatron-LM 0.19 does not know {rest}"
+    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size, args.context_parallel_size) == (
+        st.tp_size, st.pp_size, st.cp_size)
+    assert (args.micro_batch_size, args.global_batch_size, args.seq_length) == (st.micro_batch_size, st.global_batch_size, st.seq_len)
+    assert (args.num_layers, args.hidden_size, args.add_bias_linear) == (m.layer_num, m.hidden_size, m.add_bias_linear)
+    assert args.sequence_parallel == st.sp
+    assert (args.overlap_grad_reduce, args.overlap_param_gather) == (st.overlap_grad_reduce, st.overlap_param_gather)
+    if st.schedule == "interleaved":  # Megatron turns P2P overlap off for 1F1B itself
+        assert args.overlap_p2p_comm == st.p2p_overlapped
+    assert args.cpu_offloading_num_layers == (st.cpu_offloading_num_layers if st.cpu_offloading else 0)
+    # and the importer reads them back as they were
+    m2, s2, _ = parse_megatron_args(tokens, world_size=st.world_size)
+    assert (s2.p2p_overlapped, s2.cpu_offloading, m2.add_bias_linear) == (st.p2p_overlapped and st.pp_size > 1,
+                                                                         st.cpu_offloading, m.add_bias_linear)
+
+
+def test_import_takes_megatron_019_defaults() -> None:
+    """No P2P flag: overlapped with interleaving (said in a note), blocking in 1F1B even when
+    the older --overlap-p2p-communication asks (Megatron turns it off there)."""
+    base = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --micro-batch-size 1 "
+            "--vocab-size 32000 --pipeline-model-parallel-size 4 --global-batch-size 8")
+    _, s, notes = parse_megatron_args(base + " --num-layers-per-virtual-pipeline-stage 1", world_size=4)
+    assert s.interleaving_size == 2 and s.overlap_p2p_comm and any("P2P overlap" in n for n in notes)
+    _, s, _ = parse_megatron_args(base + " --num-layers-per-virtual-pipeline-stage 1 --no-overlap-p2p-communication", world_size=4)
+    assert not s.overlap_p2p_comm
+    _, s, notes = parse_megatron_args(base + " --overlap-p2p-communication", world_size=4)
+    assert not s.overlap_p2p_comm and any("turns it off" in n for n in notes)
+    _, s, _ = parse_megatron_args(base.replace("parallel-size 4", "parallel-size 1") + " --cpu-offloading-num-layers 2", world_size=1)
+    assert s.cpu_offloading and s.cpu_offloading_num_layers == 2
+
+
+def test_export_refuses_what_megatron_019_cannot_run() -> None:
+    m = load_model("llama3.1-8b")
+    with pytest.raises(ConfigError) as exc:
+        megatron_flags(load_strategy("tp1_pp2_dp4_mbs1").with_updates({"overlap_p2p_comm": True}), m)
+    assert exc.value.field == "overlap_p2p_comm"
+    st = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"use_precision_aware_optimizer": True, "store_param_remainders": False})
+    with pytest.raises(ConfigError) as exc:
+        megatron_flags(st, m)
+    assert exc.value.field == "store_param_remainders"
+
+
+def _known(parser: argparse.ArgumentParser) -> set[str]:
+    return {o for action in parser._actions for o in action.option_strings}
+
+
+def test_importer_tables_name_megatron_019_flags(megatron_parser: argparse.ArgumentParser) -> None:
+    """Every flag the importer reads is one Megatron-LM 0.19 has, or an older one it says so
+    of (OLDER_FLAGS; NOT_MODELLED keeps older spellings of the align / gc options too)."""
+    from simumax.config.megatron_names import OLDER_FLAGS, SWITCHES, VALUED
+    from simumax.importers.megatron_args import NO_EFFECT, NOT_MODELLED
+
+    known = _known(megatron_parser)
+    assert sorted(f for f in [*VALUED, *SWITCHES] if f not in known) == sorted(OLDER_FLAGS)
+    assert sorted(f for f in NO_EFFECT if f not in known) == []
+    assert sorted(f for f in NOT_MODELLED if f not in known) == ["--align-grad-reduce", "--align-param-gather", "--manual-gc-eval"]
+
+
+def test_importer_defaults_are_megatron_019s(megatron_parser: argparse.ArgumentParser) -> None:
+    """A flag left out means what Megatron-LM 0.19's parser defaults it to."""
+    from simumax.importers.megatron_args import MEGATRON_DEFAULTS
+
+    d = megatron_parser.parse_args([])
+    ours = {flag: value for flag, _, value, _ in MEGATRON_DEFAULTS}
+    assert ours["--normalization"] == d.normalization.lower()
+    assert ours["--position-embedding-type"] == d.position_embedding_type
+    assert ours["--disable-bias-linear"] == d.add_bias_linear
+    assert ours["--untie-embeddings-and-output-weights"] == d.untie_embeddings_and_output_weights
+    assert (d.attention_dropout, d.hidden_dropout, d.overlap_p2p_comm, d.moe_token_dispatcher_type) == (0.1, 0.1, True, "allgather")
+    m, s, _ = parse_megatron_args("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --micro-batch-size 1 "
+                                  "--vocab-size 32000 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512", world_size=1)
+    assert s.enable_dropout and s.moe_dispatcher_policy == "all_gather" and m.norm_type == "layernorm"
