@@ -141,3 +141,50 @@ def test_importer_defaults_are_megatron_019s(megatron_parser: argparse.ArgumentP
     m, s, _ = parse_megatron_args("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --micro-batch-size 1 "
                                   "--vocab-size 32000 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512", world_size=1)
     assert s.enable_dropout and s.moe_dispatcher_policy == "all_gather" and m.norm_type == "layernorm"
+
+
+def test_megatron_019_parses_the_flags_of_random_strategies(megatron_parser: argparse.ArgumentParser) -> None:
+    """Hypothesis over layouts and options: whatever the exporter writes (it may refuse, with
+    a ConfigError naming the field), Megatron-LM 0.19's parser knows every flag and reads
+    the parallel sizes and overlap options back."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as hs
+
+    models = {name: load_model(name).with_updates({"layer_num": 8}) for name in ("gpt3-175b", "llama3.1-8b", "qwen3-30b-a3b")}
+    options = ("overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm", "tp_comm_overlap", "cpu_offloading",
+               "optimizer_cpu_offload", "delay_wgrad_compute", "defer_embedding_wgrad_compute", "nccl_ub", "fp8",
+               "use_precision_aware_optimizer", "enable_recompute", "overlap_moe_expert_parallel_comm")
+
+    @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    @given(hs.sampled_from(sorted(models)), hs.sampled_from([1, 2, 4]), hs.sampled_from([1, 2, 4]), hs.sampled_from([1, 2]),
+           hs.sampled_from([0, 1, 2, 3]), hs.fixed_dictionaries({k: hs.booleans() for k in options}),
+           hs.sampled_from(["all2all", "all_gather", "flex"]))
+    def check(name, tp, pp, vp, zero, opts, dispatcher) -> None:
+        m = models[name]
+        # the options' own rules (each refused otherwise, and covered by its tests): keep the draws legal
+        opts["overlap_moe_expert_parallel_comm"] &= m.is_moe and pp == 1 and not opts["enable_recompute"]
+        opts["delay_wgrad_compute"] &= opts["overlap_moe_expert_parallel_comm"]
+        opts["cpu_offloading"] &= pp == 1 and not opts["enable_recompute"]
+        opts["optimizer_cpu_offload"] &= zero == 1
+        d = {"tp_size": tp, "pp_size": pp, "world_size": tp * pp * 2, "interleaving_size": vp if pp > 2 else 1, "micro_batch_num": 8,
+             "enable_sequence_parallel": tp > 1, "zero_state": zero, **opts}
+        if m.is_moe:
+            d.update(ep_size=2, moe_dispatcher_policy=dispatcher)
+        if opts["cpu_offloading"]:
+            d["cpu_offloading_num_layers"] = 1
+        if opts["enable_recompute"]:
+            d.update(recompute_granularity="full_block", recompute_layer_num=1)
+        try:
+            st = load_strategy("tp1_pp2_dp4_mbs1").with_updates(d)
+            tokens = shlex.split(" ".join(model_flags(m) + megatron_flags(st, m)))
+        except ConfigError:
+            return
+        args, rest = megatron_parser.parse_known_args(tokens)
+        assert not rest, f"Megatron-LM 0.19 does not know {rest}"
+        assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size) == (tp, pp)
+        assert (args.overlap_grad_reduce, args.overlap_param_gather, args.tp_comm_overlap) == (
+            st.overlap_grad_reduce, st.overlap_param_gather, st.tp_comm_overlap)
+        if st.schedule == "interleaved":
+            assert args.overlap_p2p_comm == st.p2p_overlapped
+
+    check()
