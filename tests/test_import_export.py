@@ -340,15 +340,16 @@ def test_megatron_defaults_for_flags_left_out() -> None:
     m, s, notes = parse_megatron_args(gpt, world_size=1)
     assert (m.norm_type, m.position_embedding_type, m.add_bias_linear, m.untie_embeddings_and_output_weights) == (
         "layernorm", "learned_absolute", True, False)
-    assert s.enable_dropout and m.intermediate_size == 4096
+    assert s.enable_dropout and m.intermediate_size == 4096 and s.dtype == "fp32"  # no --bf16: Megatron's fp32
     assert {n.split(" not given")[0] for n in notes} >= {"--normalization", "--position-embedding-type",
-                                                         "--attention-dropout / --hidden-dropout", "--ffn-hidden-size"}
-    llama = (gpt + " --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --swiglu "
+                                                         "--attention-dropout / --hidden-dropout", "--ffn-hidden-size",
+                                                         "--bf16 / --fp16"}
+    llama = (gpt + " --bf16 --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --swiglu "
              "--untie-embeddings-and-output-weights --attention-dropout 0.0 --hidden-dropout 0")
     m, s, notes = parse_megatron_args(llama, world_size=1)
     assert (m.norm_type, m.position_embedding_type, m.add_bias_linear, m.untie_embeddings_and_output_weights) == (
         "rmsnorm", "rope", False, True)
-    assert not s.enable_dropout and notes == ["--ffn-hidden-size not given: Megatron's default 2688"]
+    assert not s.enable_dropout and s.dtype == "bf16" and notes == ["--ffn-hidden-size not given: Megatron's default 2688"]
     # dropout travels both ways
     on = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"enable_dropout": True})
     assert parse_megatron_args(gpt.split() + megatron_flags(on), world_size=8)[1].enable_dropout

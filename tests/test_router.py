@@ -167,7 +167,7 @@ def test_router_flags_import_export() -> None:
     flags = model_flags(m0)
     assert "--moe-router-score-function sigmoid" in flags and "--moe-router-enable-expert-bias" in flags
     m, _, notes = parse_megatron_args(flags + ["--seq-length", "4096", "--attention-dropout", "0", "--hidden-dropout", "0",
-                                               "--moe-token-dispatcher-type", "alltoall"])
+                                               "--moe-token-dispatcher-type", "alltoall", "--bf16"])
     assert not notes
     for name in ("moe_router_score_function", "moe_router_num_groups", "moe_router_group_topk", "moe_router_topk_scaling_factor",
                  "moe_router_load_balancing_type", "moe_router_enable_expert_bias", "moe_z_loss_coeff", "moe_router_pre_softmax"):

@@ -226,6 +226,9 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             m[field] = value
             if text:
                 notes.append(f"{flag} not given: Megatron's default {text}")
+    if "dtype" not in s:  # Megatron's params_dtype is fp32 unless --bf16 / --fp16 (arguments.py, validate_args)
+        s["dtype"] = "fp32"
+        notes.append("--bf16 / --fp16 not given: Megatron trains in fp32")
     dropout = [float(extra.get(f, "0.1")) for f in ("--attention-dropout", "--hidden-dropout")]
     s["enable_dropout"] = any(p > 0 for p in dropout)
     if "--attention-dropout" not in extra and "--hidden-dropout" not in extra:
