@@ -56,6 +56,7 @@ CASES = {
                                           "tp_comm_overlap": True}, {}),
     "moe-mla-flex": ("deepseek-v3", {"pp_size": 1, "ep_size": 8, "world_size": 8, "moe_dispatcher_policy": "flex",
                                      "overlap_moe_expert_parallel_comm": True}, {"layer_num": 4}),
+    "gpt-oss-sliding-window-sinks": ("gpt-oss-20b", {"pp_size": 1, "ep_size": 8, "world_size": 8}, {"layer_num": 4}),
     "megatron-fsdp": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "zero_state": 3, "overlap_grad_reduce": True,
                                       "overlap_param_gather": True}, {}),
     "torch-fsdp2": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "zero_state": 3, "fsdp_impl": "torch_fsdp2"}, {}),
@@ -79,6 +80,10 @@ def test_megatron_019_parses_every_exported_flag(megatron_parser: argparse.Argum
     if st.schedule == "interleaved":  # Megatron turns P2P overlap off for 1F1B itself
         assert args.overlap_p2p_comm == st.p2p_overlapped
     assert args.cpu_offloading_num_layers == (st.cpu_offloading_num_layers if st.cpu_offloading else 0)
+    # a sliding window as TransformerEngine's (left, right), keys i - left .. i
+    assert args.window_size == (None if m.window_size is None else (m.window_size - 1, 0))
+    assert args.window_attn_skip_freq == m.window_attn_skip_freq
+    assert args.softmax_type == ("learnable" if m.attention_sinks else "vanilla")
     # and the importer reads them back as they were
     m2, s2, _ = parse_megatron_args(tokens, world_size=st.world_size)
     assert (s2.p2p_overlapped, s2.cpu_offloading, m2.add_bias_linear) == (st.p2p_overlapped and st.pp_size > 1,
@@ -188,3 +193,19 @@ def test_megatron_019_parses_the_flags_of_random_strategies(megatron_parser: arg
             assert args.overlap_p2p_comm == st.p2p_overlapped
 
     check()
+
+
+def test_import_reads_sliding_windows_as_megatron_writes_them() -> None:
+    """--window-size is TransformerEngine's (left, right) window: left + 1 keys per query;
+    -1 unbounded. --window-attn-skip-freq N or its (N - 1):1 list pattern; another pattern is
+    refused by name."""
+    base = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 4096 --micro-batch-size 1 "
+            "--vocab-size 32000 --bf16")
+    m, _, _ = parse_megatron_args(base + " --window-size 127,0 --window-attn-skip-freq '[1,1,1,0]*2' --softmax-type learnable")
+    assert (m.window_size, m.window_attn_skip_freq, m.attention_sinks) == (128, 4, True)
+    m, _, _ = parse_megatron_args(base + " --window-size '(-1,0)'")
+    assert m.window_size is None
+    for bad in ("--window-attn-skip-freq '[1,0,0,1]'", "--window-size x", "--window-attn-skip-freq 0"):
+        with pytest.raises(ConfigError) as exc:
+            parse_megatron_args(f"{base} --window-size 127,0 {bad}")
+        assert exc.value.field == bad.split()[0]

@@ -231,6 +231,12 @@ def model_flags(model: ModelConfig) -> list[str]:
         if model.q_lora_rank:
             f.append(_m("q_lora_rank", model.q_lora_rank))
         f += [_m(field, getattr(model, field)) for field in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")]
+    if model.window_size is not None:  # TransformerEngine's (left, right): keys i - left .. i
+        f.append(f"--window-size {model.window_size - 1},0")
+        if model.window_attn_skip_freq:
+            f.append(f"--window-attn-skip-freq {model.window_attn_skip_freq}")
+    if model.attention_sinks:
+        f.append("--softmax-type learnable")
     for name in ("qk_layernorm", "attention_output_gate"):
         if getattr(model, name):
             f.append(switch_flag("m", name))

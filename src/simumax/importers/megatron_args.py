@@ -192,6 +192,16 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
                 extra["limited_devices"] = str(int(value))
             except ValueError:
                 raise ConfigError(flag, f"expected an int, got {value!r}") from None
+        elif flag == "--window-size" and value is not None:  # TransformerEngine's (left, right); -1: unbounded
+            m["window_size"] = _window_keys(value)
+        elif flag == "--window-attn-skip-freq" and value is not None:
+            m["window_attn_skip_freq"] = _skip_freq(value)
+        elif flag == "--softmax-type" and value is not None:
+            if value not in ("vanilla", "off-by-one", "learnable"):
+                raise ConfigError(flag, f"expected vanilla, off-by-one or learnable, got {value!r}")
+            m["attention_sinks"] = value == "learnable"  # GPT-OSS's learned sink logits
+            if value == "off-by-one":
+                notes.append("--softmax-type off-by-one: costed as the vanilla softmax (one constant sink logit)")
         elif flag == "--no-rope-freq" and value is not None:  # Megatron's no_rope_freq_type: an int or a list
             m["no_rope_freq"] = _int_or_layer_list(flag, value)
         elif flag == "--attention-backend" and value is not None:  # Megatron-Core's AttnBackend
@@ -328,6 +338,38 @@ def _p2p_and_offload_defaults(s: dict[str, Any], pp: int, notes: list[str]) -> N
         notes.append("--overlap-p2p-communication: Megatron turns it off without the interleaved schedule (blocking P2P modelled)")
     if s.get("cpu_offloading_num_layers", 0) > 0:
         s["cpu_offloading"] = True
+
+
+def _window_keys(value: str) -> int | None:
+    """Megatron's --window-size "left,right" (TransformerEngine: a query attends keys i - left
+    .. i + right; causal runs take right 0) as the keys a query attends, itself included."""
+    try:
+        left = _tuple_ints(value)[0]
+    except (ValueError, IndexError):
+        raise ConfigError("--window-size", f"expected 'left,right' integers, got {value!r}") from None
+    if left < -1:
+        raise ConfigError("--window-size", f"left must be >= -1 (-1: unbounded), got {left}")
+    return None if left == -1 else left + 1
+
+
+def _tuple_ints(value: str) -> tuple[int, ...]:
+    """Megatron's tuple_type: "1,2" or "(1,2)" -> (1, 2)."""
+    return tuple(int(x) for x in value.strip().strip("()").split(","))
+
+
+def _skip_freq(value: str) -> int:
+    """--window-attn-skip-freq: N (every N-th layer attends everything) or a 0/1 list, 1 for a
+    windowed layer, which must repeat N - 1 windowed layers and one full one."""
+    got = _int_or_layer_list("--window-attn-skip-freq", value)
+    if isinstance(got, int):
+        if got < 1:
+            raise ConfigError("--window-attn-skip-freq", f"must be >= 1 (got {got})")
+        return got
+    n = got.index(0) + 1 if 0 in got else 0
+    if not n or any(bit != int((i + 1) % n != 0) for i, bit in enumerate(got)):
+        raise ConfigError("--window-attn-skip-freq", "a layer list is modelled when it repeats N - 1 windowed layers (1) "
+                          "and one full layer (0)")
+    return n
 
 
 def _values_after(tokens: list[str], i: int) -> list[str]:
