@@ -209,3 +209,17 @@ def test_import_reads_sliding_windows_as_megatron_writes_them() -> None:
         with pytest.raises(ConfigError) as exc:
             parse_megatron_args(f"{base} --window-size 127,0 {bad}")
         assert exc.value.field == bad.split()[0]
+
+
+def test_import_says_what_it_does_with_activation_and_optimizer_flags() -> None:
+    """--quick-geglu is a gated MLP (two up-projections) whose default FFN stays 4h (Megatron's
+    2/3 rule is --swiglu's only); --squared-relu and a non-Adam --optimizer are read past
+    with their reason, not silently."""
+    base = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --micro-batch-size 1 "
+            "--vocab-size 32000 --bf16")
+    m, _, notes = parse_megatron_args(base + " --quick-geglu --optimizer sgd --squared-relu", world_size=1)
+    assert m.use_swiglu and m.intermediate_size == 4 * 1024
+    assert any(n.startswith("--optimizer sgd: not modelled") for n in notes)
+    assert any("--squared-relu" in n and "not modelled" in n for n in notes)
+    m, _, notes = parse_megatron_args(base + " --swiglu --optimizer adam", world_size=1)
+    assert m.intermediate_size == 2688 and not any("--optimizer" in n and "not modelled" in n for n in notes)

@@ -4,7 +4,6 @@ that do not affect time or memory: data paths, logging, learning rate ...)."""
 
 from __future__ import annotations
 
-import ast
 import math
 import shlex
 from typing import Any
@@ -14,6 +13,7 @@ from simumax.config.megatron_names import SWITCHES, VALUED, flag_of
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
+from simumax.importers.megatron_values import int_or_layer_list, is_one, layer_pattern, skip_freq, values_after, window_keys
 
 SIZE_FIELDS = frozenset({"tp_size", "pp_size", "cp_size", "ep_size", "etp_size", "micro_batch_size"})
 
@@ -59,6 +59,16 @@ NOT_MODELLED = {
     **dict.fromkeys(("--no-bias-dropout-fusion", "--no-bias-gelu-fusion", "--no-persist-layer-norm"),
                     "an unfused element-wise kernel chain: the fused kernel's traffic is modelled"),
     "--moe-per-layer-logging": "a small all-reduce of per-layer MoE statistics on logged steps",
+    **dict.fromkeys(("--squared-relu", "--openai-gelu", "--use-te-activation-func"),
+                    "the MLP's activation is costed as GeLU's element-wise pass (the same GEMMs)"),
+    "--add-qkv-bias": "q / k / v biases: one bias add per projection and their gradients",
+    "--no-gradient-reduce-div-fusion": "the gradient scaling as a separate pass before the reduce",
+    **dict.fromkeys(("--tp-comm-overlap-rs-dgrad", "--disable-tp-comm-overlap-ag", "--no-tp-comm-overlap-ag",
+                     "--disable-tp-comm-overlap-rs", "--no-tp-comm-overlap-rs", "--disable-tp-comm-bulk-dgrad",
+                     "--no-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-wgrad", "--no-tp-comm-bulk-wgrad",
+                     "--disable-tp-comm-split-ag", "--no-tp-comm-split-ag", "--disable-tp-comm-split-rs",
+                     "--no-tp-comm-split-rs"), "userbuffers settings: TransformerEngine's defaults are modelled"),
+    "--overlap-p2p-communication-warmup-flush": "P2P overlap in the warm-up and flush too: every P2P is overlapped as modelled",
     **dict.fromkeys(("--ddp-num-buckets", "--ddp-pad-buckets-for-high-nccl-busbw", "--align-grad-reduce",
                      "--no-align-grad-reduce", "--disable-align-grad-reduce", "--align-param-gather",
                      "--no-align-param-gather"), "DDP bucket layout and launch options: Megatron's defaults are modelled"),
@@ -141,14 +151,14 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         elif flag == "--recompute-granularity" and value is not None:
             extra["granularity"] = value
         elif flag in ("--recompute-modules", "--offload-modules"):
-            mods = _values_after(tokens, i)
+            mods = values_after(tokens, i)
             if flag == "--offload-modules":
                 s["offload_modules"] = mods
             else:
                 extra["modules"] = " ".join(mods)
             step = 1 + len(mods)
         elif flag == "--hierarchical-context-parallel-sizes":
-            words = _values_after(tokens, i)
+            words = values_after(tokens, i)
             try:
                 s["hierarchical_context_parallel_sizes"] = [int(w) for w in words]
             except ValueError:
@@ -179,12 +189,12 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         elif flag in ("--fp4-format", "--fp4"):
             s["fp4"] = True
         elif flag == "--moe-layer-freq" and value is not None:
-            pattern = _layer_pattern(value)
+            pattern = layer_pattern(value)
             lead = len(pattern) - len("".join(pattern).lstrip("0")) if pattern else 0
             if pattern and set("".join(pattern[lead:])) <= {"1"}:
                 m["dense_layers"] = lead  # dense layers first (DeepSeek's first_k_dense)
             else:
-                m["moe_layer_freq"] = _int_or_layer_list(flag, value)  # an int: every N-th layer from the first
+                m["moe_layer_freq"] = int_or_layer_list(flag, value)  # an int: every N-th layer from the first
         elif flag == "--moe-router-topk-limited-devices" and value is not None:
             # megatron-core TransformerConfig: deprecated for group-limited routing with one
             # group per EP rank (moe_router_num_groups = EP size, moe_router_group_topk = N)
@@ -193,9 +203,9 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             except ValueError:
                 raise ConfigError(flag, f"expected an int, got {value!r}") from None
         elif flag == "--window-size" and value is not None:  # TransformerEngine's (left, right); -1: unbounded
-            m["window_size"] = _window_keys(value)
+            m["window_size"] = window_keys(value)
         elif flag == "--window-attn-skip-freq" and value is not None:
-            m["window_attn_skip_freq"] = _skip_freq(value)
+            m["window_attn_skip_freq"] = skip_freq(value)
         elif flag == "--softmax-type" and value is not None:
             if value not in ("vanilla", "off-by-one", "learnable"):
                 raise ConfigError(flag, f"expected vanilla, off-by-one or learnable, got {value!r}")
@@ -203,7 +213,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             if value == "off-by-one":
                 notes.append("--softmax-type off-by-one: costed as the vanilla softmax (one constant sink logit)")
         elif flag == "--no-rope-freq" and value is not None:  # Megatron's no_rope_freq_type: an int or a list
-            m["no_rope_freq"] = _int_or_layer_list(flag, value)
+            m["no_rope_freq"] = int_or_layer_list(flag, value)
         elif flag == "--attention-backend" and value is not None:  # Megatron-Core's AttnBackend
             if value not in ("auto", "flash", "fused", "unfused", "local"):
                 raise ConfigError(flag, f"expected auto, flash, fused, unfused or local, got {value!r}")
@@ -217,7 +227,13 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             if value not in ("block", "uniform"):
                 raise ConfigError(flag, f"expected block or uniform, got {value!r}")
             extra["method"] = value
-        elif flag in NO_EFFECT or (flag == "--rotary-percent" and value is not None and _is_one(value)):
+        elif flag == "--quick-geglu":  # megatron-core: a gated MLP (gated_linear_unit) with quick-GELU
+            m["use_swiglu"] = True
+            extra["quick_geglu"] = "1"  # (not --swiglu: Megatron's default FFN stays 4h)
+            notes.append("--quick-geglu: the gated MLP's GEMMs as SwiGLU's, its activation costed as SwiGLU's")
+        elif flag == "--optimizer" and value is not None and value != "adam":
+            notes.append(f"--optimizer {value}: not modelled, the step and its states are Adam's (two fp32 moments)")
+        elif flag in NO_EFFECT or (flag == "--rotary-percent" and value is not None and is_one(value)) or flag == "--optimizer":
             no_effect.append(flag)
         elif flag in NOT_MODELLED:
             not_modelled.setdefault(NOT_MODELLED[flag], []).append(flag)
@@ -258,7 +274,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     if "intermediate_size" not in m and "hidden_size" in m:
         # Megatron's default --ffn-hidden-size: 4h, or 2/3 of it rounded down to 64 with SwiGLU
         h = m["hidden_size"]
-        m["intermediate_size"] = int(4 * h * 2 / 3 / 64) * 64 if m.get("use_swiglu") else 4 * h
+        m["intermediate_size"] = int(4 * h * 2 / 3 / 64) * 64 if m.get("use_swiglu") and "quick_geglu" not in extra else 4 * h
         notes.append(f"--ffn-hidden-size not given: Megatron's default {m['intermediate_size']}")
     if "vocab_size" not in m:
         raise ConfigError("--vocab-size", "required (Megatron reads it from the tokenizer; pass it explicitly)")
@@ -338,92 +354,6 @@ def _p2p_and_offload_defaults(s: dict[str, Any], pp: int, notes: list[str]) -> N
         notes.append("--overlap-p2p-communication: Megatron turns it off without the interleaved schedule (blocking P2P modelled)")
     if s.get("cpu_offloading_num_layers", 0) > 0:
         s["cpu_offloading"] = True
-
-
-def _window_keys(value: str) -> int | None:
-    """Megatron's --window-size "left,right" (TransformerEngine: a query attends keys i - left
-    .. i + right; causal runs take right 0) as the keys a query attends, itself included."""
-    try:
-        left = _tuple_ints(value)[0]
-    except (ValueError, IndexError):
-        raise ConfigError("--window-size", f"expected 'left,right' integers, got {value!r}") from None
-    if left < -1:
-        raise ConfigError("--window-size", f"left must be >= -1 (-1: unbounded), got {left}")
-    return None if left == -1 else left + 1
-
-
-def _tuple_ints(value: str) -> tuple[int, ...]:
-    """Megatron's tuple_type: "1,2" or "(1,2)" -> (1, 2)."""
-    return tuple(int(x) for x in value.strip().strip("()").split(","))
-
-
-def _skip_freq(value: str) -> int:
-    """--window-attn-skip-freq: N (every N-th layer attends everything) or a 0/1 list, 1 for a
-    windowed layer, which must repeat N - 1 windowed layers and one full one."""
-    got = _int_or_layer_list("--window-attn-skip-freq", value)
-    if isinstance(got, int):
-        if got < 1:
-            raise ConfigError("--window-attn-skip-freq", f"must be >= 1 (got {got})")
-        return got
-    n = got.index(0) + 1 if 0 in got else 0
-    if not n or any(bit != int((i + 1) % n != 0) for i, bit in enumerate(got)):
-        raise ConfigError("--window-attn-skip-freq", "a layer list is modelled when it repeats N - 1 windowed layers (1) "
-                          "and one full layer (0)")
-    return n
-
-
-def _values_after(tokens: list[str], i: int) -> list[str]:
-    """The words after a flag that takes several (``--recompute-modules core_attn mlp``),
-    up to the next flag."""
-    out = []
-    for tok in tokens[i + 1:]:
-        if tok.startswith("--"):
-            break
-        out.append(tok)
-    return out
-
-
-def _int_or_layer_list(flag: str, value: str) -> int | list[int]:
-    """A per-layer flag Megatron takes as an int or a 0/1 list expression (--moe-layer-freq,
-    --no-rope-freq)."""
-    pattern = _layer_pattern(value)
-    if pattern:
-        return [int(x) for x in pattern]
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(flag, f"expected an int or a list of 0/1, got {value!r}") from None
-
-
-def _layer_pattern(value: str) -> list[str] | None:
-    """--moe-layer-freq as a list of "0"/"1" per layer: Megatron takes an int N (every N-th
-    layer MoE) or a Python list expression ("[0,0,1,1]", "([0]*3+[1]*58)"); lists of
-    integers, + and * are read here without evaluating code."""
-    if value.strip().lstrip("(").startswith("["):
-        try:
-            got = _list_expr(ast.parse(value.strip(), mode="eval").body)
-        except (SyntaxError, ValueError, TypeError):
-            raise ConfigError("--moe-layer-freq", f"cannot read {value!r} (a list of 0/1, with + and *)") from None
-        return [str(x) for x in got]
-    return None
-
-
-def _list_expr(node: ast.AST) -> Any:
-    if isinstance(node, ast.List):
-        return [_list_expr(e) for e in node.elts]
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
-        return node.value
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
-        a, b = _list_expr(node.left), _list_expr(node.right)
-        return a + b if isinstance(node.op, ast.Add) else a * b
-    raise ValueError("not a list expression")
-
-
-def _is_one(value: str) -> bool:
-    try:
-        return float(value) == 1.0
-    except ValueError:
-        return False
 
 
 def _by_flag(target: str, build: Any) -> Any:
