@@ -2,7 +2,7 @@
 importer (flags -> fields, importers/megatron_args.py) and the exporter (fields -> flags,
 export/megatron_flags.py). Flags whose value needs a conversion either way (recompute,
 dispatcher type, normalization, --moe-layer-freq, ...) are handled in both places by hand.
-The exporter writes what Megatron-LM 0.19's parser accepts (tests/test_import_export.py
+The exporter writes what Megatron-LM 0.19's parser accepts (tests/test_megatron_flags.py
 parses it with that parser); ``OLDER_FLAGS`` are read from older scripts, never written."""
 
 from __future__ import annotations

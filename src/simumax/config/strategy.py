@@ -283,7 +283,8 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         "beside the layer's compute) and come back one layer ahead in backward (graph/offload.py).",
     )
     cpu_offloading: bool = Field(
-        False, description="Megatron layer offload (TransformerEngine's CPU offload; Megatron-LM 0.19 turns it on with --cpu-offloading-num-layers > 0, older ones with --cpu-offloading): every tensor the first "
+        False, description="Megatron layer offload (TransformerEngine's CPU offload; Megatron-LM 0.19 turns it on with "
+        "--cpu-offloading-num-layers > 0, older ones with --cpu-offloading): every tensor the first "
         "cpu_offloading_num_layers layers save for backward goes to host memory during forward and comes back one layer "
         "ahead in backward (Megatron: pp 1, no recompute).",
     )
