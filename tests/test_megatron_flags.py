@@ -156,7 +156,8 @@ def test_megatron_019_parses_the_flags_of_random_strategies(megatron_parser: arg
     from hypothesis import strategies as hs
 
     models = {name: load_model(name).with_updates({"layer_num": 8}) for name in ("gpt3-175b", "llama3.1-8b", "qwen3-30b-a3b")}
-    options = ("overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm", "tp_comm_overlap", "cpu_offloading",
+    options = ("overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm", "overlap_p2p_comm_warmup_flush",
+               "tp_comm_overlap", "cpu_offloading",
                "optimizer_cpu_offload", "delay_wgrad_compute", "defer_embedding_wgrad_compute", "nccl_ub", "fp8",
                "use_precision_aware_optimizer", "enable_recompute", "overlap_moe_expert_parallel_comm")
 
@@ -191,6 +192,7 @@ def test_megatron_019_parses_the_flags_of_random_strategies(megatron_parser: arg
             st.overlap_grad_reduce, st.overlap_param_gather, st.tp_comm_overlap)
         if st.schedule == "interleaved":
             assert args.overlap_p2p_comm == st.p2p_overlapped
+            assert args.overlap_p2p_comm_warmup_flush == (st.p2p_overlapped and st.overlap_p2p_comm_warmup_flush)
 
     check()
 

@@ -391,3 +391,22 @@ def test_ddp_prescaling_follows_megatrons_factors() -> None:
     assert prescaled_params(st.with_updates({"ddp_average_in_collective": True}), stage) == stage.expert_params
     one = _est("llama3-8b", world_size=1, pp_size=1, micro_batch_num=2)
     assert prescaled_params(one.strategy, one.stages[0]) == 0  # dp 1: the factor is 1
+
+
+def test_interleaved_p2p_overlap_blocks_in_warmup_and_flush_by_hand() -> None:
+    """Megatron's interleaved schedule overlaps P2P in its steady state only. p = 2, v = 2,
+    m = 4 (vstages 0..3 on ranks 0, 1, 0, 1): rank 0 warms up with (p - 1)·2 + (v - 1)·p = 4
+    forwards (each sends), its flush runs the last steady backward and four cooldown
+    backwards (vstage 2's send to rank 1, twice; vstage 0's send nothing): 6 blocking sends;
+    rank 1 warms up with 2 forwards (vstage 1's: both send) and ends with 3 backwards that all
+    send: 5. With --overlap-p2p-communication-warmup-flush none blocks; without overlap all do."""
+    ranks, s = [0, 1, 0, 1], 0.01
+    costs = PassCosts(rank=ranks, dur={(kind, k): 1.0 for kind in (FORWARD, BACKWARD) for k in range(4)}, p2p=[s] * 4)
+    order = interleaved.order(2, 4, 2)
+    phase = run_pipeline(order, costs, PipelineOptions(p2p_overlapped=True, p2p_blocks_warmup_flush=True), record=False)
+    free = run_pipeline(order, costs, PipelineOptions(p2p_overlapped=True), record=False)
+    blocking = run_pipeline(order, costs, PipelineOptions(), record=False)
+    assert phase.sent == pytest.approx([6 * s, 5 * s])
+    assert free.sent == [0.0, 0.0]
+    assert blocking.sent == pytest.approx([(8 + 4) * s, (4 + 8) * s])  # F of vstages 0, 1, 2; B of 1, 2, 3
+    assert max(free.end) <= max(phase.end) <= max(blocking.end)

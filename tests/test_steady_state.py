@@ -28,7 +28,8 @@ BUSY = SYSTEM.with_updates({"networks": {**_NETS, **{t: {**v, "processor_usage":
 DENSE = load_model("llama2-tiny")
 MOE = load_model("mixtral-8x1b")
 
-OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_p2p_comm", "defer_embedding_wgrad_compute")
+OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_p2p_comm", "overlap_p2p_comm_warmup_flush",
+            "defer_embedding_wgrad_compute")
 
 
 @hs.composite

@@ -174,7 +174,8 @@ class Estimate(DataParallelStep):
     def pipeline_ends(self) -> list[float]:
         """End of each rank's last pass (no overlap): the task order on the event engine
         without recording events."""
-        opts = PipelineOptions(p2p_overlapped=self.strategy.p2p_overlapped)
+        opts = PipelineOptions(p2p_overlapped=self.strategy.p2p_overlapped,
+                               p2p_blocks_warmup_flush=self.strategy.p2p_blocks_warmup_flush)
         return self.steady_pipeline(pass_costs(self), opts).end
 
     def steady_pipeline(self, costs: PassCosts, opts: PipelineOptions,

@@ -49,7 +49,8 @@ LAYOUT_FIELDS = frozenset(
         "world_size", "pp_size", "interleaving_size", "microbatch_group_size_per_vp_stage",
         "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "micro_batch_num",
         "zero_state", "recompute_layer_num", "recompute_method", "pp_schedule", "dp_net", "pp_net", "overlap_grad_reduce",
-        "overlap_param_gather", "overlap_param_gather_with_optimizer_step", "overlap_p2p_comm", "pp_comm_async", "ddp_bucket_size",
+        "overlap_param_gather", "overlap_param_gather_with_optimizer_step", "overlap_p2p_comm", "pp_comm_async",
+        "overlap_p2p_comm_warmup_flush", "ddp_bucket_size",
         "defer_embedding_wgrad_compute", "mem_factor", "account_for_embedding_in_pipeline_split",
         "account_for_loss_in_pipeline_split", "pipeline_model_parallel_layout",
         "optimizer_cpu_offload", "optimizer_offload_fraction",  # the step and model states, not the layers

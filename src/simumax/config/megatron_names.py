@@ -111,6 +111,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--grad-reduce-in-bf16": ("s", "grad_reduce_in_bf16", True),
     "--overlap-p2p-communication": ("s", "overlap_p2p_comm", True),
     "--no-overlap-p2p-communication": ("s", "overlap_p2p_comm", False),  # Megatron-LM 0.19 (on by default with interleaving)
+    "--overlap-p2p-communication-warmup-flush": ("s", "overlap_p2p_comm_warmup_flush", True),
     "--use-precision-aware-optimizer": ("s", "use_precision_aware_optimizer", True),
     "--no-store-param-remainders": ("s", "store_param_remainders", False),
     "--fp8-param-gather": ("s", "fp8_param_gather", True),

@@ -331,6 +331,9 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
     overlap_p2p_comm: bool = Field(False, description="P2P sends run on a communication stream (do not block compute). "
                                    "Megatron-LM 0.19 does so by default in the interleaved schedule (--no-overlap-p2p-communication "
                                    "turns it off) and never in 1F1B; SimuMax files (pp_comm_async) default to off.")
+    overlap_p2p_comm_warmup_flush: bool = Field(
+        False, description="Megatron --overlap-p2p-communication-warmup-flush: with P2P overlap in the interleaved schedule, "
+        "overlap the warm-up and flush P2P too (off: their sends block, as Megatron runs them by default).")
     moe_shared_expert_overlap: bool = Field(
         False, description="Megatron --moe-shared-expert-overlap: the shared experts run on a side stream, FC1 under "
         "the dispatch all-to-all and FC2 under the combine's (and their backward under the all-to-alls' backward).",

@@ -23,6 +23,7 @@ class StrategyDerived:
         interleaving_size: int
         overlap_p2p_comm: bool
         pp_comm_async: bool
+        overlap_p2p_comm_warmup_flush: bool
         fsdp_replicate_size: int
         micro_batch_size: int
         micro_batch_num: int
@@ -65,6 +66,13 @@ class StrategyDerived:
     @property
     def p2p_overlapped(self) -> bool:
         return self.overlap_p2p_comm or self.pp_comm_async
+
+    @property
+    def p2p_blocks_warmup_flush(self) -> bool:
+        """Megatron's interleaved schedule overlaps P2P in its steady state only: the warm-up
+        forwards and the flush backwards send blocking (pipeline_parallel/schedules.py, 0.8
+        and 0.19) unless --overlap-p2p-communication-warmup-flush."""
+        return self.p2p_overlapped and self.schedule == "interleaved" and not self.overlap_p2p_comm_warmup_flush
 
     @property
     def dp_shard_size(self) -> int:

@@ -46,6 +46,8 @@ def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[fl
     # rounding: a one-stage pipeline printed pp_p2p = 4e-16)
     sends = sum(per_stage[crit]) - ct.total
     p2p = 0.0 if st.p2p_overlapped or sends <= ROUNDING * ct.total else sends * m
+    if st.p2p_overlapped and run is not None:  # overlapped but for the warm-up and flush sends
+        p2p = run.sent[crit]
     nominal = sum(parts.values()) + sum(comm.values()) + p2p
     gate_wait = 0.0
     busy = nominal

@@ -175,7 +175,9 @@ def _p2p_overlap_flags(st: StrategyConfig) -> list[str]:
     if st.pp_size == 1:
         return []
     if st.schedule == "interleaved":
-        return [] if st.p2p_overlapped else [switch_flag("s", "overlap_p2p_comm", False)]
+        if not st.p2p_overlapped:
+            return [switch_flag("s", "overlap_p2p_comm", False)]
+        return [switch_flag("s", "overlap_p2p_comm_warmup_flush")] if st.overlap_p2p_comm_warmup_flush else []
     if st.p2p_overlapped:
         raise ConfigError("overlap_p2p_comm", "Megatron-LM overlaps P2P communication only in the interleaved schedule "
                           "(interleaving_size > 1); its 1F1B sends block: export with it off")

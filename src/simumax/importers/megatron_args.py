@@ -68,7 +68,6 @@ NOT_MODELLED = {
                      "--no-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-wgrad", "--no-tp-comm-bulk-wgrad",
                      "--disable-tp-comm-split-ag", "--no-tp-comm-split-ag", "--disable-tp-comm-split-rs",
                      "--no-tp-comm-split-rs"), "userbuffers settings: TransformerEngine's defaults are modelled"),
-    "--overlap-p2p-communication-warmup-flush": "P2P overlap in the warm-up and flush too: every P2P is overlapped as modelled",
     **dict.fromkeys(("--ddp-num-buckets", "--ddp-pad-buckets-for-high-nccl-busbw", "--align-grad-reduce",
                      "--no-align-grad-reduce", "--disable-align-grad-reduce", "--align-param-gather",
                      "--no-align-param-gather"), "DDP bucket layout and launch options: Megatron's defaults are modelled"),

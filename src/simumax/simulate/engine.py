@@ -50,6 +50,10 @@ class PassCosts:
 @dataclass(frozen=True, slots=True)
 class PipelineOptions:
     p2p_overlapped: bool = False
+    # with p2p_overlapped: a rank's forwards before its first backward (warm-up) and its
+    # backwards after its last forward (flush) still send blocking (Megatron's interleaved
+    # schedule without --overlap-p2p-communication-warmup-flush)
+    p2p_blocks_warmup_flush: bool = False
     pair_overlap: bool = False  # overlap_moe_expert_parallel_comm
     ep_usage: float = 0.0  # compute slowdown while EP communicates
     delay_wgrad: bool = False
@@ -63,6 +67,7 @@ class PipelineRun:
     busy: list[float] = field(default_factory=list)  # per rank, seconds its compute stream ran (blocking sends too)
     # per rank, when its compute stream ran (passes and blocking sends; ``spans`` runs only)
     spans: list[list[tuple[float, float]]] = field(default_factory=list)
+    sent: list[float] = field(default_factory=list)  # per rank, seconds of blocking sends (in busy)
 
 
 class DeadlockError(RuntimeError):
@@ -99,6 +104,18 @@ def run_pipeline(
     rank_of = costs.rank
     dur = costs.dur
     blocking = not opts.p2p_overlapped
+    # per rank, the positions whose sends overlap: [overlap_from, overlap_to)
+    overlap_from, overlap_to = [0] * ranks, [len(o) for o in orders]
+    if opts.p2p_overlapped and opts.p2p_blocks_warmup_flush:
+        for r, order in enumerate(orders):
+            kinds = [task.kind for task in order]
+            first_b = kinds.index(BACKWARD) if BACKWARD in kinds else len(kinds)
+            last_f = len(kinds) - 1 - kinds[::-1].index(FORWARD) if FORWARD in kinds else -1
+            if last_f > first_b:  # a steady state: from its first forward (the one before the first
+                # backward) to its last forward; the warm-up forwards and flush backwards block
+                overlap_from[r], overlap_to[r] = first_b - 1, last_f + 1
+            else:  # all in warm-up
+                overlap_from[r] = overlap_to[r] = 0
     # seconds of the P2P each pass ends with (0 when the neighbour stage is on the same rank)
     send_f = [costs.p2p[k] if k < last and rank_of[k + 1] != rank_of[k] else 0.0 for k in range(n_stage)]
     send_b = [costs.p2p[k - 1] if k > 0 and rank_of[k - 1] != rank_of[k] else 0.0 for k in range(n_stage)]
@@ -109,6 +126,7 @@ def run_pipeline(
     split = any(t.kind == WEIGHT for t in orders[0])  # the schedule splits every rank's backward or none
     free = [0.0] * ranks
     busy = [0.0] * ranks
+    sent = [0.0] * ranks
     pos = [0] * ranks
     events: list[list[Event]] = [[] for _ in range(ranks)]
     busy_at: list[list[tuple[float, float]]] = [[] for _ in range(ranks)]
@@ -168,8 +186,9 @@ def run_pipeline(
                         end = max(end, gate[k][1])
                     if weight_pass:
                         last_w[k] = (start, end)
-                    if secs and blocking:
+                    if secs and (blocking or not overlap_from[r] <= p < overlap_to[r]):
                         end += secs
+                        sent[r] += secs
                         own[mb] = end
                     else:
                         own[mb] = end + secs
@@ -204,13 +223,14 @@ def run_pipeline(
                     t0 = t1
                 used += t0 - start
                 end = t0
-                for x in group:  # sends after the (pair's) compute
+                for i, x in enumerate(group):  # sends after the (pair's) compute
                     secs = sends[x.kind][x.vstage]
-                    if secs and blocking:
+                    if secs and (blocking or not overlap_from[r] <= p + i < overlap_to[r]):
                         if record:
                             events[r].append(Event(r, "compute", f"send {x.kind}{x.vstage} mb{x.mb}", end, end + secs, "p2p", x.vstage, x.mb))
                         end += secs
                         used += secs
+                        sent[r] += secs
                         ready[x.kind][x.vstage][x.mb] = end
                     else:
                         if secs and record:
@@ -227,4 +247,4 @@ def run_pipeline(
         if not progressed:
             stuck = {r: order[pos[r]] for r, order in enumerate(orders) if pos[r] < len(order)}
             raise DeadlockError(f"schedule deadlocks: waiting tasks {stuck}")
-    return PipelineRun(events, free, last_w, busy, busy_at if spans else [])
+    return PipelineRun(events, free, last_w, busy, busy_at if spans else [], sent)

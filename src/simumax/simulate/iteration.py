@@ -45,6 +45,7 @@ class IterationRun:
     end: list[float]  # per rank: optimizer step (and blocking parameter gathers) done
     busy: list[float]  # per rank: seconds of pipeline passes (the rest until end_of_backward is bubble)
     norm_ready: list[float]  # per rank: ready for the step's gradient-norm all-reduce
+    sent: list[float]  # per rank: seconds of blocking P2P sends (within busy)
 
     @property
     def total(self) -> float:
@@ -205,7 +206,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
                     gate[c.vstage] = (done[0], done[-1])
                     comm_free[r] = max(done[-1], 0.0)
     opts = PipelineOptions(
-        p2p_overlapped=st.p2p_overlapped,
+        p2p_overlapped=st.p2p_overlapped, p2p_blocks_warmup_flush=st.p2p_blocks_warmup_flush,
         pair_overlap=st.overlap_moe_expert_parallel_comm,
         ep_usage=net.compute_usage("ep"),
         delay_wgrad=st.delay_wgrad_compute,
@@ -283,7 +284,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
             evs = sorted(evs + comm[r], key=lambda e: (e.start, e.stream))
         events.append(evs)
         end.append(t)
-    return IterationRun(orders, events, end_bwd, end, busy, norm_ready)
+    return IterationRun(orders, events, end_bwd, end, busy, norm_ready, run.sent or [0.0] * ranks)
 
 
 def _steady_count(st: "StrategyConfig") -> int:

@@ -67,17 +67,17 @@ def first_count(st: StrategyConfig, g: int) -> int:
 
 
 def _vector(run: PipelineRun) -> list[float]:
-    out = list(run.end) + list(run.busy)
+    out = list(run.end) + list(run.busy) + list(run.sent)
     for k in sorted(run.last_weight_pass):
         out += run.last_weight_pass[k]
     return out
 
 
 def _from_vector(x: list[float], ranks: int, vstages: list[int]) -> PipelineRun:
-    end, busy = x[:ranks], x[ranks:2 * ranks]
-    rest = x[2 * ranks:]
+    end, busy, sent = x[:ranks], x[ranks:2 * ranks], x[2 * ranks:3 * ranks]
+    rest = x[3 * ranks:]
     last_w = {k: (rest[2 * i], rest[2 * i + 1]) for i, k in enumerate(vstages)}
-    return PipelineRun([[] for _ in range(ranks)], end, last_w, busy)
+    return PipelineRun([[] for _ in range(ranks)], end, last_w, busy, sent=sent)
 
 
 def steady_pipeline(
