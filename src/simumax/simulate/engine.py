@@ -67,7 +67,9 @@ class PipelineRun:
     busy: list[float] = field(default_factory=list)  # per rank, seconds its compute stream ran (blocking sends too)
     # per rank, when its compute stream ran (passes and blocking sends; ``spans`` runs only)
     spans: list[list[tuple[float, float]]] = field(default_factory=list)
-    sent: list[float] = field(default_factory=list)  # per rank, seconds of blocking sends (in busy)
+    # per rank, seconds of blocking sends (in busy) when P2P overlaps but for the warm-up and
+    # flush (0 when every send overlaps; not counted when every send blocks)
+    sent: list[float] = field(default_factory=list)
 
 
 class DeadlockError(RuntimeError):
@@ -188,7 +190,6 @@ def run_pipeline(
                         last_w[k] = (start, end)
                     if secs and (blocking or not overlap_from[r] <= p < overlap_to[r]):
                         end += secs
-                        sent[r] += secs
                         own[mb] = end
                     else:
                         own[mb] = end + secs
@@ -230,7 +231,6 @@ def run_pipeline(
                             events[r].append(Event(r, "compute", f"send {x.kind}{x.vstage} mb{x.mb}", end, end + secs, "p2p", x.vstage, x.mb))
                         end += secs
                         used += secs
-                        sent[r] += secs
                         ready[x.kind][x.vstage][x.mb] = end
                     else:
                         if secs and record:
@@ -247,4 +247,7 @@ def run_pipeline(
         if not progressed:
             stuck = {r: order[pos[r]] for r, order in enumerate(orders) if pos[r] < len(order)}
             raise DeadlockError(f"schedule deadlocks: waiting tasks {stuck}")
+    if not blocking and opts.p2p_blocks_warmup_flush:  # the warm-up and flush sends, which blocked
+        for r, order in enumerate(orders):
+            sent[r] = sum(sends[x.kind][x.vstage] for x in order[:overlap_from[r]] + order[overlap_to[r]:])
     return PipelineRun(events, free, last_w, busy, busy_at if spans else [], sent)

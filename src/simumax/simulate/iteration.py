@@ -171,10 +171,8 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
     gathered: list[list[tuple[float, float]]] = [[] for _ in range(ranks)]  # parameter gathers' intervals
     comm_free = [0.0] * ranks
     # cost() reads only times: the steady-state run records no events (a 405B job has
-    # thousands of DDP buckets), the full run records every one; when communication slows
-    # the compute and the steady state would be run at the real count anyway, the full run
-    # (with its compute intervals) is the cheaper
-    record = not steady or (slowed and _steady_count(st) >= st.micro_batch_num)
+    # thousands of DDP buckets), the full run records every one
+    record = not steady
 
     def gather_params(r: int, vstage: int, start: float) -> list[float]:
         """ZeRO-1 parameter all-gathers of one chunk, back to back on the comm stream
@@ -212,7 +210,12 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         delay_wgrad=st.delay_wgrad_compute,
     )
     costs = pass_costs(est)
-    if not record:
+    if not record and slowed and _steady_count(st) >= st.micro_batch_num:
+        # communication slows the compute and the steady state would be run at the real count
+        # anyway: one full run keeping its compute intervals (no events)
+        run = run_pipeline(est.profiles.orders(st), costs, opts, gate, record=False, spans=True)
+        spans = run.spans
+    elif not record:
         run = est.steady_pipeline(costs, opts, gate)
         spans = steady_compute_spans(est, run, costs, opts, gate) if slowed else None
     else:

@@ -63,6 +63,12 @@ def first_count(st: StrategyConfig, g: int) -> int:
     # settled check (_steady_line) refuses such runs and m0 doubles. Session 13 started
     # at two warm-ups, before that check; the random invariants hold exactly from one.
     least = max(st.pp_size, g)
+    if st.p2p_blocks_warmup_flush:
+        # its sends block in the warm-up and flush: every rank needs a steady state (two
+        # forwards past its first backward) for the pattern to hold from m0 on; rank 0 warms
+        # up with (pp - 1)·2 + (v - 1)·g forwards of its v·m
+        v = st.interleaving_size
+        least = max(least, -(-((st.pp_size - 1) * 2 + (v - 1) * g + 2) // v))
     return rest + g * max(1, -(-(least - rest) // g))
 
 
