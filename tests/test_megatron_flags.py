@@ -225,3 +225,27 @@ def test_import_says_what_it_does_with_activation_and_optimizer_flags() -> None:
     assert any("--squared-relu" in n and "not modelled" in n for n in notes)
     m, _, notes = parse_megatron_args(base + " --swiglu --optimizer adam", world_size=1)
     assert m.intermediate_size == 2688 and not any("--optimizer" in n and "not modelled" in n for n in notes)
+
+
+# Megatron-LM argument -> our strategy field, for the options a launch line may leave out
+SAME_DEFAULT = {
+    "gradient_accumulation_fusion": "gradient_accumulation_fusion", "apply_rope_fusion": "apply_rope_fusion",
+    "bias_swiglu_fusion": "use_fused_swiglu", "check_for_nan_in_loss_and_grad": "check_for_nan_in_grad",
+    "moe_permute_fusion": "moe_permute_fusion", "moe_router_fusion": "moe_router_fusion",
+    "cross_entropy_loss_fusion": "cross_entropy_loss_fusion", "cross_entropy_fusion_impl": "cross_entropy_fusion_impl",
+    "overlap_grad_reduce": "overlap_grad_reduce", "overlap_param_gather": "overlap_param_gather",
+    "tp_comm_overlap": "tp_comm_overlap", "sequence_parallel": "enable_sequence_parallel",
+    "overlap_p2p_comm_warmup_flush": "overlap_p2p_comm_warmup_flush", "defer_embedding_wgrad_compute": "defer_embedding_wgrad_compute",
+    "delay_wgrad_compute": "delay_wgrad_compute", "overlap_moe_expert_parallel_comm": "overlap_moe_expert_parallel_comm",
+    "moe_shared_expert_overlap": "moe_shared_expert_overlap", "ddp_average_in_collective": "ddp_average_in_collective",
+    "ddp_bucket_size": "ddp_bucket_size", "use_precision_aware_optimizer": "use_precision_aware_optimizer",
+    "fp8_param_gather": "fp8_param_gather", "moe_router_dtype": "moe_router_dtype", "nccl_ub": "nccl_ub", "use_sharp": "use_sharp",
+}
+
+
+def test_imported_options_default_as_megatron_019s(megatron_parser: argparse.ArgumentParser) -> None:
+    d = megatron_parser.parse_args([])
+    _, s, _ = parse_megatron_args("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --micro-batch-size 1 "
+                                  "--vocab-size 32000 --bf16 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512", world_size=1)
+    assert {arg: getattr(d, arg) for arg in SAME_DEFAULT} == {arg: getattr(s, field) for arg, field in SAME_DEFAULT.items()}
+    assert (d.moe_grouped_gemm, s.group_linear_mode) == (False, "serial") and d.use_distributed_optimizer == (s.zero_state > 0)
