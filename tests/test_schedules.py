@@ -316,7 +316,7 @@ def test_optimizer_step_waits_at_the_gradient_norm_barrier() -> None:
     reduced. By hand: max_r(end_r + reduce_r + before_r) + max_r(after_r + gather_r),
     never less than the per-rank sum without the barrier."""
     est = _est("deepseek-v2-lite", ep_size=4, pp_size=2, micro_batch_num=4)
-    ends = est.pipeline_ends()
+    ends = est.pipeline_run().end
     assert ends[1] < ends[0]  # the last stage finishes its passes first
     passes = est.optimizer_passes
     barrier = max(e + est.dp_reduce_time(s) + p[0] for e, s, p in zip(ends, est.stages, passes))
@@ -410,3 +410,17 @@ def test_interleaved_p2p_overlap_blocks_in_warmup_and_flush_by_hand() -> None:
     assert phase.sent == pytest.approx([6 * s, 5 * s])
     assert free.sent == [0.0, 0.0]
     assert max(free.end) <= max(phase.end) <= max(blocking.end)
+
+
+@pytest.mark.parametrize("simulated", [False, True])
+def test_warmup_and_flush_sends_show_as_pp_p2p(simulated: bool) -> None:
+    """The sends that block in an overlapped interleaved pipeline are the breakdown's pp_p2p
+    (not bubble), on the closed path and the simulated one (overlap_grad_reduce) alike; with
+    --overlap-p2p-communication-warmup-flush there are none."""
+    kw = {"pp_size": 4, "interleaving_size": 2, "layers": 8, "overlap_p2p_comm": True, "zero_state": 1,
+          "overlap_grad_reduce": simulated}
+    phase, free = _est(**kw).cost(), _est(**kw, overlap_p2p_comm_warmup_flush=True).cost()
+    assert phase.breakdown["pp_p2p"] > 0 and free.breakdown["pp_p2p"] == 0
+    for c in (phase, free):
+        assert sum(c.breakdown.values()) == pytest.approx(c.duration_time_per_iter, rel=1e-12)
+    assert phase.duration_time_per_iter >= free.duration_time_per_iter

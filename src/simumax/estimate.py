@@ -171,12 +171,12 @@ class Estimate(DataParallelStep):
         )
         return overlap or st.schedule == "dualpipev"
 
-    def pipeline_ends(self) -> list[float]:
-        """End of each rank's last pass (no overlap): the task order on the event engine
-        without recording events."""
+    def pipeline_run(self) -> PipelineRun:
+        """Each rank's last pass end (and blocking-send seconds) with no overlap needing the
+        simulator: the task order on the event engine without recording events."""
         opts = PipelineOptions(p2p_overlapped=self.strategy.p2p_overlapped,
                                p2p_blocks_warmup_flush=self.strategy.p2p_blocks_warmup_flush)
-        return self.steady_pipeline(pass_costs(self), opts).end
+        return self.steady_pipeline(pass_costs(self), opts)
 
     def steady_pipeline(self, costs: PassCosts, opts: PipelineOptions,
                         params_ready: dict[int, tuple[float, float]] | None = None) -> PipelineRun:
@@ -206,7 +206,7 @@ class Estimate(DataParallelStep):
         interleaved closed form: sum_r (F_r + B_r) + (m - 1) max_r (F_r + B_r), fill / v
         with interleaving (Narayanan et al. 2021). Exact for equal stages or a bottleneck
         last stage; with a heavier first stage the real schedule is a little faster. For
-        reports and tests; cost() uses pipeline_ends()."""
+        reports and tests; cost() uses pipeline_run()."""
         st = self.strategy
         pipe = pipeline_time(self.rank_pass_times(), st.micro_batch_num, st.interleaving_size)
         end_bwd = list(pipe.end_per_rank)
@@ -221,8 +221,10 @@ class Estimate(DataParallelStep):
         dp_t = [self.dp_comm_time(s) for s in self.stages]
         opt_t = [self.optimizer_time(s) for s in self.stages]
         run = None
+        sent: list[float] = []
         if not self.needs_simulation:
-            end_bwd = self.pipeline_ends()
+            pipe = self.pipeline_run()
+            end_bwd, sent = pipe.end, pipe.sent
             ready, ends = self.step_ends_after(end_bwd)
         else:
             run = self.iteration_times
@@ -244,7 +246,8 @@ class Estimate(DataParallelStep):
             )
         total = max(ends)
         crit = max(range(len(ends)), key=lambda r: ends[r])
-        breakdown = critical_rank_breakdown(self, crit, per_stage, end_bwd[crit], ends[crit], max(ready) - ready[crit], opt_t[crit], run)
+        breakdown = critical_rank_breakdown(self, crit, per_stage, end_bwd[crit], ends[crit], max(ready) - ready[crit], opt_t[crit], run,
+                                            sent)
         flops = self.model_flops_per_iter()
         world = st.world_size
         tokens = st.global_batch_size * st.seq_len

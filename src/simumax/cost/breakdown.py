@@ -18,7 +18,8 @@ CP_LEVELS = {"cp_a2a": "cp", "cp_p2p": "cp"}  # network groups that report as th
 
 
 def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[float, float]], end_bwd: float, end: float,
-                            wait: float, optimizer: float, run: "IterationRun | None") -> dict[str, float]:
+                            wait: float, optimizer: float, run: "IterationRun | None",
+                            sent: list[float] | None = None) -> dict[str, float]:
     """Where the critical rank's iteration goes, in parts that add up to its end exactly.
 
     Until its last pass ends: compute (fwd, bwd, recompute) and the communication exposed
@@ -28,7 +29,9 @@ def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[fl
     span is idle: ``stage_imbalance`` (waiting on a slower stage, up to the gap between
     the busiest stage and this one) and ``bubble`` (fill and drain). After it: gradient
     reduce and parameter gathers not hidden (``dp_comm``), the step (``optimizer``) and
-    the wait at its all-rank gradient-norm barrier (``optimizer_sync``)."""
+    the wait at its all-rank gradient-norm barrier (``optimizer_sync``). ``sent``: per rank,
+    the blocking sends of a pipeline whose P2P overlaps but for its warm-up and flush, when
+    ``run`` (which carries them otherwise) is None."""
     st = est.strategy
     m = st.micro_batch_num
     ct = est.stage_times[crit]
@@ -46,8 +49,9 @@ def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[fl
     # rounding: a one-stage pipeline printed pp_p2p = 4e-16)
     sends = sum(per_stage[crit]) - ct.total
     p2p = 0.0 if st.p2p_overlapped or sends <= ROUNDING * ct.total else sends * m
-    if st.p2p_overlapped and run is not None:  # overlapped but for the warm-up and flush sends
-        p2p = run.sent[crit]
+    blocked = run.sent if run is not None else sent  # overlapped but for the warm-up and flush sends
+    if st.p2p_overlapped and blocked:
+        p2p = blocked[crit]
     nominal = sum(parts.values()) + sum(comm.values()) + p2p
     gate_wait = 0.0
     busy = nominal
