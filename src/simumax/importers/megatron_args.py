@@ -348,7 +348,8 @@ def _p2p_and_offload_defaults(s: dict[str, Any], pp: int, notes: list[str]) -> N
     if pp > 1 and s.get("interleaving_size", 1) > 1:
         if "overlap_p2p_comm" not in s:
             s["overlap_p2p_comm"] = True
-            notes.append("P2P overlap: Megatron-LM's default with the interleaved schedule (--no-overlap-p2p-communication turns it off)")
+            notes.append("P2P overlap: Megatron-LM 0.19's default with the interleaved schedule (--no-overlap-p2p-communication turns "
+                         "it off; older versions needed --overlap-p2p-communication)")
     elif s.pop("overlap_p2p_comm", False) and pp > 1:
         notes.append("--overlap-p2p-communication: Megatron turns it off without the interleaved schedule (blocking P2P modelled)")
     if s.get("cpu_offloading_num_layers", 0) > 0:
