@@ -114,6 +114,10 @@ def test_export_refuses_what_megatron_019_cannot_run() -> None:
     with pytest.raises(ConfigError) as exc:
         megatron_flags(st, m)
     assert exc.value.field == "store_param_remainders"
+    for sched in ("zb", "dualpipev"):  # Megatron-LM has neither: its flags would run 1F1B
+        with pytest.raises(ConfigError) as exc:
+            megatron_flags(load_strategy("tp1_pp2_dp4_mbs1").with_updates({"pp_schedule": sched}), m)
+        assert exc.value.field == "pp_schedule"
 
 
 def _known(parser: argparse.ArgumentParser) -> set[str]:

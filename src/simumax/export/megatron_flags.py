@@ -32,6 +32,9 @@ ROUTER_DEFAULTS = {
 
 
 def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list[str]:
+    if st.pp_size > 1 and st.schedule in ("zb", "dualpipev"):  # a launch line would run 1F1B
+        raise ConfigError("pp_schedule", f"Megatron-LM has no {st.schedule} schedule (its flags would run 1F1B): "
+                          "export a 1f1b or interleaved strategy")
     f = [
         *(_s(field, getattr(st, field)) for field in ("tp_size", "pp_size", "cp_size", "micro_batch_size")),
         f"--global-batch-size {st.global_batch_size}",
