@@ -43,7 +43,7 @@ CASES = {
     "gpt-bias-learned-positions": ("gpt3-175b", {"tp_size": 8, "pp_size": 4, "world_size": 32, "interleaving_size": 2,
                                                  "micro_batch_num": 8, "enable_sequence_parallel": True}, {"add_bias_linear": True}),
     "interleaved-blocking-p2p": ("llama3.1-8b", {"pp_size": 4, "world_size": 8, "interleaving_size": 2, "micro_batch_num": 8,
-                                                 "overlap_p2p_comm": False}, {}),
+                                                 "overlap_p2p_comm": False, "microbatch_group_size_per_vp_stage": 8}, {}),
     "interleaved-overlapped-p2p": ("llama3.1-8b", {"pp_size": 4, "world_size": 8, "interleaving_size": 2, "micro_batch_num": 8,
                                                    "overlap_p2p_comm": True, "overlap_grad_reduce": True,
                                                    "overlap_param_gather": True, "zero_state": 1}, {}),
@@ -80,6 +80,7 @@ def test_megatron_019_parses_every_exported_flag(megatron_parser: argparse.Argum
     if st.schedule == "interleaved":  # Megatron turns P2P overlap off for 1F1B itself
         assert args.overlap_p2p_comm == st.p2p_overlapped
     assert args.cpu_offloading_num_layers == (st.cpu_offloading_num_layers if st.cpu_offloading else 0)
+    assert args.microbatch_group_size_per_vp_stage == st.microbatch_group_size_per_vp_stage
     # a sliding window as TransformerEngine's (left, right), keys i - left .. i
     assert args.window_size == (None if m.window_size is None else (m.window_size - 1, 0))
     assert args.window_attn_skip_freq == m.window_attn_skip_freq
@@ -88,6 +89,7 @@ def test_megatron_019_parses_every_exported_flag(megatron_parser: argparse.Argum
     m2, s2, _ = parse_megatron_args(tokens, world_size=st.world_size)
     assert (s2.p2p_overlapped, s2.cpu_offloading, m2.add_bias_linear) == (st.p2p_overlapped and st.pp_size > 1,
                                                                          st.cpu_offloading, m.add_bias_linear)
+    assert s2.microbatch_group_size_per_vp_stage == st.microbatch_group_size_per_vp_stage
 
 
 def test_import_takes_megatron_019_defaults() -> None:

@@ -43,6 +43,7 @@ VALUED: dict[str, tuple[str, str, type]] = {
     "--expert-model-parallel-size": ("s", "ep_size", int),
     "--expert-tensor-parallel-size": ("s", "etp_size", int),
     "--num-virtual-stages-per-pipeline-rank": ("s", "interleaving_size", int),
+    "--microbatch-group-size-per-virtual-pipeline-stage": ("s", "microbatch_group_size_per_vp_stage", int),
     "--decoder-first-pipeline-num-layers": ("s", "num_layers_in_first_pipeline_stage", int),
     "--decoder-last-pipeline-num-layers": ("s", "num_layers_in_last_pipeline_stage", int),
     "--pipeline-model-parallel-layout": ("s", "pipeline_model_parallel_layout", str),

@@ -51,6 +51,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
             f.append(_s("interleaving_size", st.interleaving_size))
         else:
             f.append(f"--num-layers-per-virtual-pipeline-stage {_max_chunk_layers(st, model)}")
+    if st.schedule == "interleaved" and st.microbatch_group_size_per_vp_stage:
+        f.append(_s("microbatch_group_size_per_vp_stage", st.microbatch_group_size_per_vp_stage))
     if st.num_layers_in_first_pipeline_stage:
         f.append(_s("num_layers_in_first_pipeline_stage", st.num_layers_in_first_pipeline_stage))
     if st.num_layers_in_last_pipeline_stage:
