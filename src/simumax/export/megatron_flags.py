@@ -152,8 +152,9 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         mods = ["core_attn"] if st.recompute_granularity == "sdp_only" else ["mlp"] + (["moe"] if model is not None and model.is_moe else [])
         f += ["--recompute-granularity selective"] + (["--recompute-modules " + " ".join(mods)] if mods != ["core_attn"] else [])
     elif mode == "selective":
-        f.append("--recompute-granularity selective")
         mods = [m for flag, m in (("attn_recompute", "core_attn"), ("mlp_recompute", "mlp"), ("mlp_rms_recompute", "layernorm")) if getattr(st, flag)]
+        if mods or st.mla_rms_recompute:  # (none of SimuMax's flags: nothing recomputes, Megatron's default)
+            f.append("--recompute-granularity selective")
         if mods and mods != ["core_attn"]:
             f.append("--recompute-modules " + " ".join(mods))
     elif mode == "megatron":
