@@ -48,10 +48,11 @@ def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[fl
     # blocking sends: the rank's passes with their sends less the passes (none within
     # rounding: a one-stage pipeline printed pp_p2p = 4e-16)
     sends = sum(per_stage[crit]) - ct.total
-    p2p = 0.0 if st.p2p_overlapped or sends <= ROUNDING * ct.total else sends * m
-    blocked = run.sent if run is not None else sent  # overlapped but for the warm-up and flush sends
-    if st.p2p_overlapped and blocked:
-        p2p = blocked[crit]
+    if st.p2p_overlapped:  # overlapped but for the warm-up and flush sends
+        blocked = run.sent if run is not None else sent
+        p2p = blocked[crit] if blocked else 0.0
+    else:
+        p2p = sends * m if sends > ROUNDING * ct.total else 0.0
     nominal = sum(parts.values()) + sum(comm.values()) + p2p
     gate_wait = 0.0
     busy = nominal

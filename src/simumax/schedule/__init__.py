@@ -30,6 +30,12 @@ SCHEDULES: dict[str, Callable[[StrategyConfig], RankOrders]] = {
 SPLIT_BACKWARD = frozenset({"zb", "dualpipev"})
 
 
+def most_warmup_forwards(st: StrategyConfig) -> int:
+    """The interleaved schedule's warm-up forwards on rank 0 (its longest warm-up)."""
+    return interleaved.warmup_forwards(st.pp_size, 0, st.interleaving_size,
+                                       st.microbatch_group_size_per_vp_stage or st.pp_size, _ep_overlap_warmup(st))
+
+
 def rank_orders(st: StrategyConfig) -> RankOrders:
     return SCHEDULES[st.schedule](st)
 

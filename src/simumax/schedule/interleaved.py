@@ -23,6 +23,11 @@ def schedule_table(mbc: int, v: int, group: int) -> list[tuple[int, int]]:
     return table
 
 
+def warmup_forwards(pp: int, rank: int, v: int, group: int, extra_warmup: int = 0) -> int:
+    """Megatron's num_warmup_microbatches of a rank (before capping at its v x mbc forwards)."""
+    return (pp - rank - 1) * 2 + (v - 1) * group + extra_warmup
+
+
 def order(pp: int, mbc: int, v: int, group: int | None = None, extra_warmup: int = 0) -> RankOrders:
     """``extra_warmup``: one more warm-up forward with EP all-to-all overlap (Megatron
     does so to make each steady forward independent of the backward it pairs with)."""
@@ -31,7 +36,7 @@ def order(pp: int, mbc: int, v: int, group: int | None = None, extra_warmup: int
     total = mbc * v
     out = []
     for r in range(pp):
-        warm = min((pp - r - 1) * 2 + (v - 1) * group + extra_warmup, total)
+        warm = min(warmup_forwards(pp, r, v, group, extra_warmup), total)
         # each task made once, by tuple.__new__ (skipping the named tuple's Python-level
         # constructor): a long schedule builds millions of tasks
         tasks: list[Task] = []
@@ -63,7 +68,7 @@ def cut(longer: RankOrders, pp: int, mbc: int, v: int, group: int | None = None,
     table = schedule_table(mbc, v, group)
     out = []
     for r, lo in enumerate(longer):
-        warm = (pp - r - 1) * 2 + (v - 1) * group + extra_warmup
+        warm = warmup_forwards(pp, r, v, group, extra_warmup)
         if warm >= total or len(lo) <= 2 * total:
             return None  # no steady part (or no longer order): made whole
         head = lo[: warm + 2 * (total - warm)]

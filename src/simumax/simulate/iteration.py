@@ -287,7 +287,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
             evs = sorted(evs + comm[r], key=lambda e: (e.start, e.stream))
         events.append(evs)
         end.append(t)
-    return IterationRun(orders, events, end_bwd, end, busy, norm_ready, run.sent or [0.0] * ranks)
+    return IterationRun(orders, events, end_bwd, end, busy, norm_ready, run.sent)
 
 
 def _steady_count(st: "StrategyConfig") -> int:

@@ -28,6 +28,7 @@ import logging
 from typing import Callable
 
 from simumax.config.strategy import StrategyConfig
+from simumax.schedule import most_warmup_forwards
 from simumax.schedule.tasks import RankOrders
 from simumax.simulate.engine import PassCosts, PipelineOptions, PipelineRun, run_pipeline
 
@@ -65,10 +66,8 @@ def first_count(st: StrategyConfig, g: int) -> int:
     least = max(st.pp_size, g)
     if st.p2p_blocks_warmup_flush:
         # its sends block in the warm-up and flush: every rank needs a steady state (two
-        # forwards past its first backward) for the pattern to hold from m0 on; rank 0 warms
-        # up with (pp - 1)·2 + (v - 1)·g forwards of its v·m
-        v = st.interleaving_size
-        least = max(least, -(-((st.pp_size - 1) * 2 + (v - 1) * g + 2) // v))
+        # forwards past its first backward, of its v·m) for the pattern to hold from m0 on
+        least = max(least, -(-(most_warmup_forwards(st) + 2) // st.interleaving_size))
     return rest + g * max(1, -(-(least - rest) // g))
 
 
