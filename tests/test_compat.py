@@ -117,6 +117,34 @@ def test_usability_one_command_answers() -> None:
     assert run_cli(*base[:-4], "--set", "system.accelerator.no_such=1").returncode == 2
 
 
+def test_job_size_options_complete_a_strategy_file_before_its_rules_are_checked(tmp_path: Path) -> None:
+    """A strategy file written without the job size (world_size then defaults to 8, the
+    micro-batch count to 1) runs with --world-size / --gbs / --set that make it whole: the
+    cross-field rules hold for the job as run, and an error names the file and the options."""
+    from simumax.cli.options import load_job
+    from simumax.config.loader import load_strategy
+    from simumax.errors import ConfigError
+    from tests.conftest import run_cli
+
+    path = tmp_path / "tp8_pp4_vp2.json"
+    path.write_text(json.dumps({"seq_len": 4096, "tp_size": 8, "pp_size": 4, "interleaving_size": 2,
+                                "enable_sequence_parallel": True}))
+    with pytest.raises(ConfigError, match="world_size: must be divisible by tp"):
+        load_strategy(str(path))  # as the file stands: 8 GPUs cannot hold tp 8 x pp 4
+    _, st, _ = load_job("llama3-70b", str(path), "h100-sxm-80gb", [], world_size=256, gbs=512)
+    assert (st.world_size, st.dp_size, st.micro_batch_num, st.global_batch_size) == (256, 8, 64, 512)
+    _, st2, _ = load_job("llama3-70b", str(path), "h100-sxm-80gb", ["strategy.tp_size=4"], world_size=256, gbs=512)
+    assert (st2.dp_size, st2.micro_batch_num) == (16, 32)  # --gbs follows the DP the --set made
+    with pytest.raises(ConfigError, match=r"tp8_pp4_vp2.json with --gbs: world_size"):
+        load_job("llama3-70b", str(path), "h100-sxm-80gb", [], gbs=512)
+    with pytest.raises(ConfigError, match="microbatch_group_size_per_vp_stage: must lie in"):
+        load_job("llama3-70b", str(path), "h100-sxm-80gb", [], world_size=256)  # one micro-batch, interleaved
+    r = run_cli("perf", "-m", "llama3-70b", "-y", "h100-sxm-80gb", "-s", str(path), "--world-size", "256", "--gbs", "512",
+                "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["cost"]["duration_time_per_iter"] > 0
+
+
 def test_compare_strategies_side_by_side(tmp_path: Path) -> None:
     from simumax.config.loader import load_model, load_strategy, load_system
     from simumax.estimate import Estimate

@@ -13,8 +13,7 @@ import typer
 from simumax import cli  # the app and its consoles (cli.out_console is read at call time: tools swap it)
 from simumax.api import PerfLLM
 from simumax.atomic import dumps_finite, write_json_atomic
-from simumax.cli.options import SetOpt, _job_size, _say_written, _training, apply_overrides
-from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.cli.options import SetOpt, _say_written, _training, load_job
 from simumax.errors import ConfigError
 from simumax.report import format as fmt
 from simumax.uncertainty import attribution, compute_shares
@@ -51,12 +50,7 @@ def perf(
         raise ConfigError("--tokens", f"must be a positive number (got {tokens})")
     if gpu_hour_price is not None and not (math.isfinite(gpu_hour_price) and gpu_hour_price >= 0):
         raise ConfigError("--gpu-hour-price", f"must be >= 0 (got {gpu_hour_price})")
-    if world_size is not None:  # with the other overrides, so --set tp_size=8 sees the new world
-        if world_size < 1:
-            raise ConfigError("--world-size", f"must be >= 1 (got {world_size})")
-        set_ = [f"strategy.world_size={world_size}", *set_]
-    m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
-    st = _job_size(st, gbs)
+    m, st, sy = load_job(model, strategy, system, set_, world_size=world_size, gbs=gbs)
     p = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy)
     cost, mem = p.analysis_cost(), p.analysis_mem()
     params = p.estimate.params
@@ -129,9 +123,7 @@ def compare(
         raise ConfigError("--strategy", "needs two or more strategies, or --vary variants of the first")
     rows = []
     for spec, label, extra in specs:
-        m, st, sy = apply_overrides(load_model(model), load_strategy(spec), load_system(system), [*set_, *extra])
-        if rows and not keep_micro_batches:
-            st = _job_size(st, rows[0].gbs)
+        m, st, sy = load_job(model, spec, system, [*set_, *extra], gbs=rows[0].gbs if rows and not keep_micro_batches else None)
         p = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy)
         rows.append(cmp.Compared(Path(label).stem if label.endswith(".json") else label, p.analysis_cost(), p.analysis_mem(),
                                  st.global_batch_size))
@@ -158,7 +150,7 @@ def simulate(
     """Event-simulate one iteration: Chrome trace, memory timelines, memory_viz snapshot, Gantt PNG."""
     if schedule is not None:
         set_ = [*set_, f"strategy.pp_schedule={schedule}"]
-    m, st, sy = apply_overrides(load_model(model), load_strategy(strategy), load_system(system), set_)
+    m, st, sy = load_job(model, strategy, system, set_)
     res = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy).simulate(out, ops=ops)
     if as_json:
         cli.out_console.print_json(dumps_finite(res.to_dict()))

@@ -12,6 +12,7 @@ import typer
 
 from simumax import cli
 from simumax.config.base import did_you_mean
+from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
@@ -46,9 +47,11 @@ def _set_path(data: dict[str, Any], path: list[str], value: Any, key: str) -> No
     node[path[-1]] = value  # an unknown leaf is refused when the config is validated
 
 
-def apply_overrides(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig, sets: list[str]):
+def apply_overrides(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig, sets: list[str], *,
+                    checked: bool = True):
     """``--set key=value`` (JSON value) on the model, strategy or system; ``model.``,
-    ``strategy.`` or ``system.`` first picks the config, dots go into nested fields."""
+    ``strategy.`` or ``system.`` first picks the config, dots go into nested fields.
+    ``checked=False`` leaves the strategy's cross-field rules to the caller (``load_job``)."""
     configs: dict[str, Any] = {"model": model, "strategy": strategy, "system": system}
     dumps: dict[str, dict[str, Any]] = {}
     for item in sets:
@@ -73,18 +76,38 @@ def apply_overrides(model: ModelConfig, strategy: StrategyConfig, system: System
             parsed = value  # a version such as 2.10 stays text (as a number it would read 2.1)
         _set_path(data, path, parsed, key)
     for target, data in dumps.items():
-        configs[target] = type(configs[target]).init_from_dict(data, source="--set")
+        configs[target] = type(configs[target]).init_from_dict(data, source="--set", checked=checked)
     return configs["model"], configs["strategy"], configs["system"]
 
 
-def _job_size(st: StrategyConfig, gbs: int | None) -> StrategyConfig:
-    """``--gbs``: the micro-batch count follows (gbs / (mbs x dp))."""
-    if gbs is not None:
+def load_job(model: str, strategy: str, system: str, sets: list[str], *, world_size: int | None = None,
+             gbs: int | None = None) -> tuple[ModelConfig, StrategyConfig, SystemConfig]:
+    """One command's configs: files or presets with ``--world-size``, ``--set`` and ``--gbs``
+    applied before the strategy's cross-field rules are checked, so a strategy written for
+    another job size (the default world_size 8 beside tp 8 x pp 16, one micro-batch with
+    interleaving) runs at the size asked for; the rules then hold for the job as run."""
+    if world_size is not None:  # with the other overrides, so --set tp_size=8 sees the new world
+        if world_size < 1:
+            raise ConfigError("--world-size", f"must be >= 1 (got {world_size})")
+        sets = [f"strategy.world_size={world_size}", *sets]
+    draft = load_strategy(strategy, checked=False)
+    label = draft.source
+    m, draft, sy = apply_overrides(load_model(model), draft, load_system(system), sets, checked=False)
+    given = [f for f, v in (("--world-size", world_size), ("--set", sets[1:] if world_size else sets),
+                            ("--gbs", gbs)) if v]
+    return m, _job_size(draft, gbs, f"{label} with {', '.join(given)}" if given else label), sy
+
+
+def _job_size(st: StrategyConfig, gbs: int | None, source: str = "--gbs") -> StrategyConfig:
+    """``--gbs``: the micro-batch count follows (gbs / (mbs x dp)). The result is a checked
+    strategy (``st`` may be a draft)."""
+    updates: dict[str, Any] = {}
+    if gbs is not None and st.world_size % (st.tp_size * st.cp_size * st.pp_size) == 0:  # else the check names it
         per_step = st.micro_batch_size * st.dp_size
         if gbs < 1 or gbs % per_step:
             raise ConfigError("--gbs", f"{gbs} must be a positive multiple of micro-batch size x DP = {per_step}")
-        st = st.with_updates({"micro_batch_num": gbs // per_step}, source="--gbs")
-    return st
+        updates["micro_batch_num"] = gbs // per_step
+    return st.with_updates(updates, source=source)
 
 
 def _training(step: float, band: tuple[float, float] | None, st: StrategyConfig, tokens: float,

@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from simumax.errors import ConfigError
 
+# validation context key: check each field, leave the cross-field rules for later
+DEFER_RULES = "defer_cross_field_rules"
+
 
 def _loc(err: dict[str, Any]) -> str:
     return ".".join(str(p) for p in err.get("loc", ())) or "<root>"
@@ -316,9 +319,12 @@ class ConfigBase(BaseModel):
     __hash__ = None  # type: ignore[assignment]  # mutable, as pydantic's models
 
     @classmethod
-    def init_from_dict(cls, data: dict[str, Any], source: str | None = None) -> Self:
+    def init_from_dict(cls, data: dict[str, Any], source: str | None = None, *, checked: bool = True) -> Self:
+        """Validate ``data``. ``checked=False`` checks each field but defers the cross-field
+        rules (a draft that job-size overrides complete: ``cli.options.load_job``); a draft
+        must pass ``init_from_dict(draft.model_dump())`` before anything estimates with it."""
         try:
-            obj = cls.model_validate(data)
+            obj = cls.model_validate(data, context=None if checked else {DEFER_RULES: True})
         except ValidationError as exc:
             raise config_error_from(exc, source, cls.model_fields) from None
         obj._source = source

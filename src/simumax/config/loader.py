@@ -54,11 +54,11 @@ def preset_path(kind: str, name: str) -> Path:
     return Path(str(_preset_entry(kind, name)))
 
 
-def _resolve(kind: str, cls: type[C], spec: C | str | Path | dict[str, Any]) -> C:
+def _resolve(kind: str, cls: type[C], spec: C | str | Path | dict[str, Any], checked: bool = True) -> C:
     if isinstance(spec, cls):
         return spec
     if isinstance(spec, dict):
-        return cls.init_from_dict(spec, source=kind)
+        return cls.init_from_dict(spec, source=kind, checked=checked)
     if not isinstance(spec, (str, Path)):
         raise ConfigError(kind, f"expected a {cls.__name__}, a path or a preset name, got {type(spec).__name__}")
     text = str(spec)
@@ -67,19 +67,21 @@ def _resolve(kind: str, cls: type[C], spec: C | str | Path | dict[str, Any]) -> 
         data = read_json(path)
         if kind == "model" and ("architectures" in data or "num_hidden_layers" in data):
             raise ConfigError("model", f"{text} is a Hugging Face config.json: convert it with `simumax import hf {text}`")
-        return cls.init_from_dict(data, source=text)
+        return cls.init_from_dict(data, source=text, checked=checked)
     name = text.removesuffix(".json")
     entry = _preset_entry(kind, name)
     with resources.as_file(entry) as p:
-        return cls.init_from_dict(read_json(p), source=f"preset {kind} {name}")
+        return cls.init_from_dict(read_json(p), source=f"preset {kind} {name}", checked=checked)
 
 
 def load_model(spec: ModelConfig | str | Path | dict[str, Any]) -> ModelConfig:
     return _resolve("model", ModelConfig, spec)
 
 
-def load_strategy(spec: StrategyConfig | str | Path | dict[str, Any]) -> StrategyConfig:
-    return _resolve("strategy", StrategyConfig, spec)
+def load_strategy(spec: StrategyConfig | str | Path | dict[str, Any], *, checked: bool = True) -> StrategyConfig:
+    """``checked=False``: a draft whose cross-field rules wait for the job-size overrides
+    (see ``ConfigBase.init_from_dict``)."""
+    return _resolve("strategy", StrategyConfig, spec, checked)
 
 
 def load_system(spec: SystemConfig | str | Path | dict[str, Any]) -> SystemConfig:

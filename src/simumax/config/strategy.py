@@ -7,7 +7,7 @@ from typing import Any, Literal, get_args
 from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
 from simumax.compat.config_methods import SimuMaxStrategyMethods
-from simumax.config.base import ConfigBase
+from simumax.config.base import DEFER_RULES, ConfigBase
 from simumax.config.simumax_fields import strategy_input
 from simumax.config.strategy_derived import StrategyDerived
 from simumax.config.strategy_rules import check_rules
@@ -364,6 +364,7 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         return v
 
     @model_validator(mode="after")
-    def _check(self) -> "StrategyConfig":
-        check_rules(self)
+    def _check(self, info: ValidationInfo) -> "StrategyConfig":
+        if not (info.context or {}).get(DEFER_RULES):
+            check_rules(self)
         return self
