@@ -143,6 +143,10 @@ def test_job_size_options_complete_a_strategy_file_before_its_rules_are_checked(
                 "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["cost"]["duration_time_per_iter"] > 0
+    # as a search's base it describes a job on the searched cluster
+    r = run_cli("search", "-m", "llama3-8b", "-y", "h100-sxm-80gb", "-s", str(path), "--world-size", "64", "--gbs", "128",
+                "--tp", "8", "--pp", "4", "--vp", "2", "--recompute", "none", "--json")
+    assert r.returncode == 0, r.stderr
 
 
 def test_compare_strategies_side_by_side(tmp_path: Path) -> None:

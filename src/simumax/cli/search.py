@@ -76,7 +76,16 @@ def search(
     if strategy is None:
         strategy = DEFAULT_BASE[base_model.is_moe]
         cli.err_console.print(f"base strategy: {strategy} (give -s to choose another)", highlight=False)
-    m, st, sy = apply_overrides(base_model, load_strategy(strategy), load_system(system), set_)
+    m, st, sy = apply_overrides(base_model, load_strategy(strategy, checked=False), load_system(system), set_, checked=False)
+    # the base gives the fields the search does not vary; a base file written without the job
+    # size (world_size 8 beside tp 8 x pp 16; one micro-batch with interleaving) is read as a job
+    # on the searched cluster at the searched batch (every candidate takes its own count from --gbs)
+    layout = st.tp_size * st.cp_size * st.pp_size
+    job: dict[str, int] = {} if st.world_size % layout == 0 else {"world_size": world_size}
+    per_step = st.micro_batch_size * (job.get("world_size", st.world_size) // layout)
+    if global_batch_size and per_step and global_batch_size % per_step == 0:
+        job["micro_batch_num"] = global_batch_size // per_step
+    st = st.with_updates(job, source=st.source or "strategy")
     schedules = tuple(None if s == "auto" else s for s in _str_list(schedule))
     for flag, text in (("--ep", ep), ("--etp", etp)):
         if text and not m.is_moe and any(v != 1 for v in _int_list(text, flag)):
