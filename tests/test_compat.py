@@ -149,6 +149,37 @@ def test_job_size_options_complete_a_strategy_file_before_its_rules_are_checked(
     assert r.returncode == 0, r.stderr
 
 
+def test_rules_between_fields_are_checked_at_use_as_simumax_does(tmp_path: Path) -> None:
+    """SimuMax checks a strategy when it is used (its sanity_check), so its scripts load a file
+    and then set what completes it; a rule still broken then raises from the estimate, naming
+    the file, and every field is still checked on load."""
+    from simumax.core.config import StrategyConfig
+    from simumax.core.perf_llm import PerfLLM
+    from simumax.errors import ConfigError
+
+    path = tmp_path / "tp8_pp4.json"
+    path.write_text(json.dumps({"seq_len": 4096, "tp_size": 8, "pp_size": 4, "micro_batch_num": 8,
+                                "enable_sequence_parallel": True}))
+    st = StrategyConfig.init_from_config_file(str(path))  # world_size 8 (SimuMax's default): tp 8 x pp 4 waits
+    st.world_size = 64
+    perf = PerfLLM().configure(strategy_config=st, model_config="llama3-70b", system_config="a100_pcie")
+    one = perf.analysis_cost().duration_time_per_iter
+    whole = dict(json.loads(path.read_text()), world_size=64)
+    assert one == PerfLLM().configure(strategy_config=whole, model_config="llama3-70b",
+                                      system_config="a100_pcie").analysis_cost().duration_time_per_iter
+    perf2 = PerfLLM().configure(strategy_config=str(path), model_config="llama3-70b", system_config="a100_pcie")
+    perf2.strategy.world_size = 64  # edited after configure, as SimuMax's tutorial does
+    assert perf2.analysis_cost().duration_time_per_iter == one
+    broken = StrategyConfig.init_from_config_file(str(path))
+    with pytest.raises(ConfigError, match=r"tp8_pp4.json: world_size: must be divisible by tp\*cp\*pp = 32 \(got 8\)"):
+        PerfLLM().configure(strategy_config=broken, model_config="llama3-70b", system_config="a100_pcie").run_estimate()
+    with pytest.raises(ConfigError, match="tp8_pp4.json: world_size"):
+        broken.sanity_check()
+    path.write_text(json.dumps({"seq_len": 4096, "tp_size": "8"}))
+    with pytest.raises(ConfigError, match="tp_size"):  # a field's own check does not wait
+        StrategyConfig.init_from_config_file(str(path))
+
+
 def test_compare_strategies_side_by_side(tmp_path: Path) -> None:
     from simumax.config.loader import load_model, load_strategy, load_system
     from simumax.estimate import Estimate

@@ -54,9 +54,11 @@ class PerfLLM(SimuMaxPerfMethods):
         model_config: ConfigLike = None,
         system_config: ConfigLike = None,
     ) -> "PerfLLM":
-        """Set any of the three configs (objects, JSON paths or preset names)."""
+        """Set any of the three configs (objects, JSON paths or preset names). A strategy's
+        rules between fields are checked when it is estimated, as SimuMax does, so a script
+        may complete it first (``perf.strategy.world_size = 64``)."""
         if strategy_config is not None:
-            self.strategy_config = load_strategy(strategy_config)
+            self.strategy_config = load_strategy(strategy_config, checked=False)
         if model_config is not None:
             self.model_config = load_model(model_config)
         if system_config is not None:

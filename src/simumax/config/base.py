@@ -300,9 +300,11 @@ class ConfigBase(BaseModel):
         self._pending = None
 
     def check(self) -> None:
-        """Raise the ConfigError of a cross-field rule an in-place edit left broken."""
+        """Raise the ConfigError of a cross-field rule an in-place edit or a load with
+        ``checked=False`` left broken."""
         if self._pending is not None:
-            type(self).init_from_dict(self.model_dump(), source="edited config")
+            edited = self._pending.source in (None, "assignment")  # else the file it was loaded from
+            type(self).init_from_dict(self.model_dump(), source="edited config" if edited else self._pending.source)
             self._pending = None
 
     @property
@@ -320,11 +322,18 @@ class ConfigBase(BaseModel):
 
     @classmethod
     def init_from_dict(cls, data: dict[str, Any], source: str | None = None, *, checked: bool = True) -> Self:
-        """Validate ``data``. ``checked=False`` checks each field but defers the cross-field
-        rules (a draft that job-size overrides complete: ``cli.options.load_job``); a draft
-        must pass ``init_from_dict(draft.model_dump())`` before anything estimates with it."""
+        """Validate ``data``. ``checked=False`` checks each field now and the rules between
+        fields when the config is used, as SimuMax's ``sanity_check`` does: a broken rule is
+        kept (as an in-place edit's is) and raised by ``check()`` (every Estimate calls it)
+        unless edits or overrides mend it first (``strategy.world_size = 64`` beside a file's
+        tp 8 x pp 4; the CLI's ``--world-size`` / ``--gbs``)."""
         try:
             obj = cls.model_validate(data, context=None if checked else {DEFER_RULES: True})
+            if not checked:
+                try:
+                    cls.model_validate(data)
+                except ValidationError as exc:
+                    obj._pending = config_error_from(exc, source, cls.model_fields)
         except ValidationError as exc:
             raise config_error_from(exc, source, cls.model_fields) from None
         obj._source = source
@@ -332,8 +341,9 @@ class ConfigBase(BaseModel):
 
     @classmethod
     def init_from_config_file(cls, path: str | Path) -> Self:
-        """Load a SimuMax-format JSON file (the SimuMax tutorial's entry point)."""
-        return cls.init_from_dict(read_json(path), source=str(path))
+        """Load a SimuMax-format JSON file (the SimuMax tutorial's entry point); rules between
+        fields are checked at use, as SimuMax does (``init_from_dict(checked=False)``)."""
+        return cls.init_from_dict(read_json(path), source=str(path), checked=False)
 
     def with_updates(self, updates: dict[str, Any], source: str = "override") -> Self:
         """A validated copy with some fields replaced (``--set key=value``, model_overrides)."""

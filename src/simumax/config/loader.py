@@ -79,8 +79,8 @@ def load_model(spec: ModelConfig | str | Path | dict[str, Any]) -> ModelConfig:
 
 
 def load_strategy(spec: StrategyConfig | str | Path | dict[str, Any], *, checked: bool = True) -> StrategyConfig:
-    """``checked=False``: a draft whose cross-field rules wait for the job-size overrides
-    (see ``ConfigBase.init_from_dict``)."""
+    """``checked=False``: the rules between fields are checked when the strategy is used, so
+    edits or job-size overrides may complete it first (``ConfigBase.init_from_dict``)."""
     return _resolve("strategy", StrategyConfig, spec, checked)
 
 
