@@ -456,6 +456,33 @@ def test_uniform_recompute_of_one_layer_recomputes_every_layer() -> None:
         assert (est.cost().duration_time_per_iter == pytest.approx(every.cost().duration_time_per_iter, rel=1e-12)) is same
 
 
+def test_a_2021_megatron_script_reads_as_it_ran() -> None:
+    """Narayanan'21-era lines: --checkpoint-activations (every layer, uniform chunks of
+    --checkpoint-num-layers; since 2022 --recompute-granularity full --recompute-method
+    uniform) estimates as its current spelling, the GPT-2 BPE tokenizer that --merge-file
+    implies gives the vocabulary (pretrain_gpt.py's default), and the flags of that time are
+    read past with their reasons, none "ignored"."""
+    head = ("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 --num-layers 8 --hidden-size 4096 "
+            "--num-attention-heads 32 --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 "
+            "--global-batch-size 64 --fp16 --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt ")
+    old = head + ("--checkpoint-activations --checkpoint-num-layers 1 --distribute-checkpointed-activations "
+                  "--DDP-impl local --no-scatter-gather-tensors-in-pipeline --rampup-batch-size 16 16 5859375")
+    new = head + "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+    (m, s, notes), (m2, s2, _) = parse_megatron_args(old, world_size=64), parse_megatron_args(new, world_size=64)
+    assert m.vocab_size == 50257 and any("GPT2BPETokenizer's 50257 tokens" in n for n in notes)
+    assert (s.recompute_granularity, s.recompute_method, s.recompute_layer_num) == ("full_block", "uniform", 1)
+    a100 = load_system("a100-sxm-80gb")
+    assert Estimate(m, s, a100).cost().duration_time_per_iter == Estimate(m2, s2, a100).cost().duration_time_per_iter
+    assert not any(n.startswith("ignored") for n in notes), notes
+    assert any("--distribute-checkpointed-activations" in n and "not modelled" in n for n in notes)
+    bert = parse_megatron_args(head.replace("--merge-file gpt2-merges.txt", "--tokenizer-type BertWordPieceLowerCase"))
+    assert bert[0].vocab_size == 30522
+    with pytest.raises(ConfigError, match="--vocab-size: required"):  # a tokenizer model file: its size is unknown
+        parse_megatron_args(head.replace("--merge-file gpt2-merges.txt", "--tokenizer-type HuggingFaceTokenizer"))
+    with pytest.raises(ConfigError, match="--checkpoint-num-layers: expected int"):
+        parse_megatron_args(old.replace("--checkpoint-num-layers 1", "--checkpoint-num-layers x"))
+
+
 def test_megatron_layer_freq_expressions_and_layout_virtual_stages() -> None:
     """--moe-layer-freq takes Megatron's Python list expressions ("([0]*3+[1]*58)": three
     dense layers first), read without evaluating code; a --pipeline-model-parallel-layout

@@ -128,19 +128,22 @@ def _known(parser: argparse.ArgumentParser) -> set[str]:
 
 def test_importer_tables_name_megatron_019_flags(megatron_parser: argparse.ArgumentParser) -> None:
     """Every flag the importer reads is one Megatron-LM 0.19 has, or an older one it says so
-    of (OLDER_FLAGS; NOT_MODELLED keeps older spellings of the align / gc options too)."""
+    of (OLDER_FLAGS, OLDER_NO_EFFECT; NOT_MODELLED keeps older spellings of the align / gc /
+    saved-activation options too)."""
     from simumax.config.megatron_names import OLDER_FLAGS, SWITCHES, VALUED
-    from simumax.importers.megatron_args import NO_EFFECT, NOT_MODELLED
+    from simumax.importers.megatron_flag_tables import NO_EFFECT, NOT_MODELLED, OLDER_NO_EFFECT
 
     known = _known(megatron_parser)
     assert sorted(f for f in [*VALUED, *SWITCHES] if f not in known) == sorted(OLDER_FLAGS)
     assert sorted(f for f in NO_EFFECT if f not in known) == []
-    assert sorted(f for f in NOT_MODELLED if f not in known) == ["--align-grad-reduce", "--align-param-gather", "--manual-gc-eval"]
+    assert all(f not in known for f in OLDER_NO_EFFECT)
+    assert sorted(f for f in NOT_MODELLED if f not in known) == ["--align-grad-reduce", "--align-param-gather",
+                                                                 "--distribute-checkpointed-activations", "--manual-gc-eval"]
 
 
 def test_importer_defaults_are_megatron_019s(megatron_parser: argparse.ArgumentParser) -> None:
     """A flag left out means what Megatron-LM 0.19's parser defaults it to."""
-    from simumax.importers.megatron_args import MEGATRON_DEFAULTS
+    from simumax.importers.megatron_flag_tables import MEGATRON_DEFAULTS
 
     d = megatron_parser.parse_args([])
     ours = {flag: value for flag, _, value, _ in MEGATRON_DEFAULTS}

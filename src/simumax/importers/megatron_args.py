@@ -13,77 +13,10 @@ from simumax.config.megatron_names import SWITCHES, VALUED, flag_of
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
+from simumax.importers.megatron_flag_tables import IGNORED_VALUED, MEGATRON_DEFAULTS, NO_EFFECT, NOT_MODELLED, OLDER_NO_EFFECT, TOKENIZER_VOCAB
 from simumax.importers.megatron_values import int_or_layer_list, is_one, layer_pattern, skip_freq, values_after, window_keys
 
 SIZE_FIELDS = frozenset({"tp_size", "pp_size", "cp_size", "ep_size", "etp_size", "micro_batch_size"})
-
-IGNORED_VALUED = {"--group-query-attention", "--use-megatron-fsdp", "--use-custom-fsdp", "--deepspeed_config"}  # flags that need no field (FSDP: its sharding strategy; DeepSpeed: its config file)
-# flags that change neither time nor memory of a training step (the optimizer's
-# hyper-parameters, data, tokenizer, logging, checkpoints, initialisation, exit
-# conditions): listed back together, apart from the ones that may matter
-NO_EFFECT = frozenset({
-    "--use-mcore-models", "--lr", "--min-lr", "--decoupled-lr", "--decoupled-min-lr", "--lr-decay-style", "--lr-decay-iters",
-    "--lr-decay-samples", "--lr-warmup-iters", "--lr-warmup-samples", "--lr-warmup-fraction", "--lr-warmup-init",
-    "--weight-decay", "--start-weight-decay", "--end-weight-decay", "--weight-decay-incr-style", "--adam-beta1",
-    "--adam-beta2", "--adam-eps", "--clip-grad", "--init-method-std", "--seed", "--train-iters", "--train-samples",
-    "--eval-iters", "--eval-interval", "--save", "--load", "--save-interval", "--log-interval", "--log-throughput",
-    "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard", "--log-memory-to-tensorboard",
-    "--tensorboard-dir", "--wandb-project", "--wandb-exp-name", "--wandb-save-dir", "--data-path", "--data-cache-path",
-    "--split", "--mock-data", "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file", "--num-workers",
-    "--dataloader-type", "--exit-duration-in-mins", "--exit-interval", "--distributed-timeout-minutes",
-    "--ckpt-format", "--no-load-optim", "--no-load-rng", "--finetune", "--timing-log-level", "--apply-layernorm-1p",
-    "--calculate-per-token-loss", "--fp8-amax-compute-algo", "--fp8-amax-history-len", "--no-create-attention-mask-in-dataloader",
-    "--attention-softmax-in-fp32", "--no-position-embedding", "--use-rotary-position-embeddings", "--profile",
-    "--profile-step-start", "--profile-step-end", "--use-pytorch-profiler",
-    "--norm-epsilon", "--moe-aux-loss-coeff", "--moe-router-bias-update-rate", "--mtp-loss-scaling-factor",
-    "--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--moe-enable-deepep", "--enable-experimental",
-    "--distributed-backend", "--async-save", "--dist-ckpt-strictness", "--exit-signal-handler", "--no-mmap-bin-files",
-    "--te-rng-tracker", "--inference-rng-tracker", "--use-cpu-initialization", "--tp-comm-bootstrap-backend",
-    "--use-rope-scaling", "--rotary-seq-len-interpolation-factor", "--moe-token-drop-policy",
-})
-
-
-# flags with a real effect the model leaves out, and why (said back, not silently ignored)
-_GC = "Python's garbage collection timing: steps are predicted without collector pauses"
-_GRAPHS = "CUDA graphs: host launch gaps, which graph replay removes, are not modelled, nor the graphs' static buffers"
-_LOG = "an extra pass over the parameters or gradients on every logged step"
-NOT_MODELLED = {
-    "--manual-gc": _GC, "--manual-gc-interval": _GC, "--manual-gc-eval": _GC, "--no-manual-gc-eval": _GC,
-    "--disable-manual-gc-eval": _GC,
-    "--log-params-norm": _LOG, "--log-num-zeros-in-grad": _LOG,
-    "--empty-unused-memory-level": "torch.cuda.empty_cache between steps: the allocator's time and its cache",
-    "--tp-comm-overlap-cfg": "userbuffers settings from a file: TransformerEngine's defaults are modelled",
-    "--moe-router-padding-for-fp8": "each expert's rows padded to a multiple of 16 / 32 for the quantized GEMMs",
-    "--moe-router-padding-for-quantization": "each expert's rows padded to a multiple of 16 / 32 for the quantized GEMMs",
-    "--moe-input-jitter-eps": "one element-wise pass over the router's input",
-    **dict.fromkeys(("--no-bias-dropout-fusion", "--no-bias-gelu-fusion", "--no-persist-layer-norm"),
-                    "an unfused element-wise kernel chain: the fused kernel's traffic is modelled"),
-    "--moe-per-layer-logging": "a small all-reduce of per-layer MoE statistics on logged steps",
-    **dict.fromkeys(("--squared-relu", "--openai-gelu", "--use-te-activation-func"),
-                    "the MLP's activation is costed as GeLU's element-wise pass (the same GEMMs)"),
-    "--add-qkv-bias": "q / k / v biases: one bias add per projection and their gradients",
-    "--no-gradient-reduce-div-fusion": "the gradient scaling as a separate pass before the reduce",
-    **dict.fromkeys(("--tp-comm-overlap-rs-dgrad", "--disable-tp-comm-overlap-ag", "--no-tp-comm-overlap-ag",
-                     "--disable-tp-comm-overlap-rs", "--no-tp-comm-overlap-rs", "--disable-tp-comm-bulk-dgrad",
-                     "--no-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-wgrad", "--no-tp-comm-bulk-wgrad",
-                     "--disable-tp-comm-split-ag", "--no-tp-comm-split-ag", "--disable-tp-comm-split-rs",
-                     "--no-tp-comm-split-rs"), "userbuffers settings: TransformerEngine's defaults are modelled"),
-    **dict.fromkeys(("--ddp-num-buckets", "--ddp-pad-buckets-for-high-nccl-busbw", "--align-grad-reduce",
-                     "--no-align-grad-reduce", "--disable-align-grad-reduce", "--align-param-gather",
-                     "--no-align-param-gather"), "DDP bucket layout and launch options: Megatron's defaults are modelled"),
-    **dict.fromkeys(("--enable-cuda-graph", "--cuda-graph-scope", "--cuda-graph-impl", "--external-cuda-graph",
-                     "--cuda-graph-warmup-steps"), _GRAPHS),
-}
-
-
-# flag, model field, Megatron-LM's default when the flag is left out (megatron/training/
-# arguments.py), and the note that says so (none for the ones every GPT script leaves out)
-MEGATRON_DEFAULTS = (
-    ("--normalization", "norm_type", "layernorm", "LayerNorm"),
-    ("--position-embedding-type", "position_embedding_type", "learned_absolute", "learned_absolute"),
-    ("--disable-bias-linear", "add_bias_linear", True, ""),
-    ("--untie-embeddings-and-output-weights", "untie_embeddings_and_output_weights", False, ""),
-)
 
 
 def parse_megatron_args(text: str | list[str], world_size: int | None = None, name: str = "megatron") -> tuple[ModelConfig, StrategyConfig, list[str]]:
@@ -222,7 +155,17 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             if value not in ("fp32", "bf16"):
                 raise ConfigError(flag, f"expected fp32 or bf16, got {value!r}")
             s["grad_reduce_in_bf16"] = value == "bf16"
-        elif flag == "--recompute-method" and value is not None:
+        elif flag == "--checkpoint-activations":
+            # Megatron-LM 2021: every layer recomputed in chunks of --checkpoint-num-layers (1);
+            # since 2022 --recompute-granularity full --recompute-method uniform (this flag exits)
+            extra["granularity"] = "full"
+            extra.setdefault("method", "uniform")
+        elif flag in ("--checkpoint-num-layers", "--activations-checkpoint-num-layers") and value is not None:
+            try:  # the older names of --recompute-num-layers
+                s["recompute_layer_num"] = int(value)
+            except ValueError:
+                raise ConfigError(flag, f"expected int, got {value!r}") from None
+        elif flag in ("--recompute-method", "--activations-checkpoint-method") and value is not None:
             if value not in ("block", "uniform"):
                 raise ConfigError(flag, f"expected block or uniform, got {value!r}")
             extra["method"] = value
@@ -230,9 +173,17 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             m["use_swiglu"] = True
             extra["quick_geglu"] = "1"  # (not --swiglu: Megatron's default FFN stays 4h)
             notes.append("--quick-geglu: the gated MLP's GEMMs as SwiGLU's, its activation costed as SwiGLU's")
+        elif flag in ("--tokenizer-type", "--merge-file") and value is not None:
+            extra[flag] = value
+            no_effect.append(flag)
+        elif flag == "--DDP-impl" and value is not None:  # Megatron-LM <= 2022: local is the DDP modelled
+            if value == "local":
+                no_effect.append(flag)
+            else:
+                not_modelled.setdefault("torch DDP's bucketed all-reduce: Megatron's own DDP is modelled", []).append(flag)
         elif flag == "--optimizer" and value is not None and value != "adam":
             notes.append(f"--optimizer {value}: not modelled, the step and its states are Adam's (two fp32 moments)")
-        elif flag in NO_EFFECT or (flag == "--rotary-percent" and value is not None and is_one(value)) or flag == "--optimizer":
+        elif flag in NO_EFFECT or flag in OLDER_NO_EFFECT or (flag == "--rotary-percent" and value is not None and is_one(value)) or flag == "--optimizer":
             no_effect.append(flag)
         elif flag in NOT_MODELLED:
             not_modelled.setdefault(NOT_MODELLED[flag], []).append(flag)
@@ -276,7 +227,12 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         m["intermediate_size"] = int(4 * h * 2 / 3 / 64) * 64 if m.get("use_swiglu") and "quick_geglu" not in extra else 4 * h
         notes.append(f"--ffn-hidden-size not given: Megatron's default {m['intermediate_size']}")
     if "vocab_size" not in m:
-        raise ConfigError("--vocab-size", "required (Megatron reads it from the tokenizer; pass it explicitly)")
+        # pretrain_gpt.py's default tokenizer is GPT2BPETokenizer, the one that reads --merge-file
+        tokenizer = extra.get("--tokenizer-type") or ("GPT2BPETokenizer" if "--merge-file" in extra else None)
+        if tokenizer not in TOKENIZER_VOCAB:
+            raise ConfigError("--vocab-size", "required (Megatron reads it from the tokenizer; pass it explicitly)")
+        m["vocab_size"] = TOKENIZER_VOCAB[tokenizer]
+        notes.append(f"--vocab-size not given: {tokenizer}'s {m['vocab_size']} tokens (padded as Megatron pads them)")
     if "sharding" in extra:  # Megatron-FSDP's --data-parallel-sharding-strategy
         s["zero_state"] = extra["sharding"]
     if "ncclep" in extra and s.get("moe_dispatcher_policy") == "flex":

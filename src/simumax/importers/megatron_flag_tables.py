@@ -1,0 +1,85 @@
+"""What the Megatron-LM importer makes of flags that set no config field: flags without
+an effect on a step's time or memory, flags whose effect is not modelled (each with its
+reason, said back to the user), Megatron's defaults for flags a script leaves out, and the
+vocabularies of the tokenizers that fix one."""
+
+from __future__ import annotations
+
+IGNORED_VALUED = {"--group-query-attention", "--use-megatron-fsdp", "--use-custom-fsdp", "--deepspeed_config"}  # flags that need no field (FSDP: its sharding strategy; DeepSpeed: its config file)
+# flags that change neither time nor memory of a training step (the optimizer's
+# hyper-parameters, data, tokenizer, logging, checkpoints, initialisation, exit
+# conditions): listed back together, apart from the ones that may matter
+NO_EFFECT = frozenset({
+    "--use-mcore-models", "--lr", "--min-lr", "--decoupled-lr", "--decoupled-min-lr", "--lr-decay-style", "--lr-decay-iters",
+    "--lr-decay-samples", "--lr-warmup-iters", "--lr-warmup-samples", "--lr-warmup-fraction", "--lr-warmup-init",
+    "--weight-decay", "--start-weight-decay", "--end-weight-decay", "--weight-decay-incr-style", "--adam-beta1",
+    "--adam-beta2", "--adam-eps", "--clip-grad", "--init-method-std", "--seed", "--train-iters", "--train-samples",
+    "--eval-iters", "--eval-interval", "--save", "--load", "--save-interval", "--log-interval", "--log-throughput",
+    "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard", "--log-memory-to-tensorboard",
+    "--tensorboard-dir", "--wandb-project", "--wandb-exp-name", "--wandb-save-dir", "--data-path", "--data-cache-path",
+    "--split", "--mock-data", "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file", "--num-workers",
+    "--dataloader-type", "--exit-duration-in-mins", "--exit-interval", "--distributed-timeout-minutes",
+    "--ckpt-format", "--no-load-optim", "--no-load-rng", "--finetune", "--timing-log-level", "--apply-layernorm-1p",
+    "--calculate-per-token-loss", "--fp8-amax-compute-algo", "--fp8-amax-history-len", "--no-create-attention-mask-in-dataloader",
+    "--attention-softmax-in-fp32", "--no-position-embedding", "--use-rotary-position-embeddings", "--profile",
+    "--profile-step-start", "--profile-step-end", "--use-pytorch-profiler",
+    "--norm-epsilon", "--moe-aux-loss-coeff", "--moe-router-bias-update-rate", "--mtp-loss-scaling-factor",
+    "--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--moe-enable-deepep", "--enable-experimental",
+    "--distributed-backend", "--async-save", "--dist-ckpt-strictness", "--exit-signal-handler", "--no-mmap-bin-files",
+    "--te-rng-tracker", "--inference-rng-tracker", "--use-cpu-initialization", "--tp-comm-bootstrap-backend",
+    "--use-rope-scaling", "--rotary-seq-len-interpolation-factor", "--moe-token-drop-policy",
+    "--rampup-batch-size",  # the first iterations' smaller batches; steady steps run the global batch
+})
+# the same for flags of Megatron-LM <= 2022 scripts that 0.19 no longer has
+OLDER_NO_EFFECT = frozenset({
+    "--no-scatter-gather-tensors-in-pipeline",  # whole activations over P2P, as modelled (megatron-core's)
+})
+
+
+# tokenizers whose vocabulary is fixed (megatron-core tokenizers/text/libraries/
+# megatron_hf_tokenizer.py: gpt2, bert-large-uncased, bert-large-cased)
+TOKENIZER_VOCAB = {"GPT2BPETokenizer": 50257, "BertWordPieceLowerCase": 30522, "BertWordPieceCase": 28996}
+
+# flags with a real effect the model leaves out, and why (said back, not silently ignored)
+_GC = "Python's garbage collection timing: steps are predicted without collector pauses"
+_GRAPHS = "CUDA graphs: host launch gaps, which graph replay removes, are not modelled, nor the graphs' static buffers"
+_LOG = "an extra pass over the parameters or gradients on every logged step"
+NOT_MODELLED = {
+    "--manual-gc": _GC, "--manual-gc-interval": _GC, "--manual-gc-eval": _GC, "--no-manual-gc-eval": _GC,
+    "--disable-manual-gc-eval": _GC,
+    "--log-params-norm": _LOG, "--log-num-zeros-in-grad": _LOG,
+    "--empty-unused-memory-level": "torch.cuda.empty_cache between steps: the allocator's time and its cache",
+    "--tp-comm-overlap-cfg": "userbuffers settings from a file: TransformerEngine's defaults are modelled",
+    "--moe-router-padding-for-fp8": "each expert's rows padded to a multiple of 16 / 32 for the quantized GEMMs",
+    "--moe-router-padding-for-quantization": "each expert's rows padded to a multiple of 16 / 32 for the quantized GEMMs",
+    "--moe-input-jitter-eps": "one element-wise pass over the router's input",
+    **dict.fromkeys(("--distribute-saved-activations", "--distribute-checkpointed-activations"),
+                    "each recomputed layer's saved input split over the tensor-parallel ranks: it is kept whole"),
+    **dict.fromkeys(("--no-bias-dropout-fusion", "--no-bias-gelu-fusion", "--no-persist-layer-norm"),
+                    "an unfused element-wise kernel chain: the fused kernel's traffic is modelled"),
+    "--moe-per-layer-logging": "a small all-reduce of per-layer MoE statistics on logged steps",
+    **dict.fromkeys(("--squared-relu", "--openai-gelu", "--use-te-activation-func"),
+                    "the MLP's activation is costed as GeLU's element-wise pass (the same GEMMs)"),
+    "--add-qkv-bias": "q / k / v biases: one bias add per projection and their gradients",
+    "--no-gradient-reduce-div-fusion": "the gradient scaling as a separate pass before the reduce",
+    **dict.fromkeys(("--tp-comm-overlap-rs-dgrad", "--disable-tp-comm-overlap-ag", "--no-tp-comm-overlap-ag",
+                     "--disable-tp-comm-overlap-rs", "--no-tp-comm-overlap-rs", "--disable-tp-comm-bulk-dgrad",
+                     "--no-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-wgrad", "--no-tp-comm-bulk-wgrad",
+                     "--disable-tp-comm-split-ag", "--no-tp-comm-split-ag", "--disable-tp-comm-split-rs",
+                     "--no-tp-comm-split-rs"), "userbuffers settings: TransformerEngine's defaults are modelled"),
+    **dict.fromkeys(("--ddp-num-buckets", "--ddp-pad-buckets-for-high-nccl-busbw", "--align-grad-reduce",
+                     "--no-align-grad-reduce", "--disable-align-grad-reduce", "--align-param-gather",
+                     "--no-align-param-gather"), "DDP bucket layout and launch options: Megatron's defaults are modelled"),
+    **dict.fromkeys(("--enable-cuda-graph", "--cuda-graph-scope", "--cuda-graph-impl", "--external-cuda-graph",
+                     "--cuda-graph-warmup-steps"), _GRAPHS),
+}
+
+
+# flag, model field, Megatron-LM's default when the flag is left out (megatron/training/
+# arguments.py), and the note that says so (none for the ones every GPT script leaves out)
+MEGATRON_DEFAULTS = (
+    ("--normalization", "norm_type", "layernorm", "LayerNorm"),
+    ("--position-embedding-type", "position_embedding_type", "learned_absolute", "learned_absolute"),
+    ("--disable-bias-linear", "add_bias_linear", True, ""),
+    ("--untie-embeddings-and-output-weights", "untie_embeddings_and_output_weights", False, ""),
+)
