@@ -1,5 +1,5 @@
-"""``perf``, ``compare`` and ``simulate``: one strategy's estimate, several side by side, an
-event-simulated iteration."""
+"""``perf``, ``compare``, ``what-if`` and ``simulate``: one strategy's estimate, several side
+by side, one with each hardware resource scaled, an event-simulated iteration."""
 
 from __future__ import annotations
 
@@ -134,6 +134,32 @@ def compare(
         cli.out_console.print_json(dumps_finite(cmp.to_dict(rows)))
         return
     cli.out_console.print(cmp.table(rows))
+
+
+@cli.app.command("what-if")
+def what_if(
+    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
+    strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
+    system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
+    set_: list[str] = SetOpt,
+    world_size: Optional[int] = typer.Option(None, "--world-size", help="GPUs (DP follows from TP x PP x CP)."),
+    gbs: Optional[int] = typer.Option(None, "--gbs", help="Global batch in sequences; the micro-batch count follows."),
+    factor: float = typer.Option(1.5, "--factor", help="How many times better each resource is made, one at a time."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+) -> None:
+    """The iteration time with one hardware resource made --factor times better at a time
+    (tensor-core peak, HBM bandwidth, scale-up links, scale-out links, latencies, host link):
+    which resource bounds the job."""
+    from simumax.report import what_if as wi
+
+    wi.check_factor(factor)
+    m, st, sy = load_job(model, strategy, system, set_, world_size=world_size, gbs=gbs)
+    rows = wi.what_if(m, st, sy, factor)
+    if as_json:
+        cli.out_console.print_json(dumps_finite({"rows": [w.to_dict() for w in rows], "units": {"time": "s"}}))
+        return
+    cli.out_console.print(wi.table(rows, f"{fmt.run_title(m.model_name, sy.sys_name, st)}: "
+                                         f"{rows[0].base_time * 1e3:.1f} ms per iteration as it is"))
 
 
 @cli.app.command()
