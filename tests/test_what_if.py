@@ -82,8 +82,12 @@ def test_what_if_cli(tmp_path) -> None:
     rows = json.loads(r.stdout)["rows"]
     assert {w["resource"] for w in rows} == {r.name for r in RESOURCES}
     assert all(w["factor"] == 2 and w["time"] <= w["base_time"] for w in rows)
-    r = run_cli("what-if", "-m", "llama3-70b", "-s", str(path), "-y", "h100-sxm-80gb", "--world-size", "64", "--gbs", "64")
-    assert r.returncode == 0 and "tensor-core peak" in r.stdout
+    r = run_cli("what-if", "-m", "llama3-70b", "-s", str(path), "-y", "h100-sxm-80gb", "--world-size", "64", "--gbs", "64",
+                "--out", str(tmp_path / "w"))
+    assert r.returncode == 0 and "tensor-core peak" in r.stdout, r.stderr
+    written = json.loads((tmp_path / "w" / "what_if.json").read_text())["rows"]
+    assert [w["factor"] for w in written] == [1.5] * len(RESOURCES)  # the default
+    assert (tmp_path / "w" / "what_if.png").read_bytes()[:4] == b"\x89PNG"
     bad = run_cli("what-if", "-m", "llama3-70b", "-s", str(path), "-y", "h100-sxm-80gb", "--world-size", "64",
                   "--factor", "0.5")
     assert bad.returncode == 2 and "--factor" in bad.stderr and "Traceback" not in bad.stderr

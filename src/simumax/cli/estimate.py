@@ -146,6 +146,7 @@ def what_if(
     gbs: Optional[int] = typer.Option(None, "--gbs", help="Global batch in sequences; the micro-batch count follows."),
     factor: float = typer.Option(1.5, "--factor", help="How many times better each resource is made, one at a time."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write what_if.json and what_if.png here."),
 ) -> None:
     """The iteration time with one hardware resource made --factor times better at a time
     (tensor-core peak, HBM bandwidth, scale-up links, scale-out links, latencies, host link):
@@ -155,11 +156,17 @@ def what_if(
     wi.check_factor(factor)
     m, st, sy = load_job(model, strategy, system, set_, world_size=world_size, gbs=gbs)
     rows = wi.what_if(m, st, sy, factor)
+    payload = {"rows": [w.to_dict() for w in rows], "units": {"time": "s"}}
+    title = fmt.run_title(m.model_name, sy.sys_name, st)
+    if out is not None:
+        t0 = time.time()
+        write_json_atomic(out / "what_if.json", payload)
+        wi.plot(rows, out / "what_if.png", title)
+        _say_written(out, t0)
     if as_json:
-        cli.out_console.print_json(dumps_finite({"rows": [w.to_dict() for w in rows], "units": {"time": "s"}}))
+        cli.out_console.print_json(dumps_finite(payload))
         return
-    cli.out_console.print(wi.table(rows, f"{fmt.run_title(m.model_name, sy.sys_name, st)}: "
-                                         f"{rows[0].base_time * 1e3:.1f} ms per iteration as it is"))
+    cli.out_console.print(wi.table(rows, f"{title}: {rows[0].base_time * 1e3:.1f} ms per iteration as it is"))
 
 
 @cli.app.command()
