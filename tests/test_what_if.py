@@ -71,6 +71,10 @@ def test_one_resource_at_a_time_by_hand() -> None:
     assert drop == pytest.approx(tensor / 3, rel=1e-9)
     with pytest.raises(ConfigError, match="--factor"):
         what_if(m, one, sy, 1.0)
+    from simumax import PerfLLM
+
+    perf = PerfLLM().configure(model_config=m, strategy_config=node, system_config=sy)
+    assert [w.time for w in perf.what_if(1.5)] == [w.time for w in ordered]
 
 
 def test_what_if_cli(tmp_path) -> None:

@@ -138,6 +138,14 @@ class PerfLLM(SimuMaxPerfMethods):
         """The underlying pipeline (stages, ops, cost models) for inspection."""
         return self._require()
 
+    def what_if(self, factor: float = 1.5) -> list[Any]:
+        """The iteration time with each hardware resource ``factor`` times better, one at a
+        time, most gain first (report/what_if.py; ``simumax what-if``)."""
+        from simumax.report.what_if import what_if
+
+        est = self._require()
+        return what_if(est.model, est.strategy, est.system, factor)
+
     def analysis(self, save_path: str | Path | None = None, console_log: bool = True) -> dict[str, Any]:
         """SimuMax's analysis: print the summary (``console_log``) and, with ``save_path``,
         write compute_result.json, mem_result.json, the resolved configs, and SimuMax's
