@@ -118,7 +118,18 @@ def main() -> None:
                        file_name="simumax_result.json", mime="application/json", key="dl_result")
     st.download_button("download strategy (JSON)", json.dumps(strategy.to_dict(), indent=2), file_name="strategy.json",
                        mime="application/json", key="dl_strategy")
+    _what_if(perf, fmt.run_title(model.model_name, system.sys_name, strategy))
     _search(model, strategy, system)
+
+
+def _what_if(perf: PerfLLM, title: str) -> None:
+    """The iteration time with each hardware resource made better in turn (simumax what-if)."""
+    from simumax.report.figure import png_bytes
+    from simumax.report.what_if import figure as what_if_figure
+
+    with st.expander("what if the hardware were better"):
+        factor = st.number_input("each resource in turn x", 1.1, 10.0, 1.5, 0.1, key="whatif_factor")
+        st.image(png_bytes(what_if_figure(perf.what_if(float(factor)), title)))
 
 
 def _search(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig) -> None:
