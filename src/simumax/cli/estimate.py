@@ -13,7 +13,8 @@ import typer
 from simumax import cli  # the app and its consoles (cli.out_console is read at call time: tools swap it)
 from simumax.api import PerfLLM
 from simumax.atomic import dumps_finite, write_json_atomic
-from simumax.cli.options import SetOpt, _say_written, _training, load_job
+from simumax.cli.options import (GbsOpt, ModelOpt, SetOpt, StrategyOpt, SystemOpt,
+                                 WorldSizeOpt, _say_written, _training, load_job)
 from simumax.errors import ConfigError
 from simumax.report import format as fmt
 from simumax.uncertainty import attribution, compute_shares
@@ -31,12 +32,12 @@ JSON_UNITS = {
 
 @cli.app.command()
 def perf(
-    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
-    strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
-    system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
+    model: str = ModelOpt,
+    strategy: str = StrategyOpt,
+    system: str = SystemOpt,
     set_: list[str] = SetOpt,
-    world_size: Optional[int] = typer.Option(None, "--world-size", help="GPUs (DP follows from TP x PP x CP)."),
-    gbs: Optional[int] = typer.Option(None, "--gbs", help="Global batch in sequences; the micro-batch count follows."),
+    world_size: Optional[int] = WorldSizeOpt,
+    gbs: Optional[int] = GbsOpt,
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Training tokens (e.g. 15e12): prints time to train and GPU-hours."),
     gpu_hour_price: Optional[float] = typer.Option(None, "--gpu-hour-price", help="Price of one GPU-hour, for --tokens."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
@@ -101,8 +102,8 @@ def perf(
 
 @cli.app.command()
 def compare(
-    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
-    system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
+    model: str = ModelOpt,
+    system: str = SystemOpt,
     strategy: list[str] = typer.Option([], "--strategy", "-s", help="A strategy to compare (repeat): preset or JSON."),
     vary: list[str] = typer.Option([], "--vary", help="A variant of the first strategy: key=value[,key=value] (repeat)."),
     set_: list[str] = SetOpt,
@@ -138,12 +139,12 @@ def compare(
 
 @cli.app.command("what-if")
 def what_if(
-    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
-    strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
-    system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
+    model: str = ModelOpt,
+    strategy: str = StrategyOpt,
+    system: str = SystemOpt,
     set_: list[str] = SetOpt,
-    world_size: Optional[int] = typer.Option(None, "--world-size", help="GPUs (DP follows from TP x PP x CP)."),
-    gbs: Optional[int] = typer.Option(None, "--gbs", help="Global batch in sequences; the micro-batch count follows."),
+    world_size: Optional[int] = WorldSizeOpt,
+    gbs: Optional[int] = GbsOpt,
     factor: float = typer.Option(1.5, "--factor", help="How many times better each resource is made, one at a time."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write what_if.json and what_if.png here."),
@@ -171,9 +172,9 @@ def what_if(
 
 @cli.app.command()
 def simulate(
-    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
-    strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
-    system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
+    model: str = ModelOpt,
+    strategy: str = StrategyOpt,
+    system: str = SystemOpt,
     schedule: Optional[str] = typer.Option(None, "--schedule", help="1f1b | interleaved | zb | dualpipev (default: the strategy's)."),
     set_: list[str] = SetOpt,
     out: Path = typer.Option(Path("simumax_sim"), "--out", help="Folder for the trace, memory files and Gantt chart."),

@@ -11,7 +11,7 @@ import typer
 
 from simumax import cli  # the app and its consoles (cli.out_console is read at call time: tools swap it)
 from simumax.atomic import dumps_finite, write_json_atomic
-from simumax.cli.options import SetOpt, apply_overrides
+from simumax.cli.options import ModelOpt, SetOpt, StrategyOpt, apply_overrides
 from simumax.config.base import check_readable_file
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.errors import ConfigError
@@ -81,8 +81,8 @@ def import_megatron(
 
 @cli.app.command()
 def export(
-    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
-    strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path."),
+    model: str = ModelOpt,
+    strategy: str = StrategyOpt,
     set_: list[str] = SetOpt,
     out: Optional[Path] = typer.Option(None, "--out", help="Also write megatron_flags.txt (torchtitan.toml, ds_config.json) here."),
     as_json: bool = typer.Option(False, "--json", help="Print the flags as a JSON list."),

@@ -19,6 +19,12 @@ from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 
 SetOpt = typer.Option([], "--set", help="Override a field: \\[model.|strategy.|system.]key=value (JSON value).")
+# the options of every command that estimates one job
+ModelOpt = typer.Option(..., "--model", "-m", help="Model preset name or JSON path.")
+StrategyOpt = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path.")
+SystemOpt = typer.Option(..., "--system", "-y", help="System preset name or JSON path.")
+WorldSizeOpt = typer.Option(None, "--world-size", help="GPUs (DP follows from TP x PP x CP).")
+GbsOpt = typer.Option(None, "--gbs", help="Global batch in sequences; the micro-batch count follows.")
 
 
 def _parse_value(text: str) -> Any:

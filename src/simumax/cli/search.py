@@ -11,7 +11,7 @@ import typer
 
 from simumax import cli  # the app and its consoles (cli.out_console is read at call time: tools swap it)
 from simumax.atomic import dumps_finite, write_json_atomic
-from simumax.cli.options import SetOpt, _int_list, _say_written, _str_list, apply_overrides
+from simumax.cli.options import ModelOpt, SetOpt, SystemOpt, _int_list, _say_written, _str_list, apply_overrides
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
@@ -25,12 +25,12 @@ DEFAULT_BASE = {False: "tp1_pp1_dp8_mbs1", True: "ep8_pp1_dp8_mbs1"}  # without 
 
 @cli.app.command()
 def search(
-    model: str = typer.Option(..., "--model", "-m", help="Model preset name or JSON path."),
+    model: str = ModelOpt,
     strategy: Optional[str] = typer.Option(
         None, "--strategy", "-s",
         help="Base strategy (seq_len, dtype, kernels ...); default tp1_pp1_dp8_mbs1 (ep8_pp1_dp8_mbs1 for a MoE "
              "model): sequence 4096, bf16, ZeRO-1, flash attention, SP."),
-    system: str = typer.Option(..., "--system", "-y", help="System preset name or JSON path."),
+    system: str = SystemOpt,
     world_size: int = typer.Option(..., "--world-size", help="Accelerators to lay the job out on."),
     global_batch_size: Optional[int] = typer.Option(None, "--gbs", help="Global batch (sequences); default the base strategy's."),
     tp: str = typer.Option("1,2,4,8", "--tp", help="TP sizes to try."),
