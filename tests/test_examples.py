@@ -15,6 +15,7 @@ EXPECT = {
     "llama3_70b_tp2_full_recompute.py": "full recompute:",
     "search_llama3_8b.py": "--tensor-model-parallel-size",
     "sharded_dp_llama3_70b.py": "ZeRO-3 deepspeed",
+    "what_if_deepseek_v3_h100.py": "4 NICs per node",
 }
 
 
