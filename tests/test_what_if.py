@@ -1,4 +1,4 @@
-"""`simumax what-if`: one hardware resource scaled at a time (report/what_if.py)."""
+"""`simumax what-if`: one hardware resource scaled at a time (simumax/what_if.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as hs
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
-from simumax.report.what_if import RESOURCES, scaled_system, what_if
+from simumax.what_if import RESOURCES, scaled_system, what_if
 from tests.conftest import run_cli
 
 

@@ -23,6 +23,8 @@ from simumax.search.run import run_search
 from simumax.search.space import RECOMPUTE_TYPES, SearchSpace
 from simumax.search.table import search_csv
 from simumax.simulate.outputs import simulate_to
+from simumax.what_if import WhatIf
+from simumax.what_if import what_if as what_if_rows
 
 log = logging.getLogger(__name__)
 ConfigLike = Any  # a config object, a JSON path or a preset name
@@ -138,13 +140,12 @@ class PerfLLM(SimuMaxPerfMethods):
         """The underlying pipeline (stages, ops, cost models) for inspection."""
         return self._require()
 
-    def what_if(self, factor: float = 1.5) -> list[Any]:
+    def what_if(self, factor: float = 1.5) -> list[WhatIf]:
         """The iteration time with each hardware resource ``factor`` times better, one at a
-        time, most gain first (report/what_if.py; ``simumax what-if``)."""
-        from simumax.report.what_if import what_if
+        time, most gain first (simumax/what_if.py; ``simumax what-if``)."""
 
         est = self._require()
-        return what_if(est.model, est.strategy, est.system, factor)
+        return what_if_rows(est.model, est.strategy, est.system, factor)
 
     def analysis(self, save_path: str | Path | None = None, console_log: bool = True) -> dict[str, Any]:
         """SimuMax's analysis: print the summary (``console_log``) and, with ``save_path``,

@@ -152,11 +152,12 @@ def what_if(
     """The iteration time with one hardware resource made --factor times better at a time
     (tensor-core peak, HBM bandwidth, scale-up links, scale-out links, latencies, host link):
     which resource bounds the job."""
+    from simumax import what_if as wif
     from simumax.report import what_if as wi
 
-    wi.check_factor(factor)
+    wif.check_factor(factor)
     m, st, sy = load_job(model, strategy, system, set_, world_size=world_size, gbs=gbs)
-    rows = wi.what_if(m, st, sy, factor)
+    rows = wif.what_if(m, st, sy, factor)
     payload = {"rows": [w.to_dict() for w in rows], "units": {"time": "s"}}
     title = fmt.run_title(m.model_name, sy.sys_name, st)
     if out is not None:
