@@ -125,8 +125,8 @@ class WhatIf:
 
 
 def check_factor(factor: float) -> None:
-    if not (1.0 < factor <= 100.0):  # NaN fails too
-        raise ConfigError("--factor", f"must lie in (1, 100]: how many times better a resource is made (got {factor})")
+    if not (1.0 < factor <= 10.0):  # NaN fails too; 10x keeps every scaled rate within its field's bound
+        raise ConfigError("--factor", f"must lie in (1, 10]: how many times better a resource is made (got {factor})")
 
 
 def what_if(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig, factor: float = 1.5) -> list[WhatIf]:
