@@ -461,7 +461,8 @@ def test_a_2021_megatron_script_reads_as_it_ran() -> None:
     --checkpoint-num-layers; since 2022 --recompute-granularity full --recompute-method
     uniform) estimates as its current spelling, the GPT-2 BPE tokenizer that --merge-file
     implies gives the vocabulary (pretrain_gpt.py's default), and the flags of that time are
-    read past with their reasons, none "ignored"."""
+    read past with their reasons, none "ignored". Megatron-LM 0.19's --padded-vocab-size (and
+    --no-pad-vocab-size) give the vocabulary as it is."""
     head = ("--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2 --num-layers 8 --hidden-size 4096 "
             "--num-attention-heads 32 --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 "
             "--global-batch-size 64 --fp16 --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt ")
@@ -479,6 +480,10 @@ def test_a_2021_megatron_script_reads_as_it_ran() -> None:
     assert bert[0].vocab_size == 30522
     with pytest.raises(ConfigError, match="--vocab-size: required"):  # a tokenizer model file: its size is unknown
         parse_megatron_args(head.replace("--merge-file gpt2-merges.txt", "--tokenizer-type HuggingFaceTokenizer"))
+    padded = parse_megatron_args(head + "--padded-vocab-size 50304")
+    assert (padded[0].vocab_size, padded[0].make_vocab_size_divisible_by) == (50304, 1)
+    unpadded = parse_megatron_args(head + "--vocab-size 32000 --no-pad-vocab-size")[0]
+    assert (unpadded.vocab_size, unpadded.make_vocab_size_divisible_by) == (32000, 1)
     with pytest.raises(ConfigError, match="--checkpoint-num-layers: expected int"):
         parse_megatron_args(old.replace("--checkpoint-num-layers 1", "--checkpoint-num-layers x"))
 

@@ -173,6 +173,13 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             m["use_swiglu"] = True
             extra["quick_geglu"] = "1"  # (not --swiglu: Megatron's default FFN stays 4h)
             notes.append("--quick-geglu: the gated MLP's GEMMs as SwiGLU's, its activation costed as SwiGLU's")
+        elif flag == "--padded-vocab-size" and value is not None:  # the model's vocabulary as it is, unpadded further
+            try:
+                extra["padded_vocab"] = str(int(value))
+            except ValueError:
+                raise ConfigError(flag, f"expected int, got {value!r}") from None
+        elif flag in ("--no-pad-vocab-size", "--disable-pad-vocab-size"):
+            extra.setdefault("padded_vocab", "as given")
         elif flag in ("--tokenizer-type", "--merge-file") and value is not None:
             extra[flag] = value
             no_effect.append(flag)
@@ -226,6 +233,11 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         h = m["hidden_size"]
         m["intermediate_size"] = int(4 * h * 2 / 3 / 64) * 64 if m.get("use_swiglu") and "quick_geglu" not in extra else 4 * h
         notes.append(f"--ffn-hidden-size not given: Megatron's default {m['intermediate_size']}")
+    if "padded_vocab" in extra:  # megatron-core argument_utils: padded_vocab_size, else vocab_size, unpadded
+        if extra["padded_vocab"] != "as given":
+            m["vocab_size"] = int(extra["padded_vocab"])
+        m["make_vocab_size_divisible_by"] = 1  # (the embedding still splits over TP)
+        notes.append("--padded-vocab-size / --no-pad-vocab-size: the vocabulary as given, padded only to a multiple of TP")
     if "vocab_size" not in m:
         # pretrain_gpt.py's default tokenizer is GPT2BPETokenizer, the one that reads --merge-file
         tokenizer = extra.get("--tokenizer-type") or ("GPT2BPETokenizer" if "--merge-file" in extra else None)
