@@ -29,6 +29,7 @@ NO_EFFECT = frozenset({
     "--te-rng-tracker", "--inference-rng-tracker", "--use-cpu-initialization", "--tp-comm-bootstrap-backend",
     "--use-rope-scaling", "--rotary-seq-len-interpolation-factor", "--moe-token-drop-policy",
     "--rampup-batch-size",  # the first iterations' smaller batches; steady steps run the global batch
+    "--moe-router-force-load-balancing",  # balanced routing, which the model assumes anyway
 })
 # the same for flags of Megatron-LM <= 2022 scripts that 0.19 no longer has
 OLDER_NO_EFFECT = frozenset({
@@ -53,6 +54,16 @@ NOT_MODELLED = {
     "--moe-router-padding-for-fp8": "each expert's rows padded to a multiple of 16 / 32 for the quantized GEMMs",
     "--moe-router-padding-for-quantization": "each expert's rows padded to a multiple of 16 / 32 for the quantized GEMMs",
     "--moe-input-jitter-eps": "one element-wise pass over the router's input",
+    "--fp32-residual-connection": "the residual stream in fp32: its activations and element-wise passes at 4 bytes",
+    "--deterministic-mode": "deterministic kernels (slower attention backward and reductions)",
+    **dict.fromkeys(("--no-fp8-wgrad", "--disable-fp8-wgrad"), "weight-gradient GEMMs in bf16 under fp8"),
+    "--moe-layer-recompute": "the MoE layer recomputed in backward",
+    "--experimental-attention-variant": "gated delta net / DSA attention: costed as the model's attention",
+    "--apply-query-key-layer-scaling": "one more scaling pass over the attention scores",
+    "--mlp-chunks-for-training": "the MLP run in sequence chunks (its transient memory)",
+    "--moe-shared-expert-gate": "the shared expert's gate (a small GEMM and a sigmoid)",
+    **dict.fromkeys(("--use-transformer-engine-op-fuser", "--fused-residual-rmsnorm"),
+                    "TransformerEngine's fusions of element-wise work: the unfused traffic is modelled"),
     **dict.fromkeys(("--distribute-saved-activations", "--distribute-checkpointed-activations"),
                     "each recomputed layer's saved input split over the tensor-parallel ranks: it is kept whole"),
     **dict.fromkeys(("--no-bias-dropout-fusion", "--no-bias-gelu-fusion", "--no-persist-layer-norm"),
