@@ -484,6 +484,13 @@ def test_a_2021_megatron_script_reads_as_it_ran() -> None:
     assert (padded[0].vocab_size, padded[0].make_vocab_size_divisible_by) == (50304, 1)
     unpadded = parse_megatron_args(head + "--vocab-size 32000 --no-pad-vocab-size")[0]
     assert (unpadded.vocab_size, unpadded.make_vocab_size_divisible_by) == (32000, 1)
+    moe = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --vocab-size 32000 --bf16 "
+           "--num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 2 ")
+    _, s_old, _ = parse_megatron_args(moe + "--moe-layer-recompute", world_size=2)  # 0.19: selective + the moe module
+    _, s_new, _ = parse_megatron_args(moe + "--recompute-granularity selective --recompute-modules core_attn moe", world_size=2)
+    assert s_old == s_new and s_old.megatron_recompute_modules == ["core_attn", "moe"]
+    with pytest.raises(ConfigError, match="--moe-layer-recompute: Megatron refuses it"):
+        parse_megatron_args(moe + "--moe-layer-recompute --recompute-granularity full", world_size=2)
     with pytest.raises(ConfigError, match="--checkpoint-num-layers: expected int"):
         parse_megatron_args(old.replace("--checkpoint-num-layers 1", "--checkpoint-num-layers x"))
 

@@ -155,6 +155,8 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             if value not in ("fp32", "bf16"):
                 raise ConfigError(flag, f"expected fp32 or bf16, got {value!r}")
             s["grad_reduce_in_bf16"] = value == "bf16"
+        elif flag == "--moe-layer-recompute":
+            extra["moe_layer_recompute"] = "1"
         elif flag == "--checkpoint-activations":
             # Megatron-LM 2021: every layer recomputed in chunks of --checkpoint-num-layers (1);
             # since 2022 --recompute-granularity full --recompute-method uniform (this flag exits)
@@ -260,6 +262,11 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     if "deepspeed" in extra and int(extra.get("ds_zero", "0")) >= 1:  # ZeRO from the DeepSpeed config
         s.update(fsdp_impl="deepspeed", zero_state=int(extra["ds_zero"]))
         notes.append("--deepspeed: ZeRO stage from --zero-stage; the rest of ds_config.json keeps DeepSpeed's defaults")
+    if "moe_layer_recompute" in extra:  # megatron-core TransformerConfig: deprecated for selective + moe
+        if extra.get("granularity") == "full":
+            raise ConfigError("--moe-layer-recompute", "Megatron refuses it with --recompute-granularity full")
+        mods = extra.get("modules", "core_attn").split()
+        extra.update(granularity="selective", modules=" ".join(mods + ["moe"] * ("moe" not in mods)))
     gran = extra.get("granularity")
     if gran == "full":
         # Megatron's --recompute-num-layers defaults to 1, which with the uniform method
