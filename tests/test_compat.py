@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 
 def test_simumax_import_paths_and_preset_helpers(capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,6 +149,31 @@ def test_job_size_options_complete_a_strategy_file_before_its_rules_are_checked(
     r = run_cli("search", "-m", "llama3-8b", "-y", "h100-sxm-80gb", "-s", str(path), "--world-size", "64", "--gbs", "128",
                 "--tp", "8", "--pp", "4", "--vp", "2", "--recompute", "none", "--json")
     assert r.returncode == 0, r.stderr
+
+
+@settings(max_examples=40, deadline=None)
+@given(tp=hs.sampled_from([1, 2, 4, 8]), pp=hs.sampled_from([1, 2, 4]), vp=hs.sampled_from([1, 2]),
+       dp=hs.sampled_from([1, 2, 3, 8]), mbs=hs.sampled_from([1, 2]), steps=hs.integers(1, 6),
+       file_world=hs.sampled_from([None, 8, 12]), file_mbc=hs.sampled_from([None, 1, 5]))
+def test_job_size_options_give_the_strategy_written_whole(tp, pp, vp, dp, mbs, steps, file_world, file_mbc) -> None:
+    """Whatever job size a strategy file states (or leaves out), --world-size and --gbs give
+    the strategy a file stating the job whole would: the options come before the rules."""
+    import tempfile
+
+    from simumax.cli.options import load_job
+    from simumax.config.loader import load_strategy
+
+    vp = vp if pp > 1 else 1
+    gbs = mbs * dp * pp * steps  # a multiple of pp micro-batches: the interleaved schedule's group
+    body = {"seq_len": 2048, "tp_size": tp, "pp_size": pp, "interleaving_size": vp, "micro_batch_size": mbs,
+            "enable_sequence_parallel": tp > 1}
+    whole = load_strategy({**body, "world_size": tp * pp * dp, "micro_batch_num": gbs // (mbs * dp)})
+    partial = {**body, **({"world_size": file_world} if file_world else {}), **({"micro_batch_num": file_mbc} if file_mbc else {})}
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "s.json"
+        path.write_text(json.dumps(partial))
+        _, got, _ = load_job("llama3-8b", str(path), "a100_pcie", [], world_size=tp * pp * dp, gbs=gbs)
+    assert got == whole
 
 
 def test_rules_between_fields_are_checked_at_use_as_simumax_does(tmp_path: Path) -> None:
