@@ -379,11 +379,12 @@ def test_megatron_defaults_for_flags_left_out() -> None:
     {"rank_order": "tp-cp-ep-pp-dp"},
     {"interleaving_size": 2, "micro_batch_num": 8, "overlap_param_gather": True, "overlap_param_gather_with_optimizer_step": True},
     {"enable_recompute": True, "recompute_granularity": "selective_recompute"},
+    {"fp8": True, "fp8_wgrad": False},
 ], ids=["deepspeed-z1", "deepspeed-z3", "te-offload", "dropout", "megatron-fsdp-z3", "average-in-collective",
         "no-wgrad-fusion", "uniform-recompute", "overlap-p2p", "grad-reduce-bf16", "ddp-bucket-size",
         "precision-aware-optimizer", "precision-aware-fp16-master", "fp8-param-gather",
         "unfused-attention", "megatron-torch-fsdp2", "hierarchical-cp", "tp-pp-dp-mapping",
-        "param-gather-with-optimizer-step", "selective-without-modules"])
+        "param-gather-with-optimizer-step", "selective-without-modules", "no-fp8-wgrad"])
 def test_new_options_round_trip_through_the_flags(upd) -> None:
     """DeepSpeed ZeRO (Megatron-DeepSpeed's flags), TE layer offload, dropout,
     Megatron-FSDP and averaging in the DP collective: export then import gives the same

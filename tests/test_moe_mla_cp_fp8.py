@@ -440,3 +440,47 @@ def test_fp8_parameters_need_no_per_micro_batch_cast() -> None:
                        for k in o.fwd if "cast_weight" in getattr(k, "name", "")]
     assert casts(st) == casts(st.with_updates({"fp8_weight_caching": False})) == []
     assert casts(st.with_updates({"fp8_param_gather": False, "fp8_weight_caching": False}))
+
+
+def test_fp8_weight_gradient_in_bf16_by_hand() -> None:
+    """Megatron --no-fp8-wgrad (TE DelayedScaling override_linear_precision.wgrad): each fp8
+    linear's weight-gradient GEMM runs in BF16 on the BF16 input it keeps (2 B an element
+    saved where the column-wise fp8 copy was 1 B), and the input and output gradient are cast
+    row-wise only: read 2 B, write 1 B where both layouts wrote 2. Dense and grouped (expert)
+    linears alike; the data-gradient GEMM stays fp8; other recipes ignore it, as Megatron does."""
+    from simumax.config.loader import load_strategy
+    from simumax.graph.kernels import Gemm
+
+    sy = load_system("h100-sxm-80gb")
+    for name, preset in (("llama3.1-8b", "tp1_pp1_dp8_mbs1"), ("mixtral-8x7b", "ep8_pp1_dp8_mbs1")):
+        m = load_model(name).with_updates({"layer_num": 2})
+        on = load_strategy(preset).with_updates({"seq_len": 2048, "fp8": True})
+        off = on.with_updates({"fp8_wgrad": False})
+        e_on, e_off = Estimate(m, on, sy), Estimate(m, off, sy)
+        checked = 0
+        for o_on, o_off in zip(e_on.stages[0].ops, e_off.stages[0].ops):
+            q_on = {k.name.split(".")[-1]: k.bytes for k in (*o_on.fwd, *o_on.bwd_input) if "quantize" in getattr(k, "name", "")}
+            if not q_on:
+                continue
+            q_off = {k.name.split(".")[-1]: k.bytes for k in (*o_off.fwd, *o_off.bwd_input) if "quantize" in getattr(k, "name", "")}
+            for kind in ("quantize_input", "quantize_grad"):
+                elems = q_on[kind] / 4  # 2 B read + 2 x 1 B written (delayed: no scales, no amax pass)
+                assert q_off[kind] == pytest.approx(elems * 3, rel=1e-12)
+            w_on = [k for k in o_on.bwd_weight if isinstance(k, (Gemm, GroupGemm))]
+            w_off = [k for k in o_off.bwd_weight if isinstance(k, (Gemm, GroupGemm))]
+            assert {k.family for k in w_on} <= {"fp8_matmul", "fp8_group_matmul"}
+            assert {k.family for k in w_off} <= {"matmul", "group_matmul"}
+            d_off = [k for k in o_off.bwd_input if isinstance(k, (Gemm, GroupGemm))]
+            assert {k.family for k in d_off} <= {"fp8_matmul", "fp8_group_matmul"}
+            (x,) = o_off.input
+            assert x in o_off.saved and not any(t[0].endswith((".fp8", ".fp8_col")) for t in o_off.saved)
+            checked += 1
+        assert checked >= 4
+        kept_off, kept_on = (e.memory().stages[0].fwd_activation_cache_per_micro_batch for e in (e_off, e_on))
+        # more unless other ops keep the same BF16 inputs anyway (Mixtral: the router's and the
+        # grouped GEMMs' norm output, the attention output flash attention keeps)
+        assert kept_off > kept_on if name == "llama3.1-8b" else kept_off >= kept_on
+        assert e_off.cost().duration_time_per_iter > e_on.cost().duration_time_per_iter
+        current = on.with_updates({"fp8_recipe": "tensorwise"})
+        assert Estimate(m, current.with_updates({"fp8_wgrad": False}), sy).cost().duration_time_per_iter == \
+            Estimate(m, current, sy).cost().duration_time_per_iter

@@ -116,6 +116,8 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--use-precision-aware-optimizer": ("s", "use_precision_aware_optimizer", True),
     "--no-store-param-remainders": ("s", "store_param_remainders", False),
     "--fp8-param-gather": ("s", "fp8_param_gather", True),
+    "--disable-fp8-wgrad": ("s", "fp8_wgrad", False),  # 0.19's two spellings; the one after is written
+    "--no-fp8-wgrad": ("s", "fp8_wgrad", False),
     "--moe-shared-expert-overlap": ("s", "moe_shared_expert_overlap", True),
     "--use-tp-pp-dp-mapping": ("s", "rank_order", "tp-cp-ep-pp-dp"),
     "--overlap-param-gather-with-optimizer-step": ("s", "overlap_param_gather_with_optimizer_step", True),

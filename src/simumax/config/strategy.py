@@ -52,6 +52,11 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         description="FP8: TE casts each weight once per iteration and reuses it across micro-batches (Megatron passes "
         "is_first_microbatch); false: the weights are cast in every micro-batch's forward.",
     )
+    fp8_wgrad: bool = Field(
+        True, description="FP8 weight-gradient GEMMs (Megatron --no-fp8-wgrad turns them off: with the delayed recipe "
+        "TE's override_linear_precision.wgrad runs them in BF16 on the BF16 input it keeps, and casts inputs and output "
+        "gradients row-wise only; Megatron passes it to the delayed recipe only, so other recipes ignore it).",
+    )
     fp8_param_gather: bool = Field(
         False, description="Megatron --fp8-param-gather (TE fp8_model_init): the fp8 linears keep their weights in fp8 "
         "only (no bf16 copy); after the step the distributed optimizer casts its fp32 master shard to fp8 and "

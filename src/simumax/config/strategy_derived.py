@@ -127,6 +127,12 @@ class StrategyDerived:
         return self.fp4 or self.fp4_recipe is not None
 
     @property
+    def fp8_wgrad_on(self) -> bool:
+        """Weight-gradient GEMMs in low precision: off only for fp8's delayed recipe with
+        ``fp8_wgrad`` false (megatron-core fp8_utils.get_fp8_recipe)."""
+        return not (self.fp8_on and not self.fp4_on and self.fp8_recipe == "delayed" and not self.fp8_wgrad)
+
+    @property
     def fp8_weights_kept(self) -> bool:
         """The linears' fp8 weights outlive a micro-batch: TE's cached casts
         (``fp8_weight_caching``), or the fp8 parameters themselves (``fp8_param_gather``:

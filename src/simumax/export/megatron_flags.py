@@ -120,6 +120,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f += ["--fp8-format hybrid", _s("fp8_recipe", st.fp8_recipe)]
         if st.fp8_param_gather:
             f.append(switch_flag("s", "fp8_param_gather"))
+        if not st.fp8_wgrad:
+            f.append(switch_flag("s", "fp8_wgrad", False))
     if st.fp4_on:
         f += ["--fp4-format e2m1", _s("fp4_recipe", st.lp_recipe)]
     if st.low_precision and st.first_last_layers_bf16:

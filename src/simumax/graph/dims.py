@@ -29,6 +29,7 @@ class Dims:
     local: bool = False  # Megatron-Core's own modules (transformer_impl local), not TransformerEngine
     fp8_recipe: str = "delayed"  # graph/fp8.RECIPES
     fp8_weight_caching: bool = True  # weights cast once per iteration, not per micro-batch
+    fp8_wgrad: bool = True  # weight-gradient GEMMs in fp8 too (else BF16 on the kept BF16 input)
     main_grad_bytes: int = 4  # bytes of one main-gradient element (fp32; 2 with bf16 main grads)
     wgrad_fused: bool = True  # weight-gradient GEMMs accumulate into the main grad (gradient_accumulation_fusion)
     cp_a2a: int = 1  # CP ranks of one all-to-all (a2a: cp; a2a+p2p: its first level)
@@ -62,6 +63,7 @@ class Dims:
             local=st.transformer_impl == "local",
             fp8_recipe=st.lp_recipe,
             fp8_weight_caching=st.fp8_weights_kept,
+            fp8_wgrad=st.fp8_wgrad_on,
             main_grad_bytes=st.main_grad_bytes,
             wgrad_fused=st.gradient_accumulation_fusion,
         )

@@ -65,11 +65,12 @@ def recipe(name: str) -> Fp8Recipe:
     return RECIPES[name]
 
 
-def quantize_bytes(r: Fp8Recipe, elems: float, in_bytes: int) -> float:
-    """HBM traffic of casting ``elems`` bf16 elements to FP8 in both layouts: read them
-    (twice with current scaling's amax pass), write 2 x 1 B and the scales of both layouts."""
+def quantize_bytes(r: Fp8Recipe, elems: float, in_bytes: int, layouts: int = 2) -> float:
+    """HBM traffic of casting ``elems`` bf16 elements to FP8 in both layouts (one: row-wise
+    only, when the weight gradient runs in BF16): read them (twice with current scaling's
+    amax pass), write 1 B and the scales per layout."""
     reads = in_bytes * (2 if r.amax_pass else 1)
-    return elems * (reads + 2 * (r.elem_bytes + r.act_scale_bytes))
+    return elems * (reads + layouts * (r.elem_bytes + r.act_scale_bytes))
 
 
 def weight_cast_bytes(r: Fp8Recipe, params: float, in_bytes: int) -> float:
@@ -100,11 +101,14 @@ def low_precision_linear(op: "Op") -> bool:
 
 
 def linear_casts(r: Fp8Recipe, name: str, in_elems: float, grad_elems: float, weight_params: float, in_bytes: int,
-                 weight_caching: bool) -> tuple[list[MemBound], list[MemBound]]:
+                 weight_caching: bool, wgrad_fp8: bool = True) -> tuple[list[MemBound], list[MemBound]]:
     """(forward, backward) quantize kernels of one fp8 linear (dense or grouped): its input
     in forward (and its weights too when they are not cached across micro-batches), its
-    output gradient in backward."""
-    fwd = [MemBound(f"{op_label(name)}.quantize_input", quantize_bytes(r, in_elems, in_bytes))]
+    output gradient in backward. Without an fp8 weight gradient (TE override_linear_precision
+    .wgrad) the input and the gradient are cast row-wise only: their column-wise copies feed
+    only that GEMM; the weights keep both layouts (the column-wise one feeds the data gradient)."""
+    layouts = 2 if wgrad_fp8 else 1
+    fwd = [MemBound(f"{op_label(name)}.quantize_input", quantize_bytes(r, in_elems, in_bytes, layouts))]
     if not weight_caching:
         fwd.append(MemBound(f"{op_label(name)}.cast_weight", weight_cast_bytes(r, weight_params, in_bytes)))
-    return fwd, [MemBound(f"{op_label(name)}.quantize_grad", quantize_bytes(r, grad_elems, in_bytes))]
+    return fwd, [MemBound(f"{op_label(name)}.quantize_grad", quantize_bytes(r, grad_elems, in_bytes, layouts))]

@@ -30,7 +30,7 @@ def _linear(
     """A linear on [rows, k] -> [rows, n] (this rank's shard; rows default to the gathered
     tokens) with the TP collectives around its forward GEMM and its input-gradient GEMM."""
     t = d.tokens if rows is None else rows
-    fam = "matmul"
+    fam = wgrad_fam = "matmul"
     saved = x
     fwd_cast: list[MemBound] = []
     bwd_cast: list[MemBound] = []
@@ -41,13 +41,16 @@ def _linear(
         r = fp8.recipe(d.fp8_recipe)
         fam = f"{r.family}_matmul"
         x_elems = x[1] / d.act_bytes
-        saved = (f"{x[0]}.fp8", fp8.saved_input_bytes(r, x_elems))
-        fwd_cast, bwd_cast = fp8.linear_casts(r, name, x_elems, t * n, k * n, d.act_bytes, d.fp8_weight_caching)
+        if d.fp8_wgrad:
+            wgrad_fam, saved = fam, (f"{x[0]}.fp8", fp8.saved_input_bytes(r, x_elems))
+        # else the weight gradient runs in BF16 on the BF16 input, which the op keeps
+        fwd_cast, bwd_cast = fp8.linear_casts(r, name, x_elems, t * n, k * n, d.act_bytes, d.fp8_weight_caching,
+                                              d.fp8_wgrad)
     # the bias gradient: TE folds it into the weight-gradient GEMM's epilogue (or the fp8
     # cast-transpose); Megatron-Core's own linears reduce the output gradient over tokens
     # (grad_output.sum(0), or the autograd sum behind a fused bias-GeLU / bias-dropout-add)
     bias_grad = [MemBound(f"{op_label(name)}.bias_grad", t * n * d.act_bytes)] if bias and d.local else []
-    wgrad, grad_buffer = weight_gradient(name, d, Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32", family=fam))
+    wgrad, grad_buffer = weight_gradient(name, d, Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32", family=wgrad_fam))
     return Op(
         name=name,
         module=module,

@@ -184,27 +184,30 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
     grad = "fp32" if st.main_grad_bytes == 4 else "bf16"
     mode = st.group_linear_mode
     fp8 = st.low_precision
+    wgrad_fp8 = fp8 and st.fp8_wgrad_on  # else BF16 weight gradients on the kept BF16 input (linears._linear)
     recipe = fp8_recipe.recipe(st.lp_recipe)
     if mode == "grouped":
         fam, dt = (f"{recipe.family}_group_matmul", recipe.family) if fp8 else ("group_matmul", "bf16")
+        w_fam, w_dt = (fam, dt) if wgrad_fp8 else ("group_matmul", "bf16")
         fwd: tuple[Kernel, ...] = (GroupGemm(ng, M, n, k, "fwd", grad, dt, fam),)
         dgrad: tuple[Kernel, ...] = (GroupGemm(ng, M, n, k, "bwd_grad_act", grad, dt, fam),)
-        wgrad: tuple[Kernel, ...] = (GroupGemm(ng, M, n, k, "bwd_grad_w", grad, dt, fam),)
+        wgrad: tuple[Kernel, ...] = (GroupGemm(ng, M, n, k, "bwd_grad_w", grad, w_dt, w_fam),)
     else:
         fam = f"{recipe.family}_matmul" if fp8 else "matmul"
+        w_fam = fam if wgrad_fp8 else "matmul"
         reps, rows = (ng, M) if mode == "serial" else (1, M * ng)
         fwd = (Gemm(rows, k, n, "TN", family=fam),) * reps
         dgrad = (Gemm(rows, n, k, "NN", family=fam),) * reps
-        wgrad = (Gemm(n, rows, k, "NT", accumulate=True, out_dtype=grad, family=fam),) * reps
+        wgrad = (Gemm(n, rows, k, "NT", accumulate=True, out_dtype=grad, family=w_fam),) * reps
     out_bytes = float(md.expert_rows * n * st.dtype_bytes)
     saved: tuple[Tensor, ...] = (x,)
     if st.offload_groupgemm_col_inputs:
         saved = ()
-    elif fp8 and st.cache_groupgemm_col_fp8_inputs:
+    elif wgrad_fp8 and st.cache_groupgemm_col_fp8_inputs:
         saved = ((f"{x[0]}.fp8_col", fp8_recipe.saved_input_bytes(recipe, x[1] / st.dtype_bytes)),)
     if fp8:  # quantize the input in forward and the output gradient in backward (graph/fp8.py)
         casts, grad_cast = fp8_recipe.linear_casts(recipe, f"{P}.{name}", x[1] / st.dtype_bytes, out_bytes / st.dtype_bytes,
-                                                   ng * k * n, st.dtype_bytes, st.fp8_weights_kept)
+                                                   ng * k * n, st.dtype_bytes, st.fp8_weights_kept, wgrad_fp8)
         fwd, dgrad = (*casts, *fwd), (*grad_cast, *dgrad)
     grad_buffer = 0.0
     if not st.gradient_accumulation_fusion:

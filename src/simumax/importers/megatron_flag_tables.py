@@ -56,7 +56,6 @@ NOT_MODELLED = {
     "--moe-input-jitter-eps": "one element-wise pass over the router's input",
     "--fp32-residual-connection": "the residual stream in fp32: its activations and element-wise passes at 4 bytes",
     "--deterministic-mode": "deterministic kernels (slower attention backward and reductions)",
-    **dict.fromkeys(("--no-fp8-wgrad", "--disable-fp8-wgrad"), "weight-gradient GEMMs in bf16 under fp8"),
     "--experimental-attention-variant": "gated delta net / DSA attention: costed as the model's attention",
     "--apply-query-key-layer-scaling": "one more scaling pass over the attention scores",
     "--mlp-chunks-for-training": "the MLP run in sequence chunks (its transient memory)",
