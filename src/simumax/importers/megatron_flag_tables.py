@@ -30,6 +30,7 @@ NO_EFFECT = frozenset({
     "--use-rope-scaling", "--rotary-seq-len-interpolation-factor", "--moe-token-drop-policy",
     "--rampup-batch-size",  # the first iterations' smaller batches; steady steps run the global batch
     "--moe-router-force-load-balancing",  # balanced routing, which the model assumes anyway
+    "--apply-query-key-layer-scaling",  # folded into the softmax scale (dot_product_attention.py)
 })
 # the same for flags of Megatron-LM <= 2022 scripts that 0.19 no longer has
 OLDER_NO_EFFECT = frozenset({
@@ -57,7 +58,6 @@ NOT_MODELLED = {
     "--fp32-residual-connection": "the residual stream in fp32: its activations and element-wise passes at 4 bytes",
     "--deterministic-mode": "deterministic kernels (slower attention backward and reductions)",
     "--experimental-attention-variant": "gated delta net / DSA attention: costed as the model's attention",
-    "--apply-query-key-layer-scaling": "one more scaling pass over the attention scores",
     "--mlp-chunks-for-training": "the MLP run in sequence chunks (its transient memory)",
     "--moe-shared-expert-gate": "the shared expert's gate (a small GEMM and a sigmoid)",
     **dict.fromkeys(("--use-transformer-engine-op-fuser", "--fused-residual-rmsnorm"),
