@@ -60,3 +60,7 @@ def test_moe_layer_freq_through_megatron_flags_and_hf() -> None:
     qwen, notes = model_from_hf(cfg)
     assert [qwen.is_moe_layer(i) for i in range(6)] == [False, True, False, False, False, True]
     assert not any("decoder_sparse_step" in n or "mlp_only_layers" in n for n in notes)
+    assert not qwen.moe_shared_expert_gate  # no shared expert here
+    gated, notes = model_from_hf({**cfg, "shared_expert_intermediate_size": 5632})  # Qwen2MoeSparseMoeBlock's shared_expert_gate
+    assert gated.moe_shared_expert_gate and gated.moe_shared_expert_intermediate_size == 5632
+    assert not any("gate" in n for n in notes)

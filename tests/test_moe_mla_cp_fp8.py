@@ -484,3 +484,36 @@ def test_fp8_weight_gradient_in_bf16_by_hand() -> None:
         current = on.with_updates({"fp8_recipe": "tensorwise"})
         assert Estimate(m, current.with_updates({"fp8_wgrad": False}), sy).cost().duration_time_per_iter == \
             Estimate(m, current, sy).cost().duration_time_per_iter
+
+
+def test_shared_expert_gate_by_hand() -> None:
+    """Megatron --moe-shared-expert-gate (Qwen2-MoE): per MoE layer the gate reads the
+    layer's local input for its logits (GEMV) and reads + writes the shared output (3 passes
+    of [local tokens, h] forward), keeps a copy of that output for its gradient, and in
+    backward reads the gradient and the kept output and writes one (4), adds its outer
+    product into the input gradient (2) and reads the input for the weight gradient (1); one
+    weight row of h per layer, the same on every TP rank."""
+    from simumax.config.loader import load_strategy
+    from simumax.graph.kernels import MemBound
+
+    m0 = load_model("deepseek-v2-lite").with_updates({"layer_num": 4})
+    m1 = m0.with_updates({"moe_shared_expert_gate": True})
+    st = load_strategy("ep8_pp1_dp8_mbs1").with_updates({"seq_len": 2048, "tp_size": 2, "world_size": 16,
+                                                          "enable_sequence_parallel": True})
+    sy = load_system("h100-sxm-80gb")
+    e0, e1 = Estimate(m0, st, sy), Estimate(m1, st, sy)
+    th = 2048 // 2 * m0.hidden_size * 2  # local tokens (SP over TP 2) x h x 2 B
+    gates = [o for o in e1.stages[0].ops if o.module == "shared_gate"]
+    moe_layers = sum(m0.is_moe_layer(i) for i in range(m0.layer_num))
+    assert len(gates) == moe_layers == 3 and not any(o.module == "shared_gate" for o in e0.stages[0].ops)
+    for g in gates:
+        passes = lambda ks: sum(k.bytes for k in ks if isinstance(k, MemBound)) / th  # noqa: E731
+        assert (passes(g.fwd), passes(g.bwd_input), passes(g.bwd_weight)) == (3, 6, 1)
+        assert g.saved[0][1] == th and g.params == g.tp_replicated_params == m0.hidden_size
+    kept = lambda e: e.memory().stages[0].fwd_activation_cache_per_micro_batch  # noqa: E731
+    assert kept(e1) - kept(e0) == pytest.approx(moe_layers * th, rel=1e-12)
+    assert e1.params.total - e0.params.total == moe_layers * m0.hidden_size
+    assert e1.cost().duration_time_per_iter > e0.cost().duration_time_per_iter
+    # recomputing the shared experts (or the whole MoE layer) drops the kept copy
+    rec = st.with_updates({"enable_recompute": True, "megatron_recompute": True, "megatron_recompute_modules": ["shared_experts"]})
+    assert kept(Estimate(m1, rec, sy)) == pytest.approx(kept(Estimate(m0, rec, sy)), rel=1e-12)

@@ -57,7 +57,7 @@ LAYOUT_FIELDS = frozenset(
     }
 )
 LAYER_GROUPS = ("tp", "cp", "cp_a2a", "cp_p2p", "ep", "etp")  # the only groups layer ops communicate on
-SHARED_EXPERT_MODULES = frozenset({"shared_fc1", "shared_act", "shared_fc2"})  # graph/moe_layer.py
+SHARED_EXPERT_MODULES = frozenset({"shared_fc1", "shared_act", "shared_fc2", "shared_gate"})  # graph/shared_experts.py
 SHARDING_GROUPS = ("dp", "edp", "dp_shard")  # and, under ZeRO-2/3, these (graph/sharding.py)
 # Strategy fields that only choose the passes over a layer's own ops: which are checkpointed
 # (graph.recompute), what is offloaded (graph.offload); families differing in these share

@@ -76,6 +76,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--add-bias-linear": ("m", "add_bias_linear", True),
     "--multi-latent-attention": ("m", "attention_type", "mla"),
     "--moe-pad-expert-input-to-capacity": ("m", "moe_pad_expert_input_to_capacity", True),
+    "--moe-shared-expert-gate": ("m", "moe_shared_expert_gate", True),
     "--moe-router-pre-softmax": ("m", "moe_router_pre_softmax", True),
     "--moe-router-enable-expert-bias": ("m", "moe_router_enable_expert_bias", True),
     "--sequence-parallel": ("s", "enable_sequence_parallel", True),

@@ -59,6 +59,10 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
     moe_shared_expert_intermediate_size: PositiveInt | None = Field(
         None, description="Hidden size of the shared expert(s) in total; absent means none."
     )
+    moe_shared_expert_gate: bool = Field(
+        False, description="The shared expert's output scaled by a per-token sigmoid gate of the layer input "
+        "(Megatron --moe-shared-expert-gate; Qwen2-MoE's shared_expert_gate).",
+    )
     dense_layers: int = Field(0, ge=0, description="The first k layers of a MoE model use a dense MLP.")
     moe_layer_freq: int | list[int] = Field(
         1, description="Which layers of a MoE model have a MoE MLP (Megatron --moe-layer-freq): N, layer i when "

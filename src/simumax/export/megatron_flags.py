@@ -223,6 +223,8 @@ def model_flags(model: ModelConfig) -> list[str]:
         f += [_m("expert_num", model.expert_num), _m("topk", model.topk), _m("moe_ffn_hidden_size", model.moe_ffn)]
         if model.moe_shared_expert_intermediate_size:
             f.append(_m("moe_shared_expert_intermediate_size", model.moe_shared_expert_intermediate_size))
+            if model.moe_shared_expert_gate:
+                f.append(switch_flag("m", "moe_shared_expert_gate"))
         # routing options that differ from Megatron's defaults
         for name, default in ROUTER_DEFAULTS.items():
             value = getattr(model, name)

@@ -4,7 +4,7 @@ router (GEMM h -> E and the routing options' small kernels, graph/router.py) -> 
 all-to-all, ETP all-gather, sort received chunks by local expert) -> experts (grouped
 GEMM FC1, activation, grouped GEMM FC2) -> combine (the mirror of dispatch; the fused
 unpermute merges the top-k copies of each token weighted by their routing probabilities)
--> shared experts (a TP MLP on the same input) -> sum. ``moe_dispatcher_policy: all_gather``
+-> shared experts (a TP MLP on the same input, graph/shared_experts.py) -> sum. ``moe_dispatcher_policy: all_gather``
 swaps dispatch/combine for an all-gather of all tokens and a reduce-scatter of the output;
 ``flex`` (DeepEP / HybridEP) sends each token once per destination node and rank instead of
 once per routed expert (the all-to-all's ``fanout``, costed in cost/network.py).
@@ -29,6 +29,7 @@ from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective, Fanout, Gemm, GroupGemm, Kernel, MemBound
 from simumax.graph.ops import Op, Tensor
 from simumax.graph.router import fp32_gemm_kernels, router_kernels
+from simumax.graph.shared_experts import shared_expert_ops
 
 FP32 = 4
 INDEX = 4  # int32 row-id maps
@@ -369,19 +370,7 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         combine,
     ]
     if model.moe_shared_expert_intermediate_size:
-        ffn_s = model.moe_shared_expert_intermediate_size // d.tp
-        s_n = 2 * ffn_s if swiglu else ffn_s
-        s_fc1 = (f"{P}.shared_fc1.out", d.act(s_n))
-        s_act = (f"{P}.shared_act.out", d.act(ffn_s))
-        if swiglu:
-            s_act_op = blocks.swiglu(f"{P}.shared_act", layer, d, s_fc1, ffn_s, fused=st.use_fused_swiglu)
-        else:
-            s_act_op = blocks.gelu(f"{P}.shared_act", layer, d, s_fc1, ffn_s)
-        ops += [
-            linears.column_linear(f"{P}.shared_fc1", "shared_fc1", layer, d, ln_out, h, s_n, bias=model.add_bias_linear).with_(output=s_fc1),
-            s_act_op.with_(module="shared_act", output=s_act),
-            linears.row_linear(f"{P}.shared_fc2", "shared_fc2", layer, d, s_act, ffn_s, h, bias=model.add_bias_linear),
-            Op(name=f"{P}.moe_sum", module="moe_sum", layer=layer, fwd=(MemBound("moe_sum", 3 * routed[1]),)),
-        ]
+        ops += [*shared_expert_ops(P, layer, model, st, d, ln_out),
+                Op(name=f"{P}.moe_sum", module="moe_sum", layer=layer, fwd=(MemBound("moe_sum", 3 * routed[1]),))]
     ops.append(blocks.dropout_add(f"{P}.mlp_add", "mlp_add", layer, d, dropout=st.enable_dropout))
     return ops

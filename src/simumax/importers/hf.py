@@ -93,7 +93,7 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
             out["moe_ffn_hidden_size"] = _req(cfg, "moe_intermediate_size", source)
             if cfg.get("shared_expert_intermediate_size"):
                 out["moe_shared_expert_intermediate_size"] = cfg["shared_expert_intermediate_size"]
-                notes.append("Qwen2-MoE shared-expert gate not modelled")
+                out["moe_shared_expert_gate"] = True  # Qwen2MoeSparseMoeBlock.shared_expert_gate
             # transformers' Qwen2/3-MoE decoder layer: MoE when the layer is not in
             # mlp_only_layers and (i + 1) % decoder_sparse_step == 0, else a dense MLP of
             # intermediate_size

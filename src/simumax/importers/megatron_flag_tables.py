@@ -59,7 +59,6 @@ NOT_MODELLED = {
     "--deterministic-mode": "deterministic kernels (slower attention backward and reductions)",
     "--experimental-attention-variant": "gated delta net / DSA attention: costed as the model's attention",
     "--mlp-chunks-for-training": "the MLP run in sequence chunks (its transient memory)",
-    "--moe-shared-expert-gate": "the shared expert's gate (a small GEMM and a sigmoid)",
     **dict.fromkeys(("--use-transformer-engine-op-fuser", "--fused-residual-rmsnorm"),
                     "TransformerEngine's fusions of element-wise work: the unfused traffic is modelled"),
     **dict.fromkeys(("--distribute-saved-activations", "--distribute-checkpointed-activations"),

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-MLP_MODULES = frozenset({"expert_fc1", "moe_act", "expert_fc2", "shared_fc1", "shared_act", "shared_fc2", "moe_sum"})
+MLP_MODULES = frozenset({"expert_fc1", "moe_act", "expert_fc2", "shared_fc1", "shared_act", "shared_fc2", "shared_gate",
+                         "moe_sum"})
 EP_GROUPS = ("ep", "etp")
 
 

@@ -1,0 +1,53 @@
+"""The shared experts of a MoE layer, as Megatron-Core's SharedExpertMLP runs them: a TP
+MLP on the layer's normalized input (FC1, activation, FC2), and with
+``moe_shared_expert_gate`` (Megatron --moe-shared-expert-gate; Qwen2-MoE's
+shared_expert_gate) its output scaled by a per-token sigmoid gate of that input."""
+
+from __future__ import annotations
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.graph import blocks, linears
+from simumax.graph.dims import Dims
+from simumax.graph.kernels import MemBound
+from simumax.graph.ops import Op, Tensor
+
+
+def shared_expert_ops(P: str, layer: int, model: ModelConfig, st: StrategyConfig, d: Dims, ln_out: Tensor) -> list[Op]:
+    h = d.h
+    assert model.moe_shared_expert_intermediate_size
+    ffn_s = model.moe_shared_expert_intermediate_size // d.tp
+    s_n = 2 * ffn_s if model.use_swiglu else ffn_s
+    s_fc1 = (f"{P}.shared_fc1.out", d.act(s_n))
+    s_act = (f"{P}.shared_act.out", d.act(ffn_s))
+    if model.use_swiglu:
+        s_act_op = blocks.swiglu(f"{P}.shared_act", layer, d, s_fc1, ffn_s, fused=st.use_fused_swiglu)
+    else:
+        s_act_op = blocks.gelu(f"{P}.shared_act", layer, d, s_fc1, ffn_s)
+    ops = [
+        linears.column_linear(f"{P}.shared_fc1", "shared_fc1", layer, d, ln_out, h, s_n, bias=model.add_bias_linear).with_(output=s_fc1),
+        s_act_op.with_(module="shared_act", output=s_act),
+        linears.row_linear(f"{P}.shared_fc2", "shared_fc2", layer, d, s_act, ffn_s, h, bias=model.add_bias_linear),
+    ]
+    if model.moe_shared_expert_gate:
+        ops.append(shared_gate(P, layer, d, ln_out))
+    return ops
+
+
+def shared_gate(P: str, layer: int, d: Dims, ln_out: Tensor) -> Op:
+    """``out * sigmoid(x @ w)``, w of shape [1, h], on the layer's local tokens
+    (``SharedExpertMLP.forward``). The logits are a GEMV that reads the input (memory-bound);
+    the product reads and writes the shared output, a copy of which the gate keeps for its
+    gradient. Backward: the product's two gradients (read the gradient and the kept output,
+    write one), the input gradient's outer product added to what the input already has (read,
+    write), and the weight gradient's GEMV over the input. w is one row per rank, the same on
+    every TP rank (its gradient is reduced like a norm's)."""
+    th = d.act(d.h, local=True)  # bytes of [local tokens, h]
+    return Op(
+        name=f"{P}.shared_gate", module="shared_gate", layer=layer,
+        fwd=(MemBound(f"{P}.shared_gate.logits", th), MemBound(f"{P}.shared_gate.mul", 2 * th)),
+        bwd_input=(MemBound(f"{P}.shared_gate.mul_bwd", 4 * th), MemBound(f"{P}.shared_gate.input_grad", 2 * th)),
+        bwd_weight=(MemBound(f"{P}.shared_gate.wgrad", th),),
+        saved=((f"{P}.shared_gate.in", th),), input=(ln_out,),
+        params=d.h, tp_replicated_params=d.h,
+    )
