@@ -229,6 +229,14 @@ def test_compare_strategies_side_by_side(tmp_path: Path) -> None:
     assert "tp1_pp2_dp4_mbs1" in text and "iteration time" in text and "tp_comm (ms)" in text
     one = run_cli("compare", "-m", "llama3-8b", "-y", "a100_pcie", "-s", "tp2_pp1_dp4_mbs1")
     assert one.returncode == 2 and "--strategy" in one.stderr
+    # one strategy on two systems: each row is that system's own estimate of the same job
+    r = run_cli("compare", "-m", "llama3-8b", "-y", "h100-sxm-80gb", "-y", "b200-sxm-180gb", "-s", "tp2_pp1_dp4_mbs1", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["strategies"]
+    assert [x["label"] for x in rows] == ["tp2_pp1_dp4_mbs1 @ h100-sxm-80gb", "tp2_pp1_dp4_mbs1 @ b200-sxm-180gb"]
+    for x, sy in zip(rows, ("h100-sxm-80gb", "b200-sxm-180gb")):
+        ref = Estimate(load_model("llama3-8b"), load_strategy("tp2_pp1_dp4_mbs1"), load_system(sy)).cost()
+        assert x["cost"]["duration_time_per_iter"] == pytest.approx(ref.duration_time_per_iter, rel=1e-9)  # JSON keeps 12 digits
 
 
 def test_system_queries_by_hand() -> None:

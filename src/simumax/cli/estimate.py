@@ -103,7 +103,8 @@ def perf(
 @cli.app.command()
 def compare(
     model: str = ModelOpt,
-    system: str = SystemOpt,
+    system: list[str] = typer.Option(..., "--system", "-y", help="System preset name or JSON path (repeat to compare "
+                                     "systems: every strategy on each)."),
     strategy: list[str] = typer.Option([], "--strategy", "-s", help="A strategy to compare (repeat): preset or JSON."),
     vary: list[str] = typer.Option([], "--vary", help="A variant of the first strategy: key=value[,key=value] (repeat)."),
     set_: list[str] = SetOpt,
@@ -112,22 +113,26 @@ def compare(
     keep_micro_batches: bool = typer.Option(False, "--keep-micro-batches", help="Keep each strategy's micro-batch count "
                                             "(default: the first strategy's global batch for all, the count derived)."),
 ) -> None:
-    """Strategies side by side: time, MFU, tokens/s, memory per stage, and the difference of
-    each breakdown part from the first ("what does TP4 instead of TP2 change"), at the first
-    strategy's global batch."""
+    """Strategies (or systems) side by side: time, MFU, tokens/s, memory per stage, and the
+    difference of each breakdown part from the first ("what does TP4 instead of TP2 change",
+    "what does a B200 instead of an H100 change"), at the first strategy's global batch."""
     from simumax.report import compare as cmp
 
     if not strategy:
-        raise ConfigError("--strategy", "give at least one strategy (and more, or --vary)")
+        raise ConfigError("--strategy", "give at least one strategy (and more, or --vary, or several --system)")
     specs = [(s_, s_, []) for s_ in strategy] + [(strategy[0], v, [x for x in v.split(",") if x]) for v in vary]
-    if len(specs) < 2:
-        raise ConfigError("--strategy", "needs two or more strategies, or --vary variants of the first")
+    if len(specs) * len(system) < 2:
+        raise ConfigError("--strategy", "needs two or more strategies, --vary variants of the first, or two systems")
     rows = []
-    for spec, label, extra in specs:
-        m, st, sy = load_job(model, spec, system, [*set_, *extra], gbs=rows[0].gbs if rows and not keep_micro_batches else None)
-        p = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy)
-        rows.append(cmp.Compared(Path(label).stem if label.endswith(".json") else label, p.analysis_cost(), p.analysis_mem(),
-                                 st.global_batch_size))
+    for sys_spec in system:
+        for spec, label, extra in specs:
+            gbs = rows[0].gbs if rows and not keep_micro_batches else None
+            m, st, sy = load_job(model, spec, sys_spec, [*set_, *extra], gbs=gbs)
+            p = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy)
+            name = Path(label).stem if label.endswith(".json") else label
+            if len(system) > 1:
+                name = f"{name} @ {Path(sys_spec).stem if sys_spec.endswith('.json') else sys_spec}"
+            rows.append(cmp.Compared(name, p.analysis_cost(), p.analysis_mem(), st.global_batch_size))
     if out is not None:
         write_json_atomic(out / "compare.json", cmp.to_dict(rows))
         cmp.plot(rows, out / "compare.png")
