@@ -490,8 +490,9 @@ def test_shared_expert_gate_by_hand() -> None:
     """Megatron --moe-shared-expert-gate (Qwen2-MoE): per MoE layer the gate reads the
     layer's local input for its logits (GEMV) and reads + writes the shared output (3 passes
     of [local tokens, h] forward), keeps a copy of that output for its gradient, and in
-    backward reads the gradient and the kept output and writes one (4), adds its outer
-    product into the input gradient (2) and reads the input for the weight gradient (1); one
+    backward reads the gradient and the kept output and writes one (4), writes its outer
+    product and adds it into the input gradient (1 + 3) and reads the input for the weight
+    gradient (1); one
     weight row of h per layer, the same on every TP rank."""
     from simumax.config.loader import load_strategy
     from simumax.graph.kernels import MemBound
@@ -508,7 +509,7 @@ def test_shared_expert_gate_by_hand() -> None:
     assert len(gates) == moe_layers == 3 and not any(o.module == "shared_gate" for o in e0.stages[0].ops)
     for g in gates:
         passes = lambda ks: sum(k.bytes for k in ks if isinstance(k, MemBound)) / th  # noqa: E731
-        assert (passes(g.fwd), passes(g.bwd_input), passes(g.bwd_weight)) == (3, 6, 1)
+        assert (passes(g.fwd), passes(g.bwd_input), passes(g.bwd_weight)) == (3, 8, 1)
         assert g.saved[0][1] == th and g.params == g.tp_replicated_params == m0.hidden_size
     kept = lambda e: e.memory().stages[0].fwd_activation_cache_per_micro_batch  # noqa: E731
     assert kept(e1) - kept(e0) == pytest.approx(moe_layers * th, rel=1e-12)

@@ -39,14 +39,15 @@ def shared_gate(P: str, layer: int, d: Dims, ln_out: Tensor) -> Op:
     (``SharedExpertMLP.forward``). The logits are a GEMV that reads the input (memory-bound);
     the product reads and writes the shared output, a copy of which the gate keeps for its
     gradient. Backward: the product's two gradients (read the gradient and the kept output,
-    write one), the input gradient's outer product added to what the input already has (read,
-    write), and the weight gradient's GEMV over the input. w is one row per rank, the same on
-    every TP rank (its gradient is reduced like a norm's)."""
+    write one; 4 passes), the input gradient's outer product written (1) and added by autograd
+    to the input's other gradients (read both, write the sum: 3), and the weight gradient's
+    GEMV over the input (1). w is one row per rank, the same on every TP rank (its gradient is
+    reduced like a norm's)."""
     th = d.act(d.h, local=True)  # bytes of [local tokens, h]
     return Op(
         name=f"{P}.shared_gate", module="shared_gate", layer=layer,
         fwd=(MemBound(f"{P}.shared_gate.logits", th), MemBound(f"{P}.shared_gate.mul", 2 * th)),
-        bwd_input=(MemBound(f"{P}.shared_gate.mul_bwd", 4 * th), MemBound(f"{P}.shared_gate.input_grad", 2 * th)),
+        bwd_input=(MemBound(f"{P}.shared_gate.mul_bwd", 4 * th), MemBound(f"{P}.shared_gate.input_grad", 4 * th)),
         bwd_weight=(MemBound(f"{P}.shared_gate.wgrad", th),),
         saved=((f"{P}.shared_gate.in", th),), input=(ln_out,),
         params=d.h, tp_replicated_params=d.h,
