@@ -91,6 +91,17 @@ def test_what_if_cli(tmp_path) -> None:
     assert r.returncode == 0 and "tensor-core peak" in r.stdout, r.stderr
     written = json.loads((tmp_path / "w" / "what_if.json").read_text())["rows"]
     assert [w["factor"] for w in written] == [1.5] * len(RESOURCES)  # the default
+    # a sweep: every resource at every factor, the gain growing with the factor
+    r = run_cli("what-if", "-m", "llama3-70b", "-s", str(path), "-y", "h100-sxm-80gb", "--world-size", "64", "--gbs", "64",
+                "--factor", "4", "--factor", "1.25", "--factor", "2", "--json", "--out", str(tmp_path / "s"))
+    assert r.returncode == 0, r.stderr
+    sweep = json.loads(r.stdout)["rows"]
+    assert len(sweep) == 3 * len(RESOURCES) and [w["factor"] for w in sweep[::len(RESOURCES)]] == [1.25, 2, 4]
+    by = {}
+    for w in sweep:
+        by.setdefault(w["resource"], []).append(w["time"])
+    assert all(a >= b >= c for a, b, c in by.values())
+    assert (tmp_path / "s" / "what_if.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "w" / "what_if.png").read_bytes()[:4] == b"\x89PNG"
     bad = run_cli("what-if", "-m", "llama3-70b", "-s", str(path), "-y", "h100-sxm-80gb", "--world-size", "64",
                   "--factor", "0.5")

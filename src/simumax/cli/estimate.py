@@ -150,19 +150,21 @@ def what_if(
     set_: list[str] = SetOpt,
     world_size: Optional[int] = WorldSizeOpt,
     gbs: Optional[int] = GbsOpt,
-    factor: float = typer.Option(1.5, "--factor", help="How many times better each resource is made, one at a time."),
+    factor: list[float] = typer.Option([1.5], "--factor", help="How many times better each resource is made, one at a "
+                                       "time (repeat for a sweep: --factor 1.25 --factor 2 --factor 4)."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write what_if.json and what_if.png here."),
 ) -> None:
     """The iteration time with one hardware resource made --factor times better at a time
     (tensor-core peak, HBM bandwidth, scale-up links, scale-out links, latencies, host link):
-    which resource bounds the job."""
+    which resource bounds the job, and with several factors how the gain grows."""
     from simumax import what_if as wif
     from simumax.report import what_if as wi
 
-    wif.check_factor(factor)
+    for f in factor:
+        wif.check_factor(f)
     m, st, sy = load_job(model, strategy, system, set_, world_size=world_size, gbs=gbs)
-    rows = wif.what_if(m, st, sy, factor)
+    rows = [w for f in sorted(set(factor)) for w in wif.what_if(m, st, sy, f)]
     payload = {"rows": [w.to_dict() for w in rows], "units": {"time": "s"}}
     title = fmt.run_title(m.model_name, sy.sys_name, st)
     if out is not None:
