@@ -14,7 +14,8 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
 from simumax.importers.megatron_flag_tables import IGNORED_VALUED, MEGATRON_DEFAULTS, NO_EFFECT, NOT_MODELLED, OLDER_NO_EFFECT, TOKENIZER_VOCAB
-from simumax.importers.megatron_values import int_or_layer_list, is_one, layer_pattern, skip_freq, values_after, window_keys
+from simumax.importers.megatron_values import (int_or_layer_list, is_one, layer_pattern, skip_freq, typed, values_after,
+                                               window_keys)
 
 SIZE_FIELDS = frozenset({"tp_size", "pp_size", "cp_size", "ep_size", "etp_size", "micro_batch_size"})
 
@@ -44,19 +45,13 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             if value is None:
                 raise ConfigError(flag, "needs a value")
             target, field, typ = VALUED[flag]
-            try:
-                (m if target == "m" else s)[field] = typ(value)
-            except ValueError:
-                raise ConfigError(flag, f"expected {typ.__name__}, got {value!r}") from None
+            (m if target == "m" else s)[field] = typed(flag, value, typ)
         elif flag in SWITCHES:
             target, field, val = SWITCHES[flag]
             (m if target == "m" else s)[field] = val
             step = 1
         elif flag == "--global-batch-size" and value is not None:
-            try:
-                gbs = int(value)
-            except ValueError:
-                raise ConfigError("--global-batch-size", f"expected int, got {value!r}") from None
+            gbs = typed(flag, value)
             if gbs < 1:
                 raise ConfigError("--global-batch-size", f"must be >= 1 (got {gbs})")
         elif flag == "--normalization" and value is not None:
@@ -71,10 +66,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             s["moe_dispatcher_policy"] = {"allgather": "all_gather", "flex": "flex"}.get(value, "all2all")
         elif flag in ("--moe-deepep-num-sms", "--moe-hybridep-num-sms") and value is not None:
             # megatron-core routes the deprecated per-backend knobs to moe_flex_dispatcher_num_sms
-            try:
-                s.setdefault("moe_flex_dispatcher_num_sms", int(value))
-            except ValueError:
-                raise ConfigError(flag, f"expected int, got {value!r}") from None
+            s.setdefault("moe_flex_dispatcher_num_sms", typed(flag, value))
         elif flag == "--moe-flex-dispatcher-backend" and value is not None:
             if value not in ("deepep", "hybridep", "ncclep"):
                 raise ConfigError(flag, f"expected deepep, hybridep or ncclep, got {value!r}")
@@ -104,10 +96,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
                 raise ConfigError(flag, f"expected one of {', '.join(levels)}, got {value!r}")
             extra["sharding"] = levels[value]
         elif flag in ("--attention-dropout", "--hidden-dropout") and value is not None:
-            try:
-                extra[flag] = str(float(value))
-            except ValueError:
-                raise ConfigError(flag, f"expected float, got {value!r}") from None
+            extra[flag] = str(typed(flag, value, float))
         elif flag == "--zero-stage" and value is not None:  # Megatron-DeepSpeed
             if value not in ("0", "1", "2", "3"):
                 raise ConfigError(flag, f"expected 0, 1, 2 or 3, got {value!r}")
@@ -163,10 +152,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             extra["granularity"] = "full"
             extra.setdefault("method", "uniform")
         elif flag in ("--checkpoint-num-layers", "--activations-checkpoint-num-layers") and value is not None:
-            try:  # the older names of --recompute-num-layers
-                s["recompute_layer_num"] = int(value)
-            except ValueError:
-                raise ConfigError(flag, f"expected int, got {value!r}") from None
+            s["recompute_layer_num"] = typed(flag, value)  # the older names of --recompute-num-layers
         elif flag in ("--recompute-method", "--activations-checkpoint-method") and value is not None:
             if value not in ("block", "uniform"):
                 raise ConfigError(flag, f"expected block or uniform, got {value!r}")
@@ -176,10 +162,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             extra["quick_geglu"] = "1"  # (not --swiglu: Megatron's default FFN stays 4h)
             notes.append("--quick-geglu: the gated MLP's GEMMs as SwiGLU's, its activation costed as SwiGLU's")
         elif flag == "--padded-vocab-size" and value is not None:  # the model's vocabulary as it is, unpadded further
-            try:
-                extra["padded_vocab"] = str(int(value))
-            except ValueError:
-                raise ConfigError(flag, f"expected int, got {value!r}") from None
+            extra["padded_vocab"] = str(typed(flag, value))
         elif flag in ("--no-pad-vocab-size", "--disable-pad-vocab-size"):
             extra.setdefault("padded_vocab", "as given")
         elif flag in ("--tokenizer-type", "--merge-file") and value is not None:
@@ -287,10 +270,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     if "vp_layers" in extra:
         if "layer_num" not in m:
             raise ConfigError("--num-layers-per-virtual-pipeline-stage", "needs --num-layers")
-        try:
-            vp_layers = int(extra["vp_layers"])
-        except ValueError:
-            raise ConfigError("--num-layers-per-virtual-pipeline-stage", f"expected int, got {extra['vp_layers']!r}") from None
+        vp_layers = typed("--num-layers-per-virtual-pipeline-stage", extra["vp_layers"])
         if vp_layers < 1 or pp < 1:
             raise ConfigError("--num-layers-per-virtual-pipeline-stage", "must be >= 1")
         per_rank = m["layer_num"] // pp

@@ -10,6 +10,14 @@ from typing import Any
 from simumax.errors import ConfigError
 
 
+def typed(flag: str, value: str, typ: type = int) -> Any:
+    """A flag's value as ``typ`` (int, float, str), or the ConfigError that names the flag."""
+    try:
+        return typ(value)
+    except ValueError:
+        raise ConfigError(flag, f"expected {typ.__name__}, got {value!r}") from None
+
+
 def window_keys(value: str) -> int | None:
     """Megatron's --window-size "left,right" (TransformerEngine: a query attends keys i - left
     .. i + right; causal runs take right 0) as the keys a query attends, itself included."""
