@@ -37,6 +37,7 @@ from simumax.graph.relabel import Relabeler
 from simumax.graph.params import ParamCount
 from simumax.graph.offload import MODULE as OFFLOAD
 from simumax.graph.sharding import MODULE as SHARDING
+from simumax.graph.shared_experts import SHARED_EXPERT_MODULES
 from simumax.memory.activation_walk import WalkResult
 from simumax.memory.chunk_walk import shaped_walk
 from simumax.memory.schedule_walk import RankActivations, walk_schedule
@@ -57,7 +58,6 @@ LAYOUT_FIELDS = frozenset(
     }
 )
 LAYER_GROUPS = ("tp", "cp", "cp_a2a", "cp_p2p", "ep", "etp")  # the only groups layer ops communicate on
-SHARED_EXPERT_MODULES = frozenset({"shared_fc1", "shared_act", "shared_fc2", "shared_gate"})  # graph/shared_experts.py
 SHARDING_GROUPS = ("dp", "edp", "dp_shard")  # and, under ZeRO-2/3, these (graph/sharding.py)
 # Strategy fields that only choose the passes over a layer's own ops: which are checkpointed
 # (graph.recompute), what is offloaded (graph.offload); families differing in these share

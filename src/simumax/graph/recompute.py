@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from simumax.config.strategy import StrategyConfig
 from simumax.graph.ops import Op
+from simumax.graph.shared_experts import SHARED_EXPERT_MODULES
 
 SELECTIVE_FLAGS = {
     "attn_recompute": [("attn", {"core_attn"})],
@@ -31,9 +32,8 @@ MEGATRON_MODULES = {
     "mlp": [("mlp", {"fc1", "act", "fc2"})],
     "layernorm": [("attn_norm", {"attn_norm"}), ("mlp_norm", {"mlp_norm"})],
     "moe_act": [("moe_act", {"moe_act"})],
-    "moe": [("moe", {"router", "dispatch", "expert_fc1", "moe_act", "expert_fc2", "combine", "shared_fc1", "shared_act", "shared_fc2",
-                     "shared_gate", "moe_sum"})],
-    "shared_experts": [("shared", {"shared_fc1", "shared_act", "shared_fc2", "shared_gate"})],
+    "moe": [("moe", {"router", "dispatch", "expert_fc1", "moe_act", "expert_fc2", "combine", "moe_sum", *SHARED_EXPERT_MODULES})],
+    "shared_experts": [("shared", set(SHARED_EXPERT_MODULES))],
     "mla_up_proj": [("mla_up", {"mla_up_proj", "mla_rope"})],
 }
 
@@ -41,7 +41,7 @@ SUB_BLOCKS = {
     "attn_only": [("attn", {"attn_norm", "qkv", "q_down", "mla_q_norm", "kv_down", "mla_kv_norm", "mla_up_proj",
                             "mla_rope", "qkv_split", "rope", "core_attn", "attn_proj"})],
     "mlp_only": [("mlp", {"mlp_norm", "fc1", "act", "fc2", "router", "dispatch", "expert_fc1", "moe_act", "expert_fc2",
-                          "combine", "shared_fc1", "shared_act", "shared_fc2", "shared_gate", "moe_sum"})],
+                          "combine", "moe_sum", *SHARED_EXPERT_MODULES})],
     "sdp_only": [("attn", {"core_attn"})],
 }
 

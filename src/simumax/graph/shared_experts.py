@@ -12,6 +12,10 @@ from simumax.graph.dims import Dims
 from simumax.graph.kernels import MemBound
 from simumax.graph.ops import Op, Tensor
 
+# the module tags of the ops below: what the shared-expert / MoE recompute modules, the
+# shared-expert overlap and the EP overlap's MLP phase take as one
+SHARED_EXPERT_MODULES = frozenset({"shared_fc1", "shared_act", "shared_fc2", "shared_gate"})
+
 
 def shared_expert_ops(P: str, layer: int, model: ModelConfig, st: StrategyConfig, d: Dims, ln_out: Tensor) -> list[Op]:
     h = d.h

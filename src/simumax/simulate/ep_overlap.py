@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-MLP_MODULES = frozenset({"expert_fc1", "moe_act", "expert_fc2", "shared_fc1", "shared_act", "shared_fc2", "shared_gate",
-                         "moe_sum"})
+from simumax.graph.shared_experts import SHARED_EXPERT_MODULES
+
+MLP_MODULES = frozenset({"expert_fc1", "moe_act", "expert_fc2", "moe_sum"}) | SHARED_EXPERT_MODULES
 EP_GROUPS = ("ep", "etp")
 
 
