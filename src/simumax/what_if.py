@@ -132,8 +132,17 @@ def check_factor(factor: float) -> None:
 def what_if(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig, factor: float = 1.5) -> list[WhatIf]:
     """The iteration time with each resource ``factor`` times better, one at a time, most
     gain first."""
-    check_factor(factor)
+    return sweep(model, strategy, system, (factor,))
+
+
+def sweep(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig, factors: tuple[float, ...]) -> list[WhatIf]:
+    """``what_if`` at each of ``factors`` (ascending), the job as it is estimated once."""
+    for f in factors:
+        check_factor(f)
     base = Estimate(model, strategy, system).cost().duration_time_per_iter
-    rows = [WhatIf(r.name, r.fields, factor, Estimate(model, strategy, scaled_system(system, (r,), factor)).cost()
-                   .duration_time_per_iter, base) for r in RESOURCES]
-    return sorted(rows, key=lambda w: w.time)
+    out: list[WhatIf] = []
+    for f in sorted(set(factors)):
+        rows = [WhatIf(r.name, r.fields, f, Estimate(model, strategy, scaled_system(system, (r,), f)).cost()
+                       .duration_time_per_iter, base) for r in RESOURCES]
+        out += sorted(rows, key=lambda w: w.time)
+    return out

@@ -161,10 +161,10 @@ def what_if(
     from simumax import what_if as wif
     from simumax.report import what_if as wi
 
-    for f in factor:
+    for f in factor:  # before the configs load: a bad factor is the error to report
         wif.check_factor(f)
     m, st, sy = load_job(model, strategy, system, set_, world_size=world_size, gbs=gbs)
-    rows = [w for f in sorted(set(factor)) for w in wif.what_if(m, st, sy, f)]
+    rows = wif.sweep(m, st, sy, tuple(factor))
     payload = {"rows": [w.to_dict() for w in rows], "units": {"time": "s"}}
     title = fmt.run_title(m.model_name, sy.sys_name, st)
     if out is not None:
