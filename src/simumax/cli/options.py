@@ -92,6 +92,7 @@ def load_job(model: str, strategy: str, system: str, sets: list[str], *, world_s
     applied before the strategy's cross-field rules are checked, so a strategy written for
     another job size (the default world_size 8 beside tp 8 x pp 16, one micro-batch with
     interleaving) runs at the size asked for; the rules then hold for the job as run."""
+    given = [f for f, v in (("--world-size", world_size), ("--set", sets), ("--gbs", gbs)) if v]
     if world_size is not None:  # with the other overrides, so --set tp_size=8 sees the new world
         if world_size < 1:
             raise ConfigError("--world-size", f"must be >= 1 (got {world_size})")
@@ -99,8 +100,6 @@ def load_job(model: str, strategy: str, system: str, sets: list[str], *, world_s
     draft = load_strategy(strategy, checked=False)
     label = draft.source
     m, draft, sy = apply_overrides(load_model(model), draft, load_system(system), sets, checked=False)
-    given = [f for f, v in (("--world-size", world_size), ("--set", sets[1:] if world_size else sets),
-                            ("--gbs", gbs)) if v]
     return m, _job_size(draft, gbs, f"{label} with {', '.join(given)}" if given else label), sy
 
 

@@ -328,14 +328,16 @@ class ConfigBase(BaseModel):
         unless edits or overrides mend it first (``strategy.world_size = 64`` beside a file's
         tp 8 x pp 4; the CLI's ``--world-size`` / ``--gbs``)."""
         try:
-            obj = cls.model_validate(data, context=None if checked else {DEFER_RULES: True})
-            if not checked:
-                try:
-                    cls.model_validate(data)
-                except ValidationError as exc:
-                    obj._pending = config_error_from(exc, source, cls.model_fields)
+            obj = cls.model_validate(data)
         except ValidationError as exc:
-            raise config_error_from(exc, source, cls.model_fields) from None
+            err = config_error_from(exc, source, cls.model_fields)
+            if checked:
+                raise err from None
+            try:  # a field's own error still raises here; a rule between fields waits
+                obj = cls.model_validate(data, context={DEFER_RULES: True})
+            except ValidationError as field_exc:
+                raise config_error_from(field_exc, source, cls.model_fields) from None
+            obj._pending = err
         obj._source = source
         return obj
 
