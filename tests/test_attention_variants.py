@@ -103,3 +103,30 @@ def test_attention_output_gate_by_hand() -> None:
     assert ops["L0.attn_proj"].input[0][0] == "L0.attn.gated"
     assert on.cost().duration_time_per_iter > off.cost().duration_time_per_iter
     assert "--attention-output-gate" in model_flags(m)
+
+
+def test_qkv_bias_by_hand() -> None:
+    """Megatron's --add-qkv-bias (Qwen2 / Qwen2.5): (heads + 2 kv_heads) x head_size bias
+    parameters per layer, sharded over TP with the QKV columns. TransformerEngine adds them in
+    the GEMM epilogue and folds their gradient into the weight-gradient GEMM (no kernel);
+    Megatron's local linear adds them after the GEMM (read and write the QKV output) and
+    reduces the output gradient over tokens for their gradient."""
+    from simumax.graph.kernels import MemBound
+
+    m = load_model("qwen2.5-7b").with_updates({"layer_num": 2})
+    st = load_strategy({"seq_len": 4096, "world_size": 8, "tp_size": 2, "enable_sequence_parallel": True})
+    on, off = Estimate(m, st, SYSTEM), Estimate(m.with_updates({"add_qkv_bias": False}), st, SYSTEM)
+    width = (28 + 2 * 4) * 128
+    assert on.params.total - off.params.total == 2 * width
+    te = {o.name: o for o in on.stages[0].ops}["L0.qkv"]
+    assert te.params - {o.name: o for o in off.stages[0].ops}["L0.qkv"].params == width // 2  # this rank's half
+    assert not [k for ph in ("fwd", "bwd_input", "bwd_weight") for k in te.kernels(ph) if isinstance(k, MemBound) and "bias" in k.name]
+    local = st.with_updates({"transformer_impl": "local", "use_flash_sdp": False, "use_math_sdp": True})
+    qkv = {o.name: o for o in Estimate(m, local, SYSTEM).stages[0].ops}["L0.qkv"]
+    out = 4096 * width // 2 * 2  # gathered tokens x this rank's QKV columns x bf16
+    assert [k.bytes for k in qkv.fwd if isinstance(k, MemBound)] == [2 * out]
+    assert [k.bytes for k in qkv.bwd_weight if isinstance(k, MemBound)] == [out]
+    # biases on every linear include the QKV's: add_qkv_bias changes nothing then
+    gpt = load_model("gpt3-175b").with_updates({"layer_num": 2, "add_bias_linear": True})
+    assert Estimate(gpt.with_updates({"add_qkv_bias": True}), st.with_updates({"tp_size": 8, "world_size": 8}), SYSTEM).params.total == \
+        Estimate(gpt, st.with_updates({"tp_size": 8, "world_size": 8}), SYSTEM).params.total

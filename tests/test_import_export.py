@@ -127,8 +127,11 @@ def test_hf_sliding_window_layer_patterns() -> None:
 def test_hf_notes_and_errors() -> None:
     model, notes = model_from_hf(DEEPSEEK_V3)
     assert model.mtp_num_layers == 1 and not any("multi-token-prediction" in n for n in notes)  # modelled now
-    _, notes = model_from_hf({**LLAMA3_8B, "architectures": ["Qwen2ForCausalLM"]})
-    assert any("bias" in n for n in notes)
+    qwen2, notes = model_from_hf({**LLAMA3_8B, "architectures": ["Qwen2ForCausalLM"]})
+    assert qwen2.add_qkv_bias and not qwen2.add_bias_linear and not any("bias" in n for n in notes)  # q/k/v only
+    llama_bias, notes = model_from_hf({**LLAMA3_8B, "attention_bias": True})
+    assert llama_bias.add_qkv_bias and any("output projection's bias" in n for n in notes)  # o_proj's is left out
+    assert not model_from_hf(LLAMA3_8B)[0].add_qkv_bias
     with pytest.raises(ConfigError, match="architectures"):
         model_from_hf({**LLAMA3_8B, "architectures": ["BertModel"]})
     with pytest.raises(ConfigError, match="n_routed_experts"):

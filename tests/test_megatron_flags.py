@@ -61,6 +61,7 @@ CASES = {
                                       "overlap_param_gather": True}, {}),
     "torch-fsdp2": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "zero_state": 3, "fsdp_impl": "torch_fsdp2"}, {}),
     "fp8-bf16-wgrad": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "fp8": True, "fp8_wgrad": False}, {}),
+    "qkv-bias": ("qwen2.5-7b", {"pp_size": 1, "tp_size": 4, "world_size": 8, "enable_sequence_parallel": True}, {}),
     "moe-shared-expert-gate": ("deepseek-v2-lite", {"pp_size": 1, "ep_size": 8, "world_size": 8},
                                {"layer_num": 4, "moe_shared_expert_gate": True}),
 }
@@ -90,12 +91,14 @@ def test_megatron_019_parses_every_exported_flag(megatron_parser: argparse.Argum
     assert args.softmax_type == ("learnable" if m.attention_sinks else "vanilla")
     assert args.fp8_wgrad == st.fp8_wgrad
     assert args.moe_shared_expert_gate == m.moe_shared_expert_gate
+    assert args.add_qkv_bias == (m.add_qkv_bias and not m.add_bias_linear)  # biases everywhere include the QKV's
     # and the importer reads them back as they were
     m2, s2, _ = parse_megatron_args(tokens, world_size=st.world_size)
     assert (s2.p2p_overlapped, s2.cpu_offloading, m2.add_bias_linear) == (st.p2p_overlapped and st.pp_size > 1,
                                                                          st.cpu_offloading, m.add_bias_linear)
     assert s2.microbatch_group_size_per_vp_stage == st.microbatch_group_size_per_vp_stage
     assert s2.fp8_wgrad == st.fp8_wgrad and m2.moe_shared_expert_gate == m.moe_shared_expert_gate
+    assert m2.add_qkv_bias == (m.add_qkv_bias and not m.add_bias_linear)
 
 
 def test_import_takes_megatron_019_defaults() -> None:

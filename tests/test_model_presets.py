@@ -28,6 +28,9 @@ def _params(name: str):
     ("qwen3-235b-a22b", 235, 0),   # Qwen3 report: 235 B total (22 B activated, below)
     ("qwen3-32b", 32.8, 1),        # 32.8 B (SimuMax's file)
     ("llama4-maverick", 401, 0),   # Meta: 400 B total (400.7 by its text config), 17 B active (below)
+    # Qwen2.5 (q / k / v biases): the checkpoints' safetensors totals on Hugging Face (the model
+    # cards print 7.61 / 14.7 / 32.5 / 72.7 B, truncated or rounded differently)
+    ("qwen2.5-7b", 7.62, 2), ("qwen2.5-14b", 14.8, 1), ("qwen2.5-32b", 32.8, 1), ("qwen2.5-72b", 72.7, 1),
 ])
 def test_totals(preset: str, total: float, digits: int) -> None:
     _, p = _params(preset)
@@ -36,6 +39,7 @@ def test_totals(preset: str, total: float, digits: int) -> None:
 
 @pytest.mark.parametrize("preset, non_embedding", [
     ("qwen3-8b", 6.95), ("qwen3-14b", 13.2),      # Qwen3 report, non-embedding
+    ("qwen2.5-7b", 6.53),                          # Qwen2.5-7B model card, non-embedding
     ("nemotron-4-15b", 12.5), ("nemotron-4-340b", 331.6),  # Nemotron-4 reports, non-embedding
 ])
 def test_non_embedding_counts(preset: str, non_embedding: float) -> None:

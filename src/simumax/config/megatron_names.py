@@ -74,6 +74,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--untie-embeddings-and-output-weights": ("m", "untie_embeddings_and_output_weights", True),
     "--disable-bias-linear": ("m", "add_bias_linear", False),
     "--add-bias-linear": ("m", "add_bias_linear", True),
+    "--add-qkv-bias": ("m", "add_qkv_bias", True),
     "--multi-latent-attention": ("m", "attention_type", "mla"),
     "--moe-pad-expert-input-to-capacity": ("m", "moe_pad_expert_input_to_capacity", True),
     "--moe-shared-expert-gate": ("m", "moe_shared_expert_gate", True),

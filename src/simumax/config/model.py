@@ -39,6 +39,10 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
     make_vocab_size_divisible_by: PositiveInt = Field(128, description="Megatron's vocab padding divisor.")
     norm_type: Literal["rmsnorm", "layernorm"] = Field("rmsnorm", description="Normalisation layer.")
     add_bias_linear: bool = Field(False, description="Linear layers carry biases (Megatron's default; --disable-bias-linear turns them off).")
+    add_qkv_bias: bool = Field(
+        False, description="The QKV projection carries biases even without add_bias_linear (Megatron --add-qkv-bias; "
+        "Qwen2 / Qwen2.5's q / k / v biases). Megatron's MLA does not read it.",
+    )
     position_embedding_type: Literal["rope", "learned_absolute", "none"] = Field(
         "rope", description="RoPE (Llama) or learned absolute position embeddings (GPT-3)."
     )

@@ -219,6 +219,8 @@ def model_flags(model: ModelConfig) -> list[str]:
         f.append(switch_flag("m", "untie_embeddings_and_output_weights"))
     if not model.add_bias_linear:  # biases are Megatron's default
         f.append(switch_flag("m", "add_bias_linear", False))
+        if model.add_qkv_bias and model.attention_type != "mla":
+            f.append(switch_flag("m", "add_qkv_bias"))
     if model.is_moe:
         f += [_m("expert_num", model.expert_num), _m("topk", model.topk), _m("moe_ffn_hidden_size", model.moe_ffn)]
         if model.moe_shared_expert_intermediate_size:

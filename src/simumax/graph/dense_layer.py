@@ -29,13 +29,14 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     out = (f"{P}.attn.out", d.act(q_w))
     local = st.transformer_impl == "local"
     bias = model.add_bias_linear
+    qkv_bias = bias or model.add_qkv_bias  # Megatron's add_qkv_bias: the QKV linear only
     ops = [
         blocks.norm(f"{P}.attn_norm", "attn_norm", layer, d, x_in, rms=rms, save_rstd=not st.recompute_variance, residual=True).with_(output=ln_out),
         # TE adds the QKV bias in the GEMM epilogue; the local linear adds it separately
         # (FC1's bias goes with the fused bias-GeLU/SwiGLU, the row-parallel ones with the
         # fused bias-dropout-add)
-        linears.column_linear(f"{P}.qkv", "qkv", layer, d, ln_out, d.h, q_w + 2 * kv_w + gate_w, bias=bias, bias_fused=not local).with_(
-            output=mixed, **_replicated_kv(model, st, d.h, kv_w, bias)
+        linears.column_linear(f"{P}.qkv", "qkv", layer, d, ln_out, d.h, q_w + 2 * kv_w + gate_w, bias=qkv_bias, bias_fused=not local).with_(
+            output=mixed, **_replicated_kv(model, st, d.h, kv_w, qkv_bias)
         ),
     ]
     flash = not (st.use_math_sdp or local)

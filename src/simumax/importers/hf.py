@@ -79,8 +79,12 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out["rotary_base"] = float(cfg["rope_theta"])
     if act not in ("silu", "swish"):
         notes.append(f"hidden_act {act!r}: modelled as an ungated GeLU MLP")
-    if (cfg.get("attention_bias") and arch != "GptOssForCausalLM") or arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
-        notes.append("q/k/v biases not modelled (a few hidden-size vectors per layer)")
+    if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
+        out["add_qkv_bias"] = True  # Qwen2Attention: q / k / v projections with bias, o_proj without
+    elif cfg.get("attention_bias") and arch != "GptOssForCausalLM":
+        # Llama-style attention_bias: q, k, v and o; Megatron's add_qkv_bias covers the first three
+        out["add_qkv_bias"] = True
+        notes.append("attention_bias: the output projection's bias is not modelled (one hidden-size vector per layer)")
     if cfg.get("qk_norm") or arch.startswith("Qwen3"):
         out["qk_layernorm"] = True  # Qwen3's per-head q / k RMSNorm
     if arch in MOE:

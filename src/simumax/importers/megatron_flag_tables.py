@@ -68,7 +68,6 @@ NOT_MODELLED = {
     "--moe-per-layer-logging": "a small all-reduce of per-layer MoE statistics on logged steps",
     **dict.fromkeys(("--squared-relu", "--openai-gelu", "--use-te-activation-func"),
                     "the MLP's activation is costed as GeLU's element-wise pass (the same GEMMs)"),
-    "--add-qkv-bias": "q / k / v biases: one bias add per projection and their gradients",
     "--no-gradient-reduce-div-fusion": "the gradient scaling as a separate pass before the reduce",
     **dict.fromkeys(("--tp-comm-overlap-rs-dgrad", "--disable-tp-comm-overlap-ag", "--no-tp-comm-overlap-ag",
                      "--disable-tp-comm-overlap-rs", "--no-tp-comm-overlap-rs", "--disable-tp-comm-bulk-dgrad",
