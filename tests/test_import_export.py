@@ -225,6 +225,10 @@ def test_megatron_script_with_unknown_flags_and_errors(tmp_path) -> None:
     with pytest.raises(ConfigError, match="global-batch-size"):
         parse_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 16 "
                             "--vocab-size 100 --micro-batch-size 3 --global-batch-size 8", world_size=1)
+    # a hybrid Mamba stack (pretrain_mamba.py) is refused, not estimated as transformer layers
+    with pytest.raises(ConfigError, match="hybrid-override-pattern: hybrid models"):
+        parse_megatron_args("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 16 "
+                            "--vocab-size 100 --hybrid-override-pattern M-M*", world_size=1)
 
 
 def test_import_cli_one_line_errors(tmp_path) -> None:

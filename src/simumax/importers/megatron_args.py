@@ -173,6 +173,12 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
                 no_effect.append(flag)
             else:
                 not_modelled.setdefault("torch DDP's bucketed all-reduce: Megatron's own DDP is modelled", []).append(flag)
+        elif flag in ("--hybrid-layer-pattern", "--hybrid-override-pattern", "--hybrid-attention-ratio", "--hybrid-mlp-ratio"):
+            # pretrain_mamba.py's hybrid stack: one sublayer per symbol (M Mamba, G gated delta
+            # net, D DSA, * attention, - MLP, E MoE); estimating it as transformer layers
+            # would be a wrong number, not an approximation
+            raise ConfigError(flag, "hybrid models (Mamba / gated-delta-net layers, pretrain_mamba.py) are not "
+                              "modelled: only transformer layers exist here")
         elif flag == "--optimizer" and value is not None and value != "adam":
             notes.append(f"--optimizer {value}: not modelled, the step and its states are Adam's (two fp32 moments)")
         elif flag in NO_EFFECT or flag in OLDER_NO_EFFECT or (flag == "--rotary-percent" and value is not None and is_one(value)) or flag == "--optimizer":
