@@ -13,7 +13,8 @@ from simumax.config.megatron_names import SWITCHES, VALUED, flag_of
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
-from simumax.importers.megatron_flag_tables import IGNORED_VALUED, MEGATRON_DEFAULTS, NO_EFFECT, NOT_MODELLED, OLDER_NO_EFFECT, TOKENIZER_VOCAB
+from simumax.importers.megatron_flag_tables import (IGNORED_VALUED, MEGATRON_DEFAULTS, NO_EFFECT, NO_EFFECT_FAMILIES, NOT_MODELLED,
+                                                    OLDER_NO_EFFECT, TOKENIZER_VOCAB)
 from simumax.importers.megatron_values import (int_or_layer_list, is_one, layer_pattern, skip_freq, typed, values_after,
                                                window_keys)
 
@@ -173,7 +174,11 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
                 no_effect.append(flag)
             else:
                 not_modelled.setdefault("torch DDP's bucketed all-reduce: Megatron's own DDP is modelled", []).append(flag)
-        elif flag in ("--hybrid-layer-pattern", "--hybrid-override-pattern", "--hybrid-attention-ratio", "--hybrid-mlp-ratio"):
+        elif flag in ("--heterogeneous-layers-config-path", "--heterogeneous-layers-config-encoded-json"):
+            raise ConfigError(flag, "layers that differ from one another (Llama-Nemotron's heterogeneous blocks) are not "
+                              "modelled: every layer here has the model's one attention and MLP shape")
+        elif flag in ("--hybrid-layer-pattern", "--hybrid-override-pattern", "--is-hybrid-model", "--hybrid-attention-ratio",
+                      "--hybrid-mlp-ratio"):
             # pretrain_mamba.py's hybrid stack: one sublayer per symbol (M Mamba, G gated delta
             # net, D DSA, * attention, - MLP, E MoE); estimating it as transformer layers
             # would be a wrong number, not an approximation
@@ -185,6 +190,8 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             no_effect.append(flag)
         elif flag in NOT_MODELLED:
             not_modelled.setdefault(NOT_MODELLED[flag], []).append(flag)
+        elif flag.startswith(NO_EFFECT_FAMILIES):
+            no_effect.append(flag)
         elif flag.startswith("--") and flag not in IGNORED_VALUED:
             notes.append(f"ignored {flag}")
         i += step

@@ -31,7 +31,48 @@ NO_EFFECT = frozenset({
     "--rampup-batch-size",  # the first iterations' smaller batches; steady steps run the global batch
     "--moe-router-force-load-balancing",  # balanced routing, which the model assumes anyway
     "--apply-query-key-layer-scaling",  # folded into the softmax scale (dot_product_attention.py)
+    "--rotary-interleaved", "--embedding-init-method-std", "--init-model-with-meta-device", "--data-parallel-random-init",
+    "--init-method-xavier-uniform", "--no-weight-decay-cond-type", "--lr-wsd-decay-style", "--lr-wsd-decay-iters",
+    "--lr-wsd-decay-samples", "--override-opt_param-scheduler", "--override-opt-param-scheduler",
+    "--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler", "--warmup",
+    # fp16 dynamic loss scaling's hyper-parameters (the scaler's own work is a few scalars)
+    "--loss-scale", "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis",
+    "--fp8-margin", "--fp8-interval",  # delayed scaling's margin; the interval is deprecated (TE updates every step)
+    "--local-rank", "--lazy-mpu-init", "--nccl-communicator-config-path", "--disable-gloo-process-groups",
+    "--distributed-timeout-seconds-after-init", "--fake-process-group", "--dump-param-to-param-group-map",
+    "--exit-signal", "--exit-signal-handler-for-dataloader", "--exit-signal-handler-for-training", "--iterations-to-skip",
+    "--start-eval-at-iter", "--eval-global-batch-size", "--eval-micro-batch-size", "--full-validation",
+    "--multiple-validation-sets", "--validation-set-names",
+    "--train-data-path", "--valid-data-path", "--test-data-path", "--data-args-path", "--per-split-data-args-path",
+    "--per-dataset-sequences-path", "--dataloader-fast-cache-load", "--dataloader-defer-npy-index-mmap",
+    "--num-dataset-builder-threads", "--object-storage-cache-path", "--mid-level-dataset-surplus",
+    "--allow-ambiguous-pad-tokens", "--eod-mask-loss", "--tokenizer-metadata", "--tokenizer-special-tokens",
+    "--tokenizer-sentencepiece-legacy", "--no-tokenizer-sentencepiece-ignore-extra-whitespaces",
+    "--disable-tokenizer-sentencepiece-ignore-extra-whitespaces", "--tokenizer-hf-no-use-fast",
+    "--tokenizer-hf-no-include-special-tokens", "--trust-remote-code", "--null-tokenizer-eod-id", "--null-tokenizer-pad-id",
+    "--chat-template", "--log-progress", "--timing-log-option", "--tensorboard-log-interval", "--tensorboard-queue-size",
+    "--no-log-loss-scale-to-tensorboard", "--disable-log-loss-scale-to-tensorboard", "--log-memory-interval",
+    "--log-device-memory-used", "--log-world-size-to-tensorboard", "--wandb-entity", "--logging-level", "--log-energy",
+    "--log-straggler", "--straggler-ctrlr-port", "--straggler-minmax-count", "--disable-straggler-on-startup",
+    "--run-workload-inspector-server", "--config-logger-dir", "--profile-ranks", "--record-memory-history",
+    "--memory-snapshot-path", "--record-shapes", "--nvtx-ranges", "--no-one-logger", "--enable-ft-package",
+    "--calc-ft-timeouts", "--ft-num-warmup-iters", "--rerun-mode", "--check-for-spiky-loss", "--enable-msc", "--disable-msc",
+    "--use-dist-ckpt", "--pretrained-checkpoint", "--use-checkpoint-args", "--use-mp-args-from-checkpoint-args",
+    "--no-use-tokenizer-model-from-checkpoint-args", "--disable-use-tokenizer-model-from-checkpoint-args",
+    "--exit-on-missing-checkpoint", "--auto-detect-ckpt-format", "--async-strategy", "--use-persistent-ckpt-worker",
+    "--load-main-params-from-ckpt", "--persistent-save-interval", "--save-retain-interval", "--no-save-optim",
+    "--no-save-rng", "--override-ckpt-iteration", "--verify-integrity", "--no-stream-ckpt-dequant",
+    "--disable-stream-ckpt-dequant", "--no-strict-fsdp-dtensor-load", "--disable-strict-fsdp-dtensor-load",
+    "--distrib-optim-fully-reshardable-mem-efficient", "--replication", "--replication-jump", "--replication-factor",
 })
+# whole families of 0.19 flags that no training step reads: checkpoint saving and loading,
+# logging and tracing, serving-time inference, fault tolerance and its test tooling
+NO_EFFECT_FAMILIES = (
+    "--ckpt-", "--dist-ckpt-", "--async-ckpt-", "--non-persistent-", "--save-", "--flight-recorder-",
+    "--no-flight-recorder-", "--disable-flight-recorder-", "--pytorch-profiler-", "--moe-routing-trace-", "--logits-save-",
+    "--one-logger-", "--app-tag-", "--inprocess-", "--error-injection-", "--fault-injector-", "--adlr-autoresume",
+    "--inference-", "--mamba-inference-", "--fim-",
+)
 # the same for flags of Megatron-LM <= 2022 scripts that 0.19 no longer has
 OLDER_NO_EFFECT = frozenset({
     "--no-scatter-gather-tensors-in-pipeline",  # whole activations over P2P, as modelled (megatron-core's)
