@@ -225,6 +225,9 @@ def test_megatron_script_with_unknown_flags_and_errors(tmp_path) -> None:
     with pytest.raises(ConfigError, match="global-batch-size"):
         parse_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 16 "
                             "--vocab-size 100 --micro-batch-size 3 --global-batch-size 8", world_size=1)
+    m, _, notes = parse_megatron_args("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 "
+                                      "--seq-length 16 --vocab-size 100 --qk-l2-norm", world_size=1)
+    assert m.qk_layernorm and any("--qk-l2-norm" in n for n in notes)  # Llama 4's norm, as the HF importer reads it
     # a hybrid Mamba stack (pretrain_mamba.py) is refused, not estimated as transformer layers
     with pytest.raises(ConfigError, match="hybrid-override-pattern: hybrid models"):
         parse_megatron_args("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 16 "

@@ -174,6 +174,9 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
                 no_effect.append(flag)
             else:
                 not_modelled.setdefault("torch DDP's bucketed all-reduce: Megatron's own DDP is modelled", []).append(flag)
+        elif flag == "--qk-l2-norm":  # Llama 4's weightless L2 norm of q and k (the HF importer reads it so too)
+            m["qk_layernorm"] = True
+            notes.append("--qk-l2-norm: the weightless L2 q/k norm modelled as a q/k RMSNorm (its few weights counted)")
         elif flag in ("--heterogeneous-layers-config-path", "--heterogeneous-layers-config-encoded-json"):
             raise ConfigError(flag, "layers that differ from one another (Llama-Nemotron's heterogeneous blocks) are not "
                               "modelled: every layer here has the model's one attention and MLP shape")
