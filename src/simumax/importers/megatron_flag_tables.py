@@ -31,6 +31,9 @@ NO_EFFECT = frozenset({
     "--rampup-batch-size",  # the first iterations' smaller batches; steady steps run the global batch
     "--moe-router-force-load-balancing",  # balanced routing, which the model assumes anyway
     "--apply-query-key-layer-scaling",  # folded into the softmax scale (dot_product_attention.py)
+    # RoPE variants: the same rotation kernel over the same elements, other frequencies
+    "--rope-type", "--rope-scaling-factor", "--mrope-section", "--yarn-original-max-position-embeddings", "--yarn-beta-fast",
+    "--yarn-beta-slow", "--yarn-correction-range-round-to-int", "--no-yarn-correction-range-round-to-int",
     "--rotary-interleaved", "--embedding-init-method-std", "--init-model-with-meta-device", "--data-parallel-random-init",
     "--init-method-xavier-uniform", "--no-weight-decay-cond-type", "--lr-wsd-decay-style", "--lr-wsd-decay-iters",
     "--lr-wsd-decay-samples", "--override-opt_param-scheduler", "--override-opt-param-scheduler",
