@@ -123,6 +123,36 @@ def test_hf_sliding_window_layer_patterns() -> None:
                               "use_sliding_window": True, "max_window_layers": 28})
     assert m.window_size is None and any("max_window_layers" not in n and "sliding window 4096" in n for n in notes)
 
+# GLM-4.5-Air's config.json (zai-org/GLM-4.5-Air), its layers cut to 4 for the hand count
+GLM45_AIR = {"architectures": ["Glm4MoeForCausalLM"], "hidden_size": 4096, "intermediate_size": 10944, "num_hidden_layers": 46,
+             "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128, "partial_rotary_factor": 0.5,
+             "attention_bias": True, "use_qk_norm": False, "moe_intermediate_size": 1408, "n_routed_experts": 128,
+             "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
+             "routed_scaling_factor": 1.0, "norm_topk_prob": True, "num_nextn_predict_layers": 1, "vocab_size": 151552,
+             "hidden_act": "silu", "tie_word_embeddings": False, "rope_theta": 1000000, "max_position_embeddings": 131072}
+
+
+def test_hf_glm45_moe_by_hand() -> None:
+    """transformers' Glm4Moe: GQA with q/k/v biases (o_proj without), a dense first layer, then
+    128 routed experts (top-8) and one shared expert behind a sigmoid router with expert bias;
+    parameters by hand on one GPU (the expert bias is a buffer, not a parameter)."""
+    m, notes = model_from_hf({**GLM45_AIR, "num_hidden_layers": 4, "num_nextn_predict_layers": 0})
+    assert (m.model_type, m.expert_num, m.topk, m.moe_ffn_hidden_size, m.dense_layers) == ("moe", 128, 8, 1408, 1)
+    assert (m.moe_shared_expert_intermediate_size, m.moe_router_score_function, m.moe_router_enable_expert_bias) == (1408, "sigmoid", True)
+    assert m.add_qkv_bias and not m.add_bias_linear and not m.qk_layernorm and m.moe_router_num_groups is None
+    assert not m.moe_pad_expert_input_to_capacity and any("partial_rotary_factor" in n for n in notes)
+    h, q, kv, v = 4096, 96 * 128, 8 * 128, 151552
+    attn = h * q + q + 2 * (h * kv + kv) + q * h + 2 * h  # q, k, v with biases, o; the two norms
+    moe = attn + 128 * 3 * h * 1408 + 3 * h * 1408 + 128 * h  # routed, shared, router
+    total = 2 * v * h + attn + 3 * h * 10944 + 3 * moe + h  # untied embeddings, dense layer 0, final norm
+    p = Estimate(m, load_strategy({"seq_len": 4096, "world_size": 1}), load_system("h100-sxm-80gb")).params
+    assert p.total == total
+    full, _ = model_from_hf(GLM45_AIR)
+    assert full.mtp_num_layers == 1 and full.layer_num == 46
+    glm45 = model_from_hf({**GLM45_AIR, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5, "use_qk_norm": True})[0]
+    assert (glm45.moe_router_num_groups, glm45.moe_router_group_topk, glm45.moe_router_topk_scaling_factor) == (8, 4, 2.5)
+    assert glm45.qk_layernorm
+
 
 def test_hf_notes_and_errors() -> None:
     model, notes = model_from_hf(DEEPSEEK_V3)

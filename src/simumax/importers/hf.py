@@ -1,9 +1,10 @@
 """A Hugging Face ``config.json`` (a local file) as a simumax ModelConfig.
 
 Architectures: Llama, Mistral, Qwen2, Qwen3 (dense), Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS
-(MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 (MLA + MoE) and Llama 4
-(its text model: interleaved top-1 MoE with a shared expert).
-What the ModelConfig cannot say is returned as notes (e.g. Qwen2's q/k/v-only biases),
+(MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 (MLA + MoE), GLM-4.5
+(GQA + DeepSeek-V3-style MoE) and Llama 4 (its text model: interleaved top-1 MoE with a shared
+expert).
+What the ModelConfig cannot say is returned as notes (e.g. a Llama-style output-projection bias),
 never silently dropped.
 """
 
@@ -20,6 +21,7 @@ DENSE = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3For
 MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM"}
 MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
 LLAMA4 = {"Llama4ForConditionalGeneration", "Llama4ForCausalLM"}  # the text model (its text_config)
+GLM4_MOE = {"Glm4MoeForCausalLM"}  # GLM-4.5 / 4.6: GQA attention, DeepSeek-V3's MoE and MTP
 
 
 def _req(cfg: dict[str, Any], key: str, src: str) -> Any:
@@ -48,7 +50,7 @@ SIZE_KEYS = {
 def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "config.json") -> tuple[ModelConfig, list[str]]:
     """(ModelConfig, notes) from a parsed config.json."""
     archs = cfg.get("architectures") or []
-    known = DENSE | MOE | MLA | LLAMA4
+    known = DENSE | MOE | MLA | LLAMA4 | GLM4_MOE
     arch = next((a for a in archs if a in known), None)
     if arch is None:
         raise ConfigError("architectures", f"unsupported {archs or 'missing'}; known: {', '.join(sorted(known))}", source)
@@ -79,8 +81,8 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out["rotary_base"] = float(cfg["rope_theta"])
     if act not in ("silu", "swish"):
         notes.append(f"hidden_act {act!r}: modelled as an ungated GeLU MLP")
-    if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM"):
-        out["add_qkv_bias"] = True  # Qwen2Attention: q / k / v projections with bias, o_proj without
+    if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") or (arch in GLM4_MOE and cfg.get("attention_bias")):
+        out["add_qkv_bias"] = True  # Qwen2Attention, Glm4MoeAttention: q / k / v projections with bias, o_proj without
     elif cfg.get("attention_bias") and arch != "GptOssForCausalLM":
         # Llama-style attention_bias: q, k, v and o; Megatron's add_qkv_bias covers the first three
         out["add_qkv_bias"] = True
@@ -123,6 +125,8 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
             out["mtp_num_layers"] = cfg["num_nextn_predict_layers"]
     if arch in LLAMA4:
         out.update(_llama4(cfg, source, notes))
+    if arch in GLM4_MOE:
+        out.update(_glm4_moe(cfg, source, notes))
     if arch == "GptOssForCausalLM":
         # biases on every linear (attention and experts), learned attention sinks per head
         out.update(add_bias_linear=bool(cfg.get("attention_bias", True)), attention_sinks=True)
@@ -191,6 +195,35 @@ def _llama4(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any
                      "many tokens")
     notes.append("its router weights each expert's input by the routing probability: Megatron's "
                  "--moe-apply-probs-on-input, a strategy option (moe_apply_probs_on_input)")
+    return out
+
+
+def _glm4_moe(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any]:
+    """transformers' Glm4Moe: the first ``first_k_dense_replace`` layers dense (intermediate_size),
+    then routed experts with ``n_shared_experts`` shared ones, a sigmoid router with DeepSeek-V3's
+    score-correction bias (always: Glm4MoeTopkRouter), group-limited top-k when ``n_group`` > 1,
+    the routed scaling factor, per-head q / k RMSNorm with ``use_qk_norm``, MTP layers."""
+    moe_ffn = _req(cfg, "moe_intermediate_size", source)
+    out: dict[str, Any] = {
+        "model_type": "moe", "expert_num": _req(cfg, "n_routed_experts", source),
+        "topk": _req(cfg, "num_experts_per_tok", source), "moe_ffn_hidden_size": moe_ffn,
+        "dense_layers": cfg.get("first_k_dense_replace") or 0,
+        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+        "moe_router_load_balancing_type": "seq_aux_loss",  # GLM-4.5: loss-free balancing plus a sequence-level aux loss
+    }
+    if cfg.get("n_shared_experts"):
+        out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * moe_ffn
+    if (cfg.get("n_group") or 1) > 1:
+        out["moe_router_num_groups"], out["moe_router_group_topk"] = cfg["n_group"], _req(cfg, "topk_group", source)
+    if cfg.get("routed_scaling_factor") not in (None, 1, 1.0):
+        out["moe_router_topk_scaling_factor"] = float(cfg["routed_scaling_factor"])
+    if cfg.get("use_qk_norm"):
+        out["qk_layernorm"] = True
+    if cfg.get("num_nextn_predict_layers"):
+        out["mtp_num_layers"] = cfg["num_nextn_predict_layers"]
+    if (cfg.get("partial_rotary_factor") or 1.0) < 1.0:
+        notes.append(f"partial_rotary_factor {cfg['partial_rotary_factor']}: RoPE costed over every q / k dimension "
+                     "(an element-wise pass)")
     return out
 
 
