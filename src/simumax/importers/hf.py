@@ -208,15 +208,11 @@ def _glm4_moe(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, A
         "model_type": "moe", "expert_num": _req(cfg, "n_routed_experts", source),
         "topk": _req(cfg, "num_experts_per_tok", source), "moe_ffn_hidden_size": moe_ffn,
         "dense_layers": cfg.get("first_k_dense_replace") or 0,
-        "moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-        "moe_router_load_balancing_type": "seq_aux_loss",  # GLM-4.5: loss-free balancing plus a sequence-level aux loss
+        # DeepSeek-V3's gate, which the config does not name; GLM-4.5 adds a sequence-level aux loss
+        **_deepseek_routing({**cfg, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "seq_aux": True}),
     }
     if cfg.get("n_shared_experts"):
         out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * moe_ffn
-    if (cfg.get("n_group") or 1) > 1:
-        out["moe_router_num_groups"], out["moe_router_group_topk"] = cfg["n_group"], _req(cfg, "topk_group", source)
-    if cfg.get("routed_scaling_factor") not in (None, 1, 1.0):
-        out["moe_router_topk_scaling_factor"] = float(cfg["routed_scaling_factor"])
     if cfg.get("use_qk_norm"):
         out["qk_layernorm"] = True
     if cfg.get("num_nextn_predict_layers"):
