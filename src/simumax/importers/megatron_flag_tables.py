@@ -34,13 +34,16 @@ NO_EFFECT = frozenset({
     # RoPE variants: the same rotation kernel over the same elements, other frequencies
     "--rope-type", "--rope-scaling-factor", "--mrope-section", "--yarn-original-max-position-embeddings", "--yarn-beta-fast",
     "--yarn-beta-slow", "--yarn-correction-range-round-to-int", "--no-yarn-correction-range-round-to-int",
-    "--rotary-interleaved", "--embedding-init-method-std", "--init-model-with-meta-device", "--data-parallel-random-init",
+    "--rotary-interleaved",
+    # initialisation, learning-rate and weight-decay schedules
+    "--embedding-init-method-std", "--init-model-with-meta-device", "--data-parallel-random-init",
     "--init-method-xavier-uniform", "--no-weight-decay-cond-type", "--lr-wsd-decay-style", "--lr-wsd-decay-iters",
     "--lr-wsd-decay-samples", "--override-opt_param-scheduler", "--override-opt-param-scheduler",
     "--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler", "--warmup",
     # fp16 dynamic loss scaling's hyper-parameters (the scaler's own work is a few scalars)
     "--loss-scale", "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis",
     "--fp8-margin", "--fp8-interval",  # delayed scaling's margin; the interval is deprecated (TE updates every step)
+    # launch, evaluation, data paths, tokenizer details, logging, checkpoints, fault tolerance
     "--local-rank", "--lazy-mpu-init", "--nccl-communicator-config-path", "--disable-gloo-process-groups",
     "--distributed-timeout-seconds-after-init", "--fake-process-group", "--dump-param-to-param-group-map",
     "--exit-signal", "--exit-signal-handler-for-dataloader", "--exit-signal-handler-for-training", "--iterations-to-skip",
