@@ -143,9 +143,9 @@ class PerfLLM(SimuMaxPerfMethods):
     def what_if(self, factor: float = 1.5) -> list[WhatIf]:
         """The iteration time with each hardware resource ``factor`` times better, one at a
         time, most gain first (simumax/what_if.py; ``simumax what-if``)."""
-
+        base = self.analysis_cost().duration_time_per_iter  # the job as it is, estimated once (cached here)
         est = self._require()
-        return what_if_rows(est.model, est.strategy, est.system, factor)
+        return what_if_rows(est.model, est.strategy, est.system, factor, base=base)
 
     def analysis(self, save_path: str | Path | None = None, console_log: bool = True) -> dict[str, Any]:
         """SimuMax's analysis: print the summary (``console_log``) and, with ``save_path``,

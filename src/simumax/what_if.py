@@ -129,17 +129,21 @@ def check_factor(factor: float) -> None:
         raise ConfigError("--factor", f"must lie in (1, 10]: how many times better a resource is made (got {factor})")
 
 
-def what_if(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig, factor: float = 1.5) -> list[WhatIf]:
+def what_if(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig, factor: float = 1.5,
+            base: float | None = None) -> list[WhatIf]:
     """The iteration time with each resource ``factor`` times better, one at a time, most
     gain first."""
-    return sweep(model, strategy, system, (factor,))
+    return sweep(model, strategy, system, (factor,), base)
 
 
-def sweep(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig, factors: tuple[float, ...]) -> list[WhatIf]:
-    """``what_if`` at each of ``factors`` (ascending), the job as it is estimated once."""
+def sweep(model: ModelConfig, strategy: StrategyConfig, system: SystemConfig, factors: tuple[float, ...],
+          base: float | None = None) -> list[WhatIf]:
+    """``what_if`` at each of ``factors`` (ascending), the job as it is estimated once
+    (``base``: its iteration time, when the caller has it)."""
     for f in factors:
         check_factor(f)
-    base = Estimate(model, strategy, system).cost().duration_time_per_iter
+    if base is None:
+        base = Estimate(model, strategy, system).cost().duration_time_per_iter
     out: list[WhatIf] = []
     for f in sorted(set(factors)):
         rows = [WhatIf(r.name, r.fields, f, Estimate(model, strategy, scaled_system(system, (r,), f)).cost()
