@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from simumax.uncertainty import attribution, fit_band, leave_one_source_out, unmeasured_share
+from simumax.uncertainty import band_share, fit_band, leave_one_source_out
 from simumax.validate import case_source, estimate_for_case, load_cases
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
@@ -25,7 +25,7 @@ def band_rows() -> tuple[list[tuple[str, float, float]], list[tuple[str, float, 
             measured = case.get("measured", {})
             est = estimate_for_case(case, root)
             if measured.get("iter_time_ms") is not None:
-                u = unmeasured_share(attribution(est))
+                u = band_share(est)
                 time_rows.append((source, u, math.log(measured["iter_time_ms"] / 1e3 / est.cost().duration_time_per_iter)))
             if measured.get("peak_alloc_gib") is not None:
                 mem_rows.append((source, 0.0, math.log(measured["peak_alloc_gib"] * 2**30 / est.memory().peak_mem)))

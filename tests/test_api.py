@@ -138,3 +138,20 @@ def test_perf_says_when_overlapped_communication_is_taken_as_free() -> None:
     assert free_overlap(st, measured.network) is None
     r = run_cli("perf", "-m", "llama3-8b", "-s", "tp2_pp1_dp4_mbs1", "-y", "b200-sxm-180gb", "--set", "overlap_grad_reduce=true")
     assert r.returncode == 0 and "overlap_grad_reduce: the overlapped communication takes nothing" in " ".join(r.stdout.split())
+
+
+def test_perf_says_which_share_rests_on_dropless_routing() -> None:
+    """A dropless MoE's routed time rests on tokens per expert the model takes as the
+    balanced mean x moe_load_imbalance: perf says its share in one line and that the band
+    counts it as unmeasured; padded to capacity (SimuMax's MoE files) it says nothing."""
+    from simumax.report.format import approximate_note
+
+    args = ("perf", "--model", "deepseek-v2-lite", "--system", "h100-sxm-80gb", "--strategy", "ep8_pp1_dp8_mbs1", "--set", "layer_num=4")
+    said = " ".join(run_cli(*args).stdout.split())
+    perf = PerfLLM().configure(strategy_config="ep8_pp1_dp8_mbs1", model_config="deepseek-v2-lite", system_config="h100-sxm-80gb")
+    perf.model_config.layer_num = 4
+    note = approximate_note(perf.run_estimate().analysis_cost(), 1.0)
+    assert note is not None and "dropless MoE routing" in note and "moe_load_imbalance 1" in note
+    assert " ".join(note.split()) in said
+    padded = PerfLLM().configure(strategy_config="ep8_pp1_dp8_mbs1", model_config="deepseekv2-lite", system_config="h100-sxm-80gb")
+    assert approximate_note(padded.run_estimate().analysis_cost(), 1.0) is None

@@ -11,7 +11,9 @@ import pytest
 
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.estimate import Estimate
-from simumax.uncertainty import MEMORY_BAND, TIME_BAND, BandParams, attribution, fit_band, leave_one_source_out, unmeasured_share
+from simumax.graph.kernels import Collective, MemBound
+from simumax.uncertainty import (MEMORY_BAND, TIME_BAND, BandParams, approximated, attribution, band_share, fit_band,
+                                leave_one_source_out, unmeasured_share)
 from tests.conftest import ROOT, needs_shared
 
 
@@ -74,6 +76,64 @@ def test_collectives_on_a_datasheet_tier_widen_the_band() -> None:
     c1, c2 = measured.cost(), blind_comm.cost()
     assert c1.duration_time_per_iter == c2.duration_time_per_iter  # the point estimate never moves
     assert c2.duration_time_interval[1] / c2.duration_time_interval[0] > c1.duration_time_interval[1] / c1.duration_time_interval[0]
+
+
+def _by_hand(est: Estimate) -> tuple[float, set[str]]:
+    """u of an estimate summed from its ops: compute and collective seconds of one
+    micro-batch through every chunk, measured ones not counted as measured where the op
+    rests on a guessed size; and the modules flagged."""
+    total = measured = 0.0
+    flagged: set[str] = set()
+    for chunk in est.chunks:
+        for op in chunk.ops:
+            if op.approximate:
+                flagged.add(op.module)
+            for phase in op.phase_kernels():
+                for k in phase:
+                    if isinstance(k, MemBound):
+                        continue
+                    if isinstance(k, Collective):
+                        t, ok = est.network.time(k), est.network.measured(k.group)
+                    else:
+                        t, _, src = est.compute_model.seconds_and_source(k)
+                        ok = src == "measured"
+                    total += t
+                    measured += t if ok and not op.approximate else 0.0
+    return 1.0 - measured / total, flagged
+
+
+def test_dropless_moe_routing_counts_as_unmeasured() -> None:
+    """Issue 20 (the band's width follows mechanisms flagged approximate): a dropless MoE's
+    tokens per expert are the data's routing, which the model takes as the balanced mean x
+    moe_load_imbalance, so the routed ops' kernels are a measured rate at a guessed size and
+    count as unmeasured. DeepSeek-V2's layers on the A100 PCIe tables: padded to capacity,
+    every kernel is in the tables, nothing is flagged and u ~ 0; dropless, the dispatch,
+    experts and combine are flagged, u (summed by hand from the ops) adds their measured
+    seconds to the expert shapes the table lacks, and the band widens.
+    The all-gather dispatcher's collectives move every token: only the experts are flagged."""
+    sy = load_system("a100_pcie")
+    st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"ep_size": 8})
+    padded = load_model("deepseekv2").with_updates({"layer_num": 2})
+    dropless = padded.with_updates({"moe_pad_expert_input_to_capacity": False, "capacity": None})
+    est_p, est_d = Estimate(padded, st, sy), Estimate(dropless, st, sy)
+    u_p, flagged_p = _by_hand(est_p)
+    u_d, flagged_d = _by_hand(est_d)
+    assert flagged_p == set() and approximated(est_p) == {}
+    assert flagged_d == {"dispatch", "expert_fc1", "moe_act", "expert_fc2", "combine"}
+    assert band_share(est_p) == pytest.approx(u_p, abs=1e-9) and u_p < 0.01
+    assert band_share(est_d) == pytest.approx(u_d, rel=1e-9) and 0.2 < u_d < 0.9
+    assert band_share(est_d) > unmeasured_share(attribution(est_d)) + 0.1  # the flag, beyond the fitted expert shapes
+    c_p, c_d = est_p.cost(), est_d.cost()
+    assert c_d.unmeasured_share == band_share(est_d)
+    width = lambda c: c.duration_time_interval[1] / c.duration_time_interval[0]  # noqa: E731
+    assert width(c_d) > width(c_p)
+    lo, hi = c_d.duration_time_interval
+    assert lo < c_d.duration_time_per_iter < hi
+    assert c_d.efficiency_lookups["approximate"]["moe_routing"] == pytest.approx(approximated(est_d)["moe_routing"])
+    # the flag moves the band only: the same sizes without it give the same point estimate
+    assert c_d.duration_time_per_iter == Estimate(dropless, st, sy).cost(band=False).duration_time_per_iter
+    gathered = Estimate(dropless, st.with_updates({"moe_dispatcher_policy": "all_gather"}), sy)
+    assert _by_hand(gathered)[1] == {"expert_fc1", "moe_act", "expert_fc2"}
 
 
 def test_fit_band_by_hand() -> None:

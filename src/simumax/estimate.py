@@ -37,7 +37,7 @@ from simumax.schedule.one_f_one_b import pipeline_time
 from simumax.simulate.engine import PassCosts, PipelineOptions, PipelineRun
 from simumax.simulate.iteration import IterationRun, pass_costs, simulate_iteration
 from simumax.simulate.steady import steady_pipeline, steady_walk_counts
-from simumax.uncertainty import TIME_BAND, attribution, unmeasured_share
+from simumax.uncertainty import TIME_BAND, band_share
 
 @dataclass
 class Estimate(DataParallelStep):
@@ -256,7 +256,7 @@ class Estimate(DataParallelStep):
         tput = tokens / total / world
         bands: dict[str, Any] = {}
         if band:
-            u = unmeasured_share(attribution(self))
+            u = band_share(self)
             lo, hi = TIME_BAND.interval(total, u)
             bands = dict(
                 efficiency_lookups=self.kernel_sources.to_dict(), duration_time_interval=(lo, hi),

@@ -9,7 +9,10 @@ every model chunk by that source. The share not measured, u, sets the band in lo
 
 so a prediction from measured tables gets the narrow band the measured validation files
 show, and a blind preset the wider, upward-shifted one the published runs show (blind
-predictions have been fast). a, s0, s1 are fitted by ``fit_band`` on the validation files
+predictions have been fast). A kernel measured in a table but run at a size the configs do
+not fix — an op that rests on a mechanism the model takes as an expectation
+(``Op.approximate``: a dropless MoE's tokens per expert) —
+counts as unmeasured: its seconds are a measured rate times a guessed size. a, s0, s1 are fitted by ``fit_band`` on the validation files
 (``docs/make_uncertainty.py``; leave-one-source-out coverage in docs/validation.md); the
 shipped values are ``TIME_BAND``. Memory gets a band of its own from the memory rows
 (allocator fragmentation, NCCL and library buffers the walk does not see).
@@ -71,13 +74,34 @@ def compute_shares(attr: dict[str, float]) -> dict[str, float]:
     return {src: (t / whole if whole > 0 else 0.0) for src, t in parts.items()}
 
 
-def unmeasured_share(attr: dict[str, float]) -> float:
+def approximated(est: "Estimate") -> dict[str, float]:
+    """Compute and collective seconds of one micro-batch through every chunk whose sizes
+    rest on a mechanism the configs do not fix, per mechanism (``Op.approximate``), and of
+    those the seconds of measured kernels (key ``"<mechanism>/measured"``)."""
+    out: dict[str, float] = defaultdict(float)
+    for key, t in est.kernel_sources.approximate.items():
+        mech, src = key.rsplit("/", 1)
+        out[mech] += t
+        if src == "measured":
+            out[f"{mech}/measured"] += t
+    return dict(out)
+
+
+def unmeasured_share(attr: dict[str, float], approx: dict[str, float] | None = None) -> float:
     """Share of the compute-kernel and collective seconds that nothing measured gave: no
-    measured table entry, or a network tier from a datasheet (issue 20: the band's width
-    follows where the time came from)."""
+    measured table entry, a network tier from a datasheet (issue 20: the band's width
+    follows where the time came from), or a measured kernel at a size a mechanism the
+    configs do not fix guessed (``approx``: ``approximated``'s seconds)."""
     total = sum(v for k, v in attr.items() if k.startswith(("compute/", "comm/")))
     measured = attr.get("compute/measured", 0.0) + attr.get("comm/measured", 0.0)
+    if approx:
+        measured -= sum(t for k, t in approx.items() if k.endswith("/measured"))
     return 0.0 if total <= 0 else 1.0 - measured / total
+
+
+def band_share(est: "Estimate") -> float:
+    """The u of an estimate's band: ``unmeasured_share`` with its approximate mechanisms."""
+    return unmeasured_share(attribution(est), approximated(est))
 
 
 def fit_band(rows: Iterable[tuple[str, float, float]]) -> BandParams:

@@ -92,6 +92,9 @@ def perf(
     held = fmt.nccl_sms_note(st, p.estimate.network)
     if held:
         cli.out_console.print(held, markup=False)
+    guessed = fmt.approximate_note(cost, m.moe_load_imbalance)
+    if guessed:
+        cli.out_console.print(f"[yellow]{guessed}[/]")
     misses = cost.efficiency_lookups.get("misses", {})
     if misses:
         shares = compute_shares(attribution(p.estimate))

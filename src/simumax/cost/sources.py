@@ -21,6 +21,10 @@ class KernelSources:
     counts: dict[str, int] = field(default_factory=dict)  # "family/source" -> kernels
     seconds: dict[str, float] = field(default_factory=dict)  # "family/source" -> s
     misses: dict[str, int] = field(default_factory=dict)  # "family: key" -> kernels not measured
+    # "<mechanism>/measured" or "<mechanism>/other" -> s: compute and collective seconds of
+    # ops whose sizes rest on a mechanism the configs do not fix (Op.approximate), split by
+    # whether the kernel's own time was measured (those the band counts as unmeasured)
+    approximate: dict[str, float] = field(default_factory=dict)
 
     def add(self, other: "KernelSources", times: int = 1) -> None:
         """Add ``other`` ``times`` times (seconds one addition after another: what adding
@@ -28,18 +32,19 @@ class KernelSources:
         for mine, theirs in ((self.counts, other.counts), (self.misses, other.misses)):
             for k, n in theirs.items():
                 mine[k] = mine.get(k, 0) + n * times
-        seconds = self.seconds
-        for k, v in other.seconds.items():
-            x = seconds.get(k, 0.0)
-            for _ in range(times):
-                x += v
-            seconds[k] = x
+        for mine_s, theirs_s in ((self.seconds, other.seconds), (self.approximate, other.approximate)):
+            for k, v in theirs_s.items():
+                x = mine_s.get(k, 0.0)
+                for _ in range(times):
+                    x += v
+                mine_s[k] = x
 
     def to_dict(self) -> dict[str, Any]:
         """``CostResult.efficiency_lookups``: hits (measured kernels by family), misses (every
         shape not measured, with its count), sources (kernels by family and source) and
         seconds (the same in seconds; collectives as ``comm/<group>``, measured or default:
-        a tier from a datasheet)."""
+        a tier from a datasheet) and approximate (compute and collective seconds per mechanism
+        the configs do not fix, ``Op.approximate``)."""
         sources: dict[str, dict[str, int]] = {}
         seconds: dict[str, dict[str, float]] = {}
         for key in sorted(set(self.counts) | set(self.seconds)):
@@ -50,14 +55,20 @@ class KernelSources:
             else:
                 seconds.setdefault(fam, {})[src] = self.seconds.get(key, 0.0)
         hits = {fam: n["measured"] for fam, n in sources.items() if n["measured"] and not fam.startswith(("memory/", "comm/"))}
-        return {"hits": hits, "misses": dict(sorted(self.misses.items())), "sources": sources, "seconds": seconds}
+        approximate: dict[str, float] = {}
+        for key, t in sorted(self.approximate.items()):
+            mech = key.rsplit("/", 1)[0]
+            approximate[mech] = approximate.get(mech, 0.0) + t
+        return {"hits": hits, "misses": dict(sorted(self.misses.items())), "sources": sources, "seconds": seconds,
+                "approximate": approximate}
 
 
 def of_ops(ops: list[Op], compute: ComputeModel, network: NetworkModel) -> KernelSources:
     out = KernelSources()
-    counts, seconds, misses = out.counts, out.seconds, out.misses
+    counts, seconds, misses, approx = out.counts, out.seconds, out.misses, out.approximate
     comm_keys: dict[str, str] = {}  # group -> "comm/<group>/<source>"
     for op in ops:
+        mech = op.approximate
         for phase in op.phase_kernels():
             for k in phase:
                 kind = type(k)
@@ -74,4 +85,7 @@ def of_ops(ops: list[Op], compute: ComputeModel, network: NetworkModel) -> Kerne
                         misses[miss] = misses.get(miss, 0) + 1
                 counts[key] = counts.get(key, 0) + 1
                 seconds[key] = seconds.get(key, 0.0) + t
+                if mech and kind is not MemBound:  # the band's u counts compute and collectives only
+                    a = f"{mech}/{'measured' if key.endswith('/measured') else 'other'}"
+                    approx[a] = approx.get(a, 0.0) + t
     return out

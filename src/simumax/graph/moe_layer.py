@@ -78,6 +78,17 @@ class MoeDims:
             if st.moe_dispatcher_policy == "flex" else None,
         )
 
+    @staticmethod
+    def approximate(sends: bool, pad: bool, dispatcher: str) -> str:
+        """What a routed op's sizes rest on that the configs do not fix (Op.approximate;
+        ``sends``: the dispatch or combine op). Without padding to capacity (always so with
+        the flex dispatcher) the rows each expert gets are the data's routing, taken as the
+        balanced mean x ``moe_load_imbalance``, and so are the all-to-all's volume and the
+        flex dispatcher's fan-out; the all-gather dispatcher's collectives move every token."""
+        if pad or (sends and dispatcher == "all_gather"):
+            return ""
+        return "moe_routing"
+
     @property
     def expert_rows(self) -> int:
         """Rows all local experts process together on the busiest rank."""
@@ -359,15 +370,22 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
     if st.moe_apply_probs_on_input:
         op, fc1_in = _probs_on_input(P, layer, md, tokens, h, ab)
         on_input.append(op)
-    ops = [
-        blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance, residual=True).with_(output=ln_out),
-        _router(P, layer, model, st, d, md, ln_out, h, local),
+    routed_ops = [
         dispatch,
         *on_input,
         _experts(P, "expert_fc1", "expert_fc1", layer, st, md, fc1_in, h, fc1_n, bias=model.add_bias_linear).with_(output=fc1_out),
         act,
         _experts(P, "expert_fc2", "expert_fc2", layer, st, md, act_out, md.ffn, h, bias=model.add_bias_linear).with_(output=fc2_out),
         combine,
+    ]
+    for i, op in enumerate(routed_ops):
+        guess = MoeDims.approximate(op.module in ("dispatch", "combine"), pad, st.moe_dispatcher_policy)
+        if guess:
+            routed_ops[i] = op.with_(approximate=guess)
+    ops = [
+        blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance, residual=True).with_(output=ln_out),
+        _router(P, layer, model, st, d, md, ln_out, h, local),
+        *routed_ops,
     ]
     if model.moe_shared_expert_intermediate_size:
         ops += [*shared_expert_ops(P, layer, model, st, d, ln_out),

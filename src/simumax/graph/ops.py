@@ -46,6 +46,11 @@ class Op(NamedTuple):
     weight_shapes: tuple[tuple[int, int], ...] = ()  # TE linear weights on this rank
     recompute_group: str | None = None
     offloads: tuple[Tensor, ...] = ()  # activation offload op (graph/offload.py): the layer's tensors moved to host
+    # the mechanism this op's sizes rest on where the configs do not fix them ("" where they
+    # do): "moe_routing", a dropless MoE's tokens per expert taken as the balanced mean x
+    # moe_load_imbalance. Its measured kernels count as unmeasured in the uncertainty band
+    # (simumax/uncertainty.py)
+    approximate: str = ""
 
     def kernels(self, phase: str) -> tuple[Kernel, ...]:
         if phase == "recompute":

@@ -93,6 +93,25 @@ def nccl_sms_note(st: StrategyConfig, network: NetworkModel) -> str | None:
             "(docs/modeling.md, \"NCCL's SMs beside the overlapped data-parallel collectives\")")
 
 
+APPROXIMATE_MECHANISMS = {
+    "moe_routing": "dropless MoE routing (tokens per expert: the balanced mean x moe_load_imbalance {imb:g})",
+}
+
+
+def approximate_note(cost: CostResult, imbalance: float) -> str | None:
+    """One line when part of the compute and collective time rests on a mechanism the
+    configs do not fix (Op.approximate): which, and its share; the band counts it as
+    unmeasured (simumax/uncertainty.py)."""
+    approx = cost.efficiency_lookups.get("approximate") or {}
+    seconds = cost.efficiency_lookups.get("seconds", {})
+    total = sum(t for fam, by in seconds.items() if not fam.startswith("memory/") for t in by.values())
+    if not approx or total <= 0:
+        return None
+    parts = "; ".join(f"{t / total:.0%} on {APPROXIMATE_MECHANISMS.get(m, m).format(imb=imbalance)}"
+                      for m, t in approx.items())
+    return f"of the GEMM / attention / collective time, {parts}: counted as unmeasured in the 80 % band"
+
+
 def summary_table(cost: CostResult, mem: MemResult) -> Table:
     t = Table(show_header=False)
     t.add_column("metric")
