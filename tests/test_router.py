@@ -174,6 +174,33 @@ def test_router_flags_import_export() -> None:
         assert getattr(m, name) == getattr(m0, name), name
 
 
+def test_forced_load_balancing_random_logits() -> None:
+    """--moe-router-force-load-balancing (megatron-core 0.19 router.py TopKRouter.forward,
+    moe_utils.RandomSTE): the logits' clone filled by normal_ before the routing chain (read and
+    write, then write, of tokens x experts bf16), a straight-through backward (no kernel). The
+    tokens then spread uniformly at random: the routed ops rest on no guessed routing (not
+    flagged approximate, tests/test_uncertainty.py), moe_load_imbalance must stay 1, and the
+    flag round-trips through Megatron's arguments."""
+    from simumax.export.megatron_flags import model_flags
+    from simumax.importers.megatron_args import parse_megatron_args
+
+    f, b, fwd, _ = _router(moe_router_force_load_balancing=True)
+    default_f, default_b, _, _ = _router()
+    assert f == ["random_logits.clone", "random_logits.normal", *default_f] and b == default_b
+    te = 4096 * 64.0
+    assert [k.bytes for k in fwd[1:3]] == [2 * te * 2, te * 2]
+    dropless = _moe().with_updates({"moe_pad_expert_input_to_capacity": False, "capacity": None})
+    m = dropless.with_updates({"moe_router_force_load_balancing": True})
+    assert not any(op.approximate for op in _est_on(m).chunks[0].ops)
+    assert {op.module for op in _est_on(dropless).chunks[0].ops if op.approximate} >= {"dispatch", "expert_fc1", "combine"}
+    with pytest.raises(ConfigError, match="moe_load_imbalance"):
+        _moe().with_updates({"moe_router_force_load_balancing": True, "moe_load_imbalance": 1.2})
+    flags = model_flags(m)
+    assert "--moe-router-force-load-balancing" in flags
+    back, _, notes = parse_megatron_args(flags + ["--seq-length", "2048", "--bf16"])
+    assert back.moe_router_force_load_balancing and not any("force-load" in n for n in notes)
+
+
 # ---- moe_router_dtype fp32 -------------------------------------------------------------------
 def test_fp32_router_kernels_by_hand() -> None:
     """Forward: the gating GEMM writes fp32; the chain reads and writes 4-byte logits and

@@ -80,6 +80,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--moe-shared-expert-gate": ("m", "moe_shared_expert_gate", True),
     "--moe-router-pre-softmax": ("m", "moe_router_pre_softmax", True),
     "--moe-router-enable-expert-bias": ("m", "moe_router_enable_expert_bias", True),
+    "--moe-router-force-load-balancing": ("m", "moe_router_force_load_balancing", True),
     "--sequence-parallel": ("s", "enable_sequence_parallel", True),
     "--qk-layernorm": ("m", "qk_layernorm", True),
     "--attention-output-gate": ("m", "attention_output_gate", True),

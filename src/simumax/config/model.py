@@ -101,6 +101,10 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         False, description="Aux-loss-free balancing: a per-expert bias on the routing scores (DeepSeek-V3)."
     )
     moe_z_loss_coeff: float | None = Field(None, gt=0, description="Router z-loss coefficient; absent means none.")
+    moe_router_force_load_balancing: bool = Field(
+        False, description="Megatron --moe-router-force-load-balancing (benchmarks): the router's logits replaced by "
+        "random ones, so tokens spread over the experts uniformly at random, the balanced mean (moe_load_imbalance 1).",
+    )
     no_rope_freq: int | list[int] | None = Field(
         None, description="Layers without RoPE (NoPE; Megatron --no-rope-freq, Llama 4): N, every N-th layer (layer i "
         "when (i + 1) % N == 0, N dividing layer_num); or a 0/1 list, 1 for NoPE. Null: RoPE on every layer.",
@@ -158,6 +162,9 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
             for name in ("expert_num", "topk"):
                 if getattr(self, name) is None:
                     raise ConfigError(name, "required when model_type is 'moe'")
+            if self.moe_router_force_load_balancing and self.moe_load_imbalance != 1:
+                raise ConfigError("moe_load_imbalance", "must be 1 with moe_router_force_load_balancing: random logits "
+                                  "spread the tokens over the experts at the balanced mean")
             if self.topk > self.expert_num:
                 raise ConfigError("topk", f"must be <= expert_num ({self.expert_num})")
             if self.dense_layers > self.layer_num:

@@ -27,7 +27,7 @@ DISPATCHERS = {"all2all": "alltoall", "all_gather": "allgather", "flex": "flex"}
 ROUTER_DEFAULTS = {
     "moe_router_score_function": "softmax", "moe_router_pre_softmax": False, "moe_router_num_groups": None,
     "moe_router_group_topk": None, "moe_router_topk_scaling_factor": None, "moe_router_load_balancing_type": "aux_loss",
-    "moe_router_enable_expert_bias": False, "moe_z_loss_coeff": None,
+    "moe_router_enable_expert_bias": False, "moe_z_loss_coeff": None, "moe_router_force_load_balancing": False,
 }
 
 

@@ -79,13 +79,15 @@ class MoeDims:
         )
 
     @staticmethod
-    def approximate(sends: bool, pad: bool, dispatcher: str) -> str:
+    def approximate(sends: bool, pad: bool, dispatcher: str, forced: bool = False) -> str:
         """What a routed op's sizes rest on that the configs do not fix (Op.approximate;
         ``sends``: the dispatch or combine op). Without padding to capacity (always so with
         the flex dispatcher) the rows each expert gets are the data's routing, taken as the
         balanced mean x ``moe_load_imbalance``, and so are the all-to-all's volume and the
-        flex dispatcher's fan-out; the all-gather dispatcher's collectives move every token."""
-        if pad or (sends and dispatcher == "all_gather"):
+        flex dispatcher's fan-out; the all-gather dispatcher's collectives move every token,
+        and random logits (``forced``: moe_router_force_load_balancing) make the balanced
+        mean the routing's own expectation."""
+        if pad or forced or (sends and dispatcher == "all_gather"):
             return ""
         return "moe_routing"
 
@@ -379,7 +381,8 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         combine,
     ]
     for i, op in enumerate(routed_ops):
-        guess = MoeDims.approximate(op.module in ("dispatch", "combine"), pad, st.moe_dispatcher_policy)
+        guess = MoeDims.approximate(op.module in ("dispatch", "combine"), pad, st.moe_dispatcher_policy,
+                                    model.moe_router_force_load_balancing)
         if guess:
             routed_ops[i] = op.with_(approximate=guess)
     ops = [

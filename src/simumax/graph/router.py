@@ -5,6 +5,9 @@ choose. Each small kernel costs at least its launch latency, so the chain is lis
 by kernel (bytes: what it reads and writes).
 
 Forward, in order:
+* forced load balancing (``moe_router_force_load_balancing``, a benchmark option): the
+  logits replaced by random ones (``moe_utils.RandomSTE``: a clone of the logits filled by
+  ``normal_`` from a per-rank generator; its backward passes the gradient through, no kernel);
 * z-loss (``moe_z_loss_coeff``): logsumexp of the logits, its square's mean;
 * scores: ``softmax`` pre-top-k (softmax over all experts, then top-k), or post (top-k of
   the logits, softmax over the k); ``sigmoid``: sigmoid of the logits, plus the expert bias
@@ -108,6 +111,8 @@ def router_kernels(model: ModelConfig, d: Dims, P: str, tokens: int, h: int, cap
     lb = model.moe_router_load_balancing_type
     chain: list[tuple[str, float]] = []
     back: list[tuple[str, float]] = []
+    if model.moe_router_force_load_balancing:
+        chain += [("random_logits.clone", 2 * te * ab), ("random_logits.normal", te * ab)]
     if model.moe_z_loss_coeff:
         chain += [("z_loss.logsumexp", te * ab + t * FP32), ("z_loss.mean", 2 * t * FP32)]
     routed, routed_back = _fused_score_topk(te, ab) if fused else _score_topk(model, t, ab)

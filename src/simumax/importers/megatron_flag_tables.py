@@ -29,7 +29,6 @@ NO_EFFECT = frozenset({
     "--te-rng-tracker", "--inference-rng-tracker", "--use-cpu-initialization", "--tp-comm-bootstrap-backend",
     "--use-rope-scaling", "--rotary-seq-len-interpolation-factor", "--moe-token-drop-policy",
     "--rampup-batch-size",  # the first iterations' smaller batches; steady steps run the global batch
-    "--moe-router-force-load-balancing",  # balanced routing, which the model assumes anyway
     "--apply-query-key-layer-scaling",  # folded into the softmax scale (dot_product_attention.py)
     # RoPE variants: the same rotation kernel over the same elements, other frequencies
     "--rope-type", "--rope-scaling-factor", "--mrope-section", "--yarn-original-max-position-embeddings", "--yarn-beta-fast",
