@@ -142,7 +142,7 @@ def test_perf_says_when_overlapped_communication_is_taken_as_free() -> None:
 
 def test_perf_says_which_share_rests_on_dropless_routing() -> None:
     """A dropless MoE's routed time rests on tokens per expert the model takes as the
-    balanced mean x moe_load_imbalance: perf says its share in one line and that the band
+    random routing's x moe_load_imbalance: perf says its share in one line and that the band
     counts it as unmeasured; padded to capacity (SimuMax's MoE files) it says nothing."""
     from simumax.report.format import approximate_note
 

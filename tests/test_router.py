@@ -178,7 +178,7 @@ def test_forced_load_balancing_random_logits() -> None:
     """--moe-router-force-load-balancing (megatron-core 0.19 router.py TopKRouter.forward,
     moe_utils.RandomSTE): the logits' clone filled by normal_ before the routing chain (read and
     write, then write, of tokens x experts bf16), a straight-through backward (no kernel). The
-    tokens then spread uniformly at random: the routed ops rest on no guessed routing (not
+    tokens then route uniformly at random, as modelled: the routed ops rest on no guess (not
     flagged approximate, tests/test_uncertainty.py), moe_load_imbalance must stay 1, and the
     flag round-trips through Megatron's arguments."""
     from simumax.export.megatron_flags import model_flags

@@ -104,7 +104,7 @@ def _by_hand(est: Estimate) -> tuple[float, set[str]]:
 
 def test_dropless_moe_routing_counts_as_unmeasured() -> None:
     """Issue 20 (the band's width follows mechanisms flagged approximate): a dropless MoE's
-    tokens per expert are the data's routing, which the model takes as the balanced mean x
+    tokens per expert are the data's routing, which the model takes as random routing's x
     moe_load_imbalance, so the routed ops' kernels are a measured rate at a guessed size and
     count as unmeasured. DeepSeek-V2's layers on the A100 PCIe tables: padded to capacity,
     every kernel is in the tables, nothing is flagged and u ~ 0; dropless, the dispatch,

@@ -76,7 +76,8 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
     moe_pad_expert_input_to_capacity: bool = Field(False, description="Pad each expert's tokens to capacity.")
     capacity: float | None = Field(None, gt=0, le=1000, description="MoE capacity factor (with padding).")
     moe_load_imbalance: float = Field(
-        1.0, ge=1.0, le=1000, description="Max-loaded expert / mean load; 1 is balanced routing."
+        1.0, ge=1.0, le=1000, description="Dropless routing's skew: the busiest EP rank's rows over what routing "
+        "tokens uniformly at random gives it (whose spread over the ranks is modelled); 1: as even as random.",
     )
     # MoE routing (Megatron's names and defaults: they choose the router's kernel chain)
     moe_router_score_function: Literal["softmax", "sigmoid"] = Field(
@@ -103,7 +104,7 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
     moe_z_loss_coeff: float | None = Field(None, gt=0, description="Router z-loss coefficient; absent means none.")
     moe_router_force_load_balancing: bool = Field(
         False, description="Megatron --moe-router-force-load-balancing (benchmarks): the router's logits replaced by "
-        "random ones, so tokens spread over the experts uniformly at random, the balanced mean (moe_load_imbalance 1).",
+        "random ones, so tokens spread over the experts uniformly at random (moe_load_imbalance 1).",
     )
     no_rope_freq: int | list[int] | None = Field(
         None, description="Layers without RoPE (NoPE; Megatron --no-rope-freq, Llama 4): N, every N-th layer (layer i "
@@ -163,8 +164,8 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
                 if getattr(self, name) is None:
                     raise ConfigError(name, "required when model_type is 'moe'")
             if self.moe_router_force_load_balancing and self.moe_load_imbalance != 1:
-                raise ConfigError("moe_load_imbalance", "must be 1 with moe_router_force_load_balancing: random logits "
-                                  "spread the tokens over the experts at the balanced mean")
+                raise ConfigError("moe_load_imbalance", "must be 1 with moe_router_force_load_balancing: its random "
+                                  "logits route tokens uniformly at random, the spread the model takes")
             if self.topk > self.expert_num:
                 raise ConfigError("topk", f"must be <= expert_num ({self.expert_num})")
             if self.dense_layers > self.layer_num:

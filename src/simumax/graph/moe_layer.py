@@ -11,9 +11,10 @@ once per routed expert (the all-to-all's ``fanout``, costed in cost/network.py).
 
 Sizes per rank (see ``MoeDims``): each rank routes its own sequence-sharded tokens; with
 a capacity factor and ``moe_pad_expert_input_to_capacity`` every expert receives exactly
-``capacity`` rows from every source rank, otherwise (dropless) the balanced mean,
-scaled on the busiest rank by ``moe_load_imbalance`` (max-loaded / mean), capped at
-capacity when a capacity factor drops tokens.
+``capacity`` rows from every source rank, otherwise (dropless) the balanced mean, scaled on
+the busiest rank by random routing's spread over the EP ranks (graph/moe_sampling.py) and
+``moe_load_imbalance`` (the routing's own skew), capped at capacity when a capacity factor
+drops tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from simumax.graph import blocks, linears
 from simumax.graph import fp8 as fp8_recipe
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective, Fanout, Gemm, GroupGemm, Kernel, MemBound
+from simumax.graph.moe_sampling import busiest_rank_factor
 from simumax.graph.ops import Op, Tensor
 from simumax.graph.router import fp32_gemm_kernels, router_kernels
 from simumax.graph.shared_experts import shared_expert_ops
@@ -59,7 +61,11 @@ class MoeDims:
         if cap is not None and model.moe_pad_expert_input_to_capacity:
             busiest = balanced = float(cap)
         else:
-            busiest = mean * model.moe_load_imbalance
+            # the busiest EP rank's rows: random routing's spread (graph/moe_sampling.py) times
+            # the routing's own skew
+            spread = busiest_rank_factor(t * ep * etp, E, E // ep, k, ep, model.moe_router_num_groups or 0,
+                                         model.moe_router_group_topk or 0)
+            busiest = mean * spread * model.moe_load_imbalance
             balanced = mean
             if cap is not None:
                 busiest, balanced = min(busiest, cap), min(balanced, cap)
@@ -82,11 +88,11 @@ class MoeDims:
     def approximate(sends: bool, pad: bool, dispatcher: str, forced: bool = False) -> str:
         """What a routed op's sizes rest on that the configs do not fix (Op.approximate;
         ``sends``: the dispatch or combine op). Without padding to capacity (always so with
-        the flex dispatcher) the rows each expert gets are the data's routing, taken as the
-        balanced mean x ``moe_load_imbalance``, and so are the all-to-all's volume and the
-        flex dispatcher's fan-out; the all-gather dispatcher's collectives move every token,
-        and random logits (``forced``: moe_router_force_load_balancing) make the balanced
-        mean the routing's own expectation."""
+        the flex dispatcher) the rows each expert gets are the data's routing, taken as
+        uniformly random routing's (graph/moe_sampling.py) x ``moe_load_imbalance``, and so
+        are the all-to-all's volume and the flex dispatcher's fan-out; the all-gather
+        dispatcher's collectives move every token, and random logits (``forced``:
+        moe_router_force_load_balancing) route uniformly at random, as modelled."""
         if pad or forced or (sends and dispatcher == "all_gather"):
             return ""
         return "moe_routing"

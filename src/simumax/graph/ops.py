@@ -47,9 +47,9 @@ class Op(NamedTuple):
     recompute_group: str | None = None
     offloads: tuple[Tensor, ...] = ()  # activation offload op (graph/offload.py): the layer's tensors moved to host
     # the mechanism this op's sizes rest on where the configs do not fix them ("" where they
-    # do): "moe_routing", a dropless MoE's tokens per expert taken as the balanced mean x
-    # moe_load_imbalance. Its measured kernels count as unmeasured in the uncertainty band
-    # (simumax/uncertainty.py)
+    # do): "moe_routing", a dropless MoE's tokens per expert taken as uniformly random
+    # routing's x moe_load_imbalance. Its measured kernels count as unmeasured in the
+    # uncertainty band (simumax/uncertainty.py)
     approximate: str = ""
 
     def kernels(self, phase: str) -> tuple[Kernel, ...]:

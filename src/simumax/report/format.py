@@ -94,7 +94,7 @@ def nccl_sms_note(st: StrategyConfig, network: NetworkModel) -> str | None:
 
 
 APPROXIMATE_MECHANISMS = {
-    "moe_routing": "dropless MoE routing (tokens per expert: the balanced mean x moe_load_imbalance {imb:g})",
+    "moe_routing": "dropless MoE routing (tokens per expert: uniformly random routing's x moe_load_imbalance {imb:g})",
 }
 
 
