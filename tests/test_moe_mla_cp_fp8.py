@@ -13,7 +13,7 @@ from simumax.config.loader import load_model, load_system
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 from simumax.graph.kernels import Attention, Collective, GroupGemm
-from simumax.graph.moe_sampling import busiest_rank_factor
+from simumax.graph.moe_rows import busiest_rank_factor
 
 
 def _est(model, **strategy) -> Estimate:
@@ -62,7 +62,7 @@ def test_dispatch_all_to_all_volume_padded_to_capacity() -> None:
 
 def test_dispatch_volume_dropless_with_imbalance() -> None:
     """Mixtral, EP4, dropless: a rank sends tokens * topk rows; the busiest receives that
-    times random routing's spread over the 4 ranks (graph/moe_sampling.py) and the
+    times random routing's spread over the 4 ranks (graph/moe_rows.py) and the
     imbalance, and its experts compute imbalance x the rows without it."""
     m = load_model("mixtral-8x7b").with_updates({"layer_num": 1, "moe_pad_expert_input_to_capacity": False, "capacity": None})
     base = _est(m, world_size=4, ep_size=4)

@@ -9,98 +9,26 @@ swaps dispatch/combine for an all-gather of all tokens and a reduce-scatter of t
 ``flex`` (DeepEP / HybridEP) sends each token once per destination node and rank instead of
 once per routed expert (the all-to-all's ``fanout``, costed in cost/network.py).
 
-Sizes per rank (see ``MoeDims``): each rank routes its own sequence-sharded tokens; with
-a capacity factor and ``moe_pad_expert_input_to_capacity`` every expert receives exactly
-``capacity`` rows from every source rank, otherwise (dropless) the balanced mean, scaled on
-the busiest rank by random routing's spread over the EP ranks (graph/moe_sampling.py) and
-``moe_load_imbalance`` (the routing's own skew), capped at capacity when a capacity factor
-drops tokens.
+Sizes per rank: ``MoeDims`` (graph/moe_rows.py).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks, linears
 from simumax.graph import fp8 as fp8_recipe
 from simumax.graph.dims import Dims
-from simumax.graph.kernels import Collective, Fanout, Gemm, GroupGemm, Kernel, MemBound
-from simumax.graph.moe_sampling import busiest_rank_factor
+from simumax.graph.kernels import Collective, Gemm, GroupGemm, Kernel, MemBound
+from simumax.graph.moe_rows import MoeDims
 from simumax.graph.ops import Op, Tensor
 from simumax.graph.router import fp32_gemm_kernels, router_kernels
 from simumax.graph.shared_experts import shared_expert_ops
 
 FP32 = 4
 INDEX = 4  # int32 row-id maps
-
-
-@dataclass(frozen=True, slots=True)
-class MoeDims:
-    tokens: int  # tokens this rank routes (sequence-sharded with SP)
-    experts: int
-    local_experts: int
-    topk: int
-    ep: int
-    etp: int
-    ffn: int  # expert hidden per ETP rank
-    rows_sent: int  # rows this rank sends in dispatch (all its tokens' copies)
-    rows_received: int  # rows arriving at the busiest rank from the EP all-to-all
-    rows_per_expert: int  # grouped-GEMM M: rows per local expert after the ETP all-gather
-    fanout: Fanout | None = None  # the flex dispatcher's routing (one send per destination: cost/moe_fanout.py)
-
-    @classmethod
-    def of(cls, model: ModelConfig, st: StrategyConfig, d: Dims) -> "MoeDims":
-        E, k = model.expert_num, model.topk
-        ep, etp = st.ep_size, st.etp_size
-        t = d.local_tokens
-        mean = t * k / E
-        cap = math.ceil(mean * model.capacity) if model.capacity else None
-        if cap is not None and model.moe_pad_expert_input_to_capacity:
-            busiest = balanced = float(cap)
-        else:
-            # the busiest EP rank's rows: random routing's spread (graph/moe_sampling.py) times
-            # the routing's own skew
-            spread = busiest_rank_factor(t * ep * etp, E, E // ep, k, ep, model.moe_router_num_groups or 0,
-                                         model.moe_router_group_topk or 0)
-            busiest = mean * spread * model.moe_load_imbalance
-            balanced = mean
-            if cap is not None:
-                busiest, balanced = min(busiest, cap), min(balanced, cap)
-        return cls(
-            tokens=t,
-            experts=E,
-            local_experts=E // ep,
-            topk=k,
-            ep=ep,
-            etp=etp,
-            ffn=model.moe_ffn // etp,
-            rows_sent=math.ceil(balanced * E),
-            rows_received=math.ceil(busiest * E),
-            rows_per_expert=math.ceil(busiest * ep) * etp,
-            fanout=(E, k, model.moe_router_num_groups or 0, model.moe_router_group_topk or 0)
-            if st.moe_dispatcher_policy == "flex" else None,
-        )
-
-    @staticmethod
-    def approximate(sends: bool, pad: bool, dispatcher: str, forced: bool = False) -> str:
-        """What a routed op's sizes rest on that the configs do not fix (Op.approximate;
-        ``sends``: the dispatch or combine op). Without padding to capacity (always so with
-        the flex dispatcher) the rows each expert gets are the data's routing, taken as
-        uniformly random routing's (graph/moe_sampling.py) x ``moe_load_imbalance``, and so
-        are the all-to-all's volume and the flex dispatcher's fan-out; the all-gather
-        dispatcher's collectives move every token, and random logits (``forced``:
-        moe_router_force_load_balancing) route uniformly at random, as modelled."""
-        if pad or forced or (sends and dispatcher == "all_gather"):
-            return ""
-        return "moe_routing"
-
-    @property
-    def expert_rows(self) -> int:
-        """Rows all local experts process together on the busiest rank."""
-        return self.rows_per_expert * self.local_experts
 
 
 def _router(P: str, layer: int, model: ModelConfig, st: StrategyConfig, d: Dims, md: MoeDims, x: Tensor, h: int,

@@ -1,4 +1,4 @@
-"""The busiest EP rank under random routing (graph/moe_sampling.py): a dropless MoE layer runs
+"""The busiest EP rank under random routing (graph/moe_rows.py): a dropless MoE layer runs
 at the rank that received the most rows, which lies above the mean even when routing favours
 no expert (Megatron's --moe-router-force-load-balancing routes so)."""
 
@@ -14,8 +14,8 @@ from hypothesis import strategies as hs
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph.dims import Dims
-from simumax.graph.moe_layer import MoeDims
-from simumax.graph.moe_sampling import busiest_rank_factor, expected_max_normal
+from simumax.graph.moe_rows import MoeDims
+from simumax.graph.moe_rows import busiest_rank_factor, expected_max_normal
 
 
 def test_expected_max_of_normals_closed_forms() -> None:
