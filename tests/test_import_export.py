@@ -123,6 +123,90 @@ def test_hf_sliding_window_layer_patterns() -> None:
                               "use_sliding_window": True, "max_window_layers": 28})
     assert m.window_size is None and any("max_window_layers" not in n and "sliding window 4096" in n for n in notes)
 
+# Gemma 2, Phi-3 and OLMo 2 config.json (google/gemma-2-9b, google/gemma-2-2b,
+# microsoft/Phi-3-mini-4k-instruct, allenai/OLMo-2-1124-7B; the fields that matter) and
+# their safetensors parameter totals
+GEMMA2_9B = {"architectures": ["Gemma2ForCausalLM"], "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+             "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3584, "intermediate_size": 14336,
+             "max_position_embeddings": 8192, "num_attention_heads": 16, "num_hidden_layers": 42, "num_key_value_heads": 8,
+             "query_pre_attn_scalar": 256, "rope_theta": 10000.0, "sliding_window": 4096, "vocab_size": 256000}
+GEMMA2_2B = {**GEMMA2_9B, "hidden_size": 2304, "intermediate_size": 9216, "num_attention_heads": 8, "num_hidden_layers": 26,
+             "num_key_value_heads": 4}
+PHI3_MINI = {"architectures": ["Phi3ForCausalLM"], "hidden_act": "silu", "hidden_size": 3072, "intermediate_size": 8192,
+             "max_position_embeddings": 4096, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+             "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False, "vocab_size": 32064}
+OLMO2_7B = {"architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "hidden_act": "silu", "hidden_size": 4096,
+            "intermediate_size": 11008, "max_position_embeddings": 4096, "num_attention_heads": 32, "num_hidden_layers": 32,
+            "num_key_value_heads": 32, "rope_theta": 500000, "tie_word_embeddings": False, "vocab_size": 100352}
+
+
+def _total(model) -> int:
+    st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"world_size": 1}, source="test")
+    return Estimate(model.with_updates({"padded_vocab_size": False}), st, load_system("a100_pcie")).params.total
+
+
+@pytest.mark.parametrize("cfg,total", [(GEMMA2_9B, 9_241_705_984), (GEMMA2_2B, 2_614_341_888), (PHI3_MINI, 3_821_079_552),
+                                       (OLMO2_7B, 7_298_617_344 - 32 * (8192 - 256))])
+def test_hf_gemma2_phi3_olmo2_parameter_counts(cfg, total) -> None:
+    """To the parameter: the checkpoints' totals (Gemma 2 with its four norms per layer, the
+    sandwich norms; OLMo 2 less the per-layer q / k norm weights it spans over all heads, which
+    the model counts per head: 32 x (8192 - 256), said in a note)."""
+    model, notes = model_from_hf(cfg, "m")
+    assert _total(model) == total
+    if cfg is OLMO2_7B:
+        assert model.qk_layernorm and any("span all heads" in n for n in notes)
+
+
+def test_hf_gemma_family() -> None:
+    """Gemma 2: gated GeLU as SwiGLU, tied embeddings, sandwich norms, local (4096) and global
+    layers alternating from a local first layer; soft-capping and the embedding scale said in
+    notes. Gemma 3: its text_config inside the multimodal checkpoint, the Gemma3TextConfig
+    defaults it leaves out, per-head q / k norms, five local layers to one global. Gemma 1:
+    no sandwich norms, no window."""
+    m, notes = model_from_hf(GEMMA2_9B)
+    assert m.use_swiglu and not m.untie_embeddings_and_output_weights and m.post_sublayer_norm and not m.qk_layernorm
+    assert [m.attention_window(i) for i in range(4)] == [4096, None, 4096, None]
+    assert any("GeGLU" in n for n in notes) and any("final logit soft-capping" in n for n in notes)
+    assert any("sqrt(hidden_size)" in n for n in notes)
+    g3, notes = model_from_hf({"architectures": ["Gemma3ForConditionalGeneration"],
+                               "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                                               "num_hidden_layers": 34, "sliding_window": 1024}})
+    assert (g3.head_num, g3.kv_head_num, g3.head_size, g3.vocab_size) == (8, 4, 256, 262208)
+    assert g3.qk_layernorm and g3.post_sublayer_norm and any("vision tower" in n for n in notes)
+    assert [g3.attention_window(i) for i in range(6)] == [1024] * 5 + [None]
+    # by hand: q and o (2560 x 2048 each), k and v (2560 x 1024 each), the gated MLP, four norms
+    # and the q / k norms per layer; the tied 262,208-row embedding, the final norm
+    layer = 2 * 2560 * 2048 + 2 * 2560 * 1024 + 3 * 2560 * 10240 + 4 * 2560 + 2 * 256
+    assert _total(g3) == 34 * layer + 262208 * 2560 + 2560 == 3_880_263_168
+    g1, _ = model_from_hf({**GEMMA2_9B, "architectures": ["GemmaForCausalLM"], "sliding_window": None})
+    assert not g1.post_sublayer_norm and g1.window_size is None and g1.use_swiglu
+    phi, _ = model_from_hf(PHI3_MINI)
+    assert phi.window_size == 2047 and phi.window_attn_skip_freq is None and phi.untie_embeddings_and_output_weights
+
+
+def test_post_sublayer_norm_in_the_estimate() -> None:
+    """Gemma 2 / 3's sandwich norms: two more norms per layer on the projections' outputs, each
+    keeping its input (s x h) for backward; recomputing a sub-block drops its post-norm's
+    input; refused with MoE or MLA layers."""
+    base = load_model("llama3.1-8b").with_updates({"layer_num": 2})
+    st = load_strategy("tp1_pp1_dp8_mbs1")
+    plain, post = (Estimate(base.with_updates({"post_sublayer_norm": f}), st, load_system("h100-sxm-80gb")) for f in (False, True))
+    mods = [o.module for o in post.chunks[0].ops if o.layer == 0]
+    assert mods.index("attn_post_norm") == mods.index("attn_proj") + 1 and mods.index("mlp_post_norm") == mods.index("fc2") + 1
+    assert post.params.total - plain.params.total == 2 * 2 * 4096
+    act = lambda e: e.memory().stages[0].fwd_activation_cache_per_micro_batch  # noqa: E731
+    tokens = st.micro_batch_size * st.seq_len
+    assert act(post) - act(plain) == pytest.approx(2 * 2 * tokens * 4096 * 2, rel=1e-3)  # + the rstd (fp32 per token)
+    assert post.cost().duration_time_per_iter > plain.cost().duration_time_per_iter
+    sub = st.with_updates({"enable_recompute": True, "recompute_granularity": "attn_only", "recompute_layer_num": None})
+    plain_r, post_r = (Estimate(base.with_updates({"post_sublayer_norm": f}), sub, load_system("h100-sxm-80gb")) for f in (False, True))
+    assert act(post_r) - act(plain_r) == pytest.approx(2 * tokens * 4096 * 2, rel=1e-3)  # the MLP's post-norm only
+    with pytest.raises(ConfigError, match="post_sublayer_norm"):
+        load_model("mixtral-8x7b").with_updates({"post_sublayer_norm": True})
+    with pytest.raises(ConfigError, match="post_sublayer_norm"):  # Megatron-LM has no flag for them
+        model_flags(post.model)
+
+
 # GLM-4.5-Air's config.json (zai-org/GLM-4.5-Air), its layers cut to 4 for the hand count
 GLM45_AIR = {"architectures": ["Glm4MoeForCausalLM"], "hidden_size": 4096, "intermediate_size": 10944, "num_hidden_layers": 46,
              "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128, "partial_rotary_factor": 0.5,

@@ -122,6 +122,11 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         False, description="Megatron --qk-layernorm (Qwen3, OLMo 2): RMSNorm over each head's q and k before RoPE "
         "(2 x head_size parameters per layer; memory-bound passes over q and k).",
     )
+    post_sublayer_norm: bool = Field(
+        False, description="Gemma 2 / 3's sandwich norms: one more norm on the attention output and one on the MLP output, "
+        "each before its residual add (HF post_attention_layernorm / post_feedforward_layernorm); dense layers with "
+        "GQA / MHA attention.",
+    )
     attention_output_gate: bool = Field(
         False, description="Megatron --attention-output-gate (gated attention, Qwen3-Next): the QKV projection also "
         "makes a per-head gate; the attention output is multiplied by its sigmoid before the output projection.",
@@ -184,6 +189,9 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
                     raise ConfigError("moe_router_group_topk", f"must be <= moe_router_num_groups ({groups})")
                 if self.topk > group_topk * (self.expert_num // groups):
                     raise ConfigError("topk", "must fit in the experts of the selected groups")
+        if self.post_sublayer_norm and (self.is_moe or self.attention_type == "mla"):
+            raise ConfigError("post_sublayer_norm", "is modelled for dense layers with GQA / MHA attention (Gemma 2 / 3), "
+                              "not with MoE or MLA")
         if self.attention_type == "mla":
             for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
                 if getattr(self, name) is None:

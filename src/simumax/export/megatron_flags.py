@@ -251,6 +251,9 @@ def model_flags(model: ModelConfig) -> list[str]:
             f.append(f"--window-attn-skip-freq {model.window_attn_skip_freq}")
     if model.attention_sinks:
         f.append("--softmax-type learnable")
+    if model.post_sublayer_norm:  # a launch line without them would train another model
+        raise ConfigError("post_sublayer_norm", "Megatron-LM has no flag for Gemma 2 / 3's sandwich norms (Megatron-Bridge "
+                          "builds them in its own layer spec)")
     for name in ("qk_layernorm", "attention_output_gate"):
         if getattr(model, name):
             f.append(switch_flag("m", name))

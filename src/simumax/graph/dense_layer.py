@@ -78,9 +78,22 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
     if gate_w:
         proj_in = (f"{P}.attn.gated", d.act(q_w))
         ops.append(_output_gate(P, layer, out, mixed, proj_in))
-    ops.append(linears.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, proj_in, q_w, d.h, bias=bias))
+    proj = linears.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, proj_in, q_w, d.h, bias=bias)
+    ops += _with_post_norm(proj, P, "attn", model, st, d, layer)
     ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))
     return ops
+
+
+def _with_post_norm(proj: Op, P: str, part: str, model: ModelConfig, st: StrategyConfig, d: Dims, layer: int) -> list[Op]:
+    """A sub-block's output projection, then Gemma 2 / 3's norm on its output
+    (``post_sublayer_norm``) before the residual add: a norm like the pre-norms on the
+    projection's reduced (sequence-sharded with SP) output, which feeds only it."""
+    if not model.post_sublayer_norm:
+        return [proj]
+    out = (f"{P}.{part}_proj.out", d.act(d.h, local=True))
+    norm = blocks.norm(f"{P}.{part}_post_norm", f"{part}_post_norm", layer, d, out, rms=model.norm_type == "rmsnorm",
+                       save_rstd=not st.recompute_variance)
+    return [proj.with_(output=out), norm]
 
 
 def qkv_split(P: str, layer: int, d: Dims, mixed: tuple[str, float], q_w: int, kv_w: int, *, flash: bool, new_qk: bool) -> Op | None:
@@ -158,6 +171,7 @@ def mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_mid: 
         blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance, residual=True).with_(output=ln_out),
         linears.column_linear(f"{P}.fc1", "fc1", layer, d, ln_out, d.h, fc1_n, bias=bias).with_(output=fc1_out),
         act.with_(output=act_out),
-        linears.row_linear(f"{P}.fc2", "fc2", layer, d, act_out, d.ffn, d.h, bias=bias),
+        *_with_post_norm(linears.row_linear(f"{P}.fc2", "fc2", layer, d, act_out, d.ffn, d.h, bias=bias), P, "mlp", model, st,
+                         d, layer),
         blocks.dropout_add(f"{P}.mlp_add", "mlp_add", layer, d, dropout=st.enable_dropout),
     ]

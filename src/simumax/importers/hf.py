@@ -1,9 +1,10 @@
 """A Hugging Face ``config.json`` (a local file) as a simumax ModelConfig.
 
-Architectures: Llama, Mistral, Qwen2, Qwen3 (dense), Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS
-(MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 (MLA + MoE), GLM-4.5
-(GQA + DeepSeek-V3-style MoE) and Llama 4 (its text model: interleaved top-1 MoE with a shared
-expert).
+Architectures: Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma 1 / 2 / 3 (dense; Gemma 2 /
+3 with their sandwich norms and local / global attention layers), Mixtral, Qwen2-MoE, Qwen3-MoE,
+GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 (MLA + MoE),
+GLM-4.5 (GQA + DeepSeek-V3-style MoE) and Llama 4 (its text model: interleaved top-1 MoE with a
+shared expert).
 What the ModelConfig cannot say is returned as notes (e.g. a Llama-style output-projection bias),
 never silently dropped.
 """
@@ -17,7 +18,16 @@ from simumax.config.base import read_json
 from simumax.config.model import ModelConfig
 from simumax.errors import ConfigError
 
-DENSE = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+DENSE = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM", "Olmo2ForCausalLM"}
+# Gemma: gated GeLU MLPs, tied embeddings; 2 and 3 add sandwich norms and local / global layers
+GEMMA = {"GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"}
+# transformers' Gemma3TextConfig defaults (the 4B text model's shape), which a checkpoint's
+# text_config leaves out
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072, "rope_theta": 1_000_000.0, "sliding_window": 4096, "sliding_window_pattern": 6,
+}
 MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM"}
 MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
 LLAMA4 = {"Llama4ForConditionalGeneration", "Llama4ForCausalLM"}  # the text model (its text_config)
@@ -50,17 +60,21 @@ SIZE_KEYS = {
 def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "config.json") -> tuple[ModelConfig, list[str]]:
     """(ModelConfig, notes) from a parsed config.json."""
     archs = cfg.get("architectures") or []
-    known = DENSE | MOE | MLA | LLAMA4 | GLM4_MOE
+    known = DENSE | MOE | MLA | LLAMA4 | GLM4_MOE | GEMMA
     arch = next((a for a in archs if a in known), None)
     if arch is None:
         raise ConfigError("architectures", f"unsupported {archs or 'missing'}; known: {', '.join(sorted(known))}", source)
-    if arch in LLAMA4 and isinstance(cfg.get("text_config"), dict):
-        cfg = cfg["text_config"]  # the multimodal checkpoint's language model
     notes: list[str] = []
+    if arch in LLAMA4 | GEMMA and isinstance(cfg.get("text_config"), dict):
+        cfg = cfg["text_config"]  # the multimodal checkpoint's language model
+        if arch in GEMMA:
+            notes.append("the vision tower is not modelled: the text model only")
+    if arch.startswith("Gemma3"):
+        cfg = {**GEMMA3_TEXT_DEFAULTS, **cfg}  # Gemma 3's text_config states only what differs from them
     _check_sizes(cfg, source)
     heads = _req(cfg, "num_attention_heads", source)
     hidden = _req(cfg, "hidden_size", source)
-    act = cfg.get("hidden_act", "silu")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")  # Gemma 2 / 3 name it hidden_activation
     out: dict[str, Any] = {
         "model_name": name or str(cfg.get("_name_or_path") or arch).rstrip("/").split("/")[-1],
         "hidden_size": hidden,
@@ -79,8 +93,18 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out["max_position_embeddings"] = cfg["max_position_embeddings"]
     if cfg.get("rope_theta"):
         out["rotary_base"] = float(cfg["rope_theta"])
-    if act not in ("silu", "swish"):
+    if arch in GEMMA:
+        out.update(_gemma(cfg, arch, act, notes))
+    elif act not in ("silu", "swish"):
         notes.append(f"hidden_act {act!r}: modelled as an ungated GeLU MLP")
+    if arch == "Olmo2ForCausalLM":
+        out["qk_layernorm"] = True
+        notes.append("OLMo 2's norms follow each sub-block instead of preceding it: the same two norms per layer, costed "
+                     "in the pre-norm places; its q / k norms span all heads, costed as per-head q / k norms (the same "
+                     "passes, (heads + kv heads - 2) x head_dim fewer weights)")
+    if (cfg.get("partial_rotary_factor") or 1.0) < 1.0:
+        notes.append(f"partial_rotary_factor {cfg['partial_rotary_factor']}: RoPE costed over every q / k dimension "
+                     "(an element-wise pass)")
     if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") or (arch in GLM4_MOE and cfg.get("attention_bias")):
         out["add_qkv_bias"] = True  # Qwen2Attention, Glm4MoeAttention: q / k / v projections with bias, o_proj without
     elif cfg.get("attention_bias") and arch != "GptOssForCausalLM":
@@ -152,6 +176,11 @@ def _sliding_window(cfg: dict[str, Any], arch: str, notes: list[str]) -> dict[st
             notes.append(f"sliding window {window} from layer {cfg.get('max_window_layers')}: not modelled (full attention)")
         return {}
     types = cfg.get("layer_types")
+    if not types and arch in GEMMA:
+        # transformers before layer_types: Gemma 2 windows every other layer from the first,
+        # Gemma 3 all but every sliding_window_pattern-th (6)
+        k = 2 if arch == "Gemma2ForCausalLM" else (cfg.get("sliding_window_pattern") or 6)
+        return {"window_size": window, "window_attn_skip_freq": k}
     if not types:
         return {"window_size": window}
     full = [i for i, t in enumerate(types) if t != "sliding_attention"]
@@ -162,6 +191,30 @@ def _sliding_window(cfg: dict[str, Any], arch: str, notes: list[str]) -> dict[st
             return {"window_size": window, "window_attn_skip_freq": k}
     notes.append(f"layer_types pattern {types[:4]}...: not a 'every k-th layer full' pattern; modelled as every layer full")
     return {}
+
+
+def _gemma(cfg: dict[str, Any], arch: str, act: str, notes: list[str]) -> dict[str, Any]:
+    """transformers' Gemma / Gemma 2 / Gemma 3 text models: a gated GeLU MLP (gate and up
+    projections, tanh GeLU on the gate: the kernels of SwiGLU), embeddings tied by default,
+    Gemma 2 / 3's sandwich norms (post_attention_layernorm, post_feedforward_layernorm) and
+    Gemma 3's per-head q / k norms; local / global layers in ``_sliding_window``."""
+    out: dict[str, Any] = {
+        "use_swiglu": True,
+        "untie_embeddings_and_output_weights": not cfg.get("tie_word_embeddings", True),
+    }
+    notes.append(f"{act}-gated MLP (GeGLU) costed as SwiGLU: the same gated kernels and bytes")
+    notes.append("the embedding scaled by sqrt(hidden_size): one element-wise pass over the embedding output, not costed")
+    if arch != "GemmaForCausalLM":
+        out["post_sublayer_norm"] = True
+    if arch.startswith("Gemma3"):
+        out["qk_layernorm"] = True
+    if cfg.get("attn_logit_softcapping"):
+        notes.append(f"attention logit soft-capping ({cfg['attn_logit_softcapping']}): FlashAttention applies it inside "
+                     "its kernel; costed as plain attention")
+    if cfg.get("final_logit_softcapping"):
+        notes.append(f"final logit soft-capping ({cfg['final_logit_softcapping']}): a tanh pass over the logits and its "
+                     "gradient, not costed")
+    return out
 
 
 def _llama4(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any]:
@@ -217,9 +270,6 @@ def _glm4_moe(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, A
         out["qk_layernorm"] = True
     if cfg.get("num_nextn_predict_layers"):
         out["mtp_num_layers"] = cfg["num_nextn_predict_layers"]
-    if (cfg.get("partial_rotary_factor") or 1.0) < 1.0:
-        notes.append(f"partial_rotary_factor {cfg['partial_rotary_factor']}: RoPE costed over every q / k dimension "
-                     "(an element-wise pass)")
     return out
 
 
