@@ -474,6 +474,10 @@ def test_megatron_defaults_for_flags_left_out() -> None:
     assert (m.norm_type, m.position_embedding_type, m.add_bias_linear, m.untie_embeddings_and_output_weights) == (
         "rmsnorm", "rope", False, True)
     assert not s.enable_dropout and s.dtype == "bf16" and notes == ["--ffn-hidden-size not given: Megatron's default 2688"]
+    # context parallelism without --cp-comm-type runs Megatron's default, TransformerEngine's ring
+    m, s, notes = parse_megatron_args(llama + " --context-parallel-size 2", world_size=2)
+    assert s.cp_comm_type == "p2p" and any(n.startswith("--cp-comm-type not given") for n in notes)
+    assert parse_megatron_args(llama + " --context-parallel-size 2 --cp-comm-type a2a", world_size=2)[1].cp_comm_type == "a2a"
     # dropout travels both ways
     on = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"enable_dropout": True})
     assert parse_megatron_args(gpt.split() + megatron_flags(on), world_size=8)[1].enable_dropout

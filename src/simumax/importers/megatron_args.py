@@ -296,6 +296,9 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         # Megatron derives the virtual stages from the layout (PipelineParallelLayerLayout:
         # len(layout) // pipeline_model_parallel_size)
         s["interleaving_size"] = max(1, len(expand_layout(layout)) // pp)
+    if cp > 1 and "cp_comm_type" not in s:  # Megatron's default (arguments.py: --cp-comm-type p2p)
+        s["cp_comm_type"] = "p2p"
+        notes.append("--cp-comm-type not given: Megatron's default p2p (TransformerEngine's ring)")
     _p2p_and_offload_defaults(s, pp, notes)
     # default: DP 1 for the dense groups, enough ranks for the expert groups too
     s["world_size"] = world_size if world_size is not None else pp * math.lcm(tp * cp, s.get("ep_size", 1) * s.get("etp_size", 1))
