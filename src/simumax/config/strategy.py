@@ -111,7 +111,7 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
     )
     enable_sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (with tp > 1).")
     cp_comm_type: Literal["a2a", "all_gather", "p2p", "a2a+p2p"] = Field(
-        "a2a", description="Context-parallel attention scheme (Megatron --cp-comm-type): a2a (Ulysses), all_gather, "
+        "p2p", description="Context-parallel attention scheme (Megatron --cp-comm-type, default p2p): a2a (Ulysses), all_gather, "
         "p2p (ring), or a2a+p2p (hierarchical: an all-to-all inside the first group of "
         "hierarchical_context_parallel_sizes, the ring across the second).",
     )
