@@ -44,6 +44,23 @@ DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, 
                "topk_method": "noaux_tc", "norm_topk_prob": True, "seq_aux": True, "aux_loss_alpha": 0.001}
 
 
+# Gemma 2, Phi-3 and OLMo 2 config.json (google/gemma-2-9b, google/gemma-2-2b,
+# microsoft/Phi-3-mini-4k-instruct, allenai/OLMo-2-1124-7B; the fields that matter) and
+# their safetensors parameter totals
+GEMMA2_9B = {"architectures": ["Gemma2ForCausalLM"], "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+             "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3584, "intermediate_size": 14336,
+             "max_position_embeddings": 8192, "num_attention_heads": 16, "num_hidden_layers": 42, "num_key_value_heads": 8,
+             "query_pre_attn_scalar": 256, "rope_theta": 10000.0, "sliding_window": 4096, "vocab_size": 256000}
+GEMMA2_2B = {**GEMMA2_9B, "hidden_size": 2304, "intermediate_size": 9216, "num_attention_heads": 8, "num_hidden_layers": 26,
+             "num_key_value_heads": 4}
+PHI3_MINI = {"architectures": ["Phi3ForCausalLM"], "hidden_act": "silu", "hidden_size": 3072, "intermediate_size": 8192,
+             "max_position_embeddings": 4096, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+             "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False, "vocab_size": 32064}
+OLMO2_7B = {"architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "hidden_act": "silu", "hidden_size": 4096,
+            "intermediate_size": 11008, "max_position_embeddings": 4096, "num_attention_heads": 32, "num_hidden_layers": 32,
+            "num_key_value_heads": 32, "rope_theta": 500000, "tie_word_embeddings": False, "vocab_size": 100352}
+
+
 # Llama 4's text model (transformers Llama4TextConfig; Meta's published sizes: Maverick 400B
 # total / 17B active, 128 experts, MoE every other layer; Scout 109B / 17B, 16 experts, every
 # layer, its total with the vision encoder)
@@ -92,7 +109,7 @@ def test_hf_import_matches_published_parameter_counts(cfg, total, active) -> Non
 
 
 @pytest.mark.parametrize("cfg,preset", [(DEEPSEEK_V3, "deepseek-v3-mtp"), (MIXTRAL_8X7B, "mixtral-8x7b"), (QWEN3_30B_A3B, "qwen3-30b-a3b"),
-                                        (GPT_OSS_20B, "gpt-oss-20b")])
+                                        (GPT_OSS_20B, "gpt-oss-20b"), (GEMMA2_9B, "gemma-2-9b")])
 def test_hf_import_equals_the_shipped_preset(cfg, preset) -> None:
     """Same model, two routes: every estimate-relevant field agrees (names and pure
     defaults aside), so time and memory agree."""
@@ -122,23 +139,6 @@ def test_hf_sliding_window_layer_patterns() -> None:
     m, notes = model_from_hf({**LLAMA3_8B, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096,
                               "use_sliding_window": True, "max_window_layers": 28})
     assert m.window_size is None and any("max_window_layers" not in n and "sliding window 4096" in n for n in notes)
-
-# Gemma 2, Phi-3 and OLMo 2 config.json (google/gemma-2-9b, google/gemma-2-2b,
-# microsoft/Phi-3-mini-4k-instruct, allenai/OLMo-2-1124-7B; the fields that matter) and
-# their safetensors parameter totals
-GEMMA2_9B = {"architectures": ["Gemma2ForCausalLM"], "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
-             "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3584, "intermediate_size": 14336,
-             "max_position_embeddings": 8192, "num_attention_heads": 16, "num_hidden_layers": 42, "num_key_value_heads": 8,
-             "query_pre_attn_scalar": 256, "rope_theta": 10000.0, "sliding_window": 4096, "vocab_size": 256000}
-GEMMA2_2B = {**GEMMA2_9B, "hidden_size": 2304, "intermediate_size": 9216, "num_attention_heads": 8, "num_hidden_layers": 26,
-             "num_key_value_heads": 4}
-PHI3_MINI = {"architectures": ["Phi3ForCausalLM"], "hidden_act": "silu", "hidden_size": 3072, "intermediate_size": 8192,
-             "max_position_embeddings": 4096, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
-             "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False, "vocab_size": 32064}
-OLMO2_7B = {"architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "hidden_act": "silu", "hidden_size": 4096,
-            "intermediate_size": 11008, "max_position_embeddings": 4096, "num_attention_heads": 32, "num_hidden_layers": 32,
-            "num_key_value_heads": 32, "rope_theta": 500000, "tie_word_embeddings": False, "vocab_size": 100352}
-
 
 def _total(model) -> int:
     st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"world_size": 1}, source="test")

@@ -31,6 +31,10 @@ def _params(name: str):
     # Qwen2.5 (q / k / v biases): the checkpoints' safetensors totals on Hugging Face (the model
     # cards print 7.61 / 14.7 / 32.5 / 72.7 B, truncated or rounded differently)
     ("qwen2.5-7b", 7.62, 2), ("qwen2.5-14b", 14.8, 1), ("qwen2.5-32b", 32.8, 1), ("qwen2.5-72b", 72.7, 1),
+    # Gemma 2 (four norms per layer: the sandwich norms): the checkpoints' safetensors totals,
+    # 9,241,705,984 and 27,227,128,320; Gemma 3 27B's text model (the checkpoint's 27.4 B adds
+    # its ~0.4 B SigLIP vision tower)
+    ("gemma-2-9b", 9.24, 2), ("gemma-2-27b", 27.2, 1), ("gemma-3-27b", 27.0, 1),
 ])
 def test_totals(preset: str, total: float, digits: int) -> None:
     _, p = _params(preset)
