@@ -155,3 +155,5 @@ def test_perf_says_which_share_rests_on_dropless_routing() -> None:
     assert " ".join(note.split()) in said
     padded = PerfLLM().configure(strategy_config="ep8_pp1_dp8_mbs1", model_config="deepseekv2-lite", system_config="h100-sxm-80gb")
     assert approximate_note(padded.run_estimate().analysis_cost(), 1.0) is None
+    sibling = " ".join(run_cli("perf", "--model", "llama3-8b", "--system", "gb200-nvl72", "--strategy", "tp1_pp1_dp8_mbs1").stdout.split())
+    assert "kernel times measured on b200_bf16_ceperm, a sibling of this device" in sibling

@@ -195,3 +195,41 @@ def test_held_out_coverage_of_all_time_rows() -> None:
     inside, n = sum(f[0] for f in files.values()), sum(f[1] for f in files.values())
     print(f"\nall files: {inside}/{n} = {inside / n:.0%} inside the held-out 80 % band")
     assert 0.7 <= inside / n <= 0.9
+
+
+def test_tables_timed_on_a_sibling_count_as_unmeasured() -> None:
+    """GB200 reuses the B200's measured kernel times (the same die; its larger power budget
+    runs them at other rates, unmeasured): accelerator.tables_from names the sibling, every
+    kernel read from those tables counts as unmeasured — once, with a dropless MoE's routed
+    ops too — and the point estimate is the same as without the mark. simumax calibrate, which
+    times the device itself, clears it."""
+    from simumax.calibrate.system_writer import merge_compute
+
+    gb200 = load_system("gb200-nvl72")
+    assert gb200.accelerator.tables_from == "b200_bf16_ceperm"
+    assert load_system("b200-sxm-180gb").accelerator.tables_from is None
+    assert load_system("h200-sxm-141gb").accelerator.tables_from is None  # the H100's SMs, clocks and 700 W
+    unmarked = gb200.with_updates({"accelerator": {**gb200.to_dict()["accelerator"], "tables_from": None}})
+    st = load_strategy("tp1_pp1_dp8_mbs1")
+    for model in (load_model("llama3.1-8b").with_updates({"layer_num": 4}),
+                  load_model("deepseek-v2-lite").with_updates({"layer_num": 3})):
+        st_m = st.with_updates({"ep_size": 8}) if model.is_moe else st
+        marked, plain = Estimate(model, st_m, gb200), Estimate(model, st_m, unmarked)
+        attr = attribution(marked)
+        total = sum(v for k, v in attr.items() if k.startswith(("compute/", "comm/")))
+        comm_routed = sum(t for k, t in marked.kernel_sources.approximate.items() if k.endswith("/comm"))
+        want = 1.0 - (attr.get("comm/measured", 0.0) - comm_routed) / total
+        assert band_share(marked) == pytest.approx(want, rel=1e-12) and band_share(marked) <= 1.0 + 1e-12
+        assert band_share(marked) > band_share(plain)
+        c1, c2 = marked.cost(), plain.cost()
+        assert c1.duration_time_per_iter == c2.duration_time_per_iter
+        assert c1.duration_time_interval[1] / c1.duration_time_interval[0] > c2.duration_time_interval[1] / c2.duration_time_interval[0]
+
+    class _Cal:  # a calibration with no timings: the merge still says the device was timed
+        timings: list = []
+        bandwidth: dict = {}
+        peak_tflops = 2500.0
+        hbm_gbps = 8000.0
+
+    assert gb200.to_dict()["accelerator"]["tables_from"] == "b200_bf16_ceperm"
+    assert "tables_from" not in merge_compute(gb200.to_dict(), _Cal())["accelerator"]

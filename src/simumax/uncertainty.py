@@ -80,9 +80,9 @@ def approximated(est: "Estimate") -> dict[str, float]:
     those the seconds of measured kernels (key ``"<mechanism>/measured"``)."""
     out: dict[str, float] = defaultdict(float)
     for key, t in est.kernel_sources.approximate.items():
-        mech, src = key.rsplit("/", 1)
+        mech, part = key.rsplit("/", 1)
         out[mech] += t
-        if src == "measured":
+        if part != "other":
             out[f"{mech}/measured"] += t
     return dict(out)
 
@@ -100,8 +100,20 @@ def unmeasured_share(attr: dict[str, float], approx: dict[str, float] | None = N
 
 
 def band_share(est: "Estimate") -> float:
-    """The u of an estimate's band: ``unmeasured_share`` with its approximate mechanisms."""
-    return unmeasured_share(attribution(est), approximated(est))
+    """The u of an estimate's band: ``unmeasured_share`` with its approximate mechanisms; on
+    a system whose kernel tables were timed on a sibling device (``accelerator.tables_from``),
+    every kernel read from them counts as unmeasured too."""
+    attr = attribution(est)
+    sibling = bool(est.system.accelerator.tables_from)
+    approx: dict[str, float] = defaultdict(float)
+    for key, t in est.kernel_sources.approximate.items():
+        mech, part = key.rsplit("/", 1)
+        # with sibling tables every measured compute second goes below, each counted once
+        if part == "comm" or (part == "compute" and not sibling):
+            approx[f"{mech}/measured"] += t
+    if sibling:
+        approx["sibling_tables/measured"] = attr.get("compute/measured", 0.0)
+    return unmeasured_share(attr, approx)
 
 
 def fit_band(rows: Iterable[tuple[str, float, float]]) -> BandParams:

@@ -82,6 +82,9 @@ def merge_compute(system: dict[str, Any], cal: Any, mem_gib: float | None = None
     efficiency as its fallback for shapes not measured; ``default`` follows matmul."""
     out = copy.deepcopy(system)
     acc = out["accelerator"]
+    # timed on this device now: the base's sibling provenance goes (the job's shapes are
+    # its own measurements; any base entry left beside them counts as measured too)
+    acc.pop("tables_from", None)
     if mem_gib:
         acc["mem_gbs"] = round(mem_gib, 2)
     new_families: dict[str, list[float]] = {}

@@ -95,6 +95,9 @@ def perf(
     guessed = fmt.approximate_note(cost, m.moe_load_imbalance)
     if guessed:
         cli.out_console.print(f"[yellow]{guessed}[/]")
+    if sy.accelerator.tables_from:
+        cli.out_console.print(f"[yellow]kernel times measured on {sy.accelerator.tables_from}, a sibling of this device "
+                              "(accelerator.tables_from): counted as unmeasured in the 80 % band[/]")
     misses = cost.efficiency_lookups.get("misses", {})
     if misses:
         shares = compute_shares(attribution(p.estimate))

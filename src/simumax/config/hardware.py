@@ -92,6 +92,10 @@ class Gpu:
     hbm_eff: float
     scaleup_eff: dict[str, float]  # collective -> bus-bandwidth fraction on the scale-up fabric
     measured_base: str | None = None  # a preset whose measured tables this one reuses
+    # those tables were timed on a sibling whose kernels run at other rates (GB200 on B200's:
+    # the same die under a larger power budget), not on this device (accelerator.tables_from);
+    # the H200 keeps the H100's as its own: the same SMs, clocks and 700 W
+    sibling_tables: bool = False
     note: str = ""
     # backward FLOPs per forward FLOP the attention efficiencies are stated in
     # (kernels.Attention.table_flops): 2.0 for our own measurements and asymptotes;
@@ -194,7 +198,8 @@ GPUS = (
         measured_base="b200_bf16_ceperm",
         note="GB200 NVL72: 72 GPUs on one NVLink domain (placed as one node); ConnectX-8 800 Gb/s per GPU to other racks; "
              "the B200 die, so B200's measured kernel times",
-        attn_bwd_flops_ratio=2.5, fp4_tflops=10000.0, host_link_gbps=225.0, host_mem_gbps=256.0, table_tflops=2250.0),
+        attn_bwd_flops_ratio=2.5, fp4_tflops=10000.0, host_link_gbps=225.0, host_mem_gbps=256.0, table_tflops=2250.0,
+        sibling_tables=True),
     Gpu("b300-sxm-288gb", _sheet("B300"), 4500.0, 288.0, 148, 8, 100.0, 0.60, 0.45, 0.70, 0.69, MEMBOUND_EFF_BLACKWELL, NVLINK_EFF,
         note="B300 (HGX B300, Blackwell Ultra): 288 GB HBM3e (nominal), ConnectX-8 800 Gb/s per GPU",
         attn_bwd_flops_ratio=2.5, fp4_tflops=13500.0, host_link_gbps=50.0, host_mem_gbps=90.0),
@@ -282,6 +287,8 @@ def build(gpu: Gpu, measured: dict[str, Any] | None = None) -> dict[str, Any]:
         accelerator["power_curve"] = copy.deepcopy(measured["accelerator"]["power_curve"])
     if gpu.nccl_max_ctas:
         accelerator["nccl_max_ctas"] = gpu.nccl_max_ctas
+    if gpu.sibling_tables and gpu.measured_base:
+        accelerator["tables_from"] = gpu.measured_base
     if measured is not None and measured["accelerator"].get("sm_contention") and measured["accelerator"].get("sm_count") in (None, gpu.sm_count):
         # the same SM array: a GEMM beside a kernel holding SMs leaves the same tail
         accelerator["sm_contention"] = copy.deepcopy(measured["accelerator"]["sm_contention"])

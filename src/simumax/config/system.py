@@ -114,6 +114,11 @@ class AcceleratorConfig(ConfigBase):
         "NCCL kernels (nccl_max_ctas, cost/nccl_sms.py).",
     )
 
+    tables_from: str | None = Field(
+        None, description="The sibling device (same die) whose measured kernel tables this system reuses where its "
+        "kernels run at other rates (GB200 on the B200's: a larger power budget): the kernels keep those times, and "
+        "the uncertainty band counts them as unmeasured. simumax calibrate clears it.",
+    )
     nccl_max_ctas: PositiveInt | None = Field(
         None, description="NCCL's default cap on the CTAs (channels) a collective launches on this GPU (max_ctas; "
         "megatron-core: 32 on Hopper). With it, overlapped data-parallel collectives on NVLink hold that many SMs and "

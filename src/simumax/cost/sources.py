@@ -21,9 +21,10 @@ class KernelSources:
     counts: dict[str, int] = field(default_factory=dict)  # "family/source" -> kernels
     seconds: dict[str, float] = field(default_factory=dict)  # "family/source" -> s
     misses: dict[str, int] = field(default_factory=dict)  # "family: key" -> kernels not measured
-    # "<mechanism>/measured" or "<mechanism>/other" -> s: compute and collective seconds of
-    # ops whose sizes rest on a mechanism the configs do not fix (Op.approximate), split by
-    # whether the kernel's own time was measured (those the band counts as unmeasured)
+    # "<mechanism>/compute", "<mechanism>/comm" or "<mechanism>/other" -> s: compute and
+    # collective seconds of ops whose sizes rest on a mechanism the configs do not fix
+    # (Op.approximate): measured compute, measured collectives (which the band counts as
+    # unmeasured, simumax/uncertainty.py) and the rest
     approximate: dict[str, float] = field(default_factory=dict)
 
     def add(self, other: "KernelSources", times: int = 1) -> None:
@@ -86,6 +87,7 @@ def of_ops(ops: list[Op], compute: ComputeModel, network: NetworkModel) -> Kerne
                 counts[key] = counts.get(key, 0) + 1
                 seconds[key] = seconds.get(key, 0.0) + t
                 if mech and kind is not MemBound:  # the band's u counts compute and collectives only
-                    a = f"{mech}/{'measured' if key.endswith('/measured') else 'other'}"
+                    part = ("comm" if kind is Collective else "compute") if key.endswith("/measured") else "other"
+                    a = f"{mech}/{part}"
                     approx[a] = approx.get(a, 0.0) + t
     return out
