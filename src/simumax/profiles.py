@@ -55,6 +55,7 @@ LAYOUT_FIELDS = frozenset(
         "defer_embedding_wgrad_compute", "mem_factor", "account_for_embedding_in_pipeline_split",
         "account_for_loss_in_pipeline_split", "pipeline_model_parallel_layout",
         "optimizer_cpu_offload", "optimizer_offload_fraction",  # the step and model states, not the layers
+        "optimizer", "muon_num_ns_steps", "muon_split_qkv", "muon_scalar_optimizer",
     }
 )
 LAYER_GROUPS = ("tp", "cp", "cp_a2a", "cp_p2p", "ep", "etp")  # the only groups layer ops communicate on

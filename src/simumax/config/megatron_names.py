@@ -63,6 +63,8 @@ VALUED: dict[str, tuple[str, str, type]] = {
     "--moe-z-loss-coeff": ("m", "moe_z_loss_coeff", float),
     "--moe-flex-dispatcher-num-sms": ("s", "moe_flex_dispatcher_num_sms", int),
     "--moe-router-dtype": ("s", "moe_router_dtype", str),
+    "--muon-num-ns-steps": ("s", "muon_num_ns_steps", int),
+    "--muon-scalar-optimizer": ("s", "muon_scalar_optimizer", str),
     "--ddp-bucket-size": ("s", "ddp_bucket_size", int),
     "--main-params-dtype": ("s", "main_params_dtype", str),
     "--exp-avg-dtype": ("s", "exp_avg_dtype", str),
@@ -125,6 +127,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--use-tp-pp-dp-mapping": ("s", "rank_order", "tp-cp-ep-pp-dp"),
     "--overlap-param-gather-with-optimizer-step": ("s", "overlap_param_gather_with_optimizer_step", True),
     "--use-nccl-ub": ("s", "nccl_ub", True),
+    "--muon-no-split-qkv": ("s", "muon_split_qkv", False),
     "--use-sharp": ("s", "use_sharp", True),
 }
 

@@ -176,6 +176,16 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
     optimizer_offload_fraction: float = Field(
         1.0, gt=0, le=1, description="Megatron --optimizer-offload-fraction: share of the optimizer offloaded."
     )
+    optimizer: Literal["adam", "muon"] = Field(
+        "adam", description="Megatron --optimizer: adam, or muon (2-D weights orthogonalised by Newton-Schulz, one "
+        "momentum state; the rest stepped by muon_scalar_optimizer; with zero_state 1 Megatron's layer-wise "
+        "distributed optimizer: dp/muon.py).",
+    )
+    muon_num_ns_steps: PositiveInt = Field(5, le=50, description="Megatron --muon-num-ns-steps: Newton-Schulz iterations.")
+    muon_split_qkv: bool = Field(True, description="Megatron --muon-no-split-qkv turns it off: q, k, v orthogonalised apart.")
+    muon_scalar_optimizer: Literal["adam", "lion"] = Field(
+        "adam", description="Megatron --muon-scalar-optimizer: for embeddings, output layer, norms and biases (Lion: one moment).",
+    )
     use_precision_aware_optimizer: bool = Field(
         False, description="Megatron --use-precision-aware-optimizer (distributed optimizer): TransformerEngine's "
         "FusedAdam keeps the master parameters and Adam moments in the dtypes below, reads the main gradients as they "

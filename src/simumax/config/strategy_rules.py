@@ -61,6 +61,7 @@ def check_rules(st: "StrategyConfig") -> None:
     if st.cpu_offloading:
         _check_cpu_offloading(st)
     _check_optimizer_dtypes(st)
+    _check_muon(st)
     if st.overlap_param_gather_with_optimizer_step and not (
             st.overlap_param_gather and st.zero_state == 1 and st.fsdp_impl != "deepspeed" and st.interleaving_size > 1):
         raise ConfigError("overlap_param_gather_with_optimizer_step", "needs the distributed optimizer (zero_state 1), "
@@ -80,6 +81,25 @@ def check_rules(st: "StrategyConfig") -> None:
                               "checkpointed group; Megatron: --recompute-num-layers)")
     if st.megatron_recompute and not st.megatron_recompute_modules:
         raise ConfigError("megatron_recompute_modules", "must name at least one module when megatron_recompute is true")
+
+
+def _check_muon(st: "StrategyConfig") -> None:
+    """Muon as megatron-core 0.19 builds it (optimizer/__init__.py, _get_megatron_emerging_optimizer):
+    no fp16, the layer-wise distributed optimizer or none, Megatron's own optimizer step."""
+    if st.optimizer != "muon":
+        return
+    if st.dtype == "fp16":
+        raise ConfigError("optimizer", "muon with fp16 is not supported (Megatron)")
+    if st.zero_state >= 2 or st.fsdp_impl != "megatron_fsdp":
+        raise ConfigError("optimizer", "muon is modelled with Megatron's layer-wise distributed optimizer (zero_state 1) "
+                          "or none (0), not with sharded gradients or parameters or another framework's optimizer")
+    if st.use_precision_aware_optimizer or st.optimizer_cpu_offload:
+        raise ConfigError("optimizer", "muon with the precision-aware optimizer or optimizer offload is not modelled")
+    if st.zero_state >= 1 and st.overlap_param_gather_with_optimizer_step:
+        raise ConfigError("overlap_param_gather_with_optimizer_step", "is not supported with muon's layer-wise "
+                          "distributed optimizer (Megatron)")
+    if st.transformer_impl != "transformer_engine":
+        raise ConfigError("optimizer", "muon is modelled on TransformerEngine layers (transformer_impl transformer_engine)")
 
 
 def _check_optimizer_dtypes(st: "StrategyConfig") -> None:

@@ -8,12 +8,16 @@ from typing import Callable
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.graph import fp8
-from simumax.graph.kernels import MemBound
+from simumax.config.model import ModelConfig
+from simumax.dp import muon
+from simumax.dp.muon import muon_params
+from simumax.graph.kernels import Kernel, MemBound
 from simumax.graph.ops import Stage
 from simumax.memory.model_states import (
     device_optimizer_share,
     fp8_weight_params,
     keeps_param_remainders,
+    master_bytes_per_param,
     optimizer_bytes_per_param,
     shard_params,
     stored_param_bytes,
@@ -21,7 +25,8 @@ from simumax.memory.model_states import (
 )
 
 
-def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Callable[[MemBound], float]) -> tuple[float, float]:
+def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Callable[[MemBound], float],
+                model: ModelConfig | None = None, kernel_cost: Callable[[Kernel], float] | None = None) -> tuple[float, float]:
     """(before, after) the gradient-norm all-reduce, in seconds, for one rank (bytes/param).
 
     Before: the DDP buffers' scaling by 1/dp (read and write g per scaled parameter,
@@ -65,12 +70,21 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
     r = fp8.recipe(st.lp_recipe) if st.low_precision else None
     fp8_share = fp8_weight_params(stage) / stage.params if st.fp8_param_gather and stage.params else 0.0
     param_bytes = stored_param_bytes(st, shard, shard * fp8_share) + (shard * fp8_share * 4 if r and r.amax_pass else 0.0)
+    muon_time, adam_shard = 0.0, shard
+    if st.optimizer == "muon" and model is not None and kernel_cost is not None:
+        # Muon steps the 2-D weights (dp/muon.py), the scalar optimizer the rest
+        dense_m, expert_m = muon_params(stage)
+        owned = dense_m / st.dp_shard_size + expert_m / st.edp_size if st.zero_state >= 1 else dense_m + expert_m
+        adam_shard = max(0.0, shard - owned)
+        param_bytes *= adam_shard / shard if shard else 0.0
+        states = master_bytes_per_param(st) + (2 if st.muon_scalar_optimizer == "adam" else 1) * 4
+        muon_time = muon.step_seconds(model, st, stage, kernel_cost)
     if te_adam:
         param_io = param_bytes * (2 if keeps_param_remainders(st) else 1)  # written; read too to rebuild the master
-        stepped = [MemBound("optimizer.adam", shard * (step_grad + 2 * states) + param_io)]
+        stepped = [MemBound("optimizer.adam", adam_shard * (step_grad + 2 * states) + param_io)]
     else:
-        stepped = [MemBound("optimizer.adam", shard * (4 + 2 * states)),
-                   MemBound("optimizer.copy_params", shard * 4 + param_bytes)]
+        stepped = [MemBound("optimizer.adam", adam_shard * (4 + 2 * states)),
+                   MemBound("optimizer.copy_params", adam_shard * 4 + param_bytes)]
     after = [
         MemBound("optimizer.clip", shard * 2 * step_grad),
         *stepped,
@@ -85,7 +99,7 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
         # the fp8 weight copies are cast once per iteration (in the first micro-batch's
         # forward, after this step's new weights): counted with the step, per rank
         after.append(MemBound("fp8.cast_weights", fp8.weight_cast_bytes(r, fp8_weight_params(stage), st.dtype_bytes)))
-    return sum(map(cost, before)), sum(map(cost, after)) + offloaded_step(st, system, full_shard - shard)
+    return sum(map(cost, before)), sum(map(cost, after)) + muon_time + offloaded_step(st, system, full_shard - shard)
 
 
 def prescaled_params(st: StrategyConfig, stage: Stage) -> int:

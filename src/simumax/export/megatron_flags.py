@@ -102,6 +102,14 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f.append(switch_flag("s", "use_fp32_accum_grad"))
     if st.grad_reduce_in_bf16 and not ds:
         f.append(switch_flag("s", "grad_reduce_in_bf16"))
+    if st.optimizer == "muon":
+        f.append("--optimizer muon")
+        if st.muon_num_ns_steps != 5:
+            f.append(_s("muon_num_ns_steps", st.muon_num_ns_steps))
+        if not st.muon_split_qkv:
+            f.append(switch_flag("s", "muon_split_qkv", False))
+        if st.muon_scalar_optimizer != "adam":
+            f.append(_s("muon_scalar_optimizer", st.muon_scalar_optimizer))
     if st.use_precision_aware_optimizer:
         f.append(switch_flag("s", "use_precision_aware_optimizer"))
         f += [_s(field, getattr(st, field)) for field in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")]

@@ -16,6 +16,9 @@ SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb": "Interleave
 def torchtitan_toml(st: StrategyConfig) -> str:
     if st.fsdp_impl == "deepspeed":
         raise ConfigError("fsdp_impl", "torchtitan shards with FSDP2, not DeepSpeed: export --format deepspeed instead")
+    if st.optimizer != "adam":  # the TOML says no optimizer: torchtitan would run its AdamW
+        raise ConfigError("optimizer", "the torchtitan export writes no optimizer section (torchtitan's AdamW): "
+                          "export an adam strategy, or --format megatron for muon")
     if st.zero_state < 3 and st.dp_size > 1:
         raise ConfigError("zero_state", "torchtitan shards with FSDP2 (zero_state 3); set zero_state=3 to export it")
     replicate = st.fsdp_replicate_size

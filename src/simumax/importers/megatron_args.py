@@ -13,8 +13,8 @@ from simumax.config.megatron_names import SWITCHES, VALUED, flag_of
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
-from simumax.importers.megatron_flag_tables import (IGNORED_VALUED, MEGATRON_DEFAULTS, NO_EFFECT, NO_EFFECT_FAMILIES, NOT_MODELLED,
-                                                    OLDER_NO_EFFECT, TOKENIZER_VOCAB)
+from simumax.importers.megatron_flag_tables import (IGNORED_VALUED, MEGATRON_DEFAULTS, MUON_DEFAULT_ONLY, NO_EFFECT,
+                                                    NO_EFFECT_FAMILIES, NOT_MODELLED, OLDER_NO_EFFECT, TOKENIZER_VOCAB)
 from simumax.importers.megatron_values import (int_or_layer_list, is_one, layer_pattern, skip_freq, typed, values_after,
                                                window_keys)
 
@@ -187,8 +187,17 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             # would be a wrong number, not an approximation
             raise ConfigError(flag, "hybrid models (Mamba / gated-delta-net layers, pretrain_mamba.py) are not "
                               "modelled: only transformer layers exist here")
+        elif flag == "--optimizer" and value in ("muon", "dist_muon"):
+            s["optimizer"] = "muon"  # dist_muon: Megatron's deprecated name for muon + the distributed optimizer
+            if value == "dist_muon":
+                s["zero_state"] = 1
         elif flag == "--optimizer" and value is not None and value != "adam":
             notes.append(f"--optimizer {value}: not modelled, the step and its states are Adam's (two fp32 moments)")
+        elif flag in MUON_DEFAULT_ONLY and value is not None and value != MUON_DEFAULT_ONLY[flag]:
+            not_modelled.setdefault(f"Muon's Newton-Schulz GEMMs are costed with {flag} {MUON_DEFAULT_ONLY[flag]}",
+                                    []).append(flag)
+        elif flag in MUON_DEFAULT_ONLY:
+            no_effect.append(flag)
         elif flag in NO_EFFECT or flag in OLDER_NO_EFFECT or (flag == "--rotary-percent" and value is not None and is_one(value)) or flag == "--optimizer":
             no_effect.append(flag)
         elif flag in NOT_MODELLED:

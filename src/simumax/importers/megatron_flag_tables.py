@@ -29,6 +29,8 @@ NO_EFFECT = frozenset({
     "--te-rng-tracker", "--inference-rng-tracker", "--use-cpu-initialization", "--tp-comm-bootstrap-backend",
     "--use-rope-scaling", "--rotary-seq-len-interpolation-factor", "--moe-token-drop-policy",
     "--rampup-batch-size",  # the first iterations' smaller batches; steady steps run the global batch
+    # Muon's hyper-parameters: the same kernels whatever their values
+    "--muon-momentum", "--muon-nesterov", "--muon-scale-mode", "--muon-coefficient-type", "--muon-extra-scale-factor",
     "--apply-query-key-layer-scaling",  # folded into the softmax scale (dot_product_attention.py)
     # RoPE variants: the same rotation kernel over the same elements, other frequencies
     "--rope-type", "--rope-scaling-factor", "--mrope-section", "--yarn-original-max-position-embeddings", "--yarn-beta-fast",
@@ -130,6 +132,10 @@ NOT_MODELLED = {
 
 # flag, model field, Megatron-LM's default when the flag is left out (megatron/training/
 # arguments.py), and the note that says so (none for the ones every GPT script leaves out)
+# Muon options the step is costed at the default of (dp/muon.py): blockwise TP (each rank its
+# shard), the "medium" fp32 matmul precision (bf16 tensor cores)
+MUON_DEFAULT_ONLY = {"--muon-tp-mode": "blockwise", "--muon-fp32-matmul-prec": "medium"}
+
 MEGATRON_DEFAULTS = (
     ("--normalization", "norm_type", "layernorm", "LayerNorm"),
     ("--position-embedding-type", "position_embedding_type", "learned_absolute", "learned_absolute"),

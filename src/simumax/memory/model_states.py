@@ -70,6 +70,25 @@ def optimizer_bytes_per_param(st: StrategyConfig) -> int:
     return master_bytes_per_param(st) + STATE_BYTES[st.exp_avg_dtype] + STATE_BYTES[st.exp_avg_sq_dtype]
 
 
+def optimizer_state_bytes(st: StrategyConfig, stage: Stage) -> float:
+    """The rank's optimizer states: master + Adam moments over its shard; with Muon
+    (dp/muon.py) master + one fp32 momentum buffer on its 2-D weights, master + the scalar
+    optimizer's moments (Adam two, Lion one) on the rest, sharded as the distributed
+    optimizer shards them (Megatron's layer-wise one for the Muon weights: whole weights
+    over the same groups)."""
+    if st.optimizer != "muon":
+        return optimizer_bytes_per_param(st) * shard_params(st, stage)
+    from simumax.dp.muon import muon_params  # dp/ builds on this module
+
+    master = master_bytes_per_param(st)
+    muon, scalar = master + FP32, master + (2 if st.muon_scalar_optimizer == "adam" else 1) * FP32
+    dense_m, expert_m = muon_params(stage)
+    dense, expert = stage.params - stage.expert_params, stage.expert_params
+    dense_div, expert_div = (st.dp_shard_size, st.edp_size) if st.zero_state >= 1 else (1, 1)
+    return ((muon * dense_m + scalar * (dense - dense_m)) / dense_div
+            + (muon * expert_m + scalar * (expert - expert_m)) / expert_div)
+
+
 def shard_params(st: StrategyConfig, stage: Stage) -> float:
     """Parameters whose optimizer state this rank owns: all of them without the
     distributed optimizer; otherwise dense / (dp * cp) and experts / edp."""
@@ -131,7 +150,7 @@ def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
     grouped (expert) linears do so from 2.10.
     """
     total = stage.params
-    opt = optimizer_bytes_per_param(st) * shard_params(st, stage) * device_optimizer_share(st)
+    opt = optimizer_state_bytes(st, stage) * device_optimizer_share(st)
     te = 0.0
     if st.te_at_least("2.3"):
         grouped_too = st.te_at_least("2.10")
