@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
-from simumax.graph import fp8
-from simumax.config.model import ModelConfig
 from simumax.dp import muon
 from simumax.dp.muon import muon_params
+from simumax.graph import fp8
 from simumax.graph.kernels import Kernel, MemBound
 from simumax.graph.ops import Stage
 from simumax.memory.model_states import (
@@ -39,7 +39,9 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
     false skips it), grad norm (4).
     After: clip scale (8), Adam (read grad, master, m, v; write master, m, v:
     4 + 2*12), master -> bf16 param (4 + 2), and zeroing the full main-grad buffer (g);
-    then the host's share when the optimizer is offloaded.
+    then the host's share when the optimizer is offloaded. With Muon (``model`` and
+    ``kernel_cost``, which prices its Newton-Schulz GEMMs) Adam steps only the weights Muon
+    does not, and Muon's own step over the rest follows (dp/muon.py).
 
     With TransformerEngine's FusedAdam holding the masters (precision-aware optimizer,
     ``te_fused_adam_masters``) the step reads the main grads as they are (``decoupled_grad``:
