@@ -109,3 +109,16 @@ def test_megatron_flags_round_trip() -> None:
     assert dist.optimizer == "muon" and dist.zero_state == 1
     assert any("--muon-momentum" in n and "no effect" in n for n in notes)
     assert any("--muon-tp-mode" in n and "not modelled" in n for n in notes)
+
+
+def test_layer_wise_packing_by_hand() -> None:
+    """Megatron packs whole weights largest first onto the rank holding the fewest elements;
+    the busiest rank's seconds set the step. Sizes 10, 6, 5, 5 with 1.0, 5.0, 0.5, 0.5 s over
+    two ranks: 10 -> rank 0, 6 -> rank 1, 5 -> rank 1 (6 < 10), 5 -> rank 0 (10 < 11): rank 1
+    takes 5.5 s where an even split would say 3.5; more ranks than weights: the longest."""
+    from simumax.dp.muon import _busiest_owner
+
+    weights = [(10, 1.0, 1), (6, 5.0, 1), (5, 0.5, 2)]
+    assert _busiest_owner(weights, 2) == 5.5
+    assert _busiest_owner(weights, 8) == 5.0
+    assert _busiest_owner(weights, 1) == 7.0

@@ -14,13 +14,14 @@ QKV weight is orthogonalised as its q, k and v parts; ``muon_tp_mode`` blockwise
 default) orthogonalises each TP rank's shard on its own.
 
 With the distributed optimizer (``zero_state`` 1: ``--use-distributed-optimizer``, which
-makes Muon layer-wise) each data-parallel rank owns whole weights — about 1/dp of them,
-bin-packed by size (experts over the expert-data-parallel group) — steps only those and
-all-gathers the parameters, as ZeRO-1 moves them; without it every rank steps every weight.
+makes Muon layer-wise) each data-parallel rank owns whole weights — bin-packed by size, about
+1/dp of them (experts over the expert-data-parallel group) — steps only those and all-gathers
+the parameters, as ZeRO-1 moves them; without it every rank steps every weight.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Callable
 
@@ -107,20 +108,38 @@ def ns_flops(m: Matrix, steps: int) -> float:
 def step_seconds(model: ModelConfig, st: StrategyConfig, stage: Stage, cost: Callable[[Kernel], float]) -> float:
     """The Muon part of one rank's step: per weight it steps, the momentum update (read the
     fp32 gradient and the buffer, write the buffer), the orthogonalisation, the master update
-    (read master and update, write master) and its cast to the parameter; with the
-    distributed optimizer 1/dp of the weights (experts: 1/edp), no less than the largest."""
+    (read master and update, write master) and its cast to the parameter. With the
+    distributed optimizer the weights go to the dp ranks (experts: edp) as Megatron packs them,
+    largest first onto the least-filled rank by size (``_compute_per_buffer_param_layout``'s
+    LPT, here over the rank's whole model chunk rather than bucket by bucket), and the rank
+    whose weights take longest sets the time: the Newton-Schulz work grows with a weight's
+    short side, which the packing by size does not see."""
     total = 0.0
     for expert in (False, True):
         mats = [(m, n) for m, n in stage_matrices(model, st, stage) if m.expert == expert]
         if not mats:
             continue
-        per = [(sum(map(cost, ns_kernels(m, st.muon_num_ns_steps)))
+        per = [(m.rows * m.cols, sum(map(cost, ns_kernels(m, st.muon_num_ns_steps)))
                 + cost(MemBound("muon.momentum_update", m.rows * m.cols * 3.0 * FP32))
                 + cost(MemBound("muon.update_master", m.rows * m.cols * (3.0 * FP32 + FP32 + st.dtype_bytes))), n)
                for m, n in mats]
-        whole = sum(t * n for t, n in per)
-        if st.zero_state >= 1:
-            owners = st.edp_size if expert else st.dp_shard_size
-            whole = max(whole / owners, max(t for t, _ in per))
-        total += whole
+        if st.zero_state < 1:
+            total += sum(t * n for _, t, n in per)
+            continue
+        total += _busiest_owner(per, st.edp_size if expert else st.dp_shard_size)
     return total
+
+
+def _busiest_owner(weights: list[tuple[int, float, int]], owners: int) -> float:
+    """Seconds of the busiest of ``owners`` ranks when (size, seconds, how many) weights are
+    packed largest first onto the rank holding the fewest elements."""
+    items = sorted(((size, t) for size, t, n in weights for _ in range(n)), reverse=True)
+    if owners >= len(items):
+        return max(t for _, t in items)
+    heap = [(0, i) for i in range(owners)]  # (elements held, rank)
+    seconds = [0.0] * owners
+    for size, t in items:
+        held, rank = heapq.heappop(heap)
+        seconds[rank] += t
+        heapq.heappush(heap, (held + size, rank))
+    return max(seconds)
