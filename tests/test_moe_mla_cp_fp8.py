@@ -525,3 +525,39 @@ def test_shared_expert_gate_by_hand() -> None:
     # recomputing the shared experts (or the whole MoE layer) drops the kept copy
     rec = st.with_updates({"enable_recompute": True, "megatron_recompute": True, "megatron_recompute_modules": ["shared_experts"]})
     assert kept(Estimate(m1, rec, sy)) == pytest.approx(kept(Estimate(m0, rec, sy)), rel=1e-12)
+
+
+def test_fp8_expert_rows_padded_for_the_quantized_gemms() -> None:
+    """megatron-core experts.py with fp8 (or fp4): TE's Fp8Padding copies each expert's rows
+    into the quantized GEMMs' alignment before FC1 and Fp8Unpadding copies them back after
+    FC2; backward copies their gradients the same way: four copies of the busiest rank's
+    [rows, h] per layer (read and write), the probabilities padded beside. The router can
+    pad instead (--moe-router-padding-for-quantization): no copies; bf16: none."""
+    from simumax.export.megatron_flags import megatron_flags, model_flags
+    from simumax.graph.kernels import MemBound
+    from simumax.importers.megatron_args import parse_megatron_args
+
+    m = load_model("mixtral-8x7b").with_updates({"layer_num": 1, "moe_pad_expert_input_to_capacity": False, "capacity": None})
+
+    def copies(**st):
+        e = _est(m, world_size=8, ep_size=8, **st)
+        out = {}
+        for o in e.stages[0].ops:
+            for k in (*o.fwd, *o.bwd_input):
+                if isinstance(k, MemBound) and ".quant_" in k.name:
+                    out[k.name] = k.bytes
+        return e, out
+
+    e, fp8 = copies(fp8=True)
+    rows = next(o for o in e.stages[0].ops if o.module == "expert_fc1").input[0][1] / (4096 * 2)
+    big = 2 * rows * 4096 * 2
+    assert fp8 == {"expert_fc1.quant_pad": big + rows * 8, "expert_fc1.quant_unpad_grad": big,
+                   "expert_fc2.quant_unpad": big, "expert_fc2.quant_pad_grad": big}
+    assert copies(fp8=True, moe_router_padding_for_quantization=True)[1] == {} and copies()[1] == {}
+    padded = _est(m, world_size=8, ep_size=8, fp8=True, moe_router_padding_for_quantization=True)
+    assert padded.cost().duration_time_per_iter < e.cost().duration_time_per_iter
+    flags = model_flags(m) + megatron_flags(padded.strategy, m)
+    assert "--moe-router-padding-for-quantization" in flags
+    assert parse_megatron_args(flags, world_size=8)[1].moe_router_padding_for_quantization
+    old = model_flags(m) + ["--seq-length", "4096", "--bf16", "--moe-router-padding-for-fp8"]
+    assert parse_megatron_args(old, world_size=8)[1].moe_router_padding_for_quantization

@@ -128,6 +128,8 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--overlap-param-gather-with-optimizer-step": ("s", "overlap_param_gather_with_optimizer_step", True),
     "--use-nccl-ub": ("s", "nccl_ub", True),
     "--muon-no-split-qkv": ("s", "muon_split_qkv", False),
+    "--moe-router-padding-for-fp8": ("s", "moe_router_padding_for_quantization", True),  # 0.19's alias; the one after is written
+    "--moe-router-padding-for-quantization": ("s", "moe_router_padding_for_quantization", True),
     "--use-sharp": ("s", "use_sharp", True),
 }
 

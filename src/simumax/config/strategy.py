@@ -143,6 +143,10 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
         "group-limited top-k, scaling and the dense probabilities in one kernel each way, the aux-loss scores and "
         "loss in one each.",
     )
+    moe_router_padding_for_quantization: bool = Field(
+        False, description="Megatron --moe-router-padding-for-quantization (--moe-router-padding-for-fp8): the router "
+        "pads each expert's tokens for the fp8 / fp4 grouped GEMMs, so the experts' pad and unpad copies do not run.",
+    )
     apply_rope_fusion: bool = Field(
         True, description="Fused RoPE (Megatron's default; --no-rope-fusion turns it off): one TransformerEngine kernel "
         "on q and k, and for MLA megatron-core's two YaRN kernels; off, megatron-core's torch RoPE (t*cos + "

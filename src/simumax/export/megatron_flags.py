@@ -75,6 +75,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
             f.append(switch_flag("s", "moe_permute_fusion"))
         if st.moe_router_fusion:
             f.append(switch_flag("s", "moe_router_fusion"))
+        if st.moe_router_padding_for_quantization:
+            f.append(switch_flag("s", "moe_router_padding_for_quantization"))
         if st.moe_apply_probs_on_input:
             f.append(switch_flag("s", "moe_apply_probs_on_input"))
         if st.moe_router_dtype is not None:

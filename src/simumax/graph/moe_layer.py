@@ -157,6 +157,18 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
         casts, grad_cast = fp8_recipe.linear_casts(recipe, f"{P}.{name}", x[1] / st.dtype_bytes, out_bytes / st.dtype_bytes,
                                                    ng * k * n, st.dtype_bytes, st.fp8_weights_kept, wgrad_fp8)
         fwd, dgrad = (*casts, *fwd), (*grad_cast, *dgrad)
+    fwd_transient = 0.0
+    if fp8 and mode != "merged" and not st.moe_router_padding_for_quantization:
+        # megatron-core experts.py: each expert's rows padded to the quantized GEMMs' alignment
+        # (TE's Fp8Padding before FC1, Fp8Unpadding after FC2; SequentialMLP pads per expert
+        # and concatenates), a copy of the rows each way and of their gradients in backward
+        if module == "expert_fc1":
+            pad = MemBound(f"{name}.quant_pad", 2.0 * x[1] + md.expert_rows * 2.0 * FP32)
+            fwd, dgrad = (pad, *fwd), (*dgrad, MemBound(f"{name}.quant_unpad_grad", 2.0 * x[1]))
+            fwd_transient = x[1]
+        else:
+            fwd, dgrad = (*fwd, MemBound(f"{name}.quant_unpad", 2.0 * out_bytes)), (
+                MemBound(f"{name}.quant_pad_grad", 2.0 * out_bytes), *dgrad)
     grad_buffer = 0.0
     if not st.gradient_accumulation_fusion:
         # TE GroupedLinear's fuse_wgrad_accumulation off: the weight gradients are written and
@@ -168,7 +180,7 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
     params = ng * (k * n + (n if bias else 0))
     return Op(
         name=f"{P}.{name}", module=module, layer=layer, fwd=fwd, bwd_input=dgrad, bwd_weight=wgrad,
-        saved=saved, input=(x,), bwd_transient=out_bytes + x[1] + grad_buffer,
+        saved=saved, input=(x,), fwd_transient=fwd_transient, bwd_transient=out_bytes + x[1] + grad_buffer,
         params=params, expert_params=params, weight_shapes=((n, k),),
     )
 

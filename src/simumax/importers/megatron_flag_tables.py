@@ -100,8 +100,6 @@ NOT_MODELLED = {
     "--log-params-norm": _LOG, "--log-num-zeros-in-grad": _LOG,
     "--empty-unused-memory-level": "torch.cuda.empty_cache between steps: the allocator's time and its cache",
     "--tp-comm-overlap-cfg": "userbuffers settings from a file: TransformerEngine's defaults are modelled",
-    "--moe-router-padding-for-fp8": "each expert's rows padded to a multiple of 16 / 32 for the quantized GEMMs",
-    "--moe-router-padding-for-quantization": "each expert's rows padded to a multiple of 16 / 32 for the quantized GEMMs",
     "--moe-input-jitter-eps": "one element-wise pass over the router's input",
     "--fp32-residual-connection": "the residual stream in fp32: its activations and element-wise passes at 4 bytes",
     "--deterministic-mode": "deterministic kernels (slower attention backward and reductions)",
