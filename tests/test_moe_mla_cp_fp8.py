@@ -561,3 +561,33 @@ def test_fp8_expert_rows_padded_for_the_quantized_gemms() -> None:
     assert parse_megatron_args(flags, world_size=8)[1].moe_router_padding_for_quantization
     old = model_flags(m) + ["--seq-length", "4096", "--bf16", "--moe-router-padding-for-fp8"]
     assert parse_megatron_args(old, world_size=8)[1].moe_router_padding_for_quantization
+
+
+def test_latent_moe_by_hand() -> None:
+    """--moe-latent-size w (megatron-core 0.19 moe_layer.py): hidden -> w before the dispatch and
+    w -> hidden after the combine (duplicated TE linears, 2·h·w parameters per MoE layer); the
+    all-to-all moves w-wide rows and the experts' GEMMs run K = w (FC1) and N = w (FC2); router
+    and shared experts keep the hidden width. Refused with the shared-expert overlap (Megatron
+    asserts it in training); Megatron's flag both ways."""
+    from simumax.export.megatron_flags import megatron_flags, model_flags
+    from simumax.importers.megatron_args import parse_megatron_args
+
+    m = load_model("deepseek-v2-lite").with_updates({"layer_num": 2})  # layer 0 dense, layer 1 MoE: h 2048, 64 experts of 1408
+    lat = m.with_updates({"moe_latent_size": 512})
+    full, small = (_est(x, world_size=8, ep_size=8) for x in (m, lat))
+
+    def a2a(e):
+        return [k.bytes for k in _kernels(e) if isinstance(k, Collective) and k.op == "all2all"]
+
+    assert [b * 2048 / 512 for b in a2a(small)] == a2a(full)
+    gg = {k.stage: k for k in _kernels(small) if isinstance(k, GroupGemm)}
+    assert (gg["fwd"].K, gg["fwd"].N) in {(512, 2 * 1408), (1408, 512)}
+    shapes = {(k.K, k.N) for k in _kernels(small) if isinstance(k, GroupGemm)}
+    assert shapes == {(512, 2 * 1408), (1408, 512)}
+    experts_full = 64 * 3 * 2048 * 1408
+    assert full.params.total - small.params.total == experts_full - experts_full * 512 // 2048 - 2 * 2048 * 512
+    with pytest.raises(ConfigError, match="moe_latent_size"):
+        _est(lat, world_size=8, ep_size=8, moe_shared_expert_overlap=True).cost()
+    flags = model_flags(lat) + megatron_flags(small.strategy, lat)
+    assert "--moe-latent-size 512" in flags
+    assert parse_megatron_args(flags, world_size=8)[0].moe_latent_size == 512

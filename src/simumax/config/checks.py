@@ -96,6 +96,8 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
             raise ConfigError("moe_shared_expert_overlap", "needs the all-to-all or flex dispatcher, not all_gather")
         if st.overlap_moe_expert_parallel_comm:
             raise ConfigError("moe_shared_expert_overlap", "with overlap_moe_expert_parallel_comm is not modelled")
+        if model.moe_latent_size:
+            raise ConfigError("moe_shared_expert_overlap", "with moe_latent_size is not supported in training (Megatron)")
     if st.moe_apply_probs_on_input and not (model.is_moe and model.topk == 1):
         # megatron-core experts.py: "`moe_apply_probs_on_input` only works with `moe_router_topk`=1."
         raise ConfigError("moe_apply_probs_on_input", f"needs a MoE model with top-1 routing (topk {model.topk})")

@@ -64,6 +64,7 @@ VALUED: dict[str, tuple[str, str, type]] = {
     "--moe-flex-dispatcher-num-sms": ("s", "moe_flex_dispatcher_num_sms", int),
     "--moe-router-dtype": ("s", "moe_router_dtype", str),
     "--muon-num-ns-steps": ("s", "muon_num_ns_steps", int),
+    "--moe-latent-size": ("m", "moe_latent_size", int),
     "--muon-scalar-optimizer": ("s", "muon_scalar_optimizer", str),
     "--ddp-bucket-size": ("s", "ddp_bucket_size", int),
     "--main-params-dtype": ("s", "main_params_dtype", str),

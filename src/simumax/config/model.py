@@ -63,6 +63,10 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
     moe_shared_expert_intermediate_size: PositiveInt | None = Field(
         None, description="Hidden size of the shared expert(s) in total; absent means none."
     )
+    moe_latent_size: PositiveInt | None = Field(
+        None, description="Latent MoE (Megatron --moe-latent-size): the routed experts work in this width, the tokens "
+        "projected down to it before the dispatch and back up after the combine (duplicated TE linears); null: hidden.",
+    )
     moe_shared_expert_gate: bool = Field(
         False, description="The shared expert's output scaled by a per-token sigmoid gate of the layer input "
         "(Megatron --moe-shared-expert-gate; Qwen2-MoE's shared_expert_gate).",

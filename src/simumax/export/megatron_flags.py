@@ -237,6 +237,8 @@ def model_flags(model: ModelConfig) -> list[str]:
             f.append(_m("moe_shared_expert_intermediate_size", model.moe_shared_expert_intermediate_size))
             if model.moe_shared_expert_gate:
                 f.append(switch_flag("m", "moe_shared_expert_gate"))
+        if model.moe_latent_size:
+            f.append(_m("moe_latent_size", model.moe_latent_size))
         # routing options that differ from Megatron's defaults
         for name, default in ROUTER_DEFAULTS.items():
             value = getattr(model, name)

@@ -268,6 +268,17 @@ def _probs_on_input(P: str, layer: int, md: MoeDims, tokens: Tensor, h: int, ab:
     return op, weighted
 
 
+def _latent_projections(P: str, layer: int, d: Dims, ln_out: Tensor, down_out: Tensor, up_in: Tensor, up_out: Tensor,
+                        w: int) -> tuple[list[Op], list[Op]]:
+    """Latent MoE's projections (megatron-core 0.19 moe_layer.py ``fc1_latent_proj`` /
+    ``fc2_latent_proj``: TE linears in "duplicated" mode, every TP rank the whole weight, on its
+    own sequence-sharded tokens): hidden -> latent after the router, latent -> hidden after the
+    combine; the router and the shared experts keep the full hidden state."""
+    down = linears.replicated_linear(f"{P}.moe_latent_down", "moe_latent_proj", layer, d, ln_out, d.h, w)
+    up = linears.replicated_linear(f"{P}.moe_latent_up", "moe_latent_proj", layer, d, up_in, w, d.h)
+    return [down.with_(output=down_out)], [up.with_(output=up_out)]
+
+
 def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_mid: Tensor) -> list[Op]:
     P = f"L{layer}"
     md = MoeDims.of(model, st, d)
@@ -276,13 +287,20 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
     ln_out = (f"{P}.mlp_norm.out", d.act(h, local=True))
     rows = md.expert_rows
     ab = st.dtype_bytes
-    tokens = (f"{P}.moe.tokens", float(rows * h * ab))
+    # latent MoE (Megatron --moe-latent-size): the tokens go down to the latent width before
+    # the dispatch and come back up after the combine; the experts run in it
+    w = model.moe_latent_size or h
+    tokens = (f"{P}.moe.tokens", float(rows * w * ab))
     swiglu = model.use_swiglu
     fc1_n = 2 * md.ffn if swiglu else md.ffn
     fc1_out = (f"{P}.expert_fc1.out", float(rows * fc1_n * ab))
     act_out = (f"{P}.moe_act.out", float(rows * md.ffn * ab))
-    fc2_out = (f"{P}.expert_fc2.out", float(rows * h * ab))
+    fc2_out = (f"{P}.expert_fc2.out", float(rows * w * ab))
     routed = (f"{P}.moe.routed", d.act(h, local=True))
+    disp_in, combined, latent_down, latent_up = ln_out, routed, [], []
+    if model.moe_latent_size:
+        disp_in, combined = (f"{P}.moe.latent_in", d.act(w, local=True)), (f"{P}.moe.latent_out", d.act(w, local=True))
+        latent_down, latent_up = _latent_projections(P, layer, d, ln_out, disp_in, combined, routed, w)
     local = st.transformer_impl == "local"
     # the local spec's experts always weight by the probs; applying them on the input needs them there
     probs_in_experts = st.dispatch_probs or local or st.moe_apply_probs_on_input
@@ -307,23 +325,23 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         saved=tuple(act_saved), input=(fc1_out,), output=act_out, bwd_transient=fc1_out[1] + act_out[1],
     )
     if st.moe_dispatcher_policy == "all_gather":
-        dispatch, combine = _allgather_dispatch(P, layer, d, md, ln_out, tokens, h)
-        combine = combine.with_(input=(fc2_out,), output=routed)
+        dispatch, combine = _allgather_dispatch(P, layer, d, md, disp_in, tokens, w)
+        combine = combine.with_(input=(fc2_out,), output=combined)
     else:
         fused = st.moe_permute_fusion and not local  # TE's fused permute kernels
-        dispatch = _dispatch(P, layer, d, md, ln_out, tokens, h, probs_in_experts, pad, fused)
-        combine = _combine(P, layer, d, md, fc2_out, routed, h, probs_in_experts, pad, fused)
+        dispatch = _dispatch(P, layer, d, md, disp_in, tokens, w, probs_in_experts, pad, fused)
+        combine = _combine(P, layer, d, md, fc2_out, combined, w, probs_in_experts, pad, fused)
     on_input: list[Op] = []
     fc1_in = tokens
     if st.moe_apply_probs_on_input:
-        op, fc1_in = _probs_on_input(P, layer, md, tokens, h, ab)
+        op, fc1_in = _probs_on_input(P, layer, md, tokens, w, ab)
         on_input.append(op)
     routed_ops = [
         dispatch,
         *on_input,
-        _experts(P, "expert_fc1", "expert_fc1", layer, st, md, fc1_in, h, fc1_n, bias=model.add_bias_linear).with_(output=fc1_out),
+        _experts(P, "expert_fc1", "expert_fc1", layer, st, md, fc1_in, w, fc1_n, bias=model.add_bias_linear).with_(output=fc1_out),
         act,
-        _experts(P, "expert_fc2", "expert_fc2", layer, st, md, act_out, md.ffn, h, bias=model.add_bias_linear).with_(output=fc2_out),
+        _experts(P, "expert_fc2", "expert_fc2", layer, st, md, act_out, md.ffn, w, bias=model.add_bias_linear).with_(output=fc2_out),
         combine,
     ]
     for i, op in enumerate(routed_ops):
@@ -334,7 +352,9 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
     ops = [
         blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance, residual=True).with_(output=ln_out),
         _router(P, layer, model, st, d, md, ln_out, h, local),
+        *latent_down,
         *routed_ops,
+        *latent_up,
     ]
     if model.moe_shared_expert_intermediate_size:
         ops += [*shared_expert_ops(P, layer, model, st, d, ln_out),

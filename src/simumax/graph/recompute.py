@@ -32,7 +32,8 @@ MEGATRON_MODULES = {
     "mlp": [("mlp", {"fc1", "act", "fc2"})],
     "layernorm": [("attn_norm", {"attn_norm"}), ("mlp_norm", {"mlp_norm"})],
     "moe_act": [("moe_act", {"moe_act"})],
-    "moe": [("moe", {"router", "dispatch", "expert_fc1", "moe_act", "expert_fc2", "combine", "moe_sum", *SHARED_EXPERT_MODULES})],
+    "moe": [("moe", {"router", "moe_latent_proj", "dispatch", "expert_fc1", "moe_act", "expert_fc2", "combine", "moe_sum",
+                     *SHARED_EXPERT_MODULES})],
     "shared_experts": [("shared", set(SHARED_EXPERT_MODULES))],
     "mla_up_proj": [("mla_up", {"mla_up_proj", "mla_rope"})],
 }
@@ -40,8 +41,8 @@ MEGATRON_MODULES = {
 SUB_BLOCKS = {
     "attn_only": [("attn", {"attn_norm", "qkv", "q_down", "mla_q_norm", "kv_down", "mla_kv_norm", "mla_up_proj",
                             "mla_rope", "qkv_split", "rope", "core_attn", "attn_proj", "attn_post_norm"})],
-    "mlp_only": [("mlp", {"mlp_norm", "fc1", "act", "fc2", "mlp_post_norm", "router", "dispatch", "expert_fc1", "moe_act",
-                          "expert_fc2", "combine", "moe_sum", *SHARED_EXPERT_MODULES})],
+    "mlp_only": [("mlp", {"mlp_norm", "fc1", "act", "fc2", "mlp_post_norm", "router", "moe_latent_proj", "dispatch", "expert_fc1",
+                          "moe_act", "expert_fc2", "combine", "moe_sum", *SHARED_EXPERT_MODULES})],
     "sdp_only": [("attn", {"core_attn"})],
 }
 
