@@ -10,8 +10,8 @@ iterations (quintic: A = X·Xᵀ, B = b·A + c·A·A, X = a·X + B·X on the sho
 4·m²·n + 2·m³ FLOPs each, in fp32 at the "medium" matmul precision, so on the bf16 tensor
 cores), and the update of the fp32 master, cast to the bf16 parameter (bf16 training wraps
 it in ``Float16OptimizerWithFloat16Params``). With ``muon_split_qkv`` (the default) the fused
-QKV weight is orthogonalised as its q, k and v parts; ``muon_tp_mode`` blockwise (the
-default) orthogonalises each TP rank's shard on its own.
+QKV weight is orthogonalised as its q, k and v parts; Megatron's ``--muon-tp-mode blockwise``
+(its default, the one modelled) orthogonalises each TP rank's shard on its own.
 
 With the distributed optimizer (``zero_state`` 1: ``--use-distributed-optimizer``, which
 makes Muon layer-wise) each data-parallel rank owns whole weights — bin-packed by size, about
