@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from simumax.dp.buckets import GradBucket, ParamOrder, bucket_key, bucket_size, grad_buckets
 from simumax.dp.optimizer_step import step_passes
 from simumax.memory.model_states import fp8_weight_params, stored_param_bytes
-from simumax.graph.kernels import Collective, Kernel, MemBound
+from simumax.graph.kernels import Collective
 from simumax.graph.mtp import MODULE_EMBEDDING
 from simumax.graph.ops import Stage
 
@@ -138,13 +138,8 @@ class DataParallelStep:
     def optimizer_passes(self) -> list[tuple[float, float]]:
         """Per rank: the optimizer step over its shard, (before, after) the gradient-norm
         all-reduce in seconds (dp/optimizer_step.py)."""
-        cm = self.compute_model
-        cost = cm.membound
-
-        def kernel_cost(k: Kernel) -> float:  # Muon's Newton-Schulz GEMMs beside its passes
-            return cm.membound(k) if isinstance(k, MemBound) else cm.compute(k)[0]
-
-        return [step_passes(self.strategy, self.system, stage, cost, self.model, kernel_cost) for stage in self.stages]
+        cost = self.layer_profiles.coster.kernel  # memory-bound passes, and Muon's GEMMs
+        return [step_passes(self.strategy, self.system, stage, cost, self.model) for stage in self.stages]
 
     def optimizer_time(self, stage: Stage) -> float:
         return sum(self.optimizer_passes[stage.index])

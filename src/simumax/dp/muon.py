@@ -41,18 +41,23 @@ class Matrix:
     expert: bool
 
 
+def _linear_weights(o: Op) -> list[Matrix]:
+    """The 2-D weights of a TE linear op on this rank (``weight_shapes``); an expert op's
+    shape stands for each of its local experts."""
+    return [Matrix(n, k, max(1, o.expert_params // (n * k)), True) if o.expert_params else Matrix(n, k, 1, False)
+            for n, k in o.weight_shapes]
+
+
 def _op_matrices(o: Op, model: ModelConfig, st: StrategyConfig) -> list[Matrix]:
-    """The Muon-managed weights of one op on this rank."""
+    """The Muon-managed weights of one op on this rank, as Muon orthogonalises them."""
     if o.module == "router":
         return [Matrix(model.expert_num or 1, model.hidden_size, 1, False)]
     out = []
-    for n, k in o.weight_shapes:
-        if o.expert_params:
-            out.append(Matrix(n, k, max(1, o.expert_params // (n * k)), True))
-        elif o.module == "qkv" and st.muon_split_qkv:
-            out += [Matrix(r, k, 1, False) for r in _qkv_rows(model, st, n)]
+    for m in _linear_weights(o):
+        if o.module == "qkv" and not m.expert and st.muon_split_qkv:
+            out += [Matrix(r, m.cols, 1, False) for r in _qkv_rows(model, st, m.rows)]
         else:
-            out.append(Matrix(n, k, 1, False))
+            out.append(m)
     return out
 
 
@@ -81,14 +86,14 @@ def muon_params(stage: Stage) -> tuple[int, int]:
     dense = expert = 0
     for ops, times in stage.groups():
         for o in ops:
-            if o.module == "router":
+            if o.module == "router":  # its [E, h] weight is all the op's parameters
                 dense += o.params * times
                 continue
-            for n, k in o.weight_shapes:
-                if o.expert_params:
-                    expert += max(1, o.expert_params // (n * k)) * n * k * times
+            for m in _linear_weights(o):
+                if m.expert:
+                    expert += m.rows * m.cols * m.count * times
                 else:
-                    dense += n * k * times
+                    dense += m.rows * m.cols * times
     return dense, expert
 
 

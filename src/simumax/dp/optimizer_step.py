@@ -17,16 +17,16 @@ from simumax.memory.model_states import (
     device_optimizer_share,
     fp8_weight_params,
     keeps_param_remainders,
-    master_bytes_per_param,
     optimizer_bytes_per_param,
+    shard_of,
     shard_params,
     stored_param_bytes,
     te_fused_adam_masters,
 )
 
 
-def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Callable[[MemBound], float],
-                model: ModelConfig | None = None, kernel_cost: Callable[[Kernel], float] | None = None) -> tuple[float, float]:
+def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Callable[[Kernel], float],
+                model: ModelConfig | None = None) -> tuple[float, float]:
     """(before, after) the gradient-norm all-reduce, in seconds, for one rank (bytes/param).
 
     Before: the DDP buffers' scaling by 1/dp (read and write g per scaled parameter,
@@ -39,9 +39,9 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
     false skips it), grad norm (4).
     After: clip scale (8), Adam (read grad, master, m, v; write master, m, v:
     4 + 2*12), master -> bf16 param (4 + 2), and zeroing the full main-grad buffer (g);
-    then the host's share when the optimizer is offloaded. With Muon (``model`` and
-    ``kernel_cost``, which prices its Newton-Schulz GEMMs) Adam steps only the weights Muon
-    does not, and Muon's own step over the rest follows (dp/muon.py).
+    then the host's share when the optimizer is offloaded. With Muon (given ``model``; ``cost``
+    prices its Newton-Schulz GEMMs too) Adam steps only the weights Muon does not, and Muon's
+    own step over the rest follows (dp/muon.py).
 
     With TransformerEngine's FusedAdam holding the masters (precision-aware optimizer,
     ``te_fused_adam_masters``) the step reads the main grads as they are (``decoupled_grad``:
@@ -73,14 +73,11 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
     fp8_share = fp8_weight_params(stage) / stage.params if st.fp8_param_gather and stage.params else 0.0
     param_bytes = stored_param_bytes(st, shard, shard * fp8_share) + (shard * fp8_share * 4 if r and r.amax_pass else 0.0)
     muon_time, adam_shard = 0.0, shard
-    if st.optimizer == "muon" and model is not None and kernel_cost is not None:
+    if st.optimizer == "muon" and model is not None:
         # Muon steps the 2-D weights (dp/muon.py), the scalar optimizer the rest
-        dense_m, expert_m = muon_params(stage)
-        owned = dense_m / st.dp_shard_size + expert_m / st.edp_size if st.zero_state >= 1 else dense_m + expert_m
-        adam_shard = max(0.0, shard - owned)
+        adam_shard = max(0.0, shard - shard_of(st, *muon_params(stage)))
         param_bytes *= adam_shard / shard if shard else 0.0
-        states = master_bytes_per_param(st) + (2 if st.muon_scalar_optimizer == "adam" else 1) * 4
-        muon_time = muon.step_seconds(model, st, stage, kernel_cost)
+        muon_time = muon.step_seconds(model, st, stage, cost)
     if te_adam:
         param_io = param_bytes * (2 if keeps_param_remainders(st) else 1)  # written; read too to rebuild the master
         stepped = [MemBound("optimizer.adam", adam_shard * (step_grad + 2 * states) + param_io)]

@@ -66,8 +66,10 @@ def master_bytes_per_param(st: StrategyConfig) -> int:
 
 
 def optimizer_bytes_per_param(st: StrategyConfig) -> int:
-    """Master copy + Adam moments (fp32 unless the precision-aware optimizer says otherwise)."""
-    return master_bytes_per_param(st) + STATE_BYTES[st.exp_avg_dtype] + STATE_BYTES[st.exp_avg_sq_dtype]
+    """Master copy + Adam moments (fp32 unless the precision-aware optimizer says otherwise);
+    with Muon, of the parameters its scalar optimizer steps (Lion keeps one moment)."""
+    lion = st.optimizer == "muon" and st.muon_scalar_optimizer == "lion"
+    return master_bytes_per_param(st) + STATE_BYTES[st.exp_avg_dtype] + (0 if lion else STATE_BYTES[st.exp_avg_sq_dtype])
 
 
 def optimizer_state_bytes(st: StrategyConfig, stage: Stage) -> float:
@@ -80,22 +82,23 @@ def optimizer_state_bytes(st: StrategyConfig, stage: Stage) -> float:
         return optimizer_bytes_per_param(st) * shard_params(st, stage)
     from simumax.dp.muon import muon_params  # dp/ builds on this module
 
-    master = master_bytes_per_param(st)
-    muon, scalar = master + FP32, master + (2 if st.muon_scalar_optimizer == "adam" else 1) * FP32
+    muon, scalar = master_bytes_per_param(st) + FP32, optimizer_bytes_per_param(st)
     dense_m, expert_m = muon_params(stage)
     dense, expert = stage.params - stage.expert_params, stage.expert_params
-    dense_div, expert_div = (st.dp_shard_size, st.edp_size) if st.zero_state >= 1 else (1, 1)
-    return ((muon * dense_m + scalar * (dense - dense_m)) / dense_div
-            + (muon * expert_m + scalar * (expert - expert_m)) / expert_div)
+    return shard_of(st, muon * dense_m + scalar * (dense - dense_m), muon * expert_m + scalar * (expert - expert_m))
+
+
+def shard_of(st: StrategyConfig, dense: float, expert: float) -> float:
+    """This rank's share of dense and expert quantities the optimizer shards: all of them
+    without the distributed optimizer; otherwise dense / (dp * cp) and experts / edp."""
+    if st.zero_state < 1:
+        return float(dense + expert)
+    return dense / st.dp_shard_size + expert / st.edp_size
 
 
 def shard_params(st: StrategyConfig, stage: Stage) -> float:
-    """Parameters whose optimizer state this rank owns: all of them without the
-    distributed optimizer; otherwise dense / (dp * cp) and experts / edp."""
-    if st.zero_state < 1:
-        return float(stage.params)
-    dense = stage.params - stage.expert_params
-    return dense / st.dp_shard_size + stage.expert_params / st.edp_size
+    """Parameters whose optimizer state this rank owns (``shard_of``)."""
+    return shard_of(st, stage.params - stage.expert_params, stage.expert_params)
 
 
 def device_optimizer_share(st: StrategyConfig) -> float:
