@@ -97,3 +97,35 @@ def test_dropless_rows_on_the_busiest_rank() -> None:
     one = st.with_updates({"ep_size": 1, "world_size": 1})
     model = ModelConfig.init_from_dict(base)
     assert MoeDims.of(model, one, Dims.of(model, one)).rows_per_expert == math.ceil(2048 * 6 / 64)
+
+
+def test_dropless_dispatchers_wait_on_the_host() -> None:
+    """Megatron's all-to-all dispatcher without padding to capacity copies the token counts
+    to the host and waits before the all-to-all (token_dispatcher.py
+    ``_maybe_dtoh_and_synchronize``), once per MoE layer forward and again in its recompute,
+    after gathering every rank's counts; padded to capacity it does not; the all-gather
+    dispatcher's ``.cpu()`` waits either way. With nothing beside the forward (PP 1) each wait
+    adds ``host_sync_us`` to the iteration: 2 layers x 4 micro-batches x 130 us, twice that
+    with full recompute."""
+    from simumax.config.loader import load_model, load_strategy, load_system
+    from simumax.estimate import Estimate
+    from simumax.graph.kernels import HOST_SYNC, Collective
+
+    sy = load_system("a100-sxm-80gb")  # no power curve: an idle GPU's faster clock apart
+    dropless = load_model("mixtral-8x7b").with_updates({"layer_num": 2, "moe_pad_expert_input_to_capacity": False})
+    padded = dropless.with_updates({"moe_pad_expert_input_to_capacity": True, "capacity": 1})
+    st = load_strategy("ep8_pp1_dp8_mbs1").with_updates({"seq_len": 4096, "micro_batch_num": 4})
+
+    def extra(model, strategy) -> float:
+        t = [Estimate(model, strategy, sy.with_updates({"host_sync_us": us})).cost(band=False).duration_time_per_iter
+             for us in (130.0, 1e-9)]
+        return t[0] - t[1]
+
+    assert extra(dropless, st) == pytest.approx(2 * 4 * 130e-6, rel=1e-6)
+    assert extra(dropless, st.with_updates({"enable_recompute": True, "recompute_granularity": "full_block",
+                                            "recompute_layer_num": 2})) == pytest.approx(2 * 2 * 4 * 130e-6, rel=1e-6)
+    assert extra(padded, st) == pytest.approx(0.0, abs=1e-12)
+    assert extra(padded, st.with_updates({"moe_dispatcher_policy": "all_gather"})) == pytest.approx(2 * 4 * 130e-6, rel=1e-6)
+    dispatch = next(o for o in Estimate(dropless, st, sy).stages[0].ops if o.module == "dispatch")
+    kinds = [(k.family if not isinstance(k, Collective) else k.op) for k in dispatch.fwd]
+    assert kinds.index("all_gather") < kinds.index(HOST_SYNC) < kinds.index("all2all")  # counts, wait, send

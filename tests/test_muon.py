@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from simumax.config.loader import load_model, load_strategy, load_system
-from simumax.dp.muon import Matrix, muon_params, ns_flops, ns_kernels, stage_matrices
+from simumax.dp.muon import Matrix, _busiest_owner, elementwise_kernels, host_seconds, muon_params, ns_flops, ns_kernels, stage_matrices
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 from simumax.export.megatron_flags import megatron_flags, model_flags
-from simumax.graph.kernels import Gemm
+from simumax.graph.kernels import Gemm, MemBound
 from simumax.importers.megatron_args import parse_megatron_args
 
 SYSTEM = load_system("h100-sxm-80gb")
@@ -23,13 +23,47 @@ def _est(model=LLAMA, **st) -> Estimate:
 
 def test_newton_schulz_flops_by_hand() -> None:
     """On the short side m of an m x n weight, each quintic step is A = X X^T (2 m^2 n),
-    A·A (2 m^3) and B·X (2 m^2 n); the kernels before them normalise X (read twice, write)."""
+    A·A (2 m^3) and B·X (2 m^2 n), on TF32 tensor cores (fp32 at the "medium" precision);
+    the two addmm copy their fp32 input (A: m x m, X: m x n) into the output first and then
+    accumulate; the kernels before them normalise X (read twice, write)."""
     w = Matrix(14336, 4096, 1, False)
     m, n = 4096, 14336
     assert ns_flops(w, 5) == 5 * (4 * m * m * n + 2 * m**3)
-    gemms = [k for k in ns_kernels(w, 5) if isinstance(k, Gemm)]
+    kernels = ns_kernels(w, 5)
+    gemms = [k for k in kernels if isinstance(k, Gemm)]
     assert len(gemms) == 15 and sum(k.flops for k in gemms) == ns_flops(w, 5)
-    assert ns_kernels(w, 5)[0].bytes == 3 * 4 * m * n
+    assert {k.family for k in gemms} == {"tf32_matmul"} and [k.accumulate for k in gemms[:3]] == [False, True, True]
+    copies = [k.bytes for k in kernels if isinstance(k, MemBound) and k.name == "muon.addmm_copy"]
+    assert copies == [8 * m * m, 8 * m * n] * 5
+    assert kernels[0].bytes == 3 * 4 * m * n
+
+
+def test_elementwise_chain_by_hand() -> None:
+    """Besides the iterations a weight's step reads and writes, per element of its fp32
+    master: weight decay 4 + 4, momentum lerp_ 8 + 4, Nesterov lerp 8 + 4, two scale
+    products 2 x (4 + 4), update 8 + 4, cast to bf16 4 + 2: 78 B (emerging_optimizers'
+    OrthogonalizedOptimizer.step with Megatron's defaults)."""
+    e = 4096 * 1024
+    assert sum(k.bytes for k in elementwise_kernels(Matrix(4096, 1024, 1, False), 2)) == 78 * e - 12 * e  # normalise apart
+    assert sum(k.launches for k in elementwise_kernels(Matrix(4096, 1024, 1, False), 2)) == 7
+
+
+def test_host_bound_small_weights() -> None:
+    """The optimizer issues about 31 PyTorch ops per weight from Python (11 + 4 per
+    iteration at 5); a rank takes the longer of its weights' GPU time and that host time:
+    Qwen3-30B-A3B's experts (768 x 2048, 1536 x 2048) are host-bound at the 30 us default
+    (0.93 ms per weight; measured 0.73-1.00 on two H100 machines), a 4096 x 4096 weight
+    GPU-bound."""
+    assert host_seconds(5, 30.0) == pytest.approx(31 * 30e-6)
+    assert _busiest_owner([(100, 1e-4, 10)], 1, host_seconds(5, 30.0)) == pytest.approx(10 * 31 * 30e-6)
+    assert _busiest_owner([(100, 7e-3, 2)], 1, host_seconds(5, 30.0)) == pytest.approx(14e-3)
+    moe = load_model("qwen3-30b-a3b").with_updates({"layer_num": 2})
+    st = load_strategy("ep8_pp1_dp8_mbs1").with_updates({"optimizer": "muon"})
+    slow, fast = (Estimate(moe, st, SYSTEM.with_updates({"host_op_us": us})) for us in (30.0, 1.0))
+    t_slow, t_fast = (e.cost().breakdown["optimizer"] for e in (slow, fast))
+    experts = sum(n for m, n in stage_matrices(moe, st, slow.stages[0]) if m.expert)
+    assert experts == 2 * 2 * 128 // 8
+    assert t_fast < experts * host_seconds(5, 30.0) <= t_slow  # host-bound at 30 us, not at 1
 
 
 def test_which_weights_and_their_states() -> None:
@@ -116,8 +150,6 @@ def test_layer_wise_packing_by_hand() -> None:
     the busiest rank's seconds set the step. Sizes 10, 6, 5, 5 with 1.0, 5.0, 0.5, 0.5 s over
     two ranks: 10 -> rank 0, 6 -> rank 1, 5 -> rank 1 (6 < 10), 5 -> rank 0 (10 < 11): rank 1
     takes 5.5 s where an even split would say 3.5; more ranks than weights: the longest."""
-    from simumax.dp.muon import _busiest_owner
-
     weights = [(10, 1.0, 1), (6, 5.0, 1), (5, 0.5, 2)]
     assert _busiest_owner(weights, 2) == 5.5
     assert _busiest_owner(weights, 8) == 5.0

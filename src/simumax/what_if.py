@@ -80,6 +80,11 @@ def _host(d: Dump, f: float) -> None:
     d["host_mem_gbps"] *= f
 
 
+def _host_cpu(d: Dump, f: float) -> None:
+    d["host_op_us"] /= f
+    d["host_sync_us"] /= f
+
+
 @dataclass(frozen=True)
 class Resource:
     name: str
@@ -94,6 +99,7 @@ RESOURCES = (
     Resource("scale-out links", "networks.inter_node.bandwidth.gbps, nic_gbps", _scale_out),
     Resource("latencies", "every latency_us and fixed_latency_us (divided)", _latency),
     Resource("host link and memory", "host_link_gbps, host_mem_gbps", _host),
+    Resource("host CPU", "host_op_us, host_sync_us (divided)", _host_cpu),
 )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
-from simumax.graph.kernels import Attention, Gemm, GroupGemm, MemBound
+from simumax.graph.kernels import Attention, Gemm, GroupGemm, Kernel, MemBound
 
 
 @dataclass
@@ -47,7 +47,8 @@ def job_kernels(model: ModelConfig, strategy: StrategyConfig, system: SystemConf
     out = JobKernels()
     seen: set[object] = set()
     sizes: dict[str, set[float]] = defaultdict(set)
-    for k in itertools.chain.from_iterable(chunk.kernels() for chunk in est.chunks):
+    for k in itertools.chain(itertools.chain.from_iterable(chunk.kernels() for chunk in est.chunks),
+                             _optimizer_kernels(est)):
         if isinstance(k, MemBound):
             # a family's line is fitted in its table convention (the cross-entropy chain's)
             size = k.bytes if k.table_bytes is None else k.table_bytes
@@ -65,3 +66,14 @@ def job_kernels(model: ModelConfig, strategy: StrategyConfig, system: SystemConf
         else:
             out.attentions.append(k)
     return out
+
+
+def _optimizer_kernels(est) -> list[Kernel]:
+    """Muon's step kernels (its TF32 Newton-Schulz GEMMs, dp/muon.py) per weight shape."""
+    if est.strategy.optimizer != "muon":
+        return []
+    from simumax.dp.muon import elementwise_kernels, ns_kernels, stage_matrices
+
+    st = est.strategy
+    shapes = {m for stage in est.stages for m, _ in stage_matrices(est.model, st, stage)}
+    return [k for m in shapes for k in (*ns_kernels(m, st.muon_num_ns_steps), *elementwise_kernels(m, st.dtype_bytes))]

@@ -16,7 +16,7 @@ from simumax.config.base import snapshot, snapshot_field
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 from simumax.cost.efficiency_fit import MIN_FIT_ENTRIES, TableFit, default_curve, parse_key, wave_fraction
-from simumax.graph.kernels import TF32_PREFIX, Attention, Gemm, GroupGemm, MemBound
+from simumax.graph.kernels import HOST_SYNC, TF32_PREFIX, Attention, Gemm, GroupGemm, MemBound
 
 ComputeKernel = Gemm | GroupGemm | Attention
 
@@ -60,6 +60,8 @@ class ComputeModel:
         self._fits: dict[str, TableFit] = {}
         self._parsed: dict[str, dict[str, float]] = {}  # shape key -> sizes
         self._mem_lines: dict[str, tuple[str, float, float]] = {}  # family -> (source key, s/byte, latency)
+        # a host wait idles the GPU for the host's round trip (graph/kernels.HOST_SYNC)
+        self._mem_lines[HOST_SYNC] = (f"memory/{HOST_SYNC}/default", 0.0, system.host_sync_us * 1e-6)
         hbm = self.acc.bandwidth["default"]
         self._hbm_seconds_per_byte = 1.0 / (hbm.gbps * 1e9 * hbm.efficient_factor)
 

@@ -77,7 +77,7 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
         # Muon steps the 2-D weights (dp/muon.py), the scalar optimizer the rest
         adam_shard = max(0.0, shard - shard_of(st, *muon_params(stage)))
         param_bytes *= adam_shard / shard if shard else 0.0
-        muon_time = muon.step_seconds(model, st, stage, cost)
+        muon_time = muon.step_seconds(model, st, stage, cost, system.host_op_us)
     if te_adam:
         param_io = param_bytes * (2 if keeps_param_remainders(st) else 1)  # written; read too to rebuild the master
         stepped = [MemBound("optimizer.adam", adam_shard * (step_grad + 2 * states) + param_io)]

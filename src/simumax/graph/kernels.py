@@ -17,6 +17,9 @@ _OUT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # A GEMM family on fp32 operands run on TF32 tensor cores (Megatron's fp32 router GEMMs):
 # priced as its bf16 twin's shape at TF32's rate (cost/efficiency.py)
 TF32_PREFIX = "tf32_"
+# A MemBound of this family is no kernel: the GPU idles while the host waits for a
+# device-to-host copy and then issues work again (system.host_sync_us; cost/efficiency.py)
+HOST_SYNC = "host_sync"
 
 
 def operand_bytes(family: str) -> int:
@@ -188,7 +191,8 @@ def window_pairs(s: int, w: int) -> float:
 
 class MemBound(NamedTuple):
     """A bandwidth-bound kernel (norm, activation, add, softmax, CE, optimizer ...), or a
-    chain of ``launches`` such kernels that a family's measured line times as one unit.
+    chain of ``launches`` such kernels that a family's measured line times as one unit
+    (family ``HOST_SYNC``: no kernel but a host wait, ``host_wait``).
 
     ``bytes`` is what the kernels move. ``table_bytes``, when set, is the size in the
     convention a measured line of the family was fitted in (SimuMax's cross-entropy: one
@@ -201,6 +205,11 @@ class MemBound(NamedTuple):
     flops: float = 0.0
     table_bytes: float | None = None
     launches: int = 1
+
+
+def host_wait(name: str) -> MemBound:
+    """The GPU's idle while the host waits on a device-to-host copy in the middle of a pass."""
+    return MemBound(name, 0.0, family=HOST_SYNC)
 
 
 class Collective(NamedTuple):

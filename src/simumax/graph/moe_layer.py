@@ -21,7 +21,7 @@ from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks, linears
 from simumax.graph import fp8 as fp8_recipe
 from simumax.graph.dims import Dims
-from simumax.graph.kernels import Collective, Gemm, GroupGemm, Kernel, MemBound
+from simumax.graph.kernels import Collective, Gemm, GroupGemm, Kernel, MemBound, host_wait
 from simumax.graph.moe_rows import MoeDims
 from simumax.graph.ops import Op, Tensor
 from simumax.graph.router import fp32_gemm_kernels, router_kernels
@@ -100,12 +100,23 @@ def _permute_kernels(P: str, md: MoeDims, moved: float, fused: bool) -> tuple[li
 def _dispatch(
     P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int, probs: bool, pad: bool, fused: bool
 ) -> Op:
-    """Permute by expert, EP all-to-all, ETP all-gather, sort chunks by local expert."""
+    """Permute by expert, EP all-to-all, ETP all-gather, sort chunks by local expert.
+
+    Without padding to capacity the split sizes are the data's: Megatron's all-to-all
+    dispatcher gathers every rank's tokens per expert over the EP x ETP group
+    (``preprocess``), copies them to the host and waits for them before the all-to-all
+    (``_maybe_dtoh_and_synchronize``), and DeepEP's dispatch (the flex dispatcher) waits on the
+    host for the received counts; the recomputed forward waits again."""
     row = h * d.act_bytes + (FP32 if probs else 0)  # the routing prob travels with its token
     sent, recv = md.rows_sent * row, md.rows_received * row
     a2a = Collective("all2all", float(max(sent, recv)), "ep", md.fanout)
     perm_f, perm_b = _permute_kernels(P, md, float(md.tokens * h * d.act_bytes + sent), fused)
     fwd: list[Kernel] = [*perm_f, a2a]
+    if not pad:
+        counts: list[Kernel] = []
+        if md.fanout is None and md.ep * md.etp > 1:  # the all-to-all dispatcher's int64 counts
+            counts.append(Collective("all_gather", float(md.experts * 8 * md.ep * md.etp), "ep" if md.ep > 1 else "etp"))
+        fwd = [*counts, *perm_f, host_wait("dispatch.host_wait"), a2a]
     bwd: list[Kernel] = []
     gathered = recv * md.etp
     if md.etp > 1:
@@ -222,7 +233,9 @@ def _combine(
 def _allgather_dispatch(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int) -> tuple[Op, Op]:
     """Megatron's all-gather dispatcher: every rank gathers all tokens (and the routing map)
     of its EP x ETP group, picks the rows of its local experts with a local permute, and
-    after the experts scatters them back and reduce-scatters the full output."""
+    after the experts scatters them back and reduce-scatters the full output. Its tokens per
+    local expert go to the host (``.cpu()`` in ``token_permutation``), which waits for them,
+    padded or not."""
     row = h * d.act_bytes
     group = md.ep * md.etp
     gathered = float(md.tokens * group * row)
@@ -231,7 +244,7 @@ def _allgather_dispatch(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out
     rs = Collective("reduce_scatter", gathered, "ep")
     dispatch = Op(
         name=f"{P}.dispatch", module="dispatch", layer=layer,
-        fwd=(ag, MemBound("permute", gathered + local, family="permute_fwd")),
+        fwd=(ag, host_wait("dispatch.host_wait"), MemBound("permute", gathered + local, family="permute_fwd")),
         bwd_input=(MemBound("permute_bwd", gathered + local, family="permute_bwd"), rs),
         saved=((f"{P}.dispatch.row_map", float(md.expert_rows * INDEX)),),
         input=(x,), output=out, fwd_transient=gathered, bwd_transient=2 * gathered,
