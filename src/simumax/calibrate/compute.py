@@ -67,6 +67,8 @@ def gemm_fn(k: Gemm, device: torch.device, dtype: torch.dtype = torch.bfloat16):
         # TE's weight-gradient GEMM accumulates into the fp32 main grad (beta = 1), in place:
         # an out-of-place addmm would first copy c, an extra pass training does not make
         c = torch.zeros((k.m, k.n), dtype=torch.float32, device=device)
+        if dtype == torch.float32:  # Muon's TF32 addmm: scaled input and product (cuBLAS's path for them)
+            return lambda: torch.addmm(c, a, b, beta=0.5, alpha=0.5, out=c)
         return lambda: accumulate_fp32_(c, a, b)
     return lambda: torch.matmul(a, b)
 

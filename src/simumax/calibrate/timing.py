@@ -126,11 +126,7 @@ _FUSED_ACCUM: list[bool] = []  # probed on first use: can this torch accumulate 
 def accumulate_fp32_(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """c (fp32) += a @ b in one fp32-accumulating GEMM where torch offers it (addmm with
     out_dtype, in place: TE's weight-gradient accumulation into the main grad, beta = 1),
-    else the product in the inputs' dtype added. fp32 inputs accumulate as Muon's TF32 addmm
-    does, with scaled input and product (beta, alpha not 1: cuBLAS's path for them)."""
-    if a.dtype == torch.float32:
-        torch.addmm(c, a, b, beta=0.5, alpha=0.5, out=c)
-        return
+    else the product in the inputs' dtype added."""
     if not _FUSED_ACCUM:
         try:
             torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
