@@ -7,7 +7,7 @@ grouped GEMM (EP 1), which take them as Python lists. The host then has nothing 
 GPU idles until the host has launched the next kernels. Timed here as the difference
 between a chain of layers that waits so and the same chain with the counts left on the GPU
 (``torch._grouped_mm`` takes device offsets), forward only, CUDA events over 8 layers x
-10 repetitions after warm-up.
+10 repetitions after 2 warm-ups (muon_step.timed).
 
 Each layer: a stand-in for the attention block (QKV and output GEMMs), the router (GEMM,
 softmax, top-k, the routing map and its per-expert sums), the permutation (argsort, gather),
@@ -23,6 +23,8 @@ import json
 
 import torch
 
+from muon_step import timed
+
 CONFIGS = {
     # name: tokens, hidden, experts (local), top-k, expert FFN width
     "qwen3_30b_a3b": (4096, 2048, 128, 8, 768),
@@ -30,19 +32,6 @@ CONFIGS = {
     "deepseek_v3_ep8_rank": (4096, 7168, 32, 8, 2048),
 }
 LAYERS, REPS = 8, 10
-
-
-def timed(fn, reps: int = REPS) -> float:
-    fn()
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps * 1e-3
 
 
 class Waiter:
@@ -101,7 +90,7 @@ def main() -> None:
                 y = (y @ g) * 1e-4
                 if sync:
                     w(cnt)
-        t0, t1 = timed(lambda: bare(False)), timed(lambda: bare(True))
+        t0, t1 = timed(lambda: bare(False), REPS, 2), timed(lambda: bare(True), REPS, 2)
         print(json.dumps({"name": "bare_8192_gemm", "layer_s_nowait": t0 / LAYERS, "layer_s_wait": t1 / LAYERS,
                           "wait_cost_s": (t1 - t0) / LAYERS}), flush=True)
         for name, (t, h, e, k, f) in CONFIGS.items():
@@ -116,7 +105,7 @@ def main() -> None:
                 y = x
                 for _ in range(LAYERS):
                     y = moe_layer(y, wq, wo, wr, w1, w2, k, wait if sync else None) * 0.5
-            t0, t1 = timed(lambda: chain(False)), timed(lambda: chain(True))
+            t0, t1 = timed(lambda: chain(False), REPS, 2), timed(lambda: chain(True), REPS, 2)
             print(json.dumps({"name": name, "tokens": t, "hidden": h, "experts": e, "topk": k, "ffn": f,
                               "layer_s_nowait": t0 / LAYERS, "layer_s_wait": t1 / LAYERS,
                               "wait_cost_s": (t1 - t0) / LAYERS}), flush=True)
