@@ -171,6 +171,8 @@ def _busiest_owner(weights: list[tuple[int, float, int]], owners: int, host: flo
     """Seconds of the busiest of ``owners`` ranks when (size, GPU seconds, how many) weights
     are packed largest first onto the rank holding the fewest elements; a rank takes the
     longer of its weights' GPU seconds and the host's ``host`` seconds per weight."""
+    if owners == 1:
+        return max(sum(t * n for _, t, n in weights), sum(n for *_, n in weights) * host)
     items = sorted(((size, t) for size, t, n in weights for _ in range(n)), reverse=True)
     if owners >= len(items):
         return max(max(t, host) for _, t in items)
