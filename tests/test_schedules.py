@@ -424,3 +424,26 @@ def test_warmup_and_flush_sends_show_as_pp_p2p(simulated: bool) -> None:
     for c in (phase, free):
         assert sum(c.breakdown.values()) == pytest.approx(c.duration_time_per_iter, rel=1e-12)
     assert phase.duration_time_per_iter >= free.duration_time_per_iter
+
+
+def test_batched_p2p_waits_on_the_host() -> None:
+    """Megatron's batched P2P without overlap ends each exchange in torch.cuda.synchronize()
+    (p2p_communication.py, batch_p2p_sync): each blocking send carries ``host_sync_us``, half
+    of it in the interleaved steady state (one exchange per forward-backward pair); with
+    overlap_p2p_comm nothing. The iteration and its pp_p2p part grow by it."""
+    from simumax.config.loader import load_model, load_strategy, load_system
+    from simumax.estimate import Estimate
+
+    sy = load_system("a100-sxm-80gb")
+    m = load_model("llama3-8b").with_updates({"layer_num": 8})
+    base = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"micro_batch_num": 8})
+    cases = ((base, 1.0), (base.with_updates({"interleaving_size": 2}), 0.5),
+             (base.with_updates({"interleaving_size": 2, "overlap_p2p_comm": True}), 0.0))
+    for st, share in cases:
+        on, off = (Estimate(m, st, sy.with_updates({"host_sync_us": us})) for us in (130.0, 1e-9))
+        sends = [a.p2p - b.p2p for a, b in zip(on.chunk_times, off.chunk_times) if b.p2p > 0]
+        assert sends and all(x == pytest.approx(share * 130e-6, abs=1e-12) for x in sends)
+        grow = on.cost(band=False).duration_time_per_iter - off.cost(band=False).duration_time_per_iter
+        assert (grow > 0) == (share > 0)
+        if share:
+            assert on.cost(band=False).breakdown["pp_p2p"] > off.cost(band=False).breakdown["pp_p2p"]

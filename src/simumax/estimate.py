@@ -39,6 +39,18 @@ from simumax.simulate.iteration import IterationRun, pass_costs, simulate_iterat
 from simumax.simulate.steady import steady_pipeline, steady_walk_counts
 from simumax.uncertainty import TIME_BAND, band_share
 
+def p2p_host_wait(st: StrategyConfig, system: SystemConfig) -> float:
+    """The host wait each blocking pipeline send adds. Megatron's batched P2P
+    (``batch_p2p_comm`` = not ``overlap_p2p_comm``) synchronises the device after every
+    exchange (pipeline_parallel/p2p_communication.py, ``batch_p2p_sync``, there since 2020):
+    the host waits, then issues the next pass (``host_sync_us``). 1F1B exchanges after each
+    pass that sends; the interleaved steady state once per forward-backward pair
+    (``send_forward_backward_recv_forward_backward``): half a wait per send. Not counted: the
+    interleaved warm-up's and flush's exchange after every pass, and the receive-only calls
+    of warm-up and cool-down."""
+    return system.host_sync_us * 1e-6 * (0.5 if st.schedule == "interleaved" else 1.0)
+
+
 @dataclass
 class Estimate(DataParallelStep):
     model: ModelConfig
@@ -100,6 +112,8 @@ class Estimate(DataParallelStep):
         for k, c in enumerate(self.chunks):
             crosses = k + 1 < len(self.chunks) and self.chunks[k + 1].index != c.index
             p2p = self.network.time(Collective("p2p", c.p2p_bytes, "pp")) if crosses and c.p2p_bytes else 0.0
+            if p2p and not self.strategy.p2p_overlapped:
+                p2p += p2p_host_wait(self.strategy, self.system)
             out.append(self.layer_profiles.chunk_time(self.strategy, c, p2p))
         curve = self.system.accelerator.power_curve
         return [throttled(t, curve) for t in out] if curve else out
