@@ -436,7 +436,7 @@ def test_batched_p2p_waits_on_the_host() -> None:
 
     sy = load_system("a100-sxm-80gb")
     m = load_model("llama3-8b").with_updates({"layer_num": 8})
-    base = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"micro_batch_num": 8})
+    base = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"micro_batch_num": 8, "check_for_nan_in_grad": False})
     cases = ((base, 1.0), (base.with_updates({"interleaving_size": 2}), 0.5),
              (base.with_updates({"interleaving_size": 2, "overlap_p2p_comm": True}), 0.0))
     for st, share in cases:
@@ -447,3 +447,24 @@ def test_batched_p2p_waits_on_the_host() -> None:
         assert (grow > 0) == (share > 0)
         if share:
             assert on.cost(band=False).breakdown["pp_p2p"] > off.cost(band=False).breakdown["pp_p2p"]
+
+
+def test_the_loss_nan_check_waits_on_the_host() -> None:
+    """Megatron's loss_func checks each micro-batch's loss for NaN on the host
+    (rerun_state_machine.validate_result): one host wait at the end of the loss's forward,
+    none with --no-check-for-nan-in-loss-and-grad; on one rank, m micro-batches add m waits."""
+    from simumax.config.loader import load_model, load_strategy, load_system
+    from simumax.estimate import Estimate
+    from simumax.graph.kernels import HOST_SYNC
+
+    sy = load_system("a100-sxm-80gb")
+    m = load_model("llama3-8b").with_updates({"layer_num": 2})
+    st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"micro_batch_num": 4, "overlap_grad_reduce": False,
+                                                          "overlap_param_gather": False})
+    for check, waits in ((True, 4), (False, 0)):
+        s = st.with_updates({"check_for_nan_in_grad": check})
+        on, off = (Estimate(m, s, sy.with_updates({"host_sync_us": us})) for us in (130.0, 1e-9))
+        loss = next(o for o in on.stages[0].ops if o.module == "loss")
+        assert (loss.fwd[-1].family == HOST_SYNC) == check
+        grow = on.cost(band=False).duration_time_per_iter - off.cost(band=False).duration_time_per_iter
+        assert grow == pytest.approx(waits * 130e-6, rel=1e-6, abs=1e-12)

@@ -12,7 +12,7 @@ from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks, fp8, linears
 from simumax.graph.dense_layer import attention_ops, mlp_ops
 from simumax.graph.dims import Dims
-from simumax.graph.kernels import Collective
+from simumax.graph.kernels import Collective, host_wait
 from simumax.graph.ops import Op, Stage, StagePart
 from simumax.graph.placement import virtual_stage_places
 from simumax.graph.mla import mla_attention_ops
@@ -32,10 +32,16 @@ def _head_ops(model: ModelConfig, st: StrategyConfig, d: Dims, same_rank_as_embe
     head = linears.column_linear("lm_head", "lm_head", -1, d, ln_out, d.h, d.vocab, te=False).with_(output=logits)
     if not model.untie_embeddings_and_output_weights and same_rank_as_embedding:
         head = head.with_(params=0)  # shares the embedding weight
+    loss = blocks.cross_entropy(d, logits, fused=st.cross_entropy_loss_fusion, impl=st.cross_entropy_fusion_impl)
+    if st.check_for_nan_in_grad:
+        # Megatron's loss_func checks the loss for NaN on the host before backward
+        # (pretrain_gpt.py: rerun_state_machine.validate_result(rejection_func=torch.isnan)
+        # evaluates the check even with reruns disabled): a host wait per micro-batch
+        loss = loss.with_(fwd=(*loss.fwd, host_wait("loss.nan_check")))
     return [
         blocks.norm("final_norm", "final_norm", -1, d, x, rms=model.norm_type == "rmsnorm").with_(output=ln_out),
         head,
-        blocks.cross_entropy(d, logits, fused=st.cross_entropy_loss_fusion, impl=st.cross_entropy_fusion_impl),
+        loss,
     ]
 
 
