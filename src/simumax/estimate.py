@@ -39,6 +39,7 @@ from simumax.simulate.iteration import IterationRun, pass_costs, simulate_iterat
 from simumax.simulate.steady import steady_pipeline, steady_walk_counts
 from simumax.uncertainty import TIME_BAND, band_share
 
+
 def p2p_host_wait(st: StrategyConfig, system: SystemConfig) -> float:
     """The host wait each blocking pipeline send adds. Megatron's batched P2P
     (``batch_p2p_comm`` = not ``overlap_p2p_comm``) synchronises the device after every
