@@ -154,3 +154,15 @@ def test_layer_wise_packing_by_hand() -> None:
     assert _busiest_owner(weights, 2) == 5.5
     assert _busiest_owner(weights, 8) == 5.0
     assert _busiest_owner(weights, 1) == 7.0
+
+
+def test_calibrate_times_muons_tf32_gemms() -> None:
+    """``simumax calibrate`` on a Muon job times the Newton-Schulz GEMMs (TF32, on each weight's
+    short side) beside the model's; an Adam job has none."""
+    from simumax.calibrate.shapes import job_kernels
+
+    muon = job_kernels(LLAMA, _est().strategy, SYSTEM)
+    adam = job_kernels(LLAMA, load_strategy("tp1_pp1_dp8_mbs1"), SYSTEM)
+    assert "tf32_matmul" not in adam.gemms
+    shapes = {(k.m, k.k, k.n) for k in muon.gemms["tf32_matmul"]}
+    assert {(1024, 4096, 1024), (1024, 1024, 4096), (4096, 14336, 4096), (4096, 4096, 4096)} <= shapes
