@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, PrivateAttr, field_validator, model_serializer, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, PrivateAttr, field_validator, model_serializer, model_validator
 
 from simumax.compat.config_methods import SimuMaxSystemMethods
 from simumax.config.base import ConfigBase
@@ -308,15 +308,16 @@ class SystemConfig(SimuMaxSystemMethods, ConfigBase):
         50.0, le=1e5, description="Host memory bandwidth per GPU (the node's DRAM bandwidth / GPUs), GB/s: the offloaded "
         "optimizer step is bound by it.",
     )
-    host_op_us: PositiveFloat = Field(
+    host_op_us: NonNegativeFloat = Field(
         30.0, le=1e5, description="Host time to issue one PyTorch op from Python (dispatch, allocation, launch), us: "
         "bounds steps that loop over weights op by op (Muon's). Measured on two lent H100 machines: 13-33 us per op of "
         "Muon's step, median 30 (a plain in-place add: 16).",
     )
-    host_sync_us: PositiveFloat = Field(
-        130.0, le=1e6, description="GPU idle per host wait inside a pass, us: a device-to-host copy the host waits for, "
-        "then the host issuing work again (the dropless MoE dispatchers' token counts). Measured on the lent H100's "
-        "host: 91-231 us per MoE layer, 136 between large GEMMs (77 us round trip on an idle GPU).",
+    host_sync_us: NonNegativeFloat = Field(
+        130.0, le=1e6, description="GPU idle per host wait inside a pass, us: a device-to-host read the host waits for, "
+        "then the host issuing work again (the dropless MoE dispatchers' token counts, Megatron's loss NaN check, its "
+        "batched pipeline exchange). Measured on the lent H100's host: 91-231 us per MoE layer, 136 between large "
+        "GEMMs (77 us round trip on an idle GPU); 0: no waits.",
     )
     _warned: set[str] = PrivateAttr(default_factory=set)
 
