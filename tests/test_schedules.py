@@ -468,3 +468,15 @@ def test_the_loss_nan_check_waits_on_the_host() -> None:
         assert (loss.fwd[-1].family == HOST_SYNC) == check
         grow = on.cost(band=False).duration_time_per_iter - off.cost(band=False).duration_time_per_iter
         assert grow == pytest.approx(waits * 130e-6, rel=1e-6, abs=1e-12)
+
+
+def test_only_megatrons_pipeline_synchronises() -> None:
+    """torchtitan's pipelining (torch_fsdp2) and DeepSpeed's do not call torch.cuda.synchronize()
+    after each exchange: no host wait on their sends."""
+    from simumax.config.loader import load_strategy, load_system
+    from simumax.estimate import p2p_host_wait
+
+    sy = load_system("a100-sxm-80gb")
+    st = load_strategy("tp1_pp2_dp4_mbs1")
+    assert p2p_host_wait(st, sy) == pytest.approx(130e-6)
+    assert p2p_host_wait(st.with_updates({"fsdp_impl": "deepspeed"}), sy) == 0.0

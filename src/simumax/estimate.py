@@ -48,7 +48,10 @@ def p2p_host_wait(st: StrategyConfig, system: SystemConfig) -> float:
     pass that sends; the interleaved steady state once per forward-backward pair
     (``send_forward_backward_recv_forward_backward``): half a wait per send. Not counted: the
     interleaved warm-up's and flush's exchange after every pass, and the receive-only calls
-    of warm-up and cool-down."""
+    of warm-up and cool-down. torchtitan's and DeepSpeed's pipelines (``fsdp_impl``) do not
+    synchronise so."""
+    if st.fsdp_impl != "megatron_fsdp":
+        return 0.0
     return system.host_sync_us * 1e-6 * (0.5 if st.schedule == "interleaved" else 1.0)
 
 
