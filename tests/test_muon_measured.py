@@ -13,7 +13,7 @@ import pytest
 from simumax.config.loader import load_system
 from simumax.config.system import SystemConfig
 from simumax.cost.efficiency import ComputeModel
-from simumax.dp.muon import Matrix, elementwise_kernels, host_seconds, ns_kernels
+from simumax.dp.muon import Matrix, host_seconds, ns_kernels
 from simumax.graph.kernels import Gemm, MemBound
 
 DATA = Path(__file__).resolve().parent.parent / "docs" / "calibration" / "h100_2026-11-28"
@@ -26,10 +26,6 @@ def _rows(name: str) -> list[dict]:
 def _seconds(system: str):
     cm = ComputeModel(load_system(system))
     return lambda k: cm.membound(k) if isinstance(k, MemBound) else cm.compute(k)[0]
-
-
-def _gpu(m: Matrix, cost) -> float:
-    return sum(map(cost, [*ns_kernels(m, 5), *elementwise_kernels(m, 2)]))
 
 
 def test_a_weights_step_takes_the_longer_of_host_and_gpu() -> None:

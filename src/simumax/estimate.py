@@ -48,9 +48,9 @@ def p2p_host_wait(st: StrategyConfig, system: SystemConfig) -> float:
     pass that sends; the interleaved steady state once per forward-backward pair
     (``send_forward_backward_recv_forward_backward``): half a wait per send. Not counted: the
     interleaved warm-up's and flush's exchange after every pass, and the receive-only calls
-    of warm-up and cool-down. torchtitan's and DeepSpeed's pipelines (``fsdp_impl``) do not
-    synchronise so."""
-    if st.fsdp_impl != "megatron_fsdp":
+    of warm-up and cool-down. Overlapped P2P does not batch, and torchtitan's and DeepSpeed's
+    pipelines (``fsdp_impl``) do not synchronise so."""
+    if st.p2p_overlapped or st.fsdp_impl != "megatron_fsdp":
         return 0.0
     return system.host_sync_us * 1e-6 * (0.5 if st.schedule == "interleaved" else 1.0)
 
@@ -116,7 +116,7 @@ class Estimate(DataParallelStep):
         for k, c in enumerate(self.chunks):
             crosses = k + 1 < len(self.chunks) and self.chunks[k + 1].index != c.index
             p2p = self.network.time(Collective("p2p", c.p2p_bytes, "pp")) if crosses and c.p2p_bytes else 0.0
-            if p2p and not self.strategy.p2p_overlapped:
+            if p2p:
                 p2p += p2p_host_wait(self.strategy, self.system)
             out.append(self.layer_profiles.chunk_time(self.strategy, c, p2p))
         curve = self.system.accelerator.power_curve

@@ -72,8 +72,8 @@ def _optimizer_kernels(est) -> list[Kernel]:
     """Muon's step kernels (its TF32 Newton-Schulz GEMMs, dp/muon.py) per weight shape."""
     if est.strategy.optimizer != "muon":
         return []
-    from simumax.dp.muon import elementwise_kernels, ns_kernels, stage_matrices
+    from simumax.dp.muon import stage_matrices, step_kernels
 
     st = est.strategy
     shapes = {m for stage in est.stages for m, _ in stage_matrices(est.model, st, stage)}
-    return [k for m in shapes for k in (*ns_kernels(m, st.muon_num_ns_steps), *elementwise_kernels(m, st.dtype_bytes))]
+    return [k for m in shapes for k in step_kernels(m, st)]

@@ -133,6 +133,11 @@ def elementwise_kernels(m: Matrix, param_bytes: int) -> list[Kernel]:
             MemBound("muon.update_master", 3.0 * FP32 * e), MemBound("muon.cast", (FP32 + param_bytes) * e)]
 
 
+def step_kernels(m: Matrix, st: StrategyConfig) -> list[Kernel]:
+    """Every kernel of one weight's step: its iterations and the element-wise rest."""
+    return [*ns_kernels(m, st.muon_num_ns_steps), *elementwise_kernels(m, st.dtype_bytes)]
+
+
 def host_seconds(steps: int, host_op_us: float) -> float:
     """The host's time to issue one weight's step."""
     return (HOST_OPS_PER_STEP + HOST_OPS_PER_ITERATION * steps) * host_op_us * 1e-6
@@ -155,13 +160,13 @@ def step_seconds(model: ModelConfig, st: StrategyConfig, stage: Stage, cost: Cal
     Newton-Schulz work grows with a weight's short side, which the packing by size does not
     see."""
     host = host_seconds(st.muon_num_ns_steps, host_op_us)
+    held = stage_matrices(model, st, stage)
     total = 0.0
     for expert in (False, True):
-        mats = [(m, n) for m, n in stage_matrices(model, st, stage) if m.expert == expert]
+        mats = [(m, n) for m, n in held if m.expert == expert]
         if not mats:
             continue
-        per = [(m.rows * m.cols, sum(map(cost, [*ns_kernels(m, st.muon_num_ns_steps), *elementwise_kernels(m, st.dtype_bytes)])), n)
-               for m, n in mats]
+        per = [(m.rows * m.cols, sum(map(cost, step_kernels(m, st))), n) for m, n in mats]
         owners = 1 if st.zero_state < 1 else (st.edp_size if expert else st.dp_shard_size)
         total += _busiest_owner(per, owners, host)
     return total

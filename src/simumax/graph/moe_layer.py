@@ -111,12 +111,13 @@ def _dispatch(
     sent, recv = md.rows_sent * row, md.rows_received * row
     a2a = Collective("all2all", float(max(sent, recv)), "ep", md.fanout)
     perm_f, perm_b = _permute_kernels(P, md, float(md.tokens * h * d.act_bytes + sent), fused)
-    fwd: list[Kernel] = [*perm_f, a2a]
+    counts: list[Kernel] = []
+    wait: list[Kernel] = []
     if not pad:
-        counts: list[Kernel] = []
         if md.fanout is None and md.ep * md.etp > 1:  # the all-to-all dispatcher's int64 counts
             counts.append(Collective("all_gather", float(md.experts * 8 * md.ep * md.etp), "ep" if md.ep > 1 else "etp"))
-        fwd = [*counts, *perm_f, host_wait("dispatch.host_wait"), a2a]
+        wait.append(host_wait("dispatch.host_wait"))
+    fwd: list[Kernel] = [*counts, *perm_f, *wait, a2a]
     bwd: list[Kernel] = []
     gathered = recv * md.etp
     if md.etp > 1:
