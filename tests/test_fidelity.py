@@ -520,20 +520,25 @@ def test_userbuffers_times_by_hand() -> None:
     est = _est(_llama(), "h100-sxm-80gb", world_size=4, tp_size=4, enable_sequence_parallel=True, tp_comm_overlap=True)
     coster = est.layer_profiles.coster
     qkv, proj = _op(est, "L0.qkv"), _op(est, "L0.attn_proj")
-    # ring exchange, tp = 4: 3 steps of max(chunk GEMM, one transfer) + one chunk GEMM
+    # ring exchange, tp = 4 (these transfers outlast a chunk GEMM: each chunk waits for its
+    # rows, none run side by side): 3 steps of one transfer + the last chunk GEMM
     g = next(k for k in qkv.fwd if isinstance(k, Gemm))
     ag = sum(coster.kernel(k) for k in qkv.fwd if isinstance(k, Collective) and k.op == "all_gather")
     chunk = coster.kernel(Gemm(g.m // 4, g.k, g.n, g.layout))
+    assert ag / 3 > chunk
     ph = coster.sequence(qkv.fwd)
     others = sum(coster.kernel(k) for k in qkv.fwd if not isinstance(k, (Gemm, Collective)))
-    assert ph.total == pytest.approx(3 * max(chunk, ag / 3) + chunk + others)
-    # pipeline, 4 splits on 132 - 16 SMs; the last split's reduce-scatter exposed
+    assert ph.total == pytest.approx(3 * ag / 3 + chunk + others)
+    # pipeline, 4 splits on 132 - 16 SMs, three side by side then the fourth, each split's
+    # reduce-scatter after its round (cost/userbuffers.py: by hand in the test below)
     g2 = next(k for k in proj.fwd if isinstance(k, Gemm))
     rs = sum(coster.kernel(k) for k in proj.fwd if isinstance(k, Collective))
-    split = coster.kernel(Gemm(g2.m // 4, g2.k, g2.n, g2.layout)) * 132 / 116
+    three = coster.kernel(Gemm(3 * g2.m // 4, g2.k, g2.n, g2.layout)) * 132 / 116
+    one = coster.kernel(Gemm(g2.m // 4, g2.k, g2.n, g2.layout)) * 132 / 116
     ph2 = coster.sequence(proj.fwd)
-    assert ph2.total == pytest.approx(split + 3 * max(split, rs / 4) + rs / 4)
-    assert ph2.comm["tp"] == pytest.approx(3 * max(0.0, rs / 4 - split) + rs / 4)
+    total = max(three + 3 * rs / 4, three + one) + rs / 4
+    assert ph2.total == pytest.approx(total)
+    assert ph2.comm["tp"] == pytest.approx(total - three - one)
     # bulk (the column-parallel backward): its GEMMs planned for 132 - 16 SMs (TE's
     # set_sm_margin), the input re-gather and gradient reduce-scatter under them
     gemms = sum(coster.kernel(k) for k in qkv.bwd_input if isinstance(k, Gemm))
@@ -549,6 +554,38 @@ def test_userbuffers_times_by_hand() -> None:
     times = coster.op(head)
     assert times["fwd"].total == pytest.approx(sum(coster.kernel(k) for k in head.fwd))
     assert times["fwd"].comm["tp"] == pytest.approx(sum(coster.kernel(k) for k in head.fwd if isinstance(k, Collective)))
+
+
+def test_userbuffers_chunks_share_te_streams_by_hand() -> None:
+    """TE runs the chunk GEMMs round-robin on three compute streams (_NUM_MAX_UB_STREAMS):
+    chunks whose rows are there run side by side, costing one GEMM of their rows."""
+    g = Gemm(4096, 8192, 8192, "TN")
+    cost = {1024: 1.0, 2048: 1.6, 3072: 2.1, 4096: 2.6}  # seconds by rows: small chunks fill the SMs worse
+    time_of = lambda k: cost[k.m]  # noqa: E731
+    # ring, tp 4, rows arrive faster than a chunk computes: chunk 0 alone (chunk 1's rows are
+    # not there at 0), then chunks 1-3 together
+    total, waited = userbuffers.ring_time(g, 3 * 0.1, 4, time_of)
+    assert (total, waited) == pytest.approx((1.0 + 2.1, 0.0))
+    # rows slower than a chunk (step 1.5): every chunk waits for its rows, one at a time
+    total, waited = userbuffers.ring_time(g, 3 * 1.5, 4, time_of)
+    assert (total, waited) == pytest.approx((3 * 1.5 + 1.0, 3 * 1.5 + 1.0 - 4 * 1.0))
+    # step 0.6: chunk 0 [0, 1]; chunk 1 (there at 0.6) alone, as chunk 2 comes at 1.2 [1, 2];
+    # chunks 2 and 3 (at 1.8) together [2, 3.6]
+    total, waited = userbuffers.ring_time(g, 3 * 0.6, 4, time_of)
+    assert (total, waited) == pytest.approx((3.6, 0.0))
+    # tp 2: two streams at most, the second chunk waits for its rows
+    total, _ = userbuffers.ring_time(g._replace(m=2048), 0.4, 2, time_of)
+    assert total == pytest.approx(1.0 + 1.0)
+    # pipeline, 4 splits: three together (2.1), then the fourth (1.0); each split's quarter of
+    # the reduce-scatter (0.5 each) after its round on one stream: 2.1 + 3 x 0.5, then the last
+    total, exposed = userbuffers.pipeline_time(g, 4 * 0.5, None, time_of)
+    assert (total, exposed) == pytest.approx((2.1 + 1.5 + 0.5, 2.1 + 1.5 + 0.5 - 3.1))
+    # a short reduce-scatter hides under the fourth split but its own quarter
+    total, exposed = userbuffers.pipeline_time(g, 4 * 0.1, None, time_of)
+    assert (total, exposed) == pytest.approx((2.1 + 1.0 + 0.1, 0.1))
+    # on the SMs a 16-SM communication kernel leaves: every split x 132 / 116
+    total, _ = userbuffers.pipeline_time(g, 4 * 0.1, 132, time_of)
+    assert total == pytest.approx((2.1 + 1.0) * 132 / 116 + 0.1)
 
 
 def test_cp_all_gather_gathers_reorders_and_reduce_scatters() -> None:

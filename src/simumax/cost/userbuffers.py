@@ -3,16 +3,22 @@
 GEMM, the layout NeMo's ``tp_comm_overlap_cfg`` files use):
 
 * **ring exchange** — an all-gather feeding a GEMM (column-parallel forward, row-parallel
-  data gradient): the GEMM runs in tp chunks of M/tp rows, each while the next chunk arrives
-  by P2P on the copy engines (no SMs taken): (tp - 1) · max(chunk GEMM, one step's transfer)
-  + one chunk GEMM. Each chunk is a smaller GEMM, so it runs at that shape's efficiency.
+  data gradient): the GEMM runs in tp chunks of M/tp rows, chunk i once the ring's i-th P2P
+  step has brought its rows (copy engines, no SMs taken). Each chunk is a smaller GEMM, so it
+  runs at that shape's efficiency.
 * **pipeline** — a GEMM feeding a reduce-scatter (row-parallel forward): the GEMM runs in 4
   splits of M/4 rows on the SMs the communication kernel leaves it (TE's default 16, with
-  ``set_sm_margin``), each split's reduce-scatter under the next split; the last one is exposed.
+  ``set_sm_margin``), each split's reduce-scatter once that split is done; the last one is exposed.
 * **bulk** — the column-parallel backward's input re-gather and gradient reduce-scatter run
   beside its GEMMs, which TE plans for the SMs its communication kernels leave (default 16,
   ``set_sm_margin`` on for every method but ring exchange since TE 2.0, ``get_default_config``;
   ``CommOverlapBase::_math_sms``): max(G · SMs / (SMs - 16), C).
+
+The chunk (split) GEMMs of the first two go round-robin onto TE's compute streams, at most
+three (``_NUM_MAX_UB_STREAMS`` in ``pytorch/cpp_extensions/gemm.py``,
+``NVTE_COMM_OVERLAP_MAX_STREAMS`` in ``comm_gemm_overlap.h``; ``min(3, splits)`` streams),
+so chunks whose rows are there run side by side and fill the SMs one small chunk leaves
+idle: j chunks running together cost one GEMM of j chunks' rows.
 
 Told the SM count to plan for, cuBLAS has no tail of tiles waiting for the communication's
 SMs, so these GEMMs pay SMs / (SMs - 16) and not the larger slowdown of a GEMM that meets an
@@ -29,6 +35,7 @@ from typing import Callable
 from simumax.graph.kernels import Collective, Gemm, Kernel
 
 PIPELINE_SPLITS = 4  # TE default num_splits of the pipelined reduce-scatter overlap
+UB_STREAMS = 3  # TE's compute streams for the chunk GEMMs (_NUM_MAX_UB_STREAMS)
 COMM_SMS = 16  # TE default num_sm of the pipeline and bulk methods' kernels (set_sm_margin: the GEMM gets the rest)
 
 
@@ -59,22 +66,46 @@ def overlap_method(kernels: tuple[Kernel, ...]) -> str | None:
     return None
 
 
-def chunked_gemm_time(g: Gemm, chunks: int, time_of: Callable[[Kernel], float]) -> float:
-    """One chunk of ``g`` with M / chunks rows (the shape's own efficiency)."""
-    return time_of(g._replace(m=max(1, math.ceil(g.m / chunks))))
+def chunked_gemm_time(g: Gemm, chunks: int, time_of: Callable[[Kernel], float], together: int = 1) -> float:
+    """``together`` chunks of ``g`` (M / chunks rows each) running side by side: one GEMM of
+    their rows (the shape's own efficiency)."""
+    return time_of(g._replace(m=max(1, math.ceil(g.m / chunks)) * together))
 
 
 def ring_time(g: Gemm, ag: float, tp: int, time_of: Callable[[Kernel], float]) -> tuple[float, float]:
-    """(seconds of GEMM and transfers together, of which exposed transfer)."""
-    chunk = chunked_gemm_time(g, tp, time_of)
+    """(seconds of GEMM and transfers together, of which the GEMMs wait for rows). Chunk 0
+    is local, chunk i arrives after i transfer steps; each round runs the next chunk (waiting
+    for it if need be) with the chunks after it that are there by then, up to the streams."""
     step = ag / max(1, tp - 1)
-    total = (tp - 1) * max(chunk, step) + chunk
-    return total, (tp - 1) * max(0.0, step - chunk)
+    streams = min(UB_STREAMS, tp)
+    t = busy = 0.0
+    i = 0
+    while i < tp:
+        t = max(t, i * step)
+        j = 1
+        while j < streams and i + j < tp and (i + j) * step <= t:
+            j += 1
+        d = chunked_gemm_time(g, tp, time_of, j)
+        t += d
+        busy += d
+        i += j
+    return t, t - busy
 
 
 def pipeline_time(g: Gemm, rs: float, sm_count: int | None, time_of: Callable[[Kernel], float]) -> tuple[float, float]:
-    """(seconds of GEMM and reduce-scatter together, of which exposed reduce-scatter)."""
-    chunk = chunked_gemm_time(g, PIPELINE_SPLITS, time_of) * margin_factor(sm_count)
+    """(seconds of GEMM and reduce-scatter together, of which exposed reduce-scatter). The
+    splits need nothing from each other: they run in rounds of as many as there are
+    streams, each split's part of the reduce-scatter (one stream) after its round."""
     part = rs / PIPELINE_SPLITS
-    total = chunk + (PIPELINE_SPLITS - 1) * max(chunk, part) + part
-    return total, (PIPELINE_SPLITS - 1) * max(0.0, part - chunk) + part
+    streams = min(UB_STREAMS, PIPELINE_SPLITS)
+    t = busy = comm_end = 0.0
+    i = 0
+    while i < PIPELINE_SPLITS:
+        j = min(streams, PIPELINE_SPLITS - i)
+        d = chunked_gemm_time(g, PIPELINE_SPLITS, time_of, j) * margin_factor(sm_count)
+        t += d
+        busy += d
+        comm_end = max(comm_end, t) + j * part
+        i += j
+    total = max(t, comm_end)
+    return total, total - busy
