@@ -48,12 +48,50 @@ def test_local_global_pattern_and_its_cost() -> None:
     saved = 2 * (lt(full, 0) - lt(windowed, 0))
     assert windowed.chunk_times[0].fwd.total == pytest.approx(full.chunk_times[0].fwd.total - saved, rel=1e-12)
     assert windowed.cost().duration_time_per_iter < full.cost().duration_time_per_iter
-    with pytest.raises(ConfigError, match="context parallelism"):
-        Estimate(m, st.with_updates({"cp_size": 2}), SYSTEM).stages
-    # a window no shorter than the sequence is full attention: CP runs (Mistral-7B v0.1's 4096 at 4096)
-    wide = m.with_updates({"window_size": 8192})
-    assert Estimate(wide, st.with_updates({"cp_size": 2}), SYSTEM).cost().duration_time_per_iter == pytest.approx(
-        Estimate(m.with_updates({"window_size": None}), st.with_updates({"cp_size": 2}), SYSTEM).cost().duration_time_per_iter)
+    # TE runs a window with context parallelism under a2a and all_gather only, and attention
+    # sinks (softmax_type learnable) under a2a only (attn_forward_func_with_cp)
+    with pytest.raises(ConfigError, match="sliding-window attention .* only with a2a or all_gather, not p2p"):
+        Estimate(m.with_updates({"attention_sinks": False}), st.with_updates({"cp_size": 2, "cp_comm_type": "p2p"}), SYSTEM).stages
+    with pytest.raises(ConfigError, match="attention sinks .* only with a2a, not all_gather"):
+        Estimate(m, st.with_updates({"cp_size": 2, "cp_comm_type": "all_gather"}), SYSTEM).stages
+    # a window no shorter than the sequence is full attention: the ring runs (Mistral-7B v0.1's 4096 at 4096)
+    plain = m.with_updates({"attention_sinks": False})
+    wide = plain.with_updates({"window_size": 8192})
+    ring = st.with_updates({"cp_size": 2, "cp_comm_type": "p2p"})
+    assert Estimate(wide, ring, SYSTEM).cost().duration_time_per_iter == pytest.approx(
+        Estimate(plain.with_updates({"window_size": None}), ring, SYSTEM).cost().duration_time_per_iter)
+
+
+def _attention_kernels(e: Estimate, layer: int, phase: str = "fwd") -> list[Attention]:
+    op = next(o for o in e.stages[0].ops if o.name == f"L{layer}.attn")
+    return [k for k in op.kernels(phase) if isinstance(k, Attention)]
+
+
+def test_window_with_context_parallelism_by_hand() -> None:
+    """a2a: each rank runs the whole sequence with heads / cp, the window as without CP.
+    all_gather: TE slices each local query chunk's keys to its window
+    (get_kv_seq_info_after_all_gather): the rank holding the middle chunks runs two chunks of
+    s / (2 cp) queries over s / (2 cp) + w - 1 keys, every query seeing w keys."""
+    m = load_model("gpt-oss-20b").with_updates({"layer_num": 2, "attention_sinks": False})
+    st = load_strategy({"seq_len": 32768, "world_size": 8, "ep_size": 8})
+    w, heads, d = 128, m.head_num, m.head_size
+    one = _attention_kernels(Estimate(m, st, SYSTEM), 0)
+    assert [(k.seq_len, k.window) for k in one] == [(32768, w)]
+    a2a = _attention_kernels(Estimate(m, st.with_updates({"cp_size": 4, "cp_comm_type": "a2a"}), SYSTEM), 0)
+    assert [(k.seq_len, k.head_num, k.window) for k in a2a] == [(32768, heads // 4, w)]
+    assert sum(k.flops for k in a2a) == pytest.approx(one[0].flops / 4)
+    ag = _attention_kernels(Estimate(m, st.with_updates({"cp_size": 4, "cp_comm_type": "all_gather"}), SYSTEM), 0)
+    c = 32768 // 8
+    assert [(k.seq_len, k.kv_seq_len, k.window, k.causal) for k in ag] == [(c, c + w - 1, w, True)] * 2
+    per_pair = 2 * heads * 2 * d  # forward FLOPs of one (query, key) pair over the heads
+    assert sum(k.flops for k in ag) == pytest.approx(2 * c * w * per_pair)
+    # the middle rank's share of the whole windowed attention: 1/cp but the first w queries' shortfall
+    whole = (w * (w + 1) / 2 + (32768 - w) * w) * per_pair
+    assert one[0].flops == pytest.approx(whole)
+    assert sum(k.flops for k in ag) == pytest.approx(whole / 4 + w * (w - 1) / 2 / 4 * per_pair)
+    # the full-attention layer keeps the load-balanced causal block
+    full = _attention_kernels(Estimate(m, st.with_updates({"cp_size": 4, "cp_comm_type": "all_gather"}), SYSTEM), 1)
+    assert [(k.seq_len, k.kv_seq_len, k.causal) for k in full] == [(2 * c, 4 * c, False)]
 
 
 @pytest.mark.parametrize("preset, total, active", [("gpt-oss-120b", 116.83, 5.13), ("gpt-oss-20b", 20.91, 3.61)])

@@ -163,6 +163,23 @@ def test_search_keeps_a_hierarchical_cp_base_valid() -> None:
     assert got == {1: [1, 1], 2: [2, 1], 4: [4, 1], 8: [4, 2]}
 
 
+def test_search_gives_windowed_and_sink_models_a_cp_scheme_te_runs() -> None:
+    """TE refuses the default ring (p2p) for a sliding window and anything but a2a for
+    attention sinks: the search tries those models' CP sizes under a2a, and keeps the base's
+    all_gather for a window without sinks."""
+    from simumax.search.space import SearchSpace, candidates
+
+    system = load_system("h100-sxm-80gb")
+    base = load_strategy({"seq_len": 32768, "world_size": 8, "ep_size": 8})
+    space = SearchSpace(world_size=8, global_batch_size=8, tp=(1,), pp=(1,), ep=(8,), cp=(1, 2, 4), recompute=("none",))
+    schemes = lambda m, b: {st.cp_size: st.cp_comm_type for _, st in candidates(m, system, b, space)}  # noqa: E731
+    oss = load_model("gpt-oss-20b").with_updates({"layer_num": 2})
+    assert base.cp_comm_type == "p2p" and schemes(oss, base) == {1: "p2p", 2: "a2a", 4: "a2a"}
+    no_sinks = oss.with_updates({"attention_sinks": False})
+    assert schemes(no_sinks, base.with_updates({"cp_comm_type": "all_gather"})) == {1: "all_gather", 2: "all_gather", 4: "all_gather"}
+    assert schemes(no_sinks.with_updates({"window_size": None}), base) == {1: "p2p", 2: "p2p", 4: "p2p"}
+
+
 # ---- resume, interruption, executors --------------------------------------------------------
 def _small_search(tmp_path, **kw):
     from simumax.search.run import run_search

@@ -54,7 +54,9 @@ def _rank_split(model: ModelConfig, st: StrategyConfig) -> list[int]:
     if middle_stages and (rest % middle_stages or rest // middle_stages == 0):
         what = "layer_num" if fixed == 0 else "layer_num minus first/last stage layers"
         hint = "; give the first or last stage its own count (num_layers_in_first_pipeline_stage / _last_: Megatron's " \
-               "--decoder-first-pipeline-num-layers)" if fixed == 0 and rest // middle_stages > 0 else ""
+               "--decoder-first-pipeline-num-layers), or count the embedding or the loss as a layer " \
+               "(account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split)" \
+            if fixed == 0 and rest // middle_stages > 0 else ""
         raise ConfigError("pp_size", f"{what} ({rest}) must split evenly and non-empty over {middle_stages} stages{hint}")
     mid = rest // middle_stages if middle_stages else 0
     counts = [mid] * pp
@@ -123,8 +125,15 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
         log.warning("ep_size=%d has no effect on the dense model %s (no expert layers); estimated as it is",
                     st.ep_size, model.model_name)
     windowed = model.window_size is not None and model.window_size < st.seq_len  # a window past the sequence is full attention
-    if windowed and st.cp_size > 1:
-        raise ConfigError("cp_size", "sliding-window attention (window_size) with context parallelism is not modelled")
+    if st.cp_size > 1 and windowed and st.cp_comm_type not in ("a2a", "all_gather"):
+        # transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
+        # attn_forward_func_with_cp: "Context parallelism does not support sliding window attention"
+        raise ConfigError("cp_comm_type", f"TransformerEngine runs sliding-window attention (window_size) with context "
+                          f"parallelism only with a2a or all_gather, not {st.cp_comm_type}")
+    if st.cp_size > 1 and model.attention_sinks and st.cp_comm_type != "a2a":
+        # the same function: softmax_type other than vanilla needs cp_comm_type a2a
+        raise ConfigError("cp_comm_type", f"TransformerEngine runs attention sinks (a learnable softmax offset) with "
+                          f"context parallelism only with a2a, not {st.cp_comm_type}")
     if windowed and (st.use_math_sdp or st.transformer_impl == "local"):
         raise ConfigError("window_size", "sliding-window attention needs flash attention (TransformerEngine), as in Megatron")
     if st.cpu_offloading and st.cpu_offloading_num_layers >= model.layer_num:

@@ -52,6 +52,22 @@ def _to_heads_shape(shape: dict, n: int) -> dict:
     return dict(shape, seq_len=shape["seq_len"] * n, head_num=shape["head_num"] // n, kv_head_num=max(shape["kv_head_num"] // n, 1))
 
 
+def _all_gather_parts(shape: dict, cp: int) -> list[dict]:
+    """The attention blocks of one rank under the all-gather scheme. Causal: the two local
+    query chunks over the keys up to their ends, one non-causal block of s x s·cp/2 on
+    average (every rank the same work: the load balancing). With a sliding window of w keys
+    TE slices each chunk's keys to the window before it
+    (``get_kv_seq_info_after_all_gather``: the chunk's s/2 rows over at most s/2 + w - 1
+    keys, bottom-right aligned): the chunks are not balanced then, and the rank holding the
+    two middle chunks (cp - 1 and cp of 2·cp), the one that sees the most keys, sets the time."""
+    s = shape["seq_len"]
+    w = shape.get("window")
+    if w is None:
+        return [dict(shape, kv_seq_len=s * cp // 2, causal=False)]
+    c = s // 2
+    return [dict(shape, seq_len=c, kv_seq_len=c + min(w - 1, chunk * c)) for chunk in (cp - 1, cp)]
+
+
 def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[float, float, float], out_bytes: float) -> tuple[list, list]:
     """Attention kernels and CP collectives of one rank (TransformerEngine's schemes,
     ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``).
@@ -64,9 +80,10 @@ def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[floa
     * all_gather (``AttnFuncWithCPAndKVAllGather``): K and V all-gathered over CP before
       any attention runs (not overlapped), reordered into sequence order (index_select: a
       read and a write of the gathered K, V); the two local query chunks attend the causal
-      part of the full sequence (one non-causal block of s/cp x s/2 on average), and their
-      outputs are copied into place. Backward gathers again, reorders, and reorders dK, dV
-      before reduce-scattering them.
+      part of the full sequence (one non-causal block of s/cp x s/2 on average; a sliding
+      window: ``_all_gather_parts``), and their outputs are copied into place. Backward
+      gathers again, reorders, and reorders dK, dV before reduce-scattering them.
+      TE runs a sliding window with context parallelism in this scheme and a2a only.
     * a2a+p2p (hierarchical, ``AttnFuncWithCPAndKVP2P`` given the all-to-all group too): the
       all-to-alls of a2a inside the first level of ``hierarchical_context_parallel_sizes``,
       then the ring below over the second level, on the all-to-all's longer sequence and
@@ -97,12 +114,12 @@ def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[floa
         to_heads, back, d_out, d_qkv = _to_heads(name, qkv_bytes, out_bytes, "cp_a2a")
         return [*to_heads, *fwd, *back], [*d_out, *bwd, *d_qkv]
     if d.cp_comm == "all_gather":
-        part = dict(shape, kv_seq_len=s * cp // 2, causal=False)
         gathered = kv_bytes * cp
         ag = Collective("all_gather", gathered, "cp")
         reorder = MemBound(f"{op_label(name)}.kv_reorder", 2 * gathered)
-        fwd = [ag, reorder, Attention("fwd", **part), MemBound(f"{op_label(name)}.out_copy", 2 * out_bytes)]
-        bwd = [ag, reorder, Attention("bwd", **part), MemBound(f"{op_label(name)}.dkv_reorder", 2 * gathered),
+        parts = _all_gather_parts(shape, cp)
+        fwd = [ag, reorder, *(Attention("fwd", **p) for p in parts), MemBound(f"{op_label(name)}.out_copy", 2 * out_bytes)]
+        bwd = [ag, reorder, *(Attention("bwd", **p) for p in parts), MemBound(f"{op_label(name)}.dkv_reorder", 2 * gathered),
                Collective("reduce_scatter", gathered, "cp")]
         return fwd, bwd
     return _ring(name, shape, cp, q_b, kv_bytes, out_bytes, "cp")
@@ -154,7 +171,7 @@ def flash_attention(
     the layer."""
     kvh = kv_heads or d.kv_heads
     shape = dict(batch=d.b, seq_len=d.s, head_num=d.heads, kv_head_num=kvh, qk_head_dim=qk_dim, v_head_dim=v_dim)
-    if window is not None and window < d.s:
+    if window is not None and window < d.s * d.cp:  # a window past the whole sequence is full attention
         shape["window"] = window
     own = (float(d.tokens * d.heads * qk_dim * d.act_bytes), float(d.tokens * kvh * qk_dim * d.act_bytes),
            float(d.tokens * kvh * v_dim * d.act_bytes))

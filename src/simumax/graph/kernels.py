@@ -151,8 +151,7 @@ class Attention(NamedTuple):
         full = 2.0 * self.batch * self.head_num * self.seq_len * kv * (self.qk_head_dim + self.v_head_dim)
         if self.window is None:
             return full
-        s = self.seq_len
-        return full * window_pairs(s, self.window) / (s * (s + 1) / 2)
+        return full * window_pairs(self.seq_len, self.window, kv) / causal_pairs(self.seq_len, kv)
 
     def table_flops(self, bwd_ratio: float = MODEL_SDP_BWD_RATIO) -> float:
         return self.fwd_table_flops if self.phase == "fwd" else bwd_ratio * self.fwd_table_flops
@@ -161,7 +160,8 @@ class Attention(NamedTuple):
     def flops(self) -> float:
         s = self.seq_len
         if self.window is not None:  # table FLOPs already cover the band's (query, key) pairs only
-            return self.table_flops() * (s + 1) / (2 * s)
+            kv = self.kv_seq_len or s
+            return self.table_flops() * causal_pairs(s, kv) / (s * kv)
         frac = (s + 1) / (2 * s) if self.causal else 1.0
         return self.table_flops() * frac
 
@@ -182,11 +182,18 @@ class Attention(NamedTuple):
         )
 
 
-def window_pairs(s: int, w: int) -> float:
-    """(query, key) pairs of causal attention over s tokens with a window of w keys."""
-    if s <= w:
-        return s * (s + 1) / 2
-    return w * (w + 1) / 2 + (s - w) * w
+def window_pairs(s: int, w: int, kv: int | None = None) -> float:
+    """(query, key) pairs of causal attention with a window of w keys (itself included):
+    s queries over s tokens, or (``kv``) the last s of kv keys, as a query chunk sees the
+    keys before it (flash attention's bottom-right alignment)."""
+    offset = (kv or s) - s
+    short = min(s, max(0, w - offset - 1))  # queries that see fewer than w keys
+    return short * (offset + 1) + short * (short - 1) / 2 + (s - short) * w
+
+
+def causal_pairs(s: int, kv: int | None = None) -> float:
+    """(query, key) pairs of causal attention of the last s of kv (default s) keys."""
+    return s * ((kv or s) - s) + s * (s + 1) / 2
 
 
 class MemBound(NamedTuple):

@@ -189,9 +189,23 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
                     **({"fsdp_replicate_size": rep} if space.replicas != (1,) else {}),
                     **({"fsdp_impl": impl} if impl else {}),
                     **_hierarchical_cp(base_fields, cp),
+                    **_cp_scheme(model, base_fields, cp),
                 })
                 if st is not None:
                     yield rc, st
+
+
+def _cp_scheme(model: ModelConfig, base: dict[str, Any], cp: int) -> dict[str, Any]:
+    """a2a where TransformerEngine refuses the base's CP scheme for this model (a sliding
+    window under p2p or a2a+p2p, attention sinks under anything but a2a: config/checks.py),
+    so long-sequence candidates of GPT-OSS-like models are not all lost to the default ring."""
+    comm = base.get("cp_comm_type")
+    if cp == 1 or comm == "a2a":
+        return {}
+    windowed = model.window_size is not None and model.window_size < base.get("seq_len", 0)
+    if model.attention_sinks or (windowed and comm != "all_gather"):
+        return {"cp_comm_type": "a2a", "hierarchical_context_parallel_sizes": None}
+    return {}
 
 
 def _hierarchical_cp(base: dict[str, Any], cp: int) -> dict[str, Any]:
