@@ -280,6 +280,26 @@ def test_rank_orders() -> None:
     assert inner["pp"] == (2, 4, True) and inner["dp"] == (4, 16, False) and inner["tp"] == default["tp"]
     assert load_strategy({**json.loads((REF / "strategy" / "tp1_pp2_dp4_mbs1.json").read_text()),
                           "order_of_paralielism": "tp-pp-dp"}).rank_order == "tp-cp-ep-pp-dp"
+    # with CP the DP x CP group is blocks: rank = tp_i + tp*cp_i + tp*cp*pp*dp_i. TP2 CP2 PP4 DP2
+    # on 8-GPU nodes: each DP index's two CP ranks (stride 2) share a node, the two blocks are
+    # 16 ranks (two nodes) apart: 2 members per node on 2 nodes, node distance 2; pipeline
+    # neighbours tp*cp = 4 apart
+    cp = st.with_updates({"tp_size": 2, "cp_size": 2, "world_size": 32, "seq_len": 8192, "rank_order": "tp-cp-ep-pp-dp"})
+    net = Estimate(m, cp, sy).network
+    dp = net.groups["dp"]
+    assert (dp.size, dp.stride, dp.intra_node, dp.per_node, dp.node_stride) == (4, 2, False, 2, 2)
+    assert net._node_split(dp)[:3] == (2, 2, 2) and net.groups["pp"].stride == 4 and net.groups["cp"].stride == 2
+    # TP1 CP2 PP2 DP2: the 8 ranks of one node hold the group whole (ranks 0, 1, 4, 5)
+    small = Estimate(m, cp.with_updates({"tp_size": 1, "pp_size": 2, "world_size": 8, "micro_batch_num": 8,
+                                         "enable_sequence_parallel": False}), sy).network.groups["dp"]
+    assert (small.size, small.intra_node, small.per_node) == (4, True, None)
+    # TP1 CP2 PP2 DP4 on 8-GPU nodes: two whole blocks per node (blocks 4 apart), two nodes
+    two = Estimate(m, cp.with_updates({"tp_size": 1, "pp_size": 2, "world_size": 16, "micro_batch_num": 8,
+                                       "enable_sequence_parallel": False}), sy).network
+    assert two._node_split(two.groups["dp"])[:3] == (4, 2, 1)
+    # the default order keeps the group evenly strided: CP and DP consecutive at stride tp
+    plain = Estimate(m, cp.with_updates({"rank_order": "tp-cp-ep-dp-pp"}), sy).network.groups["dp"]
+    assert (plain.size, plain.stride, plain.intra_node, plain.per_node) == (4, 2, True, None)
     with pytest.raises(ConfigError) as exc:
-        st.with_updates({"rank_order": "tp-cp-ep-pp-dp", "cp_size": 2})
+        cp.with_updates({"zero_state": 3, "fsdp_impl": "megatron_fsdp", "fsdp_replicate_size": 2})
     assert exc.value.field == "rank_order"

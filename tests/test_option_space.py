@@ -48,8 +48,7 @@ def jobs(draw):
               te_version=draw(hs.sampled_from((None, "1.13", "2.1", "2.11.0"))), dtype=draw(hs.sampled_from(("bf16", "bf16", "fp16"))),
               ddp_bucket_size=draw(hs.sampled_from((None, 1_000_000))), pp_schedule=draw(hs.sampled_from((None, "zb", "dualpipev"))),
               **{f: draw(hs.booleans()) for f in FLAGS})
-    if cp == 1:
-        st.update(rank_order=draw(hs.sampled_from(("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"))))
+    st.update(rank_order=draw(hs.sampled_from(("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"))))
     if st["overlap_param_gather"] and st["zero_state"] == 1 and vp > 1:
         st.update(overlap_param_gather_with_optimizer_step=draw(hs.booleans()))
     if st["cp_comm_type"] == "a2a+p2p":

@@ -25,9 +25,9 @@ def check_rules(st: "StrategyConfig") -> None:
         raise ConfigError("interleaving_size", "virtual pipeline needs pp_size > 1")
     if st.enable_sequence_parallel and st.tp_size > 1 and st.seq_len % (st.tp_size * st.cp_size):
         raise ConfigError("seq_len", f"must be divisible by tp*cp = {st.tp_size * st.cp_size} with sequence parallelism")
-    if st.rank_order == "tp-cp-ep-pp-dp" and st.cp_size > 1:
-        raise ConfigError("rank_order", "tp-cp-ep-pp-dp with context parallelism is not modelled (its DP x CP group is "
-                          "not evenly strided)")
+    if st.rank_order == "tp-cp-ep-pp-dp" and st.cp_size > 1 and st.fsdp_replicate_size > 1:
+        raise ConfigError("rank_order", "tp-cp-ep-pp-dp with context parallelism and HSDP (fsdp_replicate_size > 1) is "
+                          "not modelled (its shard and replica groups split DP x CP blocks)")
     hcp = st.hierarchical_context_parallel_sizes
     if st.cp_comm_type == "a2a+p2p" and st.cp_size > 1:
         if not hcp or len(hcp) != 2 or hcp[0] * hcp[1] != st.cp_size:

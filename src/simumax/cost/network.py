@@ -46,6 +46,11 @@ class GroupPlacement:
     stride: int
     tier: str
     intra_node: bool
+    # a group of blocks across nodes (Megatron's tp-cp-ep-pp-dp order with CP: the DP x CP
+    # group is blocks of CP ranks at stride tp, tp*cp*pp apart): its members per node and
+    # the node distance between consecutive members; None: derived from the even stride
+    per_node: int | None = None
+    node_stride: int | None = None
 
 
 def ring_bytes(nbytes: float, n: int, scale: float, offset: float) -> float:
@@ -121,27 +126,62 @@ class NetworkModel:
             "ep": (ep, etp),
             "edp": (st.edp_size, ep * etp),
         }
-        if st.rank_order == "tp-cp-ep-pp-dp" and pp > 1:  # --use-tp-pp-dp-mapping (cp 1: the rules)
+        blocks: dict[str, tuple[int, int]] = {}  # group -> (blocks, their stride): members at stride in each block
+        if st.rank_order == "tp-cp-ep-pp-dp" and pp > 1:  # --use-tp-pp-dp-mapping (with CP: HSDP is refused)
             layout.update({
-                "pp": (2, tp), "dp": (dp, tp * pp), "dp_shard": (st.dp_shard_size, tp * pp),
+                "pp": (2, tp * cp), "dp": (cp, tp), "dp_shard": (cp, tp),
                 "dp_rep": (st.fsdp_replicate_size, tp * pp * st.dp_shard_size), "edp": (st.edp_size, ep * etp * pp),
             })
+            # the dense DP x CP group: the CP ranks of each DP index (stride tp), DP indices tp*cp*pp apart
+            blocks = {"dp": (dp, tp * cp * pp), "dp_shard": (st.dp_shard_size // cp, tp * cp * pp)}
         overrides = {"tp": st.tp_net, "cp": st.cp_net, "cp_a2a": st.cp_net, "cp_p2p": st.cp_net, "dp": st.dp_net, "pp": st.pp_net, "ep": st.ep_net, "etp": st.etp_net,
                      "edp": st.edp_net or st.dp_net, "dp_shard": st.dp_net, "dp_rep": st.dp_net}
         # the PCIe switch-tree spans a system has tiers for (intra_node_pcie_<w>x), narrowest first
         self._pcie_widths = sorted(int(k.split("_")[-1][:-1]) for k in self.nets.tiers if k.startswith("intra_node_pcie_")) \
             if self.nets.intra_with_pcie else []
-        self.groups = {g: self._place(g, n, stride, overrides.get(g)) for g, (n, stride) in layout.items()}
+        self.groups = {g: self._place(g, n, stride, overrides.get(g), blocks.get(g)) for g, (n, stride) in layout.items()}
         self._cache: dict[Collective, float] = {}
         self._acc = system.accelerator
         self._ep_usage = ep_compute_usage(st, system.accelerator, self._tier_usage(self.tier("ep")))
         self._nccl = (st.nccl_ub, st.use_sharp, system.accelerator.nccl_max_ctas)
         self._usage: dict[tuple[str, str], float] = {}
 
-    def _place(self, group: str, n: int, stride: int, override: str | None) -> GroupPlacement:
+    def _place(self, group: str, n: int, stride: int, override: str | None,
+               block: tuple[int, int] | None = None) -> GroupPlacement:
+        """Where a group of n ranks at ``stride`` lies, or of ``block`` = (count, stride)
+        such blocks: inside one node (its tier) or across nodes (inter_node)."""
+        if block is not None and block[0] > 1 and n > 1:
+            return self._place_blocks(group, n, stride, block, override)
+        if block is not None and n == 1:  # blocks of one rank: an evenly strided group
+            n, stride = block
         per_node = self.scaleup_size
         span = stride * (n - 1) + 1
         intra = span <= per_node and (per_node % (stride * n) == 0 or stride * n <= per_node)
+        return self._placement(group, n, stride, span, intra, override)
+
+    def _place_blocks(self, group: str, n: int, stride: int, block: tuple[int, int], override: str | None) -> GroupPlacement:
+        """A group of ``count`` blocks ``block_stride`` apart, each of n ranks at ``stride``
+        (rank = i * stride + j * block_stride). Inside a node when all of it fits as an evenly
+        strided group would; across nodes with a block's members per node where a node holds
+        at most one block (or part of one), whole blocks per node otherwise."""
+        count, block_stride = block
+        per_node = self.scaleup_size
+        span = block_stride * (count - 1) + stride * (n - 1) + 1
+        reach = block_stride * count
+        intra = span <= per_node and (per_node % reach == 0 or reach <= per_node)
+        place = self._placement(group, n * count, stride, span, intra, override)
+        if place.intra_node:
+            return place
+        in_block = max(1, min(n, per_node // stride)) if stride < per_node else 1
+        if in_block < n or block_stride >= per_node or per_node % block_stride:
+            k = in_block
+            node_stride = max(1, block_stride // per_node) if in_block == n else max(1, stride // per_node)
+        else:
+            k, node_stride = n * min(count, per_node // block_stride), 1
+        return GroupPlacement(place.size, stride, place.tier, False, k, node_stride)
+
+    def _placement(self, group: str, n: int, stride: int, span: int, intra: bool, override: str | None) -> GroupPlacement:
+        per_node = self.scaleup_size
         tiers = self.nets.tiers
         # a named tier picks among the tiers of the group's kind (inside a node or across
         # nodes); which kind is the cluster shape's, as SimuMax derives its *_net tiers, so a
@@ -191,7 +231,9 @@ class NetworkModel:
         tier = self.tier(group)
         nccl_ub, sharp, max_ctas = self._nccl
         place = self.groups[group]
-        fabric = domain(place.size, place.stride, place.intra_node, self.scaleup_size, self.nets.intra_with_pcie)
+        one_per_node = place.per_node == 1 if place.per_node is not None else place.stride >= self.scaleup_size
+        fabric = domain(place.size, self.scaleup_size if one_per_node else 1, place.intra_node, self.scaleup_size,
+                        self.nets.intra_with_pcie)
         sms = dp_collective_sms(fabric, kind, nccl_ub, sharp, max_ctas)
         if (tier.processor_usage > 0 or tier.comm_sms) and not (nccl_ub and sms):
             return None
@@ -268,8 +310,11 @@ class NetworkModel:
         """(members per node k, nodes, node stride, the tier k members use inside a node or
         None) of a group across nodes."""
         n, stride, per_node = place.size, place.stride, self.scaleup_size
-        k = max(1, min(n, per_node // stride)) if stride < per_node else 1
-        node_stride = 1 if stride < per_node else stride // per_node
+        if place.per_node is not None:
+            k, node_stride = place.per_node, place.node_stride or 1
+        else:
+            k = max(1, min(n, per_node // stride)) if stride < per_node else 1
+            node_stride = 1 if stride < per_node else stride // per_node
         return k, max(1, n // k), node_stride, self._intra_tier(k, stride) if k > 1 else None
 
     def _across_nodes(self, c: Collective, place: GroupPlacement) -> float:
