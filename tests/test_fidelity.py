@@ -558,24 +558,24 @@ def test_userbuffers_times_by_hand() -> None:
 
 def test_userbuffers_chunks_share_te_streams_by_hand() -> None:
     """TE runs the chunk GEMMs round-robin on three compute streams (_NUM_MAX_UB_STREAMS):
-    chunks whose rows are there run side by side, costing one GEMM of their rows."""
+    chunks whose rows are there run side by side, j of them sharing the SMs as one GEMM of
+    their rows does (each finishes its part in that GEMM's time)."""
     g = Gemm(4096, 8192, 8192, "TN")
     cost = {1024: 1.0, 2048: 1.6, 3072: 2.1, 4096: 2.6}  # seconds by rows: small chunks fill the SMs worse
     time_of = lambda k: cost[k.m]  # noqa: E731
-    # ring, tp 4, rows arrive faster than a chunk computes: chunk 0 alone (chunk 1's rows are
-    # not there at 0), then chunks 1-3 together
-    total, waited = userbuffers.ring_time(g, 3 * 0.1, 4, time_of)
-    assert (total, waited) == pytest.approx((1.0 + 2.1, 0.0))
-    # rows slower than a chunk (step 1.5): every chunk waits for its rows, one at a time
-    total, waited = userbuffers.ring_time(g, 3 * 1.5, 4, time_of)
-    assert (total, waited) == pytest.approx((3 * 1.5 + 1.0, 3 * 1.5 + 1.0 - 4 * 1.0))
-    # step 0.6: chunk 0 [0, 1]; chunk 1 (there at 0.6) alone, as chunk 2 comes at 1.2 [1, 2];
-    # chunks 2 and 3 (at 1.8) together [2, 3.6]
-    total, waited = userbuffers.ring_time(g, 3 * 0.6, 4, time_of)
-    assert (total, waited) == pytest.approx((3.6, 0.0))
-    # tp 2: two streams at most, the second chunk waits for its rows
-    total, _ = userbuffers.ring_time(g._replace(m=2048), 0.4, 2, time_of)
-    assert total == pytest.approx(1.0 + 1.0)
+    # rows there at once (no transfer time): tp 3 runs its three chunks together
+    assert userbuffers.ring_time(g._replace(m=3072), 0.0, 3, time_of) == pytest.approx((2.1, 0.0))
+    # tp 4: chunks 0-2 together, chunk 3 on stream 0 after chunk 0
+    assert userbuffers.ring_time(g, 0.0, 4, time_of) == pytest.approx((2.1 + 1.0, 0.0))
+    # rows slower than a chunk (step 1.5): every chunk waits for its rows and runs alone
+    assert userbuffers.ring_time(g, 3 * 1.5, 4, time_of) == pytest.approx((3 * 1.5 + 1.0, 3 * 1.5 + 1.0 - 4 * 1.0))
+    # tp 2, step 0.5: chunk 0 alone to 0.5 (half done), both at 1/1.6 a second until chunk 0
+    # ends at 1.3 (chunk 1 half done), chunk 1 alone to 1.8
+    assert userbuffers.ring_time(g._replace(m=2048), 0.5, 2, time_of) == pytest.approx((1.8, 0.0))
+    # step 0.1: chunk 0 alone to 0.1, with chunk 1 to 0.2, the three until chunk 0 ends at
+    # 0.2 + 0.8375 x 2.1; chunk 3 starts then (stream 0), chunk 1 ends 0.21 later, chunk 2
+    # 0.1 after that (two running), chunk 3's last 0.8375 alone
+    assert userbuffers.ring_time(g, 3 * 0.1, 4, time_of) == pytest.approx((1.95875 + 0.21 + 0.1 + 0.8375, 0.0))
     # pipeline, 4 splits: three together (2.1), then the fourth (1.0); each split's quarter of
     # the reduce-scatter (0.5 each) after its round on one stream: 2.1 + 3 x 0.5, then the last
     total, exposed = userbuffers.pipeline_time(g, 4 * 0.5, None, time_of)

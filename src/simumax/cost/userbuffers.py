@@ -74,28 +74,62 @@ def chunked_gemm_time(g: Gemm, chunks: int, time_of: Callable[[Kernel], float], 
 
 def ring_time(g: Gemm, ag: float, tp: int, time_of: Callable[[Kernel], float]) -> tuple[float, float]:
     """(seconds of GEMM and transfers together, of which the GEMMs wait for rows). Chunk 0
-    is local, chunk i arrives after i transfer steps; each round runs the next chunk (waiting
-    for it if need be) with the chunks after it that are there by then, up to the streams."""
+    is local, chunk i arrives after i transfer steps and runs on stream i mod streams once
+    the chunk before it there is done; chunks running together share the SMs as one GEMM of
+    their rows does (each finishes its own part in that GEMM's time)."""
     step = ag / max(1, tp - 1)
-    streams = min(UB_STREAMS, tp)
-    t = busy = 0.0
-    i = 0
-    while i < tp:
-        t = max(t, i * step)
-        j = 1
-        while j < streams and i + j < tp and (i + j) * step <= t:
-            j += 1
-        d = chunked_gemm_time(g, tp, time_of, j)
-        t += d
-        busy += d
-        i += j
-    return t, t - busy
+    return shared_streams([i * step for i in range(tp)], min(UB_STREAMS, tp),
+                          lambda j: chunked_gemm_time(g, tp, time_of, j))
+
+
+def shared_streams(ready: list[float], streams: int, together: Callable[[int], float]) -> tuple[float, float]:
+    """(end, idle) of equal chunks, chunk i ready at ``ready[i]`` and issued round-robin on
+    ``streams`` streams (it starts once ready and once chunk i - streams is done), where j
+    chunks running at once each finish their work in ``together(j)`` seconds: every running
+    chunk progresses at 1 / together(j) of its work per second. ``idle``: the time no chunk
+    runs before the end (waiting for rows)."""
+    n = len(ready)
+    left = [1.0] * n  # work left, as a share of the chunk
+    done = [math.inf] * n
+    t = idle = 0.0
+    started = 0  # chunks started, in order: chunk i cannot start before chunk i - 1 (issue order)
+    running: list[int] = []
+    while started < n or running:
+        if started < n:
+            prev = done[started - streams] if started >= streams else 0.0
+            start_at = max(ready[started], prev)
+        else:
+            start_at = math.inf
+        if not running:
+            if start_at > t:
+                idle += start_at - t
+            t = max(t, start_at)
+            running.append(started)
+            started += 1
+            continue
+        rate = 1.0 / together(len(running))
+        finish_at = t + min(left[i] for i in running) / rate
+        if start_at < finish_at:
+            for i in running:
+                left[i] -= (start_at - t) * rate
+            t = start_at
+            running.append(started)
+            started += 1
+        else:
+            for i in running:
+                left[i] -= (finish_at - t) * rate
+            t = finish_at
+            for i in [i for i in running if left[i] <= 1e-12]:
+                done[i] = t
+                running.remove(i)
+    return t, idle
 
 
 def pipeline_time(g: Gemm, rs: float, sm_count: int | None, time_of: Callable[[Kernel], float]) -> tuple[float, float]:
     """(seconds of GEMM and reduce-scatter together, of which exposed reduce-scatter). The
-    splits need nothing from each other: they run in rounds of as many as there are
-    streams, each split's part of the reduce-scatter (one stream) after its round."""
+    splits need nothing from each other: all there at once, they run in rounds of as many as
+    there are streams (what ``shared_streams`` gives equal chunks ready together), each
+    split's part of the reduce-scatter (one stream) after its round."""
     part = rs / PIPELINE_SPLITS
     streams = min(UB_STREAMS, PIPELINE_SPLITS)
     t = busy = comm_end = 0.0
