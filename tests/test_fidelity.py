@@ -8,6 +8,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from simumax.calibrate.system_writer import merge_compute
 from simumax.config.loader import load_system
@@ -586,6 +588,33 @@ def test_userbuffers_chunks_share_te_streams_by_hand() -> None:
     # on the SMs a 16-SM communication kernel leaves: every split x 132 / 116
     total, _ = userbuffers.pipeline_time(g, 4 * 0.1, 132, time_of)
     assert total == pytest.approx((2.1 + 1.0) * 132 / 116 + 0.1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hs.lists(hs.floats(0.0, 5.0), min_size=1, max_size=9), hs.integers(1, 4),
+       hs.lists(hs.floats(0.0, 1.0), min_size=8, max_size=8))
+def test_shared_streams_invariants(gaps: list[float], streams: int, growth: list[float]) -> None:
+    """Chunks ready at non-decreasing times on round-robin streams, j running together each
+    taking together(j) (from a lone chunk's t1 up to j lone chunks' time, never less than
+    j - 1 together): the last ends at least t1 after its rows and at most n·t1 after them
+    (something always runs once all are ready), no sooner than all the work at the best
+    sharing rate; the idle time is waiting for rows only; one stream is the chunks one by one."""
+    from simumax.cost.userbuffers import shared_streams
+
+    n, t1 = len(gaps), 1.0
+    ready = [sum(gaps[1:i + 1]) for i in range(n)]  # chunk 0 at 0
+    together = [t1]
+    for j in range(2, 10):  # nondecreasing, at most j lone chunks
+        together.append(together[-1] + growth[j - 2] * (j * t1 - together[-1]))
+    end, idle = shared_streams(ready, streams, lambda j: together[j - 1])
+    assert end >= ready[-1] + t1 - 1e-9
+    assert end <= ready[-1] + n * t1 + 1e-9
+    assert end >= n / max(j / together[j - 1] for j in range(1, min(n, streams) + 1)) - 1e-9
+    assert -1e-12 <= idle <= ready[-1] + 1e-9
+    serial = 0.0
+    for r in ready:
+        serial = max(serial, r) + t1
+    assert shared_streams(ready, 1, lambda j: together[j - 1])[0] == pytest.approx(serial)
 
 
 def test_cp_all_gather_gathers_reorders_and_reduce_scatters() -> None:
