@@ -125,15 +125,15 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
         log.warning("ep_size=%d has no effect on the dense model %s (no expert layers); estimated as it is",
                     st.ep_size, model.model_name)
     windowed = model.window_size is not None and model.window_size < st.seq_len  # a window past the sequence is full attention
-    if st.cp_size > 1 and windowed and st.cp_comm_type not in ("a2a", "all_gather"):
-        # transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
-        # attn_forward_func_with_cp: "Context parallelism does not support sliding window attention"
-        raise ConfigError("cp_comm_type", f"TransformerEngine runs sliding-window attention (window_size) with context "
-                          f"parallelism only with a2a or all_gather, not {st.cp_comm_type}")
+    # transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
+    # attn_forward_func_with_cp: a softmax type other than vanilla needs cp_comm_type a2a, and
+    # "Context parallelism does not support sliding window attention" but with a2a or all_gather
     if st.cp_size > 1 and model.attention_sinks and st.cp_comm_type != "a2a":
-        # the same function: softmax_type other than vanilla needs cp_comm_type a2a
         raise ConfigError("cp_comm_type", f"TransformerEngine runs attention sinks (a learnable softmax offset) with "
                           f"context parallelism only with a2a, not {st.cp_comm_type}")
+    if st.cp_size > 1 and windowed and st.cp_comm_type not in ("a2a", "all_gather"):
+        raise ConfigError("cp_comm_type", f"TransformerEngine runs sliding-window attention (window_size) with context "
+                          f"parallelism only with a2a or all_gather, not {st.cp_comm_type}")
     if windowed and (st.use_math_sdp or st.transformer_impl == "local"):
         raise ConfigError("window_size", "sliding-window attention needs flash attention (TransformerEngine), as in Megatron")
     if st.cpu_offloading and st.cpu_offloading_num_layers >= model.layer_num:
