@@ -113,7 +113,8 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
     cp_comm_type: Literal["a2a", "all_gather", "p2p", "a2a+p2p"] = Field(
         "p2p", description="Context-parallel attention scheme (Megatron --cp-comm-type, default p2p): a2a (Ulysses), all_gather, "
         "p2p (ring), or a2a+p2p (hierarchical: an all-to-all inside the first group of "
-        "hierarchical_context_parallel_sizes, the ring across the second).",
+        "hierarchical_context_parallel_sizes, the ring across the second). TransformerEngine runs a sliding window "
+        "only with a2a or all_gather, attention sinks only with a2a.",
     )
     rank_order: Literal["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"] = Field(
         "tp-cp-ep-dp-pp", description="How ranks are numbered, innermost first (Megatron's order; "
