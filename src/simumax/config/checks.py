@@ -71,6 +71,25 @@ def _rank_split(model: ModelConfig, st: StrategyConfig) -> list[int]:
     return counts
 
 
+def _windowed(model: ModelConfig, seq_len: int) -> bool:
+    """Sliding-window attention shorter than the sequence (a window past it is full attention)."""
+    return model.window_size is not None and model.window_size < seq_len
+
+
+def te_cp_refusal(model: ModelConfig, seq_len: int, cp_comm_type: str) -> str | None:
+    """Why TransformerEngine refuses this context-parallel scheme for the model, or None
+    (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
+    attn_forward_func_with_cp: a softmax type other than vanilla needs a2a, and "Context
+    parallelism does not support sliding window attention" but with a2a or all_gather)."""
+    if model.attention_sinks and cp_comm_type != "a2a":
+        return (f"TransformerEngine runs attention sinks (a learnable softmax offset) with context parallelism only "
+                f"with a2a, not {cp_comm_type}")
+    if _windowed(model, seq_len) and cp_comm_type not in ("a2a", "all_gather"):
+        return (f"TransformerEngine runs sliding-window attention (window_size) with context parallelism only with a2a "
+                f"or all_gather, not {cp_comm_type}")
+    return None
+
+
 def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfig) -> None:
     """Raise ConfigError for the first rule the three configs break together."""
     tp = st.tp_size
@@ -124,17 +143,10 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
         # run under them); nothing of a dense model is split over EP (Megatron would refuse it)
         log.warning("ep_size=%d has no effect on the dense model %s (no expert layers); estimated as it is",
                     st.ep_size, model.model_name)
-    windowed = model.window_size is not None and model.window_size < st.seq_len  # a window past the sequence is full attention
-    # transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
-    # attn_forward_func_with_cp: a softmax type other than vanilla needs cp_comm_type a2a, and
-    # "Context parallelism does not support sliding window attention" but with a2a or all_gather
-    if st.cp_size > 1 and model.attention_sinks and st.cp_comm_type != "a2a":
-        raise ConfigError("cp_comm_type", f"TransformerEngine runs attention sinks (a learnable softmax offset) with "
-                          f"context parallelism only with a2a, not {st.cp_comm_type}")
-    if st.cp_size > 1 and windowed and st.cp_comm_type not in ("a2a", "all_gather"):
-        raise ConfigError("cp_comm_type", f"TransformerEngine runs sliding-window attention (window_size) with context "
-                          f"parallelism only with a2a or all_gather, not {st.cp_comm_type}")
-    if windowed and (st.use_math_sdp or st.transformer_impl == "local"):
+    refusal = te_cp_refusal(model, st.seq_len, st.cp_comm_type) if st.cp_size > 1 else None
+    if refusal:
+        raise ConfigError("cp_comm_type", refusal)
+    if _windowed(model, st.seq_len) and (st.use_math_sdp or st.transformer_impl == "local"):
         raise ConfigError("window_size", "sliding-window attention needs flash attention (TransformerEngine), as in Megatron")
     if st.cpu_offloading and st.cpu_offloading_num_layers >= model.layer_num:
         raise ConfigError("cpu_offloading_num_layers", f"must be fewer than the model's layers ({model.layer_num}), as Megatron")

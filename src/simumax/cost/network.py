@@ -148,29 +148,20 @@ class NetworkModel:
 
     def _place(self, group: str, n: int, stride: int, override: str | None,
                block: tuple[int, int] | None = None) -> GroupPlacement:
-        """Where a group of n ranks at ``stride`` lies, or of ``block`` = (count, stride)
-        such blocks: inside one node (its tier) or across nodes (inter_node)."""
-        if block is not None and block[0] > 1 and n > 1:
-            return self._place_blocks(group, n, stride, block, override)
-        if block is not None and n == 1:  # blocks of one rank: an evenly strided group
-            n, stride = block
-        per_node = self.scaleup_size
-        span = stride * (n - 1) + 1
-        intra = span <= per_node and (per_node % (stride * n) == 0 or stride * n <= per_node)
-        return self._placement(group, n, stride, span, intra, override)
-
-    def _place_blocks(self, group: str, n: int, stride: int, block: tuple[int, int], override: str | None) -> GroupPlacement:
-        """A group of ``count`` blocks ``block_stride`` apart, each of n ranks at ``stride``
-        (rank = i * stride + j * block_stride). Inside a node when all of it fits as an evenly
-        strided group would; across nodes with a block's members per node where a node holds
-        at most one block (or part of one), whole blocks per node otherwise."""
-        count, block_stride = block
+        """Where a group lies: n ranks at ``stride``, or ``block`` = (count, block_stride)
+        such runs block_stride apart (rank = i * stride + j * block_stride). Inside a node
+        (its tier) when all of it fits as an evenly strided group of that reach would; else
+        across nodes, blocks with a block's members per node where a node holds at most one
+        block (or part of one), whole blocks per node otherwise."""
+        count, block_stride = block if block is not None else (1, 0)
+        if n == 1 and block is not None:  # blocks of one rank: an evenly strided group
+            n, stride, count = count, block_stride, 1
         per_node = self.scaleup_size
         span = block_stride * (count - 1) + stride * (n - 1) + 1
-        reach = block_stride * count
+        reach = block_stride * count if count > 1 else stride * n
         intra = span <= per_node and (per_node % reach == 0 or reach <= per_node)
         place = self._placement(group, n * count, stride, span, intra, override)
-        if place.intra_node:
+        if count == 1 or place.intra_node:
             return place
         in_block = max(1, min(n, per_node // stride)) if stride < per_node else 1
         if in_block < n or block_stride >= per_node or per_node % block_stride:

@@ -78,16 +78,17 @@ def ring_time(g: Gemm, ag: float, tp: int, time_of: Callable[[Kernel], float]) -
     the chunk before it there is done; chunks running together share the SMs as one GEMM of
     their rows does (each finishes its own part in that GEMM's time)."""
     step = ag / max(1, tp - 1)
-    return shared_streams([i * step for i in range(tp)], min(UB_STREAMS, tp),
-                          lambda j: chunked_gemm_time(g, tp, time_of, j))
+    done, idle = shared_streams([i * step for i in range(tp)], min(UB_STREAMS, tp),
+                                lambda j: chunked_gemm_time(g, tp, time_of, j))
+    return max(done), idle
 
 
-def shared_streams(ready: list[float], streams: int, together: Callable[[int], float]) -> tuple[float, float]:
-    """(end, idle) of equal chunks, chunk i ready at ``ready[i]`` and issued round-robin on
-    ``streams`` streams (it starts once ready and once chunk i - streams is done), where j
-    chunks running at once each finish their work in ``together(j)`` seconds: every running
-    chunk progresses at 1 / together(j) of its work per second. ``idle``: the time no chunk
-    runs before the end (waiting for rows)."""
+def shared_streams(ready: list[float], streams: int, together: Callable[[int], float]) -> tuple[list[float], float]:
+    """(when each chunk ends, idle) of equal chunks, chunk i ready at ``ready[i]`` and issued
+    round-robin on ``streams`` streams (it starts once ready and once chunk i - streams is
+    done), where j chunks running at once each finish their work in ``together(j)`` seconds:
+    every running chunk progresses at 1 / together(j) of its work per second. ``idle``: the
+    time no chunk runs before the last ends (waiting for rows)."""
     n = len(ready)
     left = [1.0] * n  # work left, as a share of the chunk
     done = [math.inf] * n
@@ -107,39 +108,36 @@ def shared_streams(ready: list[float], streams: int, together: Callable[[int], f
             running.append(started)
             started += 1
             continue
-        rate = 1.0 / together(len(running))
-        finish_at = t + min(left[i] for i in running) / rate
+        per = together(len(running))  # seconds for a whole chunk at this sharing
+        finish_at = t + min(left[i] for i in running) * per
         if start_at < finish_at:
             for i in running:
-                left[i] -= (start_at - t) * rate
+                left[i] -= (start_at - t) / per
             t = start_at
             running.append(started)
             started += 1
         else:
             for i in running:
-                left[i] -= (finish_at - t) * rate
+                left[i] -= (finish_at - t) / per
             t = finish_at
             for i in [i for i in running if left[i] <= 1e-12]:
                 done[i] = t
                 running.remove(i)
-    return t, idle
+    return done, idle
 
 
 def pipeline_time(g: Gemm, rs: float, sm_count: int | None, time_of: Callable[[Kernel], float]) -> tuple[float, float]:
     """(seconds of GEMM and reduce-scatter together, of which exposed reduce-scatter). The
-    splits need nothing from each other: all there at once, they run in rounds of as many as
-    there are streams (what ``shared_streams`` gives equal chunks ready together), each
-    split's part of the reduce-scatter (one stream) after its round."""
+    splits need nothing from each other: all there at once, they share the streams
+    (``shared_streams``: three together, then the fourth), each split's part of the
+    reduce-scatter (one stream) after it is done."""
     part = rs / PIPELINE_SPLITS
-    streams = min(UB_STREAMS, PIPELINE_SPLITS)
-    t = busy = comm_end = 0.0
-    i = 0
-    while i < PIPELINE_SPLITS:
-        j = min(streams, PIPELINE_SPLITS - i)
-        d = chunked_gemm_time(g, PIPELINE_SPLITS, time_of, j) * margin_factor(sm_count)
-        t += d
-        busy += d
-        comm_end = max(comm_end, t) + j * part
-        i += j
-    total = max(t, comm_end)
+    margin = margin_factor(sm_count)
+    done, _ = shared_streams([0.0] * PIPELINE_SPLITS, min(UB_STREAMS, PIPELINE_SPLITS),
+                             lambda j: chunked_gemm_time(g, PIPELINE_SPLITS, time_of, j) * margin)
+    comm_end = 0.0
+    for end in sorted(done):
+        comm_end = max(comm_end, end) + part
+    busy = max(done)
+    total = max(busy, comm_end)
     return total, total - busy

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from simumax.config.checks import check_compatible
+from simumax.config.checks import check_compatible, te_cp_refusal
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import FSDP_IMPLS, PipelineSchedule, StrategyConfig
 from simumax.config.system import SystemConfig
@@ -196,14 +196,10 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
 
 
 def _cp_scheme(model: ModelConfig, base: dict[str, Any], cp: int) -> dict[str, Any]:
-    """a2a where TransformerEngine refuses the base's CP scheme for this model (a sliding
-    window under p2p or a2a+p2p, attention sinks under anything but a2a: config/checks.py),
-    so long-sequence candidates of GPT-OSS-like models are not all lost to the default ring."""
-    comm = base.get("cp_comm_type")
-    if cp == 1 or comm == "a2a":
-        return {}
-    windowed = model.window_size is not None and model.window_size < base.get("seq_len", 0)
-    if model.attention_sinks or (windowed and comm != "all_gather"):
+    """a2a, which TransformerEngine runs for every model, where it refuses the base's CP
+    scheme for this one (``te_cp_refusal``: a sliding window, attention sinks), so
+    long-sequence candidates of GPT-OSS-like models are not all lost to the default ring."""
+    if cp > 1 and te_cp_refusal(model, base["seq_len"], base["cp_comm_type"]):
         return {"cp_comm_type": "a2a", "hierarchical_context_parallel_sizes": None}
     return {}
 
