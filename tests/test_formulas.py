@@ -252,3 +252,32 @@ def test_precision_aware_optimizer_rules() -> None:
         with pytest.raises(ConfigError) as exc:
             base.with_updates(upd)
         assert exc.value.field == field
+
+
+@pytest.mark.parametrize(("system", "model", "upd", "workspaces"), [
+    # one 32 MiB + 1 KiB workspace where torch reports compute capability >= 9, 4 MiB before
+    ("h100-sxm-80gb", "llama3-8b", {}, 32 * 2**20 + 1024),
+    ("b200-sxm-180gb", "llama3-8b", {}, 32 * 2**20 + 1024),
+    ("a100_pcie", "llama3-8b", {}, 4 * 2**20),
+    # userbuffers' GEMMs: one more of three times the size
+    ("h100-sxm-80gb", "llama3-8b", {"tp_size": 2, "enable_sequence_parallel": True, "tp_comm_overlap": True},
+     4 * (32 * 2**20 + 1024)),
+    # grouped expert GEMMs: one per cuBLAS stream (4)
+    ("h100-sxm-80gb", "qwen3-30b-a3b", {"ep_size": 8}, 5 * (32 * 2**20 + 1024)),
+    ("a100_pcie", "qwen3-30b-a3b", {"ep_size": 8}, 5 * 4 * 2**20),
+    # serial expert GEMMs run as plain ones; Megatron-Core's local modules keep no TE workspace
+    ("h100-sxm-80gb", "qwen3-30b-a3b", {"ep_size": 8, "group_linear_mode": "serial"}, 32 * 2**20 + 1024),
+    ("h100-sxm-80gb", "llama3-8b", {"transformer_impl": "local"}, 0),
+])
+def test_transformer_engine_cublas_workspaces(system: str, model: str, upd: dict, workspaces: int) -> None:
+    """TransformerEngine's cuBLAS workspaces (pytorch/cpp_extensions/gemm.py,
+    get_cublas_workspace) stay allocated from the first GEMM on: they are the TE buffers of a
+    strategy without te_version (no dummy weight gradients) or fp8 weight copies, on every stage."""
+    from simumax.config.loader import load_strategy
+
+    m = load_model(model).with_updates({"layer_num": 2})
+    st = load_strategy({"world_size": 8, "seq_len": 1024, "micro_batch_num": 2, **upd})
+    mem = Estimate(m, st, load_system(system)).memory()
+    for s in mem.stages:
+        assert s.te_buffers == workspaces
+        assert s.model_mem == s.weights + s.grads + s.optimizer + workspaces

@@ -122,7 +122,7 @@ def test_zero3_memory_by_hand() -> None:
     shard, cap = params / 8, 10**9  # 2 x a layer is less: the floor
     assert st.weights == pytest.approx(2 * (shard + min(params, head + cap / 2)))
     assert st.grads == pytest.approx(4 * shard)
-    states = model_states(est.strategy, est.stages[0])
+    states = model_states(est.strategy, est.stages[0], est.system.sys_name)
     assert states.reduce_extra == pytest.approx(4 * min(params, cap + head))
     assert states.reduce_frees == pytest.approx(min(params, cap + head) / params)
     # a short sequence: the gradients in flight, not the activations, set the peak

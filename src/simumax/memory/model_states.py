@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from simumax.config.hardware import datasheet
 from simumax.config.strategy import StrategyConfig
 from simumax.dp.sharding_plan import ShardingPlan
 from simumax.graph import fp8
-from simumax.graph.kernels import Collective
+from simumax.graph.kernels import Collective, GroupGemm
 from simumax.graph.ops import Op, Stage
 
 ADAM_STATE_BYTES = 8  # fp32 exp_avg + exp_avg_sq
@@ -144,21 +145,52 @@ def largest_layer_params(stage: Stage) -> int:
     return max(unit_params(stage).values(), default=0)
 
 
-def model_states(st: StrategyConfig, stage: Stage) -> ModelStates:
+# TransformerEngine's cuBLAS workspace: 32 MiB + 1 KiB where torch reports compute capability
+# >= 9 (Hopper, Blackwell; ROCm's gfx942 reports 9.4), 4 MiB before
+# (pytorch/cpp_extensions/gemm.py, get_cublas_workspace_size_bytes)
+_CC9_ARCHS = ("hopper", "blackwell", "cdna3")
+TE_WORKSPACE_CC9 = 32 * 2**20 + 1024
+TE_WORKSPACE_OLDER = 4 * 2**20
+TE_GROUPED_GEMM_STREAMS = 4  # tex.get_num_cublas_streams(): the grouped GEMM's cuBLAS streams
+TE_UB_STREAMS = 3  # _NUM_MAX_UB_STREAMS (cost/userbuffers.py)
+
+
+def te_gemm_workspaces(st: StrategyConfig, stage: Stage, device: str) -> float:
+    """Bytes of the cuBLAS workspaces TransformerEngine allocates through PyTorch's allocator
+    at a process's first GEMM of each kind and keeps (``get_cublas_workspace``, lru-cached
+    per device and kind): one for its GEMMs, one of three times the size for userbuffers'
+    GEMMs (``tp_comm_overlap``), one per cuBLAS stream for grouped GEMMs (expert linears).
+    ``device``: the system's name, read for the architecture (an unknown one takes the
+    smaller size). PyTorch's own cuBLAS workspace (the output layer's and the router's
+    GEMMs) is left out: its size depends on the torch version."""
+    if st.transformer_impl != "transformer_engine":
+        return 0.0
+    sheet = datasheet(device)
+    one = TE_WORKSPACE_CC9 if sheet is not None and sheet.arch in _CC9_ARCHS else TE_WORKSPACE_OLDER
+    n = 1
+    if st.tp_comm_overlap and st.tp_size > 1:
+        n += TE_UB_STREAMS
+    if any(isinstance(k, GroupGemm) for ops, _ in stage.groups() for o in ops for k in o.fwd):
+        n += TE_GROUPED_GEMM_STREAMS
+    return float(n * one)
+
+
+def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
     """Megatron DDP: bf16 params, main grads (fp32 unless reduced in bf16), optimizer
     sharded over DP (dense) / expert-DP (experts) with the distributed optimizer.
 
     TransformerEngine >= 2.3 keeps one dummy weight-gradient tensor per distinct linear
     weight shape (returned to autograd because the real gradient goes to main_grad);
-    grouped (expert) linears do so from 2.10.
+    grouped (expert) linears do so from 2.10. Every version keeps its cuBLAS workspaces
+    (``te_gemm_workspaces``; ``device``: the system's name).
     """
     total = stage.params
     opt = optimizer_state_bytes(st, stage) * device_optimizer_share(st)
-    te = 0.0
+    te = te_gemm_workspaces(st, stage, device)
     if st.te_at_least("2.3"):
         grouped_too = st.te_at_least("2.10")
         shapes = {s for ops, _ in stage.groups() for o in ops if grouped_too or not o.expert_params for s in o.weight_shapes}
-        te = float(sum(n * k for n, k in shapes) * st.dtype_bytes)
+        te += float(sum(n * k for n, k in shapes) * st.dtype_bytes)
     if st.low_precision:  # TE keeps each fp8 / fp4 weight in both layouts (and the recipe's scales) between micro-batches
         r = fp8.recipe(st.lp_recipe)
         # fp8 parameters are the row-wise layout themselves (weights): only the other is TE's

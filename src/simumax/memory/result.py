@@ -45,7 +45,7 @@ def memory_result(est: "Estimate") -> MemResult:
     acts = est.activation_walks()
     out = []
     for s, act in zip(est.stages, acts):
-        states = model_states(st, s)
+        states = model_states(st, s, est.system.sys_name)
         stored = sum(est.chunk_walks[c.vstage].stored for c in est.chunks if c.index == s.index) / v
         t = act.peak_task
         n = act.in_flight_at_peak / v

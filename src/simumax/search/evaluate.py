@@ -138,7 +138,7 @@ def evaluate(
     budget = float(system.mem_bytes) - gmi_error * GIB
     est = Estimate(model, st, system, profiles)
     scale = _scale(st, use_reserved_memory)
-    bound = [model_states(st, s).total * scale for s in est.stages]
+    bound = [model_states(st, s, system.sys_name).total * scale for s in est.stages]
     if max(bound) > budget:
         return _row(rc, st, fits=False, pruned=True, per_stage=bound, budget=budget)
     per_stage = _walked(est, use_reserved_memory)

@@ -37,7 +37,7 @@ def simulate_to(
     st = est.strategy
     run = est.simulate()
     acts = est.activation_walks(run)
-    states = [model_states(st, s) for s in est.stages]
+    states = [model_states(st, s, est.system.sys_name) for s in est.stages]
     state_parts = [
         {"weights": s.weights, "grads": s.grads, "optimizer": s.optimizer, "te_buffers": s.te_buffers} for s in states
     ]
