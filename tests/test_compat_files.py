@@ -265,6 +265,28 @@ def test_same_numbers_as_simumax_on_its_own_files() -> None:
     assert n >= 48
 
 
+@needs_shared
+def test_simumax_tflops_convention_on_its_own_files() -> None:
+    """SimuMax's TFLOP/s per GPU (``tflops_per_gpu`` in the A100 PCIe file: measured and
+    SimuMax's own) times the iteration time is the FLOPs of ``flops_6nd_with_attn`` per GPU:
+    6 x parameters but the input embedding, plus non-causal attention over the q·k and value
+    head dims (MLA's q·k dim is its nope + rope dims: 128 + 64 for DeepSeek-V2)."""
+    from simumax.validate import default_reference_root, estimate_for_case, load_cases
+
+    path = VALIDATION / "a100_pcie_megatron.jsonl"
+    worst, n = 0.0, 0
+    for case in load_cases(path):
+        for rec in (case["measured"], case.get("reference_prediction") or {}):
+            if not rec.get("tflops_per_gpu"):
+                continue
+            est = estimate_for_case(case, default_reference_root(path))
+            ours = est.flops_6nd_with_attn() / est.strategy.world_size
+            theirs = rec["tflops_per_gpu"] * 1e12 * rec["iter_time_ms"] / 1e3
+            worst, n = max(worst, abs(ours / theirs - 1)), n + 1
+    print(f"{n} records: FLOPs per GPU per iteration within {worst:.3%} of SimuMax's TFLOP/s x time")
+    assert n == 60 and worst < 0.001
+
+
 def test_rank_orders() -> None:
     """Megatron's default rank order tp-cp-ep-dp-pp keeps DP inside a node before PP;
     --use-tp-pp-dp-mapping (rank_order tp-cp-ep-pp-dp, SimuMax's order_of_paralielism

@@ -224,3 +224,25 @@ def test_memory_measure_picks_the_figure_compared(tmp_path) -> None:
     f.write_text(json.dumps({**case, "memory_measure": "rss"}) + "\n")
     bad = run_cli("validate", str(f))
     assert bad.returncode == 2 and "memory_measure" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_time_from_tflops_per_gpu_when_no_iteration_time(tmp_path) -> None:
+    """A record with ``tflops_per_gpu`` but no ``iter_time_ms`` is compared in time: the
+    measured time is SimuMax's FLOPs per GPU (``flops_6nd_with_attn`` / GPUs) over that rate,
+    and the same for SimuMax's own prediction; with neither, time is not compared."""
+    from simumax.config.loader import load_model, load_strategy
+    from simumax.validate import estimate_for_case, run_case
+
+    case = {"id": "x/llama2-tiny", "system": "a100_pcie", "model": load_model("llama2-tiny").to_dict(),
+            "strategy": load_strategy("tp1_pp2_dp4_mbs1").to_dict(), "measured": {"tflops_per_gpu": 100.0},
+            "reference_prediction": {"tflops_per_gpu": 125.0}}
+    est = estimate_for_case(case, tmp_path)
+    flops = est.flops_6nd_with_attn() / 8
+    r = run_case(case, tmp_path)
+    assert r.measured_time == pytest.approx(flops / 100e12)
+    assert r.predicted_time == est.cost().duration_time_per_iter
+    assert r.time_error == pytest.approx(r.predicted_time / r.measured_time - 1)
+    assert r.reference_time_error == pytest.approx(100 / 125 - 1)
+    timed = run_case({**case, "measured": {"iter_time_ms": 500.0, "tflops_per_gpu": 100.0}}, tmp_path)
+    assert timed.measured_time == 0.5  # the iteration time first
+    assert run_case({**case, "measured": {"peak_alloc_gib": 10.0}}, tmp_path).time_error is None

@@ -158,15 +158,21 @@ class Estimate(DataParallelStep):
         return fam.param_count
 
     def flops_6nd_with_attn(self) -> float:
-        """SimuMax's convention: 6 x active params x tokens + non-causal attention, the input
+        """SimuMax's convention: 6 x active params x tokens + non-causal attention over the
+        q·k and value head dims (MLA: nope + rope dims, and its value dim), the input
         embedding's parameters (a lookup, no GEMM) not counted; with tied embeddings the
-        shared weight stays, for the LM head's GEMM."""
+        shared weight stays, for the LM head's GEMM. The SimuMax files' measured
+        ``tflops_per_gpu`` are in this convention (tests/test_compat_files.py)."""
         m, st = self.model, self.strategy
         vocab = m.padded_vocab(st.tp_size) if m.untie_embeddings_and_output_weights else 0
         lookup = (vocab + m.position_rows(st.seq_len)) * m.hidden_size
         n_params = self.params.active - lookup
         tokens = st.global_batch_size * st.seq_len
-        attn_per_token = 6 * m.layer_num * st.seq_len * m.head_num * 2 * m.head_size
+        if m.attention_type == "mla":
+            dims = (m.qk_head_dim or m.head_size) + (m.qk_pos_emb_head_dim or 0) + (m.v_head_dim or m.head_size)
+        else:
+            dims = 2 * m.head_size
+        attn_per_token = 6 * m.layer_num * st.seq_len * m.head_num * dims
         return tokens * (6 * n_params + attn_per_token)
 
     def peak_flops(self) -> float:

@@ -155,22 +155,26 @@ def predicted_memory(est: Estimate, memory: MemResult, measure: str) -> float:
 
 
 def run_case(case: dict[str, Any], root: Path) -> CaseResult:
-    """Predict one case. Time is compared when it has ``iter_time_ms``; memory as its
-    ``memory_measure`` says (peak allocated by default; peak reserved; weights + grads +
-    optimizer + stored activations) when ``measured`` holds that figure."""
+    """Predict one case. Time is compared when it has ``iter_time_ms``, or else
+    ``tflops_per_gpu`` (SimuMax's convention, ``Estimate.flops_6nd_with_attn`` per GPU: the
+    time is those FLOPs over that rate); memory as its ``memory_measure`` says (peak
+    allocated by default; peak reserved; weights + grads + optimizer + stored activations)
+    when ``measured`` holds that figure."""
     measured = case.get("measured", {})
     ref = case.get("reference_prediction", {})
-    real_t = measured.get("iter_time_ms")
-    real_t = real_t / 1e3 if real_t is not None else None
     measure = memory_measure(case)
     mem_key = MEMORY_MEASURES[measure]
     real_m = measured.get(mem_key)
     real_m = real_m * GIB if real_m is not None else None
-    ref_t = relative_error(ref.get("iter_time_ms") and ref["iter_time_ms"] / 1e3, real_t)
     ref_m = relative_error(ref.get(mem_key) and ref[mem_key] * GIB, real_m)
     source, group = case_source(case["id"]), ranking_group(case)
+    real_t = _seconds(measured)
+    ref_t = relative_error(_seconds(ref), real_t)
     try:
         est = estimate_for_case(case, root)
+        if real_t is None or ref_t is None:  # times given as TFLOP/s
+            real_t = _seconds(measured, est)
+            ref_t = relative_error(_seconds(ref, est), real_t)
         cost = est.cost() if real_t is not None else None
         t = cost.duration_time_per_iter if cost else None
         band = cost.duration_time_interval if cost else None
@@ -186,6 +190,16 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
                              and (real_m is None or real_m / (1.0 if measure == "peak_reserved" else est.strategy.mem_factor)
                                   <= memory.capacity)),
     )
+
+
+def _seconds(record: dict[str, Any], est: Estimate | None = None) -> float | None:
+    """A record's iteration time: ``iter_time_ms``, else (given the estimate) from
+    ``tflops_per_gpu`` in SimuMax's FLOP convention; None with neither."""
+    if record.get("iter_time_ms") is not None:
+        return record["iter_time_ms"] / 1e3
+    if est is not None and record.get("tflops_per_gpu"):
+        return est.flops_6nd_with_attn() / est.strategy.world_size / (record["tflops_per_gpu"] * 1e12)
+    return None
 
 
 def default_reference_root(jsonl: Path) -> Path:
