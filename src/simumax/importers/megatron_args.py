@@ -32,11 +32,23 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     s: dict[str, Any] = {"use_flash_sdp": False, "zero_state": 0, "moe_permute_fusion": False, "group_linear_mode": "serial",
                          "cross_entropy_fusion_impl": "native"}
     notes: list[str] = []
+    extra: dict[str, str] = {}  # flags read now and applied after the walk, by name
+    gbs = _read_flags(tokens, m, s, extra, notes)
+    _megatron_defaults(m, s, extra, notes)
+    _parallel_sizes(m, s, extra, notes, gbs, world_size)
+    model = _by_flag("m", lambda: ModelConfig.init_from_dict(m, source="Megatron arguments"))
+    strategy = _by_flag("s", lambda: StrategyConfig.init_from_dict(s, source="Megatron arguments"))
+    return model, strategy, notes
+
+
+def _read_flags(tokens: list[str], m: dict[str, Any], s: dict[str, Any], extra: dict[str, str], notes: list[str]) -> int | None:
+    """Walk the command line: model (``m``) and strategy (``s``) fields a flag sets alone,
+    ``extra`` for what later rules combine, ``notes`` for flags read past; returns
+    --global-batch-size."""
     gbs = None
     no_effect: list[str] = []
     not_modelled: dict[str, list[str]] = {}
     i = 0
-    extra: dict[str, str] = {}
     while i < len(tokens):
         tok = tokens[i]
         flag, _, inline = tok.partition("=")
@@ -211,6 +223,12 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         notes.append(f"no effect on time or memory, read past: {' '.join(no_effect)}")
     for why, flags in not_modelled.items():
         notes.append(f"not modelled, read past: {' '.join(flags)} ({why})")
+    return gbs
+
+
+def _megatron_defaults(m: dict[str, Any], s: dict[str, Any], extra: dict[str, str], notes: list[str]) -> None:
+    """What Megatron makes of flags left out, and of the flags ``_read_flags`` kept in
+    ``extra`` (dropout, tokenizer, sharding, recompute granularity and modules ...)."""
     if s.get("use_sharp"):
         notes.append("--use-sharp: its collectives' SMs under --use-nccl-ub are modelled, not the in-network "
                      "reduction's bandwidth")
@@ -287,6 +305,12 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
             s.update(enable_recompute=True, recompute_granularity="selective_recompute", attn_recompute=True)
         else:
             s.update(enable_recompute=True, megatron_recompute=True, megatron_recompute_modules=mods)
+
+
+def _parallel_sizes(m: dict[str, Any], s: dict[str, Any], extra: dict[str, str], notes: list[str], gbs: int | None,
+                    world_size: int | None) -> None:
+    """Virtual stages, the CP scheme's default, P2P overlap and offload, the world size and
+    the micro-batch count from the global batch."""
     # sizes the world size and the batch split divide by: refuse 0 here, by the flag's name
     for flag, (kind, field, _) in VALUED.items():
         if kind == "s" and field in SIZE_FIELDS and field in s and s[field] < 1:
@@ -319,9 +343,6 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
         if gbs % (mbs * dp):
             raise ConfigError("--global-batch-size", f"{gbs} is not a multiple of micro-batch {mbs} x DP {dp}")
         s["micro_batch_num"] = gbs // (mbs * dp)
-    model = _by_flag("m", lambda: ModelConfig.init_from_dict(m, source="Megatron arguments"))
-    strategy = _by_flag("s", lambda: StrategyConfig.init_from_dict(s, source="Megatron arguments"))
-    return model, strategy, notes
 
 
 def _p2p_and_offload_defaults(s: dict[str, Any], pp: int, notes: list[str]) -> None:
