@@ -246,3 +246,27 @@ def test_time_from_tflops_per_gpu_when_no_iteration_time(tmp_path) -> None:
     timed = run_case({**case, "measured": {"iter_time_ms": 500.0, "tflops_per_gpu": 100.0}}, tmp_path)
     assert timed.measured_time == 0.5  # the iteration time first
     assert run_case({**case, "measured": {"peak_alloc_gib": 10.0}}, tmp_path).time_error is None
+
+
+@pytest.mark.parametrize("bad", [-5, 0, "12", True, float("inf"), None])
+def test_measured_figures_must_be_positive_numbers(tmp_path, bad) -> None:
+    """A compared figure that is not a positive number is a ConfigError naming the line and
+    the key (None: the figure is absent, which is allowed); the CLI prints it in one line."""
+    import json
+
+    from simumax.errors import ConfigError
+    from simumax.validate import load_cases
+    from tests.conftest import run_cli
+
+    f = tmp_path / "cases.jsonl"
+    case = {"id": "x/tiny", "system": "a100_pcie", "model": "llama2-tiny", "strategy": {"world_size": 8},
+            "measured": {"peak_alloc_gib": 10.0}, "reference_prediction": {"iter_time_ms": bad}}
+    f.write_text(json.dumps(case) + "\n")
+    if bad is None:
+        assert load_cases(f)[0]["id"] == "x/tiny"
+        return
+    with pytest.raises(ConfigError) as exc:
+        load_cases(f)
+    assert exc.value.field == "line 1: reference_prediction.iter_time_ms"
+    out = run_cli("validate", str(f))
+    assert out.returncode == 2 and "must be a positive number" in out.stderr and "Traceback" not in out.stderr

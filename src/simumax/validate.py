@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from simumax.report.results import MemResult
 
 GIB = 2**30
 CASE_KEYS = ("id", "system", "model", "strategy", "measured")
+# the figures compared: each a positive number where a record gives it
+FIGURE_KEYS = ("iter_time_ms", "tflops_per_gpu", "peak_alloc_gib", "peak_reserved_gib", "model_states_plus_activations_gib")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,14 @@ def load_cases(path: str | Path) -> list[dict[str, Any]]:
         missing = [k for k in CASE_KEYS if k not in case]
         if missing:
             raise ConfigError(f"line {i}", f"case lacks {', '.join(missing)} (schema: shared/validation/README.md)", str(p))
+        for rec in ("measured", "reference_prediction"):
+            figures = case.get(rec) or {}
+            if not isinstance(figures, dict):
+                raise ConfigError(f"line {i}: {rec}", "must be a JSON object", str(p))
+            for key in FIGURE_KEYS:
+                v = figures.get(key)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
+                    raise ConfigError(f"line {i}: {rec}.{key}", f"must be a positive number (got {v!r})", str(p))
         cases.append(case)
     return cases
 
