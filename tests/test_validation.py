@@ -270,3 +270,29 @@ def test_measured_figures_must_be_positive_numbers(tmp_path, bad) -> None:
     assert exc.value.field == "line 1: reference_prediction.iter_time_ms"
     out = run_cli("validate", str(f))
     assert out.returncode == 2 and "must be a positive number" in out.stderr and "Traceback" not in out.stderr
+
+
+@needs_shared
+def test_readme_accuracy_table_is_current() -> None:
+    """The README's accuracy table states what `simumax validate` measures today (to the
+    printed 0.1 %): time mean and max |err| and memory max |err| per file and family, and the
+    public file's signed mean."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = {"A100 PCIe, Llama3": ("a100_pcie_megatron.jsonl", "dense"),
+            "A100 PCIe, DeepSeek": ("a100_pcie_megatron.jsonl", "moe"),
+            "B200, Llama3": ("b200_megatron.jsonl", "dense"), "B200, DeepSeek": ("b200_megatron.jsonl", "moe"),
+            "50 published runs": ("published_public.jsonl", None)}
+    pct = lambda x: f"{100 * x:.1f} %".replace("-", "−")  # noqa: E731
+    for label, (name, family) in rows.items():
+        line = next(ln for ln in readme.splitlines() if ln.startswith(f"| {label}"))
+        results = [r for r in run_file(VALIDATION / name) if family is None or r.family == family]
+        s = summary(results)
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[3].startswith(pct(s["time_mean_abs_error"])), (label, cells[3], s["time_mean_abs_error"])
+        assert cells[4] == pct(s["time_max_abs_error"]), (label, cells[4])
+        assert cells[5] == pct(s["mem_max_abs_error"]), (label, cells[5])
+        if family is None:
+            assert re.search(rf"signed {re.escape(pct(s['time_mean_error']))}", cells[3]), cells[3]
