@@ -273,10 +273,10 @@ def test_measured_figures_must_be_positive_numbers(tmp_path, bad) -> None:
 
 
 @needs_shared
-def test_readme_accuracy_table_is_current() -> None:
-    """The README's accuracy table states what `simumax validate` measures today (to the
-    printed 0.1 %): time mean and max |err| and memory max |err| per file and family, and the
-    public file's signed mean."""
+def test_accuracy_tables_are_current() -> None:
+    """The README's accuracy table and docs/validation.md's first table state what `simumax
+    validate` measures today (to the printed 0.1 %): time mean and max |err| and memory max
+    |err| per file and family, and the public file's signed mean."""
     import re
     from pathlib import Path
 
@@ -296,3 +296,13 @@ def test_readme_accuracy_table_is_current() -> None:
         assert cells[5] == pct(s["mem_max_abs_error"]), (label, cells[5])
         if family is None:
             assert re.search(rf"signed {re.escape(pct(s['time_mean_error']))}", cells[3]), cells[3]
+    # and docs/validation.md's first table: "time mean / max abs err" and "memory max abs err"
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "validation.md").read_text()
+    for name, family in set(rows.values()):
+        stem = name.removesuffix(".jsonl")
+        line = next(ln for ln in doc.splitlines()
+                    if ln.startswith(f"| {stem} |") and ln.split("|")[2].strip().lower().startswith(family or ""))
+        s = summary([r for r in run_file(VALIDATION / name) if family is None or r.family == family])
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[3].startswith(f"{pct(s['time_mean_abs_error'])} / {pct(s['time_max_abs_error'])}"), (stem, family, cells[3])
+        assert cells[5].startswith(pct(s["mem_max_abs_error"])), (stem, family, cells[5])
