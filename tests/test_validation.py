@@ -243,9 +243,19 @@ def test_time_from_tflops_per_gpu_when_no_iteration_time(tmp_path) -> None:
     assert r.predicted_time == est.cost().duration_time_per_iter
     assert r.time_error == pytest.approx(r.predicted_time / r.measured_time - 1)
     assert r.reference_time_error == pytest.approx(100 / 125 - 1)
+    assert r.time_from == "tflops_per_gpu"
     timed = run_case({**case, "measured": {"iter_time_ms": 500.0, "tflops_per_gpu": 100.0}}, tmp_path)
-    assert timed.measured_time == 0.5  # the iteration time first
-    assert run_case({**case, "measured": {"peak_alloc_gib": 10.0}}, tmp_path).time_error is None
+    assert timed.measured_time == 0.5 and timed.time_from == "iter_time_ms"  # the iteration time first
+    untimed = run_case({**case, "measured": {"peak_alloc_gib": 10.0}}, tmp_path)
+    assert untimed.time_error is None and untimed.time_from == ""
+    import json
+
+    from tests.conftest import run_cli
+
+    f = tmp_path / "cases.jsonl"
+    f.write_text(json.dumps(case) + "\n")
+    out = run_cli("validate", str(f))
+    assert out.returncode == 0 and "§" in out.stdout and "tflops_per_gpu" in out.stdout
 
 
 @pytest.mark.parametrize("bad", [-5, 0, "12", True, float("inf"), None])

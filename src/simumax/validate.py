@@ -46,6 +46,9 @@ class CaseResult:
     # setting or the model over-predicts (a measured peak above capacity says the system
     # file understates the GPU instead: not flagged)
     record_does_not_fit: bool = False
+    # where measured_time comes from: "iter_time_ms", or "tflops_per_gpu" (SimuMax's FLOP
+    # convention, Estimate.flops_6nd_with_attn per GPU over that rate); "" with no time
+    time_from: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,9 +197,10 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
     except ConfigError as exc:
         return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc), source=source, mem_measure=measure, group=group)
     family = "moe" if est.model.is_moe else "dense"
+    time_from = "" if real_t is None else "iter_time_ms" if measured.get("iter_time_ms") is not None else "tflops_per_gpu"
     return CaseResult(
         case["id"], real_t, t, relative_error(t, real_t), ref_t, real_m, mem, relative_error(mem, real_m), ref_m,
-        family=family, source=source, mem_measure=measure, group=group, time_band=band,
+        family=family, source=source, mem_measure=measure, group=group, time_band=band, time_from=time_from,
         record_does_not_fit=(real_t is not None and not memory.fits
                              and (real_m is None or real_m / (1.0 if measure == "peak_reserved" else est.strategy.mem_factor)
                                   <= memory.capacity)),

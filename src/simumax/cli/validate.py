@@ -47,8 +47,10 @@ def validate(
             continue
         # memory compared as weights + grads + optimizer + stored activations (*) or as peak reserved (‡)
         star = {"states_plus_activations": "*", "peak_reserved": "‡"}.get(r.mem_measure, "")
+        derived = "§" if r.time_from == "tflops_per_gpu" else ""  # real time from the TFLOP/s given
         t.add_row(
-            r.id + ("†" if r.record_does_not_fit else ""), opt(r.predicted_time, fmt.ms), opt(r.measured_time, fmt.ms), pct(r.time_error), pct(r.reference_time_error),
+            r.id + ("†" if r.record_does_not_fit else ""), opt(r.predicted_time, fmt.ms), opt(r.measured_time, fmt.ms) + derived,
+            pct(r.time_error), pct(r.reference_time_error),
             opt(r.predicted_mem, fmt.gib) + star, opt(r.measured_mem, fmt.gib) + star, pct(r.mem_error), pct(r.reference_mem_error),
         )
     cli.out_console.print(t)
@@ -57,6 +59,10 @@ def validate(
     if any(r.mem_measure == "peak_reserved" for r in results):
         cli.out_console.print("‡ peak reserved by the caching allocator (torch.cuda.max_memory_reserved; the prediction: "
                               "peak allocated / the strategy's mem_factor), max over stages", markup=False)
+    if any(r.time_from == "tflops_per_gpu" for r in results):
+        cli.out_console.print("§ real time from the record's tflops_per_gpu: SimuMax's FLOPs per GPU (6 x parameters but the "
+                              "input embedding + non-causal attention, Megatron-LM's logged convention before 2025) over "
+                              "that rate", markup=False)
     if any(r.record_does_not_fit for r in results):
         cli.out_console.print("† ran, but the recorded strategy does not fit the GPU in the memory model (reserved bytes): its "
                           "record misses a memory-saving setting (recompute, fp8 parameters, offload) or the model "
