@@ -316,3 +316,22 @@ def test_accuracy_tables_are_current() -> None:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[3].startswith(f"{pct(s['time_mean_abs_error'])} / {pct(s['time_max_abs_error'])}"), (stem, family, cells[3])
         assert cells[5].startswith(pct(s["mem_max_abs_error"])), (stem, family, cells[5])
+
+
+@needs_shared
+def test_validation_tables_doc_is_current() -> None:
+    """docs/validation_tables.md is what docs/make_validation_docs.py prints today."""
+    import contextlib
+    import importlib.util
+    import io
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("make_validation_docs", root / "docs" / "make_validation_docs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        mod.main()
+    assert (root / "docs" / "validation_tables.md").read_text() == buf.getvalue(), \
+        "run python docs/make_validation_docs.py > docs/validation_tables.md"
