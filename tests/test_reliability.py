@@ -236,3 +236,37 @@ def test_bucket_count_bounded_and_totals_exact() -> None:
     positions = [b.position for b in buckets]
     assert positions[-1] == chunk.params and positions == sorted(set(positions))
     assert all(type(b) is GradBucket and b.group == "dp" for b in buckets)
+
+
+def test_host_issue_time_counts_every_launch_and_leaves_the_time_alone() -> None:
+    """StageCost.host_issue: a rank's kernel launches of one micro-batch (a memory-bound chain
+    its launches, a host wait none; recomputed forwards again) x system.host_op_us, counted
+    here over every op of the stage one by one; linear in host_op_us, which the time does not
+    read (no Muon step here); perf's note appears from half the GPU time."""
+    from simumax.config.loader import load_model, load_strategy, load_system
+    from simumax.estimate import Estimate
+    from simumax.graph.kernels import HOST_SYNC, MemBound
+    from simumax.report.format import host_issue_note
+
+    m = load_model("llama3-8b").with_updates({"layer_num": 4})
+    sy = load_system("h100-sxm-80gb")
+
+    def launches(stage) -> int:
+        return sum((k.launches if k.family != HOST_SYNC else 0) if isinstance(k, MemBound) else 1 for k in stage.kernels())
+
+    for upd in ({}, {"enable_recompute": True, "recompute_granularity": "full_block", "recompute_layer_num": None}):
+        st = load_strategy({"world_size": 8, "tp_size": 2, "pp_size": 2, "seq_len": 4096, "enable_sequence_parallel": True, **upd})
+        est = Estimate(m, st, sy)
+        cost = est.cost()
+        for s, c in zip(est.stages, cost.stages):
+            assert c.host_issue == pytest.approx(launches(s) * 30e-6)
+        slow = Estimate(m, st, sy.with_updates({"host_op_us": 300.0})).cost()
+        assert slow.duration_time_per_iter == cost.duration_time_per_iter
+        assert [c.host_issue for c in slow.stages] == pytest.approx([10 * c.host_issue for c in cost.stages])
+        assert host_issue_note(cost, 30.0) is None and "host-bound" in host_issue_note(slow, 300.0)
+        if upd:  # every layer's forward launches again in its backward
+            again = sum(1 for o in est.stages[0].ops if o.recompute_group for k in o.fwd
+                        if not (isinstance(k, MemBound) and k.family == HOST_SYNC))
+            assert again > 0 and launches(est.stages[0]) == plain_launches + again
+        else:
+            plain_launches = launches(est.stages[0])

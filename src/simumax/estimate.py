@@ -22,7 +22,7 @@ from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import PhaseTime, StageTime
 from simumax.dp.buckets import GradBucket, ParamOrder
 from simumax.dp.iteration_step import DataParallelStep
-from simumax.graph.kernels import Collective
+from simumax.graph.kernels import HOST_SYNC, Collective, MemBound
 from simumax.graph.model_graph import build_virtual_stages, merge_chunks
 from simumax.graph.ops import Stage
 from simumax.graph.params import ParamCount, count_params_of
@@ -175,6 +175,20 @@ class Estimate(DataParallelStep):
         attn_per_token = 6 * m.layer_num * st.seq_len * m.head_num * dims
         return tokens * (6 * n_params + attn_per_token)
 
+    def host_issue_seconds(self, stage: Stage) -> float:
+        """Host seconds to issue one micro-batch of a rank's passes: its kernel launches
+        (forward, backward, recomputed forward; a memory-bound chain counts its launches,
+        a host wait none) x ``system.host_op_us``. The time does not include it (the GPU is
+        taken as never waiting for the host); ``perf`` says when it nears the GPU time."""
+        launches = 0
+        for ops, n in stage.groups():
+            per = 0
+            for o in ops:
+                per += sum((k.launches if k.family != HOST_SYNC else 0) if isinstance(k, MemBound) else 1
+                           for phase in o.phase_kernels() for k in phase)
+            launches += n * per
+        return launches * self.system.host_op_us * 1e-6
+
     def peak_flops(self) -> float:
         ops = self.system.accelerator.op
         lp = f"{fp8.recipe(self.strategy.lp_recipe).family}_matmul" if self.strategy.low_precision else ""
@@ -265,7 +279,7 @@ class Estimate(DataParallelStep):
                 StageCost(
                     stage=r, layers=len(s.layers), fwd=t.fwd.total, bwd=t.bwd.total, recompute=t.recompute.total,
                     p2p=t.p2p, comm_exposed=comm, dp_comm=dp_t[r], optimizer=opt_t[r], end_of_backward=end_bwd[r],
-                    tensor_core_rate=rates[r],
+                    tensor_core_rate=rates[r], host_issue=self.host_issue_seconds(s),
                 )
             )
         total = max(ends)

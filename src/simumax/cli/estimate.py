@@ -92,6 +92,9 @@ def perf(
     held = fmt.nccl_sms_note(st, p.estimate.network)
     if held:
         cli.out_console.print(held, markup=False)
+    host = fmt.host_issue_note(cost, sy.host_op_us)
+    if host:
+        cli.out_console.print(f"[yellow]{host}[/]")
     guessed = fmt.approximate_note(cost, m.moe_load_imbalance)
     if guessed:
         cli.out_console.print(f"[yellow]{guessed}[/]")

@@ -310,7 +310,8 @@ class SystemConfig(SimuMaxSystemMethods, ConfigBase):
     )
     host_op_us: NonNegativeFloat = Field(
         30.0, le=1e5, description="Host time to issue one PyTorch op from Python (dispatch, allocation, launch), us: "
-        "bounds steps that loop over weights op by op (Muon's). Measured on two lent H100 machines: 13-33 us per op of "
+        "bounds steps that loop over weights op by op (Muon's); per kernel launch, the host time of a rank's passes "
+        "that perf reports (not added to the time). Measured on two lent H100 machines: 13-33 us per op of "
         "Muon's step, median 30 (a plain in-place add: 16).",
     )
     host_sync_us: NonNegativeFloat = Field(

@@ -35,6 +35,9 @@ class StageCost(_ToDict):
     end_of_backward: float  # when this stage's last backward finishes
     # tensor-core rate vs the tables under the board's power limit (cost/power.py; 1 without a curve)
     tensor_core_rate: float = 1.0
+    # host seconds to issue one micro-batch's passes (kernel launches x system.host_op_us); not
+    # in the time, which takes the GPU as never waiting for the host (Estimate.host_issue_seconds)
+    host_issue: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
