@@ -86,6 +86,8 @@ def test_app_shows_the_estimate_edits_and_searches(app_url) -> None:
         assert _metric(page, "iteration time (ms)") == f"{cost.duration_time_per_iter * 1e3:.1f}"
         assert _metric(page, "MFU") == f"{cost.mfu:.1%}"
         assert _metric(page, "peak allocated (GiB)") == f"{mem.peak_mem / 2**30:.2f}"
+        lo, hi = cost.duration_time_interval  # the 80 % band beside the time
+        page.get_by_text(f"iteration time, 80 % band: {lo * 1e3:.1f}–{hi * 1e3:.1f} ms").wait_for(timeout=60_000)
         page.wait_for_function("document.querySelectorAll('[data-testid=\"stImage\"] img').length >= 2", timeout=60_000)  # the plots
 
         # edit the strategy: TP 2 on the same 8 GPUs (DP 4 -> 2: the job keeps its size)

@@ -107,6 +107,12 @@ def main() -> None:
     cols[2].metric("tokens/s per GPU", f"{cost.throughput_per_accelerator:.0f}")
     cols[3].metric("peak allocated (GiB)", f"{mem.peak_mem / GIB:.2f}")
     cols[4].metric("fits in memory", "yes" if mem.fits else "no")
+    if cost.duration_time_interval:  # the 80 % band (simumax/uncertainty.py)
+        lo, hi = cost.duration_time_interval
+        st.caption(f"iteration time, 80 % band: {lo * 1e3:.1f}–{hi * 1e3:.1f} ms")
+    for note in (fmt.host_issue_note(cost, system.host_op_us), fmt.approximate_note(cost, model.moe_load_imbalance)):
+        if note:
+            st.info(note)
 
     from simumax.report.breakdown_plots import memory_figure, time_figure
     from simumax.report.figure import png_bytes
