@@ -442,3 +442,30 @@ def test_a_search_leaves_nothing_for_the_cyclic_gc_and_restores_it() -> None:
             assert not gc.isenabled()
             raise ConfigError("x", "y")
     assert gc.isenabled()
+
+
+def test_search_rows_say_when_their_passes_are_host_bound() -> None:
+    """Each fitting row carries its estimate's host issue share (the busiest rank's
+    StageCost.host_issue over its passes' GPU time); the table marks the rows at or past 1
+    and says what the mark means."""
+    from rich.console import Console
+
+    from simumax.report.format import search_table
+    from simumax.search.run import run_search
+    from simumax.search.space import SearchSpace
+
+    m = load_model("qwen3-30b-a3b").with_updates({"layer_num": 4})
+    sy = load_system("b200-sxm-180gb")
+    base = load_strategy("ep8_pp1_dp8_mbs1").with_updates({"seq_len": 2048})
+    rows = run_search(m, sy, base, SearchSpace(world_size=8, global_batch_size=32, tp=(1, 4), pp=(1,), ep=(8,), recompute=("none",)))
+    fit = [r for r in rows if r.fits]
+    assert len(fit) == 2
+    for r in fit:
+        cost = Estimate(m, StrategyConfig.init_from_dict(r.strategy), sy).cost()
+        assert r.host_issue_share == max(s.host_issue / (s.fwd + s.bwd + s.recompute) for s in cost.stages)
+    shares = {r.tp: r.host_issue_share for r in fit}
+    assert shares[1] < 1.0 <= shares[4]  # TP 4 splits the small experts' and attention's GEMMs 4 ways
+    console = Console(width=200, record=True)
+    console.print(search_table(fit, sy.mem_bytes, 0.0))
+    text = " ".join(console.export_text().split())  # the caption wraps at the table's width
+    assert text.count("*") == 2 and "host-bound, slower than shown" in text  # the TP 4 row's mark and the caption

@@ -203,12 +203,19 @@ def search_table(rows: list, capacity: float, gmi_error_gib: float, reserved: bo
     peak = f"peak {'reserved' if reserved else 'allocated'} GiB per stage"
     for col in ("#", "strategy", "iter ms", "MFU", "tokens/s per GPU", peak, "headroom GiB"):
         t.add_column(col, justify="left" if col == "strategy" else "right")
+    host_bound = False
     for i, r in enumerate(rows, 1):
         stages = " ".join(f"{x / GIB:.1f}" for x in r.peak_mem_per_stage)
         if r.fits:
-            t.add_row(str(i), r.label, f"{r.iter_time * 1e3:.1f}", f"{r.mfu:.1%}", f"{r.tokens_per_s_per_gpu:.0f}", stages, f"{r.headroom / GIB:.1f}")
+            mark = "*" if (r.host_issue_share or 0.0) >= 1.0 else ""
+            host_bound = host_bound or bool(mark)
+            t.add_row(str(i), r.label, f"{r.iter_time * 1e3:.1f}{mark}", f"{r.mfu:.1%}", f"{r.tokens_per_s_per_gpu:.0f}", stages,
+                      f"{r.headroom / GIB:.1f}")
         else:
             t.add_row(str(i), r.label, "does not fit", "-", "-", stages, f"{r.headroom / GIB:.1f}")
+    if host_bound:
+        t.caption = ("* the host issues a rank's kernels slower than the GPU runs them (kernel launches x system.host_op_us): "
+                     "host-bound, slower than shown")
     return readable(t, text_columns=(1, 5))
 
 

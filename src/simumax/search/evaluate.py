@@ -53,6 +53,9 @@ class SearchRow:
     offload: str = "none"  # what goes to host memory: none, optimizer, activations, both
     replicas: int = 1  # HSDP replicas (fsdp_replicate_size)
     fsdp: str = "megatron_fsdp"  # sharded-DP implementation (fsdp_impl)
+    # the busiest rank's host issue time of its passes over their GPU time (StageCost.host_issue):
+    # from 1 the passes are host-bound, which iter_time does not include
+    host_issue_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -163,4 +166,6 @@ def evaluate(
     return _row(
         rc, est.strategy, fits=True, pruned=False, per_stage=per_stage, budget=budget,
         iter_time=cost.duration_time_per_iter, mfu=cost.mfu, tokens_per_s_per_gpu=cost.throughput_per_accelerator,
+        host_issue_share=max((s.host_issue / (s.fwd + s.bwd + s.recompute) for s in cost.stages if s.fwd + s.bwd + s.recompute > 0),
+                             default=0.0),
     )
