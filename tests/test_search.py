@@ -462,7 +462,7 @@ def test_search_rows_say_when_their_passes_are_host_bound() -> None:
     assert len(fit) == 2
     for r in fit:
         cost = Estimate(m, StrategyConfig.init_from_dict(r.strategy), sy).cost()
-        assert r.host_issue_share == max(s.host_issue / (s.fwd + s.bwd + s.recompute) for s in cost.stages)
+        assert r.host_issue_share == max(s.host_issue / (s.fwd + s.bwd + s.recompute) for s in cost.stages)  # by hand
     shares = {r.tp: r.host_issue_share for r in fit}
     assert shares[1] < 1.0 <= shares[4]  # TP 4 splits the small experts' and attention's GEMMs 4 ways
     console = Console(width=200, record=True)

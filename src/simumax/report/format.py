@@ -116,12 +116,10 @@ def host_issue_note(cost: CostResult, host_op_us: float) -> str | None:
     """One line when the host needs at least half the GPU time to issue a rank's passes
     (StageCost.host_issue against its forward, backward and recompute): the time takes the GPU
     as never waiting for the host, which small passes break."""
-    busy = [(s.host_issue / (s.fwd + s.bwd + s.recompute), s) for s in cost.stages if s.fwd + s.bwd + s.recompute > 0]
-    if not busy:
+    s = max(cost.stages, key=lambda s: s.host_issue_share, default=None)
+    if s is None or s.host_issue_share < 0.5:
         return None
-    ratio, s = max(busy, key=lambda x: x[0])
-    if ratio < 0.5:
-        return None
+    ratio = s.host_issue_share
     return (f"the host issues stage {s.stage}'s kernels of a micro-batch in {ms(s.host_issue)} ms at {host_op_us:g} us "
             f"each (system.host_op_us), {ratio:.0%} of their GPU time: near or past 100 % the step is host-bound, "
             "which the time does not include (CUDA graphs remove it; docs/modeling.md)")

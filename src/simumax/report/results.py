@@ -39,6 +39,12 @@ class StageCost(_ToDict):
     # in the time, which takes the GPU as never waiting for the host (Estimate.host_issue_seconds)
     host_issue: float = 0.0
 
+    @property
+    def host_issue_share(self) -> float:
+        """``host_issue`` over the GPU time of the passes it issues; from 1 they are host-bound."""
+        busy = self.fwd + self.bwd + self.recompute
+        return self.host_issue / busy if busy > 0 else 0.0
+
 
 @dataclass(frozen=True, slots=True)
 class CostResult(_ToDict):

@@ -166,6 +166,5 @@ def evaluate(
     return _row(
         rc, est.strategy, fits=True, pruned=False, per_stage=per_stage, budget=budget,
         iter_time=cost.duration_time_per_iter, mfu=cost.mfu, tokens_per_s_per_gpu=cost.throughput_per_accelerator,
-        host_issue_share=max((s.host_issue / (s.fwd + s.bwd + s.recompute) for s in cost.stages if s.fwd + s.bwd + s.recompute > 0),
-                             default=0.0),
+        host_issue_share=max((s.host_issue_share for s in cost.stages), default=0.0),
     )
