@@ -8,7 +8,8 @@ from rich.console import Console
 
 from simumax.errors import ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Predict LLM training time and memory.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Predict LLM training time and memory.",
+                  rich_markup_mode="markdown")  # docstring paragraphs rewrap to the terminal
 
 out_console = Console()
 if not out_console.is_terminal:  # piped or captured: do not squeeze tables to 80 columns

@@ -33,7 +33,7 @@ def _sizes(text: str, name: str) -> list[int]:
 def calibrate(
     model: list[str] = typer.Option(..., "--model", "-m", help="Model preset or JSON (repeat with --strategy for several jobs)."),
     strategy: list[str] = typer.Option(..., "--strategy", "-s", help="Strategy preset or JSON, one per --model."),
-    out: Path = typer.Option(..., "--out", help="System JSON to write (a <name>.report.json with every timing goes beside it)."),
+    out: Path = typer.Option(..., "--out", help="System JSON to write (a NAME.report.json with every timing goes beside it)."),
     base: Optional[str] = typer.Option(None, "--base", help="System preset or JSON to merge into (peaks and networks kept)."),
     name: Optional[str] = typer.Option(None, "--name", help="sys_name of the written config."),
     device: Optional[str] = typer.Option(None, "--device", help="torch device (default cuda if available, else cpu)."),
@@ -57,8 +57,10 @@ def calibrate(
     set_: list[str] = SetOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the written system config as JSON."),
 ) -> None:
-    """Time the GEMM / grouped GEMM / attention / memory-bound kernels the jobs run (fp8 GEMMs too, for
-    jobs with fp8: as TransformerEngine runs them); write a system config."""
+    """Time the kernels the jobs run on this GPU; write a system config.
+
+    GEMM, grouped GEMM, attention and memory-bound kernels (fp8 GEMMs too, for jobs with fp8:
+    as TransformerEngine runs them)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from simumax.calibrate.run import calibrate_jobs

@@ -122,9 +122,11 @@ def compare(
     keep_micro_batches: bool = typer.Option(False, "--keep-micro-batches", help="Keep each strategy's micro-batch count "
                                             "(default: the first strategy's global batch for all, the count derived)."),
 ) -> None:
-    """Strategies (or systems) side by side: time, MFU, tokens/s, memory per stage, and the
-    difference of each breakdown part from the first ("what does TP4 instead of TP2 change",
-    "what does a B200 instead of an H100 change"), at the first strategy's global batch."""
+    """Strategies (or systems) side by side, each part's difference from the first.
+
+    Time, MFU, tokens/s, memory per stage, and the difference of each breakdown part from the
+    first ("what does TP4 instead of TP2 change", "what does a B200 instead of an H100
+    change"), at the first strategy's global batch."""
     from simumax.report import compare as cmp
 
     if not strategy:
@@ -164,9 +166,11 @@ def what_if(
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write what_if.json and what_if.png here."),
 ) -> None:
-    """The iteration time with one hardware resource made --factor times better at a time
-    (tensor-core peak, HBM bandwidth, scale-up links, scale-out links, latencies, host link):
-    which resource bounds the job, and with several factors how the gain grows."""
+    """Each hardware resource made --factor times better in turn: what bounds the job.
+
+    The iteration time with one resource improved at a time (tensor-core peak, HBM bandwidth,
+    scale-up links, scale-out links, latencies, host link): which resource bounds the job, and
+    with several factors how the gain grows."""
     from simumax import what_if as wif
     from simumax.report import what_if as wi
 

@@ -90,9 +90,11 @@ def export(
     fmt_: str = typer.Option("megatron", "--format", help="megatron (flags), torchtitan (a job-config TOML snippet) or "
                              "deepspeed (a ds_config.json)."),
 ) -> None:
-    """Model + strategy as Megatron-LM flags (the inverse of `import megatron`), as a
-    torchtitan job-config snippet (`--format torchtitan`, FSDP2: zero_state 3), or as a
-    DeepSpeed config (`--format deepspeed`, fsdp_impl deepspeed)."""
+    """Model + strategy as Megatron-LM flags, a torchtitan job config or a DeepSpeed config.
+
+    Megatron-LM flags are the inverse of `import megatron`; `--format torchtitan` writes a
+    job-config snippet (FSDP2: zero_state 3), `--format deepspeed` a ds_config.json
+    (fsdp_impl deepspeed)."""
     from simumax.atomic import write_text_atomic
     from simumax.export.megatron_flags import megatron_flags, model_flags
 
