@@ -255,15 +255,17 @@ def test_preset_memory_bound_fractions_are_the_measured_systems() -> None:
         assert load_system(preset).accelerator.bandwidth["default"].efficient_factor == eff, preset
 
 
-def test_gb200_runs_b200_kernels_in_b200_time() -> None:
-    """GB200 is the B200 die (148 SMs); its higher datasheet rate is a larger power budget.
-    Its preset takes B200's measured tables as kernel times: every measured, fitted and
-    default GEMM / attention shape costs the same seconds on both, bf16 and fp8, while MFU
-    is counted against GB200's own peak."""
+@pytest.mark.parametrize(("sibling", "rack"), [("b200-sxm-180gb", "gb200-nvl72"), ("b300-sxm-288gb", "gb300-nvl72")])
+def test_grace_blackwell_runs_its_sibling_kernels_in_the_sibling_time(sibling: str, rack: str) -> None:
+    """GB200 is the B200 die (148 SMs), GB300 the B300 die; the racks' higher datasheet rate
+    is a larger power budget. GB200 takes B200's measured tables as kernel times, GB300 the
+    default curves at B300's rates: every measured, fitted and default GEMM / attention shape
+    costs the same seconds on both, bf16 and fp8, while MFU is counted against the rack GPU's
+    own peak."""
     from simumax.cost.efficiency import ComputeModel
     from simumax.graph.kernels import Attention, Gemm, GroupGemm
 
-    b200, gb200 = ComputeModel(load_system("b200-sxm-180gb")), ComputeModel(load_system("gb200-nvl72"))
+    base, gb = ComputeModel(load_system(sibling)), ComputeModel(load_system(rack))
     table = load_system("b200_bf16_ceperm").accelerator.op["matmul"].accurate_efficient_factor
     assert table  # measured shapes exist, and unmeasured ones below go through the fit and curve
     kernels = [Gemm(4096, 8192, 4096, "NN"), Gemm(8192, 8192, 28672, "TN"), Gemm(333, 1000, 77, "NT", True, "fp32"),
@@ -271,8 +273,8 @@ def test_gb200_runs_b200_kernels_in_b200_time() -> None:
                Attention("fwd", 1, 4096, 64, 8, 128, 128, True),
                Attention("bwd", 2, 8192, 32, 32, 128, 128, True)]
     for k in kernels:
-        assert gb200.compute(k)[0] == pytest.approx(b200.compute(k)[0], rel=1e-5), k
-    assert load_system("gb200-nvl72").accelerator.op["matmul"].tflops == 2500.0
+        assert gb.compute(k)[0] == pytest.approx(base.compute(k)[0], rel=1e-5), k
+    assert load_system(rack).accelerator.op["matmul"].tflops == 2500.0
 
 
 # ---- collectives across nodes -----------------------------------------------------------

@@ -205,7 +205,8 @@ GPUS = (
         attn_bwd_flops_ratio=2.5, fp4_tflops=13500.0, host_link_gbps=50.0, host_mem_gbps=90.0),
     Gpu("gb300-nvl72", _sheet("GB300"), 5000.0, 288.0, 148, 72, 100.0, 0.60, 0.45, 0.70, 0.69, MEMBOUND_EFF_BLACKWELL, NVLINK_EFF,
         note="GB300 NVL72: 72 Blackwell Ultra GPUs on one NVLink domain (placed as one node), 288 GB HBM3e (nominal); "
-             "ConnectX-8 800 Gb/s per GPU to other racks", attn_bwd_flops_ratio=2.5, fp4_tflops=15000.0, host_link_gbps=225.0, host_mem_gbps=256.0),
+             "ConnectX-8 800 Gb/s per GPU to other racks; the B300 die, so B300's kernel rates",
+        attn_bwd_flops_ratio=2.5, fp4_tflops=15000.0, host_link_gbps=225.0, host_mem_gbps=256.0, table_tflops=2250.0),
     Gpu("h100-pcie-80gb", _sheet("H100 PCIe"), 1513.0, 79.65, 114, 8, 50.0, 0.72, 0.70, 0.93, 0.60, MEMBOUND_EFF_UNMEASURED, PCIE_EFF,
         note="H100 PCIe: 114 SMs, 350 W, PCIe Gen5 x16 between the cards (no NVLink); 400 Gb/s per GPU",
         fp8_gemm_eff=H100_FP8_GEMM_EFF, host_link_gbps=50.0, host_mem_gbps=77.0),
@@ -340,4 +341,7 @@ def preset_provenance(name: str) -> str:
         power_note = ("; its own measured power curve" if gpu.power_curve else "; its power curve" if power else "")
         same = " as that device's kernel times (the same die)" if gpu.table_tflops else ""
         return f"derived: datasheet peaks and fabric, compute tables of {gpu.measured_base}{same}{power_note}{contention}"
+    if gpu.table_tflops:
+        return (f"derived: datasheet peaks and fabric, default efficiency curves at the kernel rates of its "
+                f"{gpu.table_tflops:g} TFLOP/s sibling (the same die; no table)")
     return "derived: datasheet peaks and fabric, default efficiency curves (no table)"
