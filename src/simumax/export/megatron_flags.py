@@ -35,6 +35,12 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     if st.pp_size > 1 and st.schedule in ("zb", "dualpipev"):  # a launch line would run 1F1B
         raise ConfigError("pp_schedule", f"Megatron-LM has no {st.schedule} schedule (its flags would run 1F1B): "
                           "export a 1f1b or interleaved strategy")
+    return [*_parallel_flags(st, model), *_moe_flags(st, model), *_data_parallel_flags(st), *_precision_flags(st),
+            *_kernel_flags(st, model), *_recompute_flags(st, model), *_overlap_and_offload_flags(st)]
+
+
+def _parallel_flags(st: StrategyConfig, model: ModelConfig | None) -> list[str]:
+    """The parallel sizes, batch and sequence, the pipeline split and virtual stages, the rank order, the CP scheme."""
     f = [
         *(_s(field, getattr(st, field)) for field in ("tp_size", "pp_size", "cp_size", "micro_batch_size")),
         f"--global-batch-size {st.global_batch_size}",
@@ -66,6 +72,12 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f.append(_s("cp_comm_type", st.cp_comm_type))
         if st.cp_comm_type == "a2a+p2p" and st.hierarchical_context_parallel_sizes:
             f.append("--hierarchical-context-parallel-sizes " + " ".join(map(str, st.hierarchical_context_parallel_sizes)))
+    return f
+
+
+def _moe_flags(st: StrategyConfig, model: ModelConfig | None) -> list[str]:
+    """Expert parallelism, the dispatcher, the fused MoE kernels and the capacity (MoE models only)."""
+    f: list[str] = []
     if model is not None and model.is_moe:
         f += [_s("ep_size", st.ep_size), _s("etp_size", st.etp_size)]
         f.append(f"--moe-token-dispatcher-type {DISPATCHERS[st.moe_dispatcher_policy]}")
@@ -87,6 +99,13 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
             f.append(_m("capacity", float(model.capacity)))
             if model.moe_pad_expert_input_to_capacity:
                 f.append(switch_flag("m", "moe_pad_expert_input_to_capacity"))
+    return f
+
+
+def _data_parallel_flags(st: StrategyConfig) -> list[str]:
+    """The distributed optimizer or sharded DP (Megatron-FSDP, FSDP2, DeepSpeed), optimizer offload, gradient
+    dtypes and buckets, the optimizer."""
+    f: list[str] = []
     ds = st.fsdp_impl == "deepspeed"  # Megatron-DeepSpeed: ZeRO comes from the DeepSpeed config (export --format deepspeed)
     if ds:
         f += ["--deepspeed", "--deepspeed_config ds_config.json", f"--zero-stage {st.zero_state}"]
@@ -124,6 +143,12 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
         f.append(switch_flag("s", "ddp_average_in_collective"))
     if not st.gradient_accumulation_fusion:
         f.append(switch_flag("s", "gradient_accumulation_fusion", False))
+    return f
+
+
+def _precision_flags(st: StrategyConfig) -> list[str]:
+    """The training dtype and the FP8 / FP4 recipes."""
+    f: list[str] = []
     if st.dtype in ("bf16", "fp16"):
         f.append(switch_flag("s", "dtype", st.dtype))
     if st.fp8_on:
@@ -137,6 +162,12 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     if st.low_precision and st.first_last_layers_bf16:
         f += [switch_flag("s", "first_last_layers_bf16"), _s("num_layers_at_start_in_bf16", st.num_layers_at_start_in_bf16),
               _s("num_layers_at_end_in_bf16", st.num_layers_at_end_in_bf16)]
+    return f
+
+
+def _kernel_flags(st: StrategyConfig, model: ModelConfig | None) -> list[str]:
+    """The attention backend, the fusions (RoPE, SwiGLU, cross-entropy), the NaN check, dropout."""
+    f: list[str] = []
     if st.use_math_sdp:  # Megatron-Core's unfused DotProductAttention path
         f.append("--attention-backend unfused")
     elif st.use_flash_sdp:
@@ -151,6 +182,12 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     f += [f"--attention-dropout {p}", f"--hidden-dropout {p}"]
     if st.cross_entropy_loss_fusion:
         f += [switch_flag("s", "cross_entropy_loss_fusion"), _s("cross_entropy_fusion_impl", st.cross_entropy_fusion_impl)]
+    return f
+
+
+def _recompute_flags(st: StrategyConfig, model: ModelConfig | None) -> list[str]:
+    """Full or selective recompute as Megatron states them."""
+    f: list[str] = []
     mode = st.recompute_mode
     if mode == "full_block" and st.recompute_method == "uniform":
         f += ["--recompute-granularity full", "--recompute-method uniform", _s("recompute_layer_num", st.recompute_group_layers)]
@@ -171,6 +208,12 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
             f.append("--recompute-modules " + " ".join(mods))
     elif mode == "megatron":
         f += ["--recompute-granularity selective", "--recompute-modules " + " ".join(st.megatron_recompute_modules)]
+    return f
+
+
+def _overlap_and_offload_flags(st: StrategyConfig) -> list[str]:
+    """The overlap options and activation offload."""
+    f: list[str] = []
     f += [switch_flag("s", field) for field in OVERLAP_FIELDS if getattr(st, field)]
     f += _p2p_overlap_flags(st)
     if st.cpu_offloading and st.cpu_offloading_num_layers:  # Megatron-LM 0.19: a layer count > 0 turns it on
