@@ -270,3 +270,26 @@ def test_host_issue_time_counts_every_launch_and_leaves_the_time_alone() -> None
             assert again > 0 and launches(est.stages[0]) == plain_launches + again
         else:
             plain_launches = launches(est.stages[0])
+
+
+def test_host_issue_time_follows_the_kernels_not_their_size() -> None:
+    """The host issues a launch in the same time whatever the kernel's size: a longer
+    sequence or a larger micro-batch leaves StageCost.host_issue unchanged and lowers its
+    share of the GPU time; a deeper model adds its layers' launches."""
+    from simumax.config.loader import load_model, load_strategy, load_system
+    from simumax.estimate import Estimate
+
+    sy = load_system("b200-sxm-180gb")
+    m = load_model("llama3-8b").with_updates({"layer_num": 4})
+
+    def stage0(model, **upd):
+        st = load_strategy({"world_size": 8, "tp_size": 2, "seq_len": 2048, "enable_sequence_parallel": True, **upd})
+        return Estimate(model, st, sy).cost().stages[0]
+
+    base = stage0(m)
+    for upd in ({"seq_len": 8192}, {"micro_batch_size": 2}):
+        other = stage0(m, **upd)
+        assert other.host_issue == pytest.approx(base.host_issue) and other.host_issue_share < base.host_issue_share
+    deeper = stage0(m.with_updates({"layer_num": 8}))
+    per_layer = (deeper.host_issue - base.host_issue) / 4
+    assert per_layer > 0 and stage0(m.with_updates({"layer_num": 6})).host_issue == pytest.approx(base.host_issue + 2 * per_layer)
