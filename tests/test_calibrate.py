@@ -275,3 +275,9 @@ def test_check_step_table_sets_phases_and_kernel_kinds_beside_the_prediction() -
     assert "fp8 delayed" in text
     lines = {ln.split("│")[1].strip(): ln for ln in text.splitlines() if ln.count("│") >= 4}
     assert "-16.7%" in lines["bwd (ms)"] and "-20.0%" in lines["gemm kernels (ms)"] and "+0.0%" in lines["fwd (ms)"]
+    assert "host issue per micro-batch (ms)" not in lines  # not measured (CPU)
+    row.update(host_issue_real=0.012, host_issue_launches_real=600, host_issue_predicted=0.009)
+    console = Console(width=200, record=True)
+    console.print(check_step_table(row))
+    issue = next(ln for ln in console.export_text().splitlines() if "host issue per micro-batch" in ln)
+    assert "12.0 (20.0 us x 600 launches)" in issue and "9.0" in issue and "-25.0%" in issue

@@ -109,6 +109,22 @@ def test_check_step_on_cpu(tiny_files) -> None:
     meas = row["measurement"]
     assert len(meas["step_seconds_all"]) == 2 and set(meas["phase_seconds"]) == {"fwd", "bwd", "optimizer"}
     assert row["activation_bytes_real"] > 0
+    assert row["host_issue_real"] is None and row["host_issue_predicted"] > 0  # measured on a GPU only
+
+
+def test_host_issue_time_runs_a_micro_batch_and_counts_its_kernels() -> None:
+    """The measurement check-step makes on a GPU, run on CPU with a small busy GEMM: host
+    seconds of one forward + backward, and its CUDA kernels (none on CPU); it adds the
+    micro-batch's gradients like a training micro-batch."""
+    from simumax.calibrate.check_step import LlamaStyle, host_issue_time
+    from simumax.config.loader import load_model
+
+    cfg = load_model("llama2-tiny").with_updates({"layer_num": 1})
+    net = LlamaStyle(cfg)
+    tokens = torch.randint(0, net.vocab, (1, 17))
+    seconds, launches = host_issue_time(net, tokens[:, :-1], tokens[:, 1:], torch.device("cpu"), reps=2, busy=32)
+    assert seconds > 0 and launches == 0
+    assert all(p.grad is not None or hasattr(p, "main_grad") for p in net.parameters())
 
 
 def test_check_step_fp8_refused_before_training(tiny_files) -> None:

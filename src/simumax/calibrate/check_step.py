@@ -204,6 +204,10 @@ class StepMeasurement:
     # NVML over the timed steps (None without it): median SM clock (MHz) and board power (W),
     # share of readings under the power cap (docs/calibration.md, "Power-limited clocks")
     clocks: dict[str, float] | None = None
+    # one micro-batch's forward and backward issued while the GPU is busy with queued work
+    # (host_issue_time): host seconds and CUDA kernels launched; None on CPU
+    host_issue_seconds: float | None = None
+    host_issue_launches: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -347,11 +351,39 @@ def train_steps(model_cfg: ModelConfig, seq_len: int, mbs: int, mbc: int, steps:
     if bool(torch.stack(nan_grads).any()):
         log.warning("check-step: NaN in the gradients of a step; its times are of a diverged run")
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    issue = host_issue_time(net, data[0, :, :-1], data[0, :, 1:], device) if cuda else (None, None)  # after the peak
     n = sum(p.numel() for p in params)
     # the model and optimizer die with this frame; the next run empties the cache first
     return StepMeasurement(str(device), statistics.median(times), times, peak, n, losses[0], losses[-1],
                            {k: statistics.median(v) for k, v in parts.items()}, states or None, saved, kernels,
-                           clock_summary(readings))
+                           clock_summary(readings), *issue)
+
+
+def host_issue_time(net: nn.Module, tokens: torch.Tensor, labels: torch.Tensor, device: torch.device,
+                    reps: int = 3, busy: int = 8192) -> tuple[float, int]:
+    """(host seconds, CUDA kernels) to issue one micro-batch's forward and backward while the
+    GPU runs work queued before it, so the host never waits (benchmarks/host_time.py's
+    method): what ``system.host_op_us`` per launch stands for (StageCost.host_issue).
+    Median over ``reps``; the gradients it adds are zeroed by the next step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    big = torch.randn(busy, busy, device=device, dtype=torch.bfloat16)
+    seconds = []
+    for _ in range(reps):
+        synchronize(device)
+        for _ in range(40):  # ~50 ms of 8192^3 GEMMs on an H100, more than the host needs below
+            big @ big
+        t0 = time.perf_counter()
+        net(tokens, labels).backward()
+        seconds.append(time.perf_counter() - t0)
+        synchronize(device)
+    if device.type != "cuda":  # no kernels to count
+        return statistics.median(seconds), 0
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        net(tokens, labels).backward()
+        synchronize(device)
+    launches = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return statistics.median(seconds), launches
 
 
 def profile_step(step, device: torch.device, top: int = 400) -> list[dict[str, object]]:

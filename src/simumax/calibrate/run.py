@@ -242,6 +242,10 @@ def check_step(model: ModelConfig, system: SystemConfig, seq_len: int, mbs: int,
         "wgrad_accumulation_fused": fp32_accumulation_fused(),
         "clocks_real": real.clocks,  # NVML over the timed steps (cost/power.py's mechanism)
         "tensor_core_rate_predicted": cost.stages[0].tensor_core_rate,
+        # the host's issue time of one micro-batch (forward + backward): measured with the GPU
+        # kept busy, and StageCost.host_issue (the IR's launches x system.host_op_us)
+        "host_issue_real": real.host_issue_seconds, "host_issue_launches_real": real.host_issue_launches,
+        "host_issue_predicted": cost.stages[0].host_issue,
         "measurement": real.to_dict(),
     }
 

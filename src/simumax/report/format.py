@@ -277,6 +277,11 @@ def check_step_table(row: dict) -> Table:
         real = (f"SM {clocks['sm_mhz']:.0f} MHz, {clocks['power_w']:.0f} W, {clocks['power_capped_share']:.0%} capped"
                 if clocks else "-")
         t.add_row("clock under load", real, f"tensor cores at {row.get('tensor_core_rate_predicted', 1.0):.2f}", "")
+    if row.get("host_issue_real"):  # one micro-batch issued with the GPU busy: host seconds per launch
+        launches = row.get("host_issue_launches_real") or 0
+        per = f" ({row['host_issue_real'] / launches * 1e6:.1f} us x {launches} launches)" if launches else ""
+        t.add_row("host issue per micro-batch (ms)", ms(row["host_issue_real"]) + per, ms(row["host_issue_predicted"]),
+                  f"{row['host_issue_predicted'] / row['host_issue_real'] - 1:+.1%}")
     # each phase, then (--profile) the device time per kernel kind, the prediction at the tables' full clock
     for suffix, real_key, pred_key, default in (("", "phase_time_real", "phase_time_predicted", None),
                                                  (" kernels", "kernel_seconds_real", "kernel_seconds_predicted", 0.0)):
