@@ -168,10 +168,8 @@ class Estimate(DataParallelStep):
         lookup = (vocab + m.position_rows(st.seq_len)) * m.hidden_size
         n_params = self.params.active - lookup
         tokens = st.global_batch_size * st.seq_len
-        if m.attention_type == "mla":
-            dims = (m.qk_head_dim or m.head_size) + (m.qk_pos_emb_head_dim or 0) + (m.v_head_dim or m.head_size)
-        else:
-            dims = 2 * m.head_size
+        # (an MLA model states all three dims: ModelConfig's check)
+        dims = m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim if m.attention_type == "mla" else 2 * m.head_size
         attn_per_token = 6 * m.layer_num * st.seq_len * m.head_num * dims
         return tokens * (6 * n_params + attn_per_token)
 

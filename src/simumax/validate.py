@@ -182,13 +182,12 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
     real_m = real_m * GIB if real_m is not None else None
     ref_m = relative_error(ref.get(mem_key) and ref[mem_key] * GIB, real_m)
     source, group = case_source(case["id"]), ranking_group(case)
-    real_t = _seconds(measured)
+    real_t = _seconds(measured)  # (a refused case reports its iteration time only)
     ref_t = relative_error(_seconds(ref), real_t)
     try:
         est = estimate_for_case(case, root)
-        if real_t is None or ref_t is None:  # times given as TFLOP/s
-            real_t = _seconds(measured, est)
-            ref_t = relative_error(_seconds(ref, est), real_t)
+        real_t = _seconds(measured, est)  # a time given as TFLOP/s too
+        ref_t = relative_error(_seconds(ref, est), real_t)
         cost = est.cost() if real_t is not None else None
         t = cost.duration_time_per_iter if cost else None
         band = cost.duration_time_interval if cost else None

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 from simumax.config.hardware import datasheet
 from simumax.config.strategy import StrategyConfig
+from simumax.cost.userbuffers import UB_STREAMS
 from simumax.dp.sharding_plan import ShardingPlan
 from simumax.graph import fp8
 from simumax.graph.kernels import Collective, GroupGemm
@@ -152,7 +153,6 @@ _CC9_ARCHS = ("hopper", "blackwell", "cdna3")
 TE_WORKSPACE_CC9 = 32 * 2**20 + 1024
 TE_WORKSPACE_OLDER = 4 * 2**20
 TE_GROUPED_GEMM_STREAMS = 4  # tex.get_num_cublas_streams(): the grouped GEMM's cuBLAS streams
-TE_UB_STREAMS = 3  # _NUM_MAX_UB_STREAMS (cost/userbuffers.py)
 
 
 def te_gemm_workspaces(st: StrategyConfig, stage: Stage, device: str) -> float:
@@ -169,7 +169,7 @@ def te_gemm_workspaces(st: StrategyConfig, stage: Stage, device: str) -> float:
     one = TE_WORKSPACE_CC9 if sheet is not None and sheet.arch in _CC9_ARCHS else TE_WORKSPACE_OLDER
     n = 1
     if st.tp_comm_overlap and st.tp_size > 1:
-        n += TE_UB_STREAMS
+        n += UB_STREAMS  # userbuffers' workspace: one per compute stream of its chunk GEMMs
     if any(isinstance(k, GroupGemm) for ops, _ in stage.groups() for o in ops for k in o.fwd):
         n += TE_GROUPED_GEMM_STREAMS
     return float(n * one)
