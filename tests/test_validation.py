@@ -258,6 +258,38 @@ def test_time_from_tflops_per_gpu_when_no_iteration_time(tmp_path) -> None:
     assert out.returncode == 0 and "§" in out.stdout and "tflops_per_gpu" in out.stdout
 
 
+def test_memory_band_coverage(tmp_path) -> None:
+    """Each case with a memory figure carries the 80 % memory band of the figure it is
+    compared with (uncertainty.MEMORY_BAND about the predicted peak allocated, reserved,
+    or states + activations), and the summary the share of measured figures inside it;
+    a case without a memory figure has no band and does not count."""
+    import json
+
+    from simumax.config.loader import load_model, load_strategy
+    from simumax.uncertainty import MEMORY_BAND
+    from simumax.validate import run_case, summary
+    from tests.conftest import run_cli
+
+    case = {"id": "x/llama2-tiny", "system": "a100_pcie", "model": load_model("llama2-tiny").to_dict(),
+            "strategy": load_strategy("tp1_pp2_dp4_mbs1").to_dict(), "measured": {"iter_time_ms": 500.0}}
+    assert run_case(case, tmp_path).mem_band is None
+    pred = run_case({**case, "measured": {"peak_alloc_gib": 1.0}}, tmp_path).predicted_mem
+    lo, hi = MEMORY_BAND.interval(pred)
+    assert lo < pred < hi
+    inside = run_case({**case, "measured": {"peak_alloc_gib": pred / 2**30}}, tmp_path)
+    outside = run_case({**case, "measured": {"peak_alloc_gib": 1.1 * hi / 2**30}}, tmp_path)
+    assert inside.mem_band == pytest.approx((lo, hi)) and outside.mem_band == pytest.approx((lo, hi))
+    reserved = run_case({**case, "measured": {"peak_reserved_gib": 1.0}}, tmp_path)
+    assert reserved.mem_band == pytest.approx(MEMORY_BAND.interval(reserved.predicted_mem))  # about the figure compared
+    untimed = run_case(case, tmp_path)
+    assert summary([inside, outside, untimed])["mem_band_coverage"] == 0.5
+    assert summary([untimed])["mem_band_coverage"] is None
+    f = tmp_path / "cases.jsonl"
+    f.write_text(json.dumps({**case, "measured": {"peak_alloc_gib": pred / 2**30}}) + "\n")
+    out = run_cli("validate", str(f))
+    assert out.returncode == 0 and "memory band holds 100.0%" in out.stdout
+
+
 @pytest.mark.parametrize("bad", [-5, 0, "12", True, float("inf"), None])
 def test_measured_figures_must_be_positive_numbers(tmp_path, bad) -> None:
     """A compared figure that is not a positive number is a ConfigError naming the line and

@@ -13,6 +13,7 @@ from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 from simumax.report.results import MemResult
+from simumax.uncertainty import MEMORY_BAND
 
 GIB = 2**30
 CASE_KEYS = ("id", "system", "model", "strategy", "measured")
@@ -41,6 +42,7 @@ class CaseResult:
     # question with different strategies: what a search must rank
     group: str = ""
     time_band: tuple[float, float] | None = None  # the prediction's 80 % band, seconds
+    mem_band: tuple[float, float] | None = None  # 80 % band of predicted_mem, bytes (uncertainty.MEMORY_BAND)
     # the run happened, but its recorded strategy does not fit the GPU in the memory model
     # (reserved bytes) while its measured peak, if any, does: the record misses a memory
     # setting or the model over-predicts (a measured peak above capacity says the system
@@ -193,13 +195,15 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
         band = cost.duration_time_interval if cost else None
         memory = est.memory()
         mem = predicted_memory(est, memory, measure)
+        # the band perf prints for the peak, about whichever figure the record measured
+        mem_band = MEMORY_BAND.interval(mem) if real_m is not None else None
     except ConfigError as exc:
         return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc), source=source, mem_measure=measure, group=group)
     family = "moe" if est.model.is_moe else "dense"
     time_from = "" if real_t is None else "iter_time_ms" if measured.get("iter_time_ms") is not None else "tflops_per_gpu"
     return CaseResult(
         case["id"], real_t, t, relative_error(t, real_t), ref_t, real_m, mem, relative_error(mem, real_m), ref_m,
-        family=family, source=source, mem_measure=measure, group=group, time_band=band, time_from=time_from,
+        family=family, source=source, mem_measure=measure, group=group, time_band=band, mem_band=mem_band, time_from=time_from,
         record_does_not_fit=(real_t is not None and not memory.fits
                              and (real_m is None or real_m / (1.0 if measure == "peak_reserved" else est.strategy.mem_factor)
                                   <= memory.capacity)),
@@ -243,9 +247,12 @@ def summary(results: list[CaseResult]) -> dict[str, float | int | None]:
     banded = [r for r in results if r.time_band is not None and r.measured_time is not None and r.predicted_time]
     inside = [r.time_band[0] <= r.measured_time <= r.time_band[1] for r in banded]  # type: ignore[index, operator]
     widths = sorted((r.time_band[1] - r.time_band[0]) / r.predicted_time for r in banded)  # type: ignore[index, operator]
+    mem_inside = [r.mem_band[0] <= r.measured_mem <= r.mem_band[1] for r in results  # type: ignore[operator]
+                  if r.mem_band is not None and r.measured_mem is not None]
     return {
         "band_coverage": sum(inside) / len(inside) if inside else None,
         "band_median_width": widths[len(widths) // 2] if widths else None,
+        "mem_band_coverage": sum(mem_inside) / len(mem_inside) if mem_inside else None,
         "cases": len(results),
         "evaluated": sum(1 for r in results if not r.skipped),
         "time_cases": len(t),

@@ -77,6 +77,8 @@ def validate(
         )
         if s["band_coverage"] is not None:
             text += f"; 80 % band holds {apct(s['band_coverage'])} (median width {apct(s['band_median_width'])})"
+        if s["mem_band_coverage"] is not None:
+            text += f"; memory band holds {apct(s['mem_band_coverage'])}"
         return text + (f"; {s['skipped']} skipped" if s["skipped"] else "")
 
     if len(by_source) > 1:
