@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -17,8 +18,20 @@ from simumax.errors import ConfigError
 DEFER_RULES = "defer_cross_field_rules"
 
 
+# the member tags pydantic puts in an error's location for a union field (``int | list[int]``
+# -> "constrained-int", "list[constrained-int]"): not part of the field's path
+_UNION_TAG = re.compile(r"(constrained-)?(int|float|str|bool)|(list|dict|tuple|set)\[.*\]")
+
+
 def _loc(err: dict[str, Any]) -> str:
-    return ".".join(str(p) for p in err.get("loc", ())) or "<root>"
+    loc = err.get("loc", ())
+    parts = [str(p) for i, p in enumerate(loc) if not (i and isinstance(p, str) and _UNION_TAG.fullmatch(p))]
+    return ".".join(parts) or "<root>"
+
+
+def _union_member(err: dict[str, Any]) -> bool:
+    loc = err.get("loc", ())
+    return len(loc) > 1 and isinstance(loc[1], str) and bool(_UNION_TAG.fullmatch(loc[1]))
 
 
 def did_you_mean(name: str, choices: Any, prefix: str = "") -> str:
@@ -31,7 +44,13 @@ def did_you_mean(name: str, choices: Any, prefix: str = "") -> str:
 def config_error_from(exc: ValidationError, source: str | None = None, fields: Any = ()) -> ConfigError:
     """Turn pydantic's report into one ConfigError naming the first bad field; an unknown
     top-level field suggests the nearest of ``fields`` (the config's own)."""
-    err = exc.errors()[0]
+    errors = exc.errors()
+    err = errors[0]
+    if _union_member(err):
+        # a union field reports each member's error: the deepest is that of the member the
+        # input's shape chose (a list's bad element, not "should be a valid integer")
+        same = [e for e in errors if _union_member(e) and e["loc"][0] == err["loc"][0]]
+        err = max(same, key=lambda e: len(e["loc"]))
     inner = (err.get("ctx") or {}).get("error")
     if isinstance(inner, ConfigError):  # raised by a cross-field validator: keep its field
         return ConfigError(inner.field, inner.rule, source)

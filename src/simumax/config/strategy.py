@@ -33,6 +33,12 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
 
     # batch
     seq_len: PositiveInt = Field(le=2**27, description="Tokens per sequence.")
+    document_lengths: PositiveInt | list[PositiveInt] | None = Field(
+        None, description="Documents packed into each sequence, attention within each document only (Megatron "
+        "--dataloader-inter-document-masking, or --sft's packed conversations: TransformerEngine's THD attention over "
+        "cu_seqlens): their token counts, summing to seq_len, or one length L (seq_len // L documents of L and one of "
+        "the rest). None: one document per sequence.",
+    )
     micro_batch_size: PositiveInt = Field(1, le=65536, description="Sequences per micro-batch (mbs).")
     micro_batch_num: PositiveInt = Field(1, le=10**6, description="Micro-batches per iteration per DP rank (mbc).")
     dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Parameter/activation dtype.")

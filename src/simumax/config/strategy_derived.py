@@ -46,6 +46,8 @@ class StrategyDerived:
         use_fp32_accum_grad: bool
         dtype: str
         te_version: str | None
+        seq_len: int
+        document_lengths: int | list[int] | None
 
     @property
     def dp_size(self) -> int:
@@ -95,6 +97,26 @@ class StrategyDerived:
         if self.cp_comm_type == "p2p":
             return self.cp_size
         return self.cp_size // self.cp_a2a_size if self.cp_comm_type == "a2a+p2p" else 1
+
+    @property
+    def document_groups(self) -> tuple[tuple[int, int], ...]:
+        """(document length, documents of that length in one sequence), longest first, of
+        the documents packed into a sequence; () for one document per sequence (no
+        ``document_lengths``, or one of seq_len)."""
+        lengths = self.document_lengths
+        if lengths is None:
+            return ()
+        if isinstance(lengths, int):
+            full, rest = divmod(self.seq_len, lengths)
+            counts = {lengths: full} if full else {}
+            if rest:
+                counts[rest] = counts.get(rest, 0) + 1
+        else:
+            counts = {}
+            for n in lengths:
+                counts[n] = counts.get(n, 0) + 1
+        groups = tuple(sorted(counts.items(), reverse=True))
+        return () if groups == ((self.seq_len, 1),) else groups
 
     @property
     def edp_size(self) -> int:

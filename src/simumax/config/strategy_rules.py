@@ -37,6 +37,8 @@ def check_rules(st: "StrategyConfig") -> None:
         raise ConfigError("hierarchical_context_parallel_sizes", "is read with cp_comm_type a2a+p2p only (Megatron)")
     if st.cp_size > 1 and st.seq_len % (2 * st.cp_size):
         raise ConfigError("seq_len", f"must be divisible by 2*cp = {2 * st.cp_size} for context parallelism")
+    if st.document_lengths is not None:
+        _check_documents(st)
     if (st.ep_size * st.etp_size) > 1 and (st.dp_size * st.cp_size * st.tp_size) % (st.ep_size * st.etp_size):
         raise ConfigError(
             "ep_size", f"ep*etp ({st.ep_size * st.etp_size}) must divide tp*cp*dp ({st.dp_size * st.cp_size * st.tp_size})"
@@ -81,6 +83,28 @@ def check_rules(st: "StrategyConfig") -> None:
                               "checkpointed group; Megatron: --recompute-num-layers)")
     if st.megatron_recompute and not st.megatron_recompute_modules:
         raise ConfigError("megatron_recompute_modules", "must name at least one module when megatron_recompute is true")
+
+
+def _check_documents(st: "StrategyConfig") -> None:
+    """Packed documents (THD attention): lengths that fill the sequence, a fused attention
+    that takes cu_seqlens, and with context parallelism each document in 2·cp chunks."""
+    lengths = st.document_lengths
+    if isinstance(lengths, list):
+        if not lengths or sum(lengths) != st.seq_len:
+            raise ConfigError("document_lengths", f"must sum to seq_len {st.seq_len} (got {sum(lengths)} over "
+                              f"{len(lengths)} documents)")
+    elif lengths is not None and lengths > st.seq_len:
+        raise ConfigError("document_lengths", f"a document length ({lengths}) longer than seq_len ({st.seq_len})")
+    if st.use_math_sdp or st.transformer_impl == "local":
+        raise ConfigError("document_lengths", "needs TransformerEngine's fused attention (THD format); the unfused "
+                          "attention takes no document boundaries (Megatron-Core's DotProductAttention refuses "
+                          "packed_seq_params)")
+    if st.cp_size > 1:
+        odd = sorted({n for n, _ in st.document_groups if n % (2 * st.cp_size)})
+        if odd:
+            raise ConfigError("document_lengths", f"with context parallelism each document is split into 2*cp = "
+                              f"{2 * st.cp_size} chunks (TransformerEngine's THD partitioning): lengths {odd[:4]} "
+                              f"are not multiples of it (pad them, as cu_seqlens_padded does)")
 
 
 def _check_muon(st: "StrategyConfig") -> None:

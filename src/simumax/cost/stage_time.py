@@ -90,6 +90,7 @@ class Coster:
         out = PhaseTime()
         gemm = 0.0
         cover = 0.0  # attention time left to hide context-parallel ring transfers under
+        prev_attention = False
         for k in kernels:
             t = self.kernel(k)
             if isinstance(k, Collective):
@@ -108,7 +109,9 @@ class Coster:
                 if isinstance(k, (Gemm, GroupGemm)):
                     gemm += t
                 elif isinstance(k, Attention):
-                    cover = t
+                    # a ring step's kernels (one per packed document length) run back to back
+                    cover = cover + t if prev_attention else t
+            prev_attention = isinstance(k, Attention)
         if ub and out.comm.get("tp") and gemm > 0:
             # userbuffers' bulk overlap: the GEMMs on the SMs the TP kernels leave them, the
             # collectives under them (cost/userbuffers.py)

@@ -68,6 +68,8 @@ def _parallel_flags(st: StrategyConfig, model: ModelConfig | None) -> list[str]:
             f.append(switch_flag("s", field))
     if st.rank_order == "tp-cp-ep-pp-dp":
         f.append(switch_flag("s", "rank_order", "tp-cp-ep-pp-dp"))
+    if st.document_lengths is not None:  # cu_seqlens at the documents' ends (the lengths are the data's)
+        f.append("--dataloader-inter-document-masking")
     if st.cp_size > 1:
         f.append(_s("cp_comm_type", st.cp_comm_type))
         if st.cp_comm_type == "a2a+p2p" and st.hierarchical_context_parallel_sizes:

@@ -30,20 +30,41 @@ def _to_heads(name: str, qkv_bytes: tuple[float, float, float], out_bytes: float
     return to_heads, back, d_out, d_qkv
 
 
-def _ring(name: str, shape: dict, n: int, q_b: float, kv_bytes: float, out_bytes: float, group: str) -> tuple[list, list]:
+def _kernels(phase: str, shapes: list[dict]) -> list[Attention]:
+    return [Attention(phase, **sh) for sh in shapes]  # type: ignore[arg-type]
+
+
+def _ring(name: str, shapes: list[dict], n: int, q_b: float, kv_bytes: float, out_bytes: float, group: str) -> tuple[list, list]:
     """The load-balanced KV ring over ``n`` ranks of ``group`` (see p2p below), on the
-    attention ``shape`` of one rank."""
+    attention ``shapes`` of one rank (one per length of packed document: TE splits each
+    document into 2·cp chunks, so every step attends each document's chunks)."""
     if n == 1:
-        return [Attention("fwd", **shape)], [Attention("bwd", **shape)]
-    step = dict(shape, kv_seq_len=shape["seq_len"] // 2, causal=False)
+        return _kernels("fwd", shapes), _kernels("bwd", shapes)
+    steps = [dict(sh, kv_seq_len=sh["seq_len"] // 2, causal=False) for sh in shapes]
     send = Collective("p2p", kv_bytes, group)
     ring = ring_elementwise(name, n, q_b, kv_bytes, out_bytes)
-    fwd = ([ring["kv_buffer"], Attention("fwd", **shape)]
-           + [send, ring["fwd_half"], Attention("fwd", **step)] * (n - 1)
+    fwd = ([ring["kv_buffer"], *_kernels("fwd", shapes)]
+           + [send, ring["fwd_half"], *_kernels("fwd", steps)] * (n - 1)
            + [ring["out_correction"]])
-    bwd = ([ring["kv_buffer"], Attention("bwd", **shape), ring["grad_init"]]
-           + [send, Collective("p2p", kv_bytes, group), ring["bwd_half"], Attention("bwd", **step), ring["grad_accumulate"]] * (n - 1))
+    bwd = ([ring["kv_buffer"], *_kernels("bwd", shapes), ring["grad_init"]]
+           + [send, Collective("p2p", kv_bytes, group), ring["bwd_half"], *_kernels("bwd", steps), ring["grad_accumulate"]] * (n - 1))
     return fwd, bwd
+
+
+def document_shapes(d: Dims, shape: dict, window: int | None) -> list[dict]:
+    """The attention shapes of one rank: ``shape`` (a sliding window shorter than the
+    sequence kept), or with documents packed into the sequence (``d.docs``, THD attention
+    over cu_seqlens) one per document length, its documents as the batch: attention stays
+    inside each document, so n documents of length l cost what a batch of n sequences of
+    l does (FLOPs, and the kernel's efficiency at that length); with CP each rank holds
+    l / cp tokens of each (two of its 2·cp chunks)."""
+    out = []
+    for length, count in d.docs or ((d.s * d.cp, 1),):
+        sh = dict(shape, batch=shape["batch"] * count, seq_len=length // d.cp)
+        if window is not None and window < length:  # a window past the document is full attention
+            sh["window"] = window
+        out.append(sh)
+    return out
 
 
 def _to_heads_shape(shape: dict, n: int) -> dict:
@@ -68,7 +89,8 @@ def _all_gather_parts(shape: dict, cp: int) -> list[dict]:
     return [dict(shape, seq_len=c, kv_seq_len=c + min(w - 1, chunk * c)) for chunk in (cp - 1, cp)]
 
 
-def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[float, float, float], out_bytes: float) -> tuple[list, list]:
+def _cp_attention_kernels(d: Dims, shapes: list[dict], name: str, qkv_bytes: tuple[float, float, float],
+                          out_bytes: float) -> tuple[list, list]:
     """Attention kernels and CP collectives of one rank (TransformerEngine's schemes,
     ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``).
 
@@ -95,20 +117,20 @@ def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[floa
       under the attention kernel before it), and in backward each step's dKV travels on
       under the next step.
     """
-    cp, s = d.cp, d.s
+    cp = d.cp
     if cp == 1:
-        return [Attention("fwd", **shape)], [Attention("bwd", **shape)]
+        return _kernels("fwd", shapes), _kernels("bwd", shapes)
     q_b, k_b, v_b = qkv_bytes
     if d.cp_comm == "a2a":
-        full = _to_heads_shape(shape, cp)
+        full = [_to_heads_shape(sh, cp) for sh in shapes]
         to_heads, back, d_out, d_qkv = _to_heads(name, qkv_bytes, out_bytes, "cp")
-        return [*to_heads, Attention("fwd", **full), *back], [*d_out, Attention("bwd", **full), *d_qkv]
+        return [*to_heads, *_kernels("fwd", full), *back], [*d_out, *_kernels("bwd", full), *d_qkv]
     kv_bytes = k_b + v_b
     if d.cp_comm == "a2a+p2p":
         # AttnFuncWithCPAndKVP2P with [cp_group_a2a, cp_group]: q, k, v to heads over the
         # all-to-all group first, the ring over the other level on the longer sequence, the
         # output back (and the mirror in backward)
-        fwd, bwd = _ring(name, _to_heads_shape(shape, d.cp_a2a), d.cp_p2p, q_b, kv_bytes, out_bytes, "cp_p2p")
+        fwd, bwd = _ring(name, [_to_heads_shape(sh, d.cp_a2a) for sh in shapes], d.cp_p2p, q_b, kv_bytes, out_bytes, "cp_p2p")
         if d.cp_a2a == 1:
             return fwd, bwd
         to_heads, back, d_out, d_qkv = _to_heads(name, qkv_bytes, out_bytes, "cp_a2a")
@@ -117,12 +139,12 @@ def _cp_attention_kernels(d: Dims, shape: dict, name: str, qkv_bytes: tuple[floa
         gathered = kv_bytes * cp
         ag = Collective("all_gather", gathered, "cp")
         reorder = MemBound(f"{op_label(name)}.kv_reorder", 2 * gathered)
-        parts = _all_gather_parts(shape, cp)
-        fwd = [ag, reorder, *(Attention("fwd", **p) for p in parts), MemBound(f"{op_label(name)}.out_copy", 2 * out_bytes)]
-        bwd = [ag, reorder, *(Attention("bwd", **p) for p in parts), MemBound(f"{op_label(name)}.dkv_reorder", 2 * gathered),
+        parts = [p for sh in shapes for p in _all_gather_parts(sh, cp)]
+        fwd = [ag, reorder, *_kernels("fwd", parts), MemBound(f"{op_label(name)}.out_copy", 2 * out_bytes)]
+        bwd = [ag, reorder, *_kernels("bwd", parts), MemBound(f"{op_label(name)}.dkv_reorder", 2 * gathered),
                Collective("reduce_scatter", gathered, "cp")]
         return fwd, bwd
-    return _ring(name, shape, cp, q_b, kv_bytes, out_bytes, "cp")
+    return _ring(name, shapes, cp, q_b, kv_bytes, out_bytes, "cp")
 
 
 def ring_elementwise(name: str, cp: int, q_bytes: float, kv_bytes: float, out_bytes: float) -> dict[str, MemBound]:
@@ -171,12 +193,10 @@ def flash_attention(
     the layer."""
     kvh = kv_heads or d.kv_heads
     shape = dict(batch=d.b, seq_len=d.s, head_num=d.heads, kv_head_num=kvh, qk_head_dim=qk_dim, v_head_dim=v_dim)
-    if window is not None and window < d.s * d.cp:  # a window past the whole sequence is full attention
-        shape["window"] = window
     own = (float(d.tokens * d.heads * qk_dim * d.act_bytes), float(d.tokens * kvh * qk_dim * d.act_bytes),
            float(d.tokens * kvh * v_dim * d.act_bytes))
     out_bytes = float(d.tokens * d.heads * v_dim * d.act_bytes)
-    fwd, bwd = _cp_attention_kernels(d, shape, name, own, out_bytes)
+    fwd, bwd = _cp_attention_kernels(d, document_shapes(d, shape, window), name, own, out_bytes)
     copies = copies or {}
     if copies:  # q, k, v made contiguous before the kernels (the caller says which)
         fwd = [MemBound(f"{op_label(name)}.contiguous", 2 * sum(t[1] for t in copies.values())), *fwd]

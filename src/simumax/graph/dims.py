@@ -34,6 +34,9 @@ class Dims:
     wgrad_fused: bool = True  # weight-gradient GEMMs accumulate into the main grad (gradient_accumulation_fusion)
     cp_a2a: int = 1  # CP ranks of one all-to-all (a2a: cp; a2a+p2p: its first level)
     cp_p2p: int = 1  # CP ranks of one ring (p2p: cp; a2a+p2p: its second level)
+    # documents packed into one sequence, attention within each (THD): (length, count), longest
+    # first; () for one document per sequence (StrategyConfig.document_groups)
+    docs: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, model: ModelConfig, st: StrategyConfig) -> "Dims":
@@ -66,6 +69,7 @@ class Dims:
             fp8_wgrad=st.fp8_wgrad_on,
             main_grad_bytes=st.main_grad_bytes,
             wgrad_fused=st.gradient_accumulation_fusion,
+            docs=st.document_groups,
         )
 
     def act(self, width: int, local: bool = False) -> float:

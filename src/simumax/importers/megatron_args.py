@@ -199,6 +199,10 @@ def _read_flags(tokens: list[str], m: dict[str, Any], s: dict[str, Any], extra: 
             # would be a wrong number, not an approximation
             raise ConfigError(flag, "hybrid models (Mamba / gated-delta-net layers, pretrain_mamba.py) are not "
                               "modelled: only transformer layers exist here")
+        elif flag in ("--dataloader-inter-document-masking", "--sft"):
+            # attention within each packed document (THD over cu_seqlens): the lengths are the data's
+            notes.append(f"{flag}: attention stays inside each document packed into a sequence; their lengths come "
+                         "from the data: set the strategy's document_lengths (until then one document per sequence)")
         elif flag == "--optimizer" and value in ("muon", "dist_muon"):
             s["optimizer"] = "muon"  # dist_muon: Megatron's deprecated name for muon + the distributed optimizer
             if value == "dist_muon":

@@ -36,6 +36,8 @@ def run_title(model_name: str, sys_name: str, st: StrategyConfig) -> str:
         sizes.append(zero_label(st.zero_state, st.fsdp_impl))
     if st.recompute_mode != "none":
         sizes.append(f"recompute={st.recompute_mode}")
+    if st.document_groups:  # documents packed into each sequence: "docs 2x3000+2192"
+        sizes.append("docs " + "+".join(f"{n}x{length}" if n > 1 else str(length) for length, n in st.document_groups))
     return f"{model_name} | {sys_name} | {' '.join(sizes)}"
 
 
