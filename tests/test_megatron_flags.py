@@ -138,7 +138,7 @@ def _known(parser: argparse.ArgumentParser) -> set[str]:
 def test_importer_tables_name_megatron_019_flags(megatron_parser: argparse.ArgumentParser) -> None:
     """Every flag the importer reads is one Megatron-LM 0.19 has, or an older one it says so
     of (OLDER_FLAGS, OLDER_NO_EFFECT; NOT_MODELLED keeps older spellings of the align / gc /
-    saved-activation options too)."""
+    saved-activation options and TE 1.x's weight offload too)."""
     from simumax.config.megatron_names import OLDER_FLAGS, SWITCHES, VALUED
     from simumax.importers.megatron_flag_tables import NO_EFFECT, NOT_MODELLED, OLDER_NO_EFFECT
 
@@ -153,6 +153,7 @@ def test_importer_tables_name_megatron_019_flags(megatron_parser: argparse.Argum
     assert sorted(f for f in known if f.startswith(NO_EFFECT_FAMILIES) and f in read) == []
     assert all(f not in known for f in OLDER_NO_EFFECT)
     assert sorted(f for f in NOT_MODELLED if f not in known) == ["--align-grad-reduce", "--align-param-gather",
+                                                                 "--cpu-offloading-weights",
                                                                  "--distribute-checkpointed-activations", "--manual-gc-eval"]
 
 

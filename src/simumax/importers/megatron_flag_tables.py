@@ -83,6 +83,7 @@ NO_EFFECT_FAMILIES = (
 # the same for flags of Megatron-LM <= 2022 scripts that 0.19 no longer has
 OLDER_NO_EFFECT = frozenset({
     "--no-scatter-gather-tensors-in-pipeline",  # whole activations over P2P, as modelled (megatron-core's)
+    "--cpu-offloading-activations",  # TE's layer offload moves the activations: the default, as modelled
 })
 
 
@@ -105,6 +106,9 @@ NOT_MODELLED = {
     "--deterministic-mode": "deterministic kernels (slower attention backward and reductions)",
     "--experimental-attention-variant": "gated delta net / DSA attention: costed as the model's attention",
     "--mlp-chunks-for-training": "the MLP run in sequence chunks (its transient memory)",
+    # (Megatron-LM 0.19 no longer parses it; TE 2.x's get_cpu_offload_context takes it and
+    # warns "Offloading weights is deprecated. Using offload_weights=True does not have any effect.")
+    "--cpu-offloading-weights": "TransformerEngine 1.x's weight offload; TE 2.x ignores it as deprecated",
     **dict.fromkeys(("--use-transformer-engine-op-fuser", "--fused-residual-rmsnorm"),
                     "TransformerEngine's fusions of element-wise work: the unfused traffic is modelled"),
     **dict.fromkeys(("--distribute-saved-activations", "--distribute-checkpointed-activations"),
