@@ -102,6 +102,23 @@ def test_app_shows_the_estimate_edits_and_searches(app_url) -> None:
             timeout=60_000)
         assert _metric(page, "iteration time (ms)") == want
 
+        # documents packed into each sequence (attention within each), then one per sequence again
+        doc = page.get_by_label("document length (0: one document per sequence)", exact=True)
+        doc.fill("1024")
+        doc.press("Enter")
+        page.get_by_text("docs 4x1024").wait_for(timeout=60_000)
+        cost3, _ = _expected({**TP2, "document_lengths": 1024})
+        packed = f"{cost3.duration_time_per_iter * 1e3:.1f}"
+        page.wait_for_function(
+            "w => [...document.querySelectorAll('[data-testid=\"stMetric\"]')].some(m => m.innerText.includes(w))", arg=packed,
+            timeout=60_000)
+        assert packed != want and _metric(page, "iteration time (ms)") == packed
+        doc.fill("0")
+        doc.press("Enter")
+        page.wait_for_function(
+            "w => [...document.querySelectorAll('[data-testid=\"stMetric\"]')].some(m => m.innerText.includes(w))", arg=want,
+            timeout=60_000)
+
         # a small search (the batch set explicitly: the field keeps what it showed first)
         for label, value in (("GPUs", "8"), ("global batch (sequences)", "32")):
             page.get_by_label(label, exact=True).fill(value)

@@ -50,6 +50,11 @@ def _edit_strategy(base: StrategyConfig, model: ModelConfig) -> StrategyConfig:
     first = c1.number_input("layers, first stage (0: even)", 0, 1024, base.num_layers_in_first_pipeline_stage or 0, key="first")
     last = c2.number_input("layers, last stage (0: even)", 0, 1024, base.num_layers_in_last_pipeline_stage or 0, key="last")
     seq = st.sidebar.number_input("sequence length", 128, 1 << 20, base.seq_len, step=1024, key="seq")
+    given = base.document_lengths
+    doc = st.sidebar.number_input("document length (0: one document per sequence)", 0, 1 << 20,
+                                  given if isinstance(given, int) else 0, step=512, key="doc",
+                                  help="documents packed into each sequence, attention within each (Megatron "
+                                       "--dataloader-inter-document-masking)")
     rec = st.sidebar.selectbox("recompute", RECOMPUTE, index=RECOMPUTE.index(_recompute_of(base)), key="recompute")
     zero = st.sidebar.selectbox("ZeRO", (0, 1, 2, 3), index=base.zero_state, key="zero")
     impl = st.sidebar.selectbox("sharded DP implementation (ZeRO >= 1)", FSDP_IMPLS, index=FSDP_IMPLS.index(base.fsdp_impl),
@@ -61,7 +66,9 @@ def _edit_strategy(base: StrategyConfig, model: ModelConfig) -> StrategyConfig:
            "world_size": int(world), "micro_batch_size": int(mbs), "micro_batch_num": int(mbc), "seq_len": int(seq),
            "zero_state": int(zero), "fsdp_impl": impl, "interleaving_size": int(vp) if pp > 1 else 1,
            "enable_sequence_parallel": tp > 1,
-           "num_layers_in_first_pipeline_stage": int(first) or None, "num_layers_in_last_pipeline_stage": int(last) or None}
+           "num_layers_in_first_pipeline_stage": int(first) or None, "num_layers_in_last_pipeline_stage": int(last) or None,
+           # a file's list of lengths stays while its sequence does
+           "document_lengths": int(doc) or (given if isinstance(given, list) and int(seq) == base.seq_len else None)}
     if upd["interleaving_size"] == 1 and base.pp_schedule == "interleaved":
         upd["pp_schedule"] = None
     if rec == "none":
