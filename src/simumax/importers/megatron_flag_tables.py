@@ -71,6 +71,11 @@ NO_EFFECT = frozenset({
     "--no-save-rng", "--override-ckpt-iteration", "--verify-integrity", "--no-stream-ckpt-dequant",
     "--disable-stream-ckpt-dequant", "--no-strict-fsdp-dtensor-load", "--disable-strict-fsdp-dtensor-load",
     "--distrib-optim-fully-reshardable-mem-efficient", "--replication", "--replication-jump", "--replication-factor",
+    # megatron-core 0.19's GPTModel stores it and never reads it: vocab_parallel_cross_entropy
+    # upcasts the logits whatever it says (tensor_parallel/cross_entropy.py)
+    "--fp16-lm-cross-entropy",
+    "--apply-wd-to-qk-layernorm", "--head-lr-mult",  # weight-decay groups, the output layer's learning rate
+    "--sft-tokenizer-prompt-format", "--tiktoken-pattern", "--tiktoken-num-special-tokens",  # tokenizer details
 })
 # whole families of 0.19 flags that no training step reads: checkpoint saving and loading,
 # logging and tracing, serving-time inference, fault tolerance and its test tooling
