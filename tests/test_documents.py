@@ -141,3 +141,5 @@ def test_documents_in_megatron_flags_and_titles() -> None:
         _, s, notes = parse_megatron_args([*args, flag], world_size=8)
         assert s.document_lengths is None
         assert any(n.startswith(flag) and "document_lengths" in n for n in notes)
+    _, s, notes = parse_megatron_args([*args, "--reset-attention-mask"], world_size=8)
+    assert s.document_lengths is None and any(n.startswith("--reset-attention-mask: no effect") for n in notes)

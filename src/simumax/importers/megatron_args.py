@@ -199,6 +199,12 @@ def _read_flags(tokens: list[str], m: dict[str, Any], s: dict[str, Any], extra: 
             # would be a wrong number, not an approximation
             raise ConfigError(flag, "hybrid models (Mamba / gated-delta-net layers, pretrain_mamba.py) are not "
                               "modelled: only transformer layers exist here")
+        elif flag in ("--reset-attention-mask", "--reset-position-ids"):
+            # gpt_dataset.py edits the dense [s, s] mask and the positions; megatron-core passes
+            # the mask with attn_mask_type causal, which TE's attention ignores (the unfused one
+            # applies it to the same softmax): the same kernels either way
+            notes.append(f"{flag}: no effect on time or memory (TransformerEngine's causal attention ignores the dense "
+                         "mask); attention within documents is --dataloader-inter-document-masking (document_lengths)")
         elif flag in ("--dataloader-inter-document-masking", "--sft"):
             # attention within each packed document (THD over cu_seqlens): the lengths are the data's
             notes.append(f"{flag}: attention stays inside each document packed into a sequence; their lengths come "
