@@ -143,3 +143,13 @@ def test_documents_in_megatron_flags_and_titles() -> None:
         assert any(n.startswith(flag) and "document_lengths" in n for n in notes)
     _, s, notes = parse_megatron_args([*args, "--reset-attention-mask"], world_size=8)
     assert s.document_lengths is None and any(n.startswith("--reset-attention-mask: no effect") for n in notes)
+
+
+@pytest.mark.parametrize("cp,scheme,extra", CP_SCHEMES[:3])
+def test_packed_documents_launch_one_attention_kernel_per_step(cp, scheme, extra) -> None:
+    """TE's THD attention runs a step's documents in one varlen kernel: the host-issue count
+    (Estimate.host_issue_seconds) is the unpacked one whatever the lengths."""
+    job = dict(seq_len=8192, cp_size=cp, world_size=8 * cp, cp_comm_type=scheme, **extra)
+    plain = _estimate("llama3.1-8b", **job)
+    packed = _estimate("llama3.1-8b", document_lengths=[4096, 2048, 1024, 1024], **job)
+    assert packed.host_issue_seconds(packed.stages[0]) == plain.host_issue_seconds(plain.stages[0])

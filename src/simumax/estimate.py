@@ -22,7 +22,7 @@ from simumax.cost.sources import KernelSources
 from simumax.cost.stage_time import PhaseTime, StageTime
 from simumax.dp.buckets import GradBucket, ParamOrder
 from simumax.dp.iteration_step import DataParallelStep
-from simumax.graph.kernels import HOST_SYNC, Collective, MemBound
+from simumax.graph.kernels import HOST_SYNC, Attention, Collective, MemBound
 from simumax.graph.model_graph import build_virtual_stages, merge_chunks
 from simumax.graph.ops import Stage
 from simumax.graph.params import ParamCount, count_params_of
@@ -178,12 +178,19 @@ class Estimate(DataParallelStep):
         (forward, backward, recomputed forward; a memory-bound chain counts its launches,
         a host wait none) x ``system.host_op_us``. The time does not include it (the GPU is
         taken as never waiting for the host); ``perf`` says when it nears the GPU time."""
+        varlen = bool(self.strategy.document_groups)  # one THD kernel runs a step's packed documents
         launches = 0
         for ops, n in stage.groups():
             per = 0
             for o in ops:
-                per += sum((k.launches if k.family != HOST_SYNC else 0) if isinstance(k, MemBound) else 1
-                           for phase in o.phase_kernels() for k in phase)
+                for phase in o.phase_kernels():
+                    prev = None
+                    for k in phase:
+                        if isinstance(k, MemBound):
+                            per += k.launches if k.family != HOST_SYNC else 0
+                        elif not (varlen and isinstance(k, Attention) and isinstance(prev, Attention)):
+                            per += 1
+                        prev = k
             launches += n * per
         return launches * self.system.host_op_us * 1e-6
 
