@@ -342,10 +342,17 @@ def test_megatron_script_with_unknown_flags_and_errors(tmp_path) -> None:
     m, _, notes = parse_megatron_args("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 "
                                       "--seq-length 16 --vocab-size 100 --qk-l2-norm", world_size=1)
     assert m.qk_layernorm and any("--qk-l2-norm" in n for n in notes)  # Llama 4's norm, as the HF importer reads it
-    # a hybrid Mamba stack (pretrain_mamba.py) is refused, not estimated as transformer layers
-    with pytest.raises(ConfigError, match="hybrid-override-pattern: hybrid models"):
-        parse_megatron_args("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 16 "
-                            "--vocab-size 100 --hybrid-override-pattern M-M*", world_size=1)
+    # a hybrid Mamba stack (pretrain_mamba.py): the pattern (its deprecated flag too) sets the
+    # layers; Mamba sizes Megatron would refuse and blocks not modelled are ConfigErrors
+    hybrid = "--num-layers 4 --hidden-size 512 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 16 --vocab-size 100"
+    m, _, _ = parse_megatron_args(hybrid + " --hybrid-override-pattern M-M*", world_size=1)
+    assert (m.hybrid_layer_pattern, m.layer_num, m.mamba_heads) == ("M-M*", 4, 16)
+    with pytest.raises(ConfigError, match="--mamba-num-groups: must divide"):
+        parse_megatron_args(hybrid.replace("512", "64") + " --hybrid-layer-pattern M-M*", world_size=1)
+    with pytest.raises(ConfigError, match="gated delta net"):
+        parse_megatron_args(hybrid + " --hybrid-layer-pattern M-G*", world_size=1)
+    with pytest.raises(ConfigError, match="--hybrid-attention-ratio"):
+        parse_megatron_args(hybrid + " --hybrid-attention-ratio 0.1", world_size=1)
 
 
 def test_import_cli_one_line_errors(tmp_path) -> None:

@@ -64,6 +64,8 @@ CASES = {
     "qkv-bias": ("qwen2.5-7b", {"pp_size": 1, "tp_size": 4, "world_size": 8, "enable_sequence_parallel": True}, {}),
     "moe-shared-expert-gate": ("deepseek-v2-lite", {"pp_size": 1, "ep_size": 8, "world_size": 8},
                                {"layer_num": 4, "moe_shared_expert_gate": True}),
+    "hybrid-mamba": ("llama3.1-8b", {"pp_size": 2, "tp_size": 2, "world_size": 8, "enable_sequence_parallel": True},
+                     {"layer_num": 8, "hybrid_layer_pattern": "-M-M*M-M", "mamba_num_heads": 64}),  # an MLP first: "="
 }
 
 
@@ -99,6 +101,8 @@ def test_megatron_019_parses_every_exported_flag(megatron_parser: argparse.Argum
     assert s2.microbatch_group_size_per_vp_stage == st.microbatch_group_size_per_vp_stage
     assert s2.fp8_wgrad == st.fp8_wgrad and m2.moe_shared_expert_gate == m.moe_shared_expert_gate
     assert m2.add_qkv_bias == (m.add_qkv_bias and not m.add_bias_linear)
+    assert args.hybrid_layer_pattern == m.hybrid_layer_pattern and m2.hybrid_layer_pattern == m.hybrid_layer_pattern
+    assert (args.mamba_num_heads, m2.mamba_heads, m2.mamba_state_dim) == (m.mamba_num_heads, m.mamba_heads, m.mamba_state_dim)
 
 
 def test_import_takes_megatron_019_defaults() -> None:

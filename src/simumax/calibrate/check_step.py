@@ -147,8 +147,8 @@ class _Layer(nn.Module):
 class LlamaStyle(nn.Module):
     def __init__(self, m: ModelConfig) -> None:
         super().__init__()
-        if m.model_type != "dense" or m.attention_type != "mha":
-            raise ConfigError("model", "check-step builds dense MHA/GQA models only")
+        if m.model_type != "dense" or m.attention_type != "mha" or m.hybrid_layer_pattern is not None:
+            raise ConfigError("model", "check-step builds dense MHA/GQA transformer models only")
         self.vocab = m.padded_vocab(1)
         self.embed = nn.Embedding(self.vocab, m.hidden_size)
         self.pos = nn.Embedding(m.max_position_embeddings or 4096, m.hidden_size) if m.position_embedding_type == "learned_absolute" else None

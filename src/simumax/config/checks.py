@@ -90,9 +90,31 @@ def te_cp_refusal(model: ModelConfig, seq_len: int, cp_comm_type: str) -> str | 
     return None
 
 
+def _check_hybrid(model: ModelConfig, st: StrategyConfig) -> None:
+    """Megatron's hybrid stack with a strategy (megatron/training/arguments.py, mamba_mixer.py):
+    Mamba heads and groups split over TP; virtual stages only from '|' segments of the
+    pattern, no pipeline layout string; the Mamba layers' context parallelism
+    (MambaContextParallel) is not modelled."""
+    tp = st.tp_size
+    if "M" in model.hybrid_layer_pattern:  # type: ignore[operator]
+        if model.mamba_heads % tp or model.mamba_num_groups % tp:
+            raise ConfigError("tp_size", f"Mamba heads ({model.mamba_heads}) and groups ({model.mamba_num_groups}) must "
+                              f"be divisible by tp ({tp}), as Megatron asserts")
+        if st.cp_size > 1:
+            raise ConfigError("cp_size", "context parallelism over Mamba layers (megatron-core's MambaContextParallel) "
+                              "is not modelled")
+    if st.interleaving_size > 1 or st.pipeline_model_parallel_layout or st.account_for_embedding_in_pipeline_split \
+            or st.account_for_loss_in_pipeline_split:
+        raise ConfigError("interleaving_size" if st.interleaving_size > 1 else "pipeline_model_parallel_layout",
+                          "a hybrid stack takes its virtual stages from '|' segments of its pattern (not modelled) and no "
+                          "layout string or embedding / loss accounting, as Megatron asserts")
+
+
 def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfig) -> None:
     """Raise ConfigError for the first rule the three configs break together."""
     tp = st.tp_size
+    if model.hybrid_layer_pattern is not None:
+        _check_hybrid(model, st)
     if model.attention_type == "mha":
         if model.head_num % tp:
             raise ConfigError("tp_size", f"head_num ({model.head_num}) must be divisible by tp ({tp})")

@@ -12,6 +12,9 @@ from simumax.config.simumax_fields import model_input
 from simumax.errors import ConfigError
 
 
+# Megatron hybrid-stack symbols modelled: Mamba-2, attention, MLP, MoE
+HYBRID_SYMBOLS = "M*-E"
+
 class ModelConfig(SimuMaxModelMethods, ConfigBase):
     """A decoder-only transformer: dense GPT/Llama, MoE, or MLA attention.
 
@@ -142,6 +145,19 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         0, ge=0, le=16, description="Multi-token prediction depths (DeepSeek-V3: 1; Megatron --mtp-num-layers), on the "
         "last pipeline stage: embedding copy, two norms, 2h->h projection, one transformer layer, shared head, own loss.",
     )
+    # Megatron's hybrid stack (megatron/core/models/hybrid, pretrain_mamba.py)
+    hybrid_layer_pattern: str | None = Field(
+        None, max_length=100_000, description="Megatron --hybrid-layer-pattern (--hybrid-override-pattern): one symbol "
+        "per layer, each its own residual block — M a Mamba-2 mixer, * self-attention, - an MLP, E a MoE MLP "
+        "(Nemotron-H: 'M-M-M-M*-...'); layer_num is its length. Null: transformer layers (attention + MLP).",
+    )
+    mamba_state_dim: PositiveInt = Field(128, le=4096, description="Mamba-2 SSM state size N (Megatron --mamba-state-dim).")
+    mamba_head_dim: PositiveInt = Field(64, le=4096, description="Mamba-2 head dim P (Megatron --mamba-head-dim).")
+    mamba_num_groups: PositiveInt = Field(8, le=4096, description="Mamba-2 B / C groups G (Megatron --mamba-num-groups).")
+    mamba_num_heads: PositiveInt | None = Field(
+        None, description="Mamba-2 heads H (Megatron --mamba-num-heads); null: 2 x hidden_size / mamba_head_dim "
+        "(the mixer's expand 2).",
+    )
     # MLA (SimuMax names)
     q_lora_rank: PositiveInt | None = Field(None, description="MLA query low-rank dim; null means full-rank Q.")
     kv_lora_rank: PositiveInt | None = Field(None, description="MLA compressed KV dim.")
@@ -200,7 +216,48 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
             for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
                 if getattr(self, name) is None:
                     raise ConfigError(name, "required when attention_type is 'mla'")
+        if self.hybrid_layer_pattern is not None:
+            self._check_hybrid()
         return self
+
+    def _check_hybrid(self) -> None:
+        """The hybrid stack's pattern and Mamba sizes as megatron-core asserts them
+        (hybrid_layer_allocation.py, mamba_mixer.py); what the model does not cover is named."""
+        pattern = self.hybrid_layer_pattern or ""
+        unknown = sorted(set(pattern) - set(HYBRID_SYMBOLS))
+        if not pattern or unknown:
+            why = ("G (gated delta net), D (DSA), + (MLA) layers, | stage boundaries and / MTP patterns are not "
+                   "modelled" if set(unknown) <= set("GD+|/") else "symbols are M, *, - and E")
+            raise ConfigError("hybrid_layer_pattern", f"{why} (got {''.join(unknown) or 'an empty pattern'})")
+        if len(pattern) != self.layer_num:
+            raise ConfigError("layer_num", f"must be the hybrid pattern's length ({len(pattern)}; got {self.layer_num})")
+        if "E" in pattern and not self.is_moe:
+            raise ConfigError("hybrid_layer_pattern", "E layers need a MoE model (model_type moe, expert_num, topk)")
+        if self.is_moe and "E" not in pattern:
+            raise ConfigError("model_type", "a hybrid MoE model has E layers in its pattern")
+        if self.attention_type == "mla" or self.mtp_num_layers or self.post_sublayer_norm:
+            raise ConfigError("hybrid_layer_pattern", "hybrid layers with MLA attention, MTP or sandwich norms are not modelled")
+        if self.mamba_inner % self.mamba_head_dim:
+            raise ConfigError("mamba_head_dim", f"must divide the mixer's inner width ({self.mamba_inner})")
+        if self.mamba_heads % self.mamba_num_groups:
+            raise ConfigError("mamba_num_groups", f"must divide the Mamba heads ({self.mamba_heads}), as Megatron asserts")
+
+    @property
+    def mamba_heads(self) -> int:
+        """Mamba-2 heads H: ``mamba_num_heads``, else the mixer's 2 x hidden over the head dim."""
+        return self.mamba_num_heads or 2 * self.hidden_size // self.mamba_head_dim
+
+    @property
+    def mamba_inner(self) -> int:
+        """The mixer's inner width d_inner (H x P with mamba_num_heads, else 2 x hidden)."""
+        return self.mamba_num_heads * self.mamba_head_dim if self.mamba_num_heads else 2 * self.hidden_size
+
+    def layer_symbol(self, layer: int) -> str:
+        """What layer ``layer`` is: its hybrid pattern symbol (M, *, -, E), or "T" for a
+        transformer layer (attention and MLP) of a model without a pattern."""
+        if self.hybrid_layer_pattern is None:
+            return "T"
+        return self.hybrid_layer_pattern[min(layer, self.layer_num - 1)]
 
     # ---- derived sizes -------------------------------------------------------------
     def attention_window(self, layer: int) -> int | None:
@@ -256,6 +313,8 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         if not self.is_moe:
             return False
         layer = min(layer, self.layer_num - 1)
+        if self.hybrid_layer_pattern is not None:
+            return self.hybrid_layer_pattern[layer] == "E"
         if layer < self.dense_layers:
             return False
         freq = self.moe_layer_freq

@@ -316,4 +316,10 @@ def model_flags(model: ModelConfig) -> list[str]:
             f.append(switch_flag("m", name))
     if model.mtp_num_layers:
         f.append(_m("mtp_num_layers", model.mtp_num_layers))
+    if model.hybrid_layer_pattern is not None:  # Megatron's hybrid stack (pretrain_mamba.py)
+        # with "=": a pattern may start with "-" (an MLP block), which argparse would read as a flag
+        f.append(f"--hybrid-layer-pattern='{model.hybrid_layer_pattern}'")
+        f += [_m(field, getattr(model, field)) for field in ("mamba_state_dim", "mamba_head_dim", "mamba_num_groups")]
+        if model.mamba_num_heads:
+            f.append(_m("mamba_num_heads", model.mamba_num_heads))
     return f

@@ -3,8 +3,8 @@
 Architectures: Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma 1 / 2 / 3 (dense; Gemma 2 /
 3 with their sandwich norms and local / global attention layers), Mixtral, Qwen2-MoE, Qwen3-MoE,
 GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 (MLA + MoE),
-GLM-4.5 (GQA + DeepSeek-V3-style MoE) and Llama 4 (its text model: interleaved top-1 MoE with a
-shared expert).
+GLM-4.5 (GQA + DeepSeek-V3-style MoE), Llama 4 (its text model: interleaved top-1 MoE with a
+shared expert) and Nemotron-H (Megatron's hybrid stack of Mamba-2, attention and MLP blocks).
 What the ModelConfig cannot say is returned as notes (e.g. a Llama-style output-projection bias),
 never silently dropped.
 """
@@ -32,6 +32,7 @@ MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptO
 MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
 LLAMA4 = {"Llama4ForConditionalGeneration", "Llama4ForCausalLM"}  # the text model (its text_config)
 GLM4_MOE = {"Glm4MoeForCausalLM"}  # GLM-4.5 / 4.6: GQA attention, DeepSeek-V3's MoE and MTP
+NEMOTRON_H = {"NemotronHForCausalLM"}  # Megatron's hybrid stack: Mamba-2, attention and MLP blocks
 
 
 def _req(cfg: dict[str, Any], key: str, src: str) -> Any:
@@ -53,14 +54,14 @@ SIZE_KEYS = {
     "head_dim", "num_local_experts", "num_experts", "moe_intermediate_size", "num_experts_per_tok", "kv_lora_rank",
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "q_lora_rank", "n_shared_experts",
     "shared_expert_intermediate_size", "max_position_embeddings", "sliding_window", "intermediate_size_mlp",
-    "interleave_moe_layer_step",
+    "interleave_moe_layer_step", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups",
 }
 
 
 def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "config.json") -> tuple[ModelConfig, list[str]]:
     """(ModelConfig, notes) from a parsed config.json."""
     archs = cfg.get("architectures") or []
-    known = DENSE | MOE | MLA | LLAMA4 | GLM4_MOE | GEMMA
+    known = DENSE | MOE | MLA | LLAMA4 | GLM4_MOE | GEMMA | NEMOTRON_H
     arch = next((a for a in archs if a in known), None)
     if arch is None:
         raise ConfigError("architectures", f"unsupported {archs or 'missing'}; known: {', '.join(sorted(known))}", source)
@@ -151,6 +152,8 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out.update(_llama4(cfg, source, notes))
     if arch in GLM4_MOE:
         out.update(_glm4_moe(cfg, source, notes))
+    if arch in NEMOTRON_H:
+        out.update(_nemotron_h(cfg, source, notes))
     if arch == "GptOssForCausalLM":
         # biases on every linear (attention and experts), learned attention sinks per head
         out.update(add_bias_linear=bool(cfg.get("attention_bias", True)), attention_sinks=True)
@@ -160,6 +163,27 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
     if out.get("model_type") == "moe":  # HF checkpoints train dropless (SimuMax files default to padding)
         out.setdefault("moe_pad_expert_input_to_capacity", False)
     return ModelConfig.init_from_dict(out, source=source), notes
+
+
+def _nemotron_h(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any]:
+    """NVIDIA's Nemotron-H config (``NemotronHForCausalLM``): Megatron's hybrid stack, its
+    ``hybrid_override_pattern`` one block per symbol (M Mamba-2, * attention, - MLP), the
+    Mamba-2 sizes, squared-ReLU MLPs, no position embedding."""
+    pattern = _req(cfg, "hybrid_override_pattern", source)
+    if "E" in pattern:
+        raise ConfigError("hybrid_override_pattern", "MoE blocks (E) of a Nemotron-H config are not read yet: give the "
+                          "model as a simumax JSON (hybrid_layer_pattern, expert sizes)", source)
+    act = cfg.get("mlp_hidden_act", "relu2")
+    notes.append(f"mlp_hidden_act {act!r}: an ungated MLP, its activation costed as GeLU's element-wise pass")
+    for key, modelled in (("conv_kernel", 4), ("chunk_size", 128)):
+        if cfg.get(key) not in (None, modelled):
+            notes.append(f"{key} {cfg[key]}: the Mamba-2 mixer is costed with Megatron's {modelled}")
+    return {
+        "hybrid_layer_pattern": pattern, "layer_num": len(pattern),
+        "mamba_num_heads": _req(cfg, "mamba_num_heads", source), "mamba_head_dim": _req(cfg, "mamba_head_dim", source),
+        "mamba_state_dim": _req(cfg, "ssm_state_size", source), "mamba_num_groups": _req(cfg, "n_groups", source),
+        "use_swiglu": False, "position_embedding_type": "none",
+    }
 
 
 def _sliding_window(cfg: dict[str, Any], arch: str, notes: list[str]) -> dict[str, Any]:

@@ -192,13 +192,12 @@ def _read_flags(tokens: list[str], m: dict[str, Any], s: dict[str, Any], extra: 
         elif flag in ("--heterogeneous-layers-config-path", "--heterogeneous-layers-config-encoded-json"):
             raise ConfigError(flag, "layers that differ from one another (Llama-Nemotron's heterogeneous blocks) are not "
                               "modelled: every layer here has the model's one attention and MLP shape")
-        elif flag in ("--hybrid-layer-pattern", "--hybrid-override-pattern", "--is-hybrid-model", "--hybrid-attention-ratio",
-                      "--hybrid-mlp-ratio"):
-            # pretrain_mamba.py's hybrid stack: one sublayer per symbol (M Mamba, G gated delta
-            # net, D DSA, * attention, - MLP, E MoE); estimating it as transformer layers
-            # would be a wrong number, not an approximation
-            raise ConfigError(flag, "hybrid models (Mamba / gated-delta-net layers, pretrain_mamba.py) are not "
-                              "modelled: only transformer layers exist here")
+        elif flag == "--hybrid-override-pattern" and value is not None:  # 0.19's deprecated name of the pattern
+            m["hybrid_layer_pattern"] = value
+        elif flag in ("--is-hybrid-model", "--hybrid-attention-ratio", "--hybrid-mlp-ratio"):
+            # the deprecated ratios make a pattern by megatron-core's pattern_from_ratios
+            raise ConfigError(flag, "give the hybrid stack as --hybrid-layer-pattern (M Mamba, * attention, - MLP, "
+                              "E MoE): the deprecated ratios are not read")
         elif flag in ("--reset-attention-mask", "--reset-position-ids"):
             # gpt_dataset.py edits the dense [s, s] mask and the positions; megatron-core passes
             # the mask with attn_mask_type causal, which TE's attention ignores (the unfused one
@@ -239,6 +238,12 @@ def _read_flags(tokens: list[str], m: dict[str, Any], s: dict[str, Any], extra: 
 def _megatron_defaults(m: dict[str, Any], s: dict[str, Any], extra: dict[str, str], notes: list[str]) -> None:
     """What Megatron makes of flags left out, and of the flags ``_read_flags`` kept in
     ``extra`` (dropout, tokenizer, sharding, recompute granularity and modules ...)."""
+    pattern = m.get("hybrid_layer_pattern")
+    if pattern:  # the pattern's length is the layer count, whatever --num-layers says (arguments.py)
+        if m.get("layer_num") not in (None, len(pattern)):
+            notes.append(f"--hybrid-layer-pattern has {len(pattern)} layers: --num-layers {m['layer_num']} ignored, as "
+                         "Megatron does")
+        m["layer_num"] = len(pattern)
     if s.get("use_sharp"):
         notes.append("--use-sharp: its collectives' SMs under --use-nccl-ub are modelled, not the in-network "
                      "reduction's bandwidth")

@@ -1,0 +1,148 @@
+"""A Mamba-2 layer of Megatron's hybrid stack (megatron-core 0.19 ``ssm/mamba_layer.py``,
+``ssm/mamba_mixer.py``; the training path, ``use_mamba_mem_eff_path``).
+
+Per TP rank (H heads of P, G groups of state size N, d_inner = H·P, all split over TP; the
+sequence-sharded input gathered as any column-parallel linear's):
+
+* ``in_proj`` (TELayerNormColumnParallelLinear: the pre-norm fused in) h -> [z, x, B, C, dt]
+  = 2·d_inner + 2·G·N + H;
+* mamba_ssm's ``mamba_split_conv1d_scan_combined`` (``ops/triton/ssd_combined.py``,
+  MambaSplitConv1dScanCombinedFn): the causal depthwise conv1d over x, B, C (kernel 4, SiLU),
+  then the chunked SSD scan (chunks of 128 tokens): ``_chunk_cumsum``, ``_chunk_state``
+  (Bᵀ·x per chunk and head), ``_state_passing``, ``_bmm_chunk`` (C·Bᵀ per chunk and group) and
+  ``_chunk_scan`` (the intra-chunk (C·Bᵀ ∘ decay)·x and the inter-chunk C·state per head, the
+  D skip, the z gate). It saves its input zxBCdt and the ungated scan output; backward
+  recomputes the conv, the cumsum, the chunk states and C·Bᵀ, and runs the gradient of each
+  product with respect to both its operands;
+* the grouped RMSNorm (RMSNormGated over d_inner / G, applied to the gated output);
+* ``out_proj`` (TERowParallelLinear) d_inner -> h, and the bias-dropout-add residual.
+
+The scan's tensor-core work is written as the batched GEMMs it is made of (at the tables'
+efficiency for those shapes) and its element-wise and fp32 intermediate traffic as one
+memory-bound pass each way; mamba_ssm fuses them into five Triton kernels, so the op says
+its sizes are approximate (``Op.approximate``: the 80 % band counts it as unmeasured).
+"""
+
+from __future__ import annotations
+
+import math
+
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
+from simumax.graph import blocks, linears
+from simumax.graph.dims import Dims
+from simumax.graph.kernels import Gemm, MemBound, op_label
+from simumax.graph.ops import Op, Tensor
+
+FP32 = 4
+CHUNK = 128  # MambaMixer's chunk_size
+CONV = 4  # MambaMixer's d_conv
+APPROXIMATE = "mamba_ssd"
+
+
+def mamba_sizes(model: ModelConfig, tp: int) -> dict[str, int]:
+    """The mixer's widths on one TP rank: heads, inner width, B / C groups x state, conv
+    channels (x, B, C) and the in_proj output (z, x, B, C, dt)."""
+    heads, inner, gn = model.mamba_heads // tp, model.mamba_inner // tp, model.mamba_num_groups // tp * model.mamba_state_dim
+    return {"heads": heads, "inner": inner, "groups": model.mamba_num_groups // tp, "gn": gn, "conv": inner + 2 * gn,
+            "in_proj": 2 * inner + 2 * gn + heads}
+
+
+def _scan_gemms(d: Dims, model: ModelConfig, z: dict[str, int]) -> list[Gemm]:
+    """The forward scan's products over all chunks of the micro-batch: C·Bᵀ per chunk and
+    group, the chunk states Bᵀ·x, the intra-chunk (C·Bᵀ)·x and the inter-chunk C·state per
+    chunk and head."""
+    chunks = d.b * math.ceil(d.s / CHUNK)
+    q = min(CHUNK, d.s)
+    n, p = model.mamba_state_dim, model.mamba_head_dim
+    heads = chunks * z["heads"]
+    return [
+        Gemm(q, n, q, "TN", b=chunks * z["groups"], out_dtype="fp32"),  # _bmm_chunk_fwd
+        Gemm(n, q, p, "NN", b=heads, out_dtype="fp32"),  # _chunk_state_fwd
+        Gemm(q, q, p, "NN", b=heads),  # _chunk_scan_fwd: intra-chunk
+        Gemm(q, n, p, "NN", b=heads),  # _chunk_scan_fwd: inter-chunk
+    ]
+
+
+def _grads(g: Gemm) -> list[Gemm]:
+    """A product's backward: the gradient with respect to each operand."""
+    return [Gemm(g.m, g.n, g.k, "NN", b=g.b, out_dtype="fp32"), Gemm(g.k, g.m, g.n, "NT", b=g.b, out_dtype="fp32")]
+
+
+def ssd_op(P: str, layer: int, d: Dims, model: ModelConfig, zxbcdt: Tensor, out: Tensor) -> Op:
+    """The fused conv1d + chunked scan + gate of one layer (``mamba_split_conv1d_scan_combined``)."""
+    z = mamba_sizes(model, d.tp)
+    t, ab = d.tokens, d.act_bytes
+    chunks = d.b * math.ceil(d.s / CHUNK)
+    q = min(CHUNK, d.s)
+    n, p = model.mamba_state_dim, model.mamba_head_dim
+    conv_io = 2.0 * t * z["conv"] * ab  # read x, B, C; write them convolved
+    # what the scan moves besides its products' operands: the gate z read, the gated and the
+    # ungated outputs written, dt read, the fp32 dt / cumulative decay written and read twice,
+    # C·Bᵀ (fp32) written and read, the chunk states (fp32) written, passed and read
+    scan_io = (t * z["inner"] * ab + 2.0 * t * z["inner"] * ab + t * z["heads"] * ab + 3 * 2.0 * t * z["heads"] * FP32
+               + 2.0 * chunks * z["groups"] * q * q * FP32 + 4.0 * chunks * z["heads"] * p * n * FP32)
+    fwd_gemms = _scan_gemms(d, model, z)
+    label = op_label(f"{P}.ssd")
+    fwd = (MemBound(f"{label}.conv1d", conv_io), *fwd_gemms, MemBound(f"{label}.scan", scan_io, launches=2))
+    bwd = (
+        MemBound(f"{label}.conv1d", conv_io),  # the conv recomputed
+        *fwd_gemms[:2],  # the chunk states and C·Bᵀ recomputed
+        *(g for f in fwd_gemms for g in _grads(f)),
+        # the scan's gradients: its forward traffic twice, dz, dx, dB, dC, ddt written
+        MemBound(f"{label}.scan_bwd", 2 * scan_io + t * z["in_proj"] * ab, launches=6),
+        MemBound(f"{label}.conv1d_bwd", 3.0 * t * z["conv"] * ab, launches=2),  # read xBC and its grad, write dxBC
+    )
+    saved = (zxbcdt, (f"{P}.ssd.out_x", float(t * z["inner"] * ab)))
+    params = z["conv"] * (CONV + 1) + 3 * z["heads"]  # conv1d weight and bias, dt_bias, A_log, D
+    return Op(
+        name=f"{P}.ssd", module="mamba_ssd", layer=layer, fwd=fwd, bwd_input=bwd, saved=saved, input=(zxbcdt,),
+        output=out, fwd_transient=float(t * z["conv"] * ab), bwd_transient=float(2 * t * z["in_proj"] * ab),
+        params=params, approximate=APPROXIMATE,
+    )
+
+
+def mamba_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_in: Tensor) -> list[Op]:
+    """One Mamba-2 layer: the norm fused into in_proj, the fused conv + scan + gate, the
+    grouped RMSNorm, out_proj, the residual add."""
+    P = f"L{layer}"
+    z = mamba_sizes(model, d.tp)
+    rms = model.norm_type == "rmsnorm"
+    ln_out = (f"{P}.mamba_norm.out", d.act(d.h, local=True))
+    zxbcdt = (f"{P}.in_proj.out", d.act(z["in_proj"]))
+    y = (f"{P}.ssd.out", d.act(z["inner"]))
+    normed = (f"{P}.mamba_out_norm.out", d.act(z["inner"]))
+    ops = [
+        blocks.norm(f"{P}.mamba_norm", "mamba_norm", layer, d, x_in, rms=rms, save_rstd=not st.recompute_variance,
+                    residual=True).with_(output=ln_out),
+        linears.column_linear(f"{P}.in_proj", "in_proj", layer, d, ln_out, d.h, z["in_proj"]).with_(output=zxbcdt),
+    ]
+    if d.b > 1:  # "l b d -> b l d" (and back after the scan) copy only a batch of more than one
+        ops.append(Op(name=f"{P}.ssd_layout", module="mamba_ssd", layer=layer,
+                      fwd=(MemBound(f"{op_label(P)}.ssd_layout", 2 * zxbcdt[1] + 2 * y[1], launches=2),),
+                      bwd_input=(MemBound(f"{op_label(P)}.ssd_layout", 2 * zxbcdt[1] + 2 * y[1], launches=2),)))
+    ops += [
+        ssd_op(P, layer, d, model, zxbcdt, y),
+        # RMSNormGated over groups of d_inner / G, on the gated output (its weight split over TP)
+        _grouped_norm(P, layer, d, y, z["groups"]).with_(output=normed),
+        linears.row_linear(f"{P}.out_proj", "out_proj", layer, d, normed, z["inner"], d.h),
+        blocks.dropout_add(f"{P}.mamba_add", "mamba_add", layer, d, dropout=st.enable_dropout),
+    ]
+    return ops
+
+
+def _grouped_norm(P: str, layer: int, d: Dims, y: Tensor, groups: int) -> Op:
+    """The mixer's RMSNormGated (mamba_ssm ``ops/triton/layernorm_gated.py``, group size
+    d_inner / G) over the TP rank's d_inner columns of every token — not sequence-sharded: it
+    runs between the column- and the row-parallel linear. Reads and writes them, saves its
+    input and an fp32 rstd per token and group; backward reads the input and the gradient
+    and writes the input gradient. Its weight is split over TP (not replicated)."""
+    name = f"{P}.mamba_out_norm"
+    label = op_label(name)
+    inner = int(y[1] // (d.tokens * d.act_bytes))
+    return Op(
+        name=name, module="mamba_out_norm", layer=layer,
+        fwd=(MemBound(f"{label}.fwd", 2 * y[1]),), bwd_input=(MemBound(f"{label}.bwd", 3 * y[1]),),
+        saved=(y, (f"{name}.rstd", float(d.tokens * groups * FP32))), input=(y,), bwd_transient=2 * y[1],
+        params=inner,
+    )

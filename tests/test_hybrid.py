@@ -1,0 +1,143 @@
+"""Megatron's hybrid stack (``hybrid_layer_pattern``: M Mamba-2, * attention, - MLP, E MoE,
+one residual block per symbol; megatron-core models/hybrid, ssm/mamba_mixer.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.errors import ConfigError
+from simumax.estimate import Estimate
+from simumax.graph.dims import Dims
+from simumax.graph.kernels import Gemm
+from simumax.graph.mamba_layer import CHUNK, mamba_ops
+
+SYSTEM = load_system("h100-sxm-80gb")
+
+
+def _strategy(**fields):
+    return load_strategy("tp1_pp1_dp8_mbs1").with_updates({"seq_len": 4096, **fields})
+
+
+@pytest.mark.parametrize("model,symbols,fields", [
+    ("llama3.1-8b", "*-", {}),
+    ("llama3.1-8b", "*-", {"tp_size": 2, "pp_size": 2, "enable_sequence_parallel": True}),
+    ("llama3.1-8b", "*-", {"enable_recompute": True, "recompute_granularity": "selective_recompute", "attn_recompute": True}),
+    ("qwen3-30b-a3b", "*E", {"ep_size": 8}),
+])
+def test_attention_and_mlp_blocks_make_the_transformer(model, symbols, fields) -> None:
+    """A pattern of attention and MLP (or MoE) blocks, '*-' per transformer layer, is the
+    transformer of half the layers: the same ops in the same order, so the same time, memory
+    and parameters (to the bit, time to rounding), whatever the parallel layout."""
+    m = load_model(model).with_updates({"layer_num": 4})
+    hybrid = m.with_updates({"layer_num": 8, "hybrid_layer_pattern": symbols * 4})
+    st = _strategy(**fields)
+    a, b = Estimate(m, st, SYSTEM), Estimate(hybrid, st, SYSTEM)
+    assert b.cost(band=False).duration_time_per_iter == pytest.approx(a.cost(band=False).duration_time_per_iter, rel=1e-12)
+    assert b.memory().peak_mem == a.memory().peak_mem
+    assert b.params.total == a.params.total
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_mamba_layer_by_hand(tp) -> None:
+    """One Mamba-2 layer as megatron-core builds it (mamba_mixer.py): in_proj h -> 2·d_inner +
+    2·G·N + H with the pre-norm fused in, the depthwise conv over x, B, C (kernel 4, with bias),
+    dt_bias / A_log / D per head, the grouped RMSNorm over d_inner, out_proj d_inner -> h; every
+    width but the pre-norm's split over TP. The scan's products by hand: C·Bᵀ per chunk of 128
+    and group, and per chunk and head Bᵀ·x, the intra-chunk (C·Bᵀ)·x and C·state."""
+    m = load_model("llama3.1-8b").with_updates({"layer_num": 2, "hybrid_layer_pattern": "M-"})
+    h, n, p, g = m.hidden_size, m.mamba_state_dim, m.mamba_head_dim, m.mamba_num_groups
+    heads, inner = 2 * h // p, 2 * h
+    assert (m.mamba_heads, m.mamba_inner) == (heads, inner)
+    st = _strategy(tp_size=tp, enable_sequence_parallel=tp > 1)
+    d = Dims.of(m, st)
+    ops = mamba_ops(m, st, d, 0, ("L0.x", d.act(h, local=True)))
+    width = 2 * inner + 2 * g * n + heads
+    by_hand = h + (h * width + (inner + 2 * g * n) * 5 + 3 * heads + inner + inner * h) // tp
+    assert sum(o.params for o in ops) == by_hand
+    t = st.seq_len
+    gemms = {o.module: [k for k in o.fwd if isinstance(k, Gemm)] for o in ops}
+    assert sum(k.flops for k in gemms["in_proj"]) == 2 * t * h * width / tp
+    assert sum(k.flops for k in gemms["out_proj"]) == 2 * t * inner / tp * h
+    chunks = math.ceil(t / CHUNK)
+    q = CHUNK
+    scan = chunks * (g // tp * 2 * q * n * q + heads // tp * (2 * n * q * p + 2 * q * q * p + 2 * q * n * p))
+    assert sum(k.flops for k in gemms["mamba_ssd"]) == scan
+    ssd = next(o for o in ops if o.module == "mamba_ssd")
+    assert ssd.approximate == "mamba_ssd"
+    # the fused function keeps its input zxBCdt (in_proj's output) and the ungated scan output
+    assert dict(ssd.saved) == {"L0.in_proj.out": t * width / tp * 2, "L0.ssd.out_x": t * inner / tp * 2}
+
+
+def test_hybrid_estimate_and_band() -> None:
+    """A Nemotron-H-like stack runs end to end: its parameters are its blocks', SimuMax's
+    6ND + attention counts its attention layers only, and the scan's seconds are counted as
+    approximate (unmeasured in the 80 % band)."""
+    m = load_model("llama3.1-8b").with_updates({"layer_num": 8, "hybrid_layer_pattern": "M-M*M-M-",
+                                                "position_embedding_type": "none"})
+    e = Estimate(m, _strategy(), SYSTEM)
+    cost = e.cost()
+    assert cost.duration_time_per_iter > 0 and e.memory().peak_mem > 0
+    assert "mamba_ssd" in cost.efficiency_lookups["approximate"]
+    tokens = e.strategy.global_batch_size * e.strategy.seq_len
+    weights = e.params.active - m.padded_vocab(1) * m.hidden_size  # the input embedding is a lookup
+    one_attention_layer = 6 * e.strategy.seq_len * m.head_num * 2 * m.head_size * tokens
+    assert e.flops_6nd_with_attn() - 6 * weights * tokens == pytest.approx(one_attention_layer, rel=1e-12)
+
+
+@pytest.mark.parametrize("update,field", [
+    ({"hybrid_layer_pattern": "M-G*M-M-"}, "hybrid_layer_pattern"),
+    ({"hybrid_layer_pattern": "M-M*|M-M-"}, "hybrid_layer_pattern"),
+    ({"hybrid_layer_pattern": "M-M*M-M"}, "layer_num"),
+    ({"hybrid_layer_pattern": "M-M*M-ME"}, "hybrid_layer_pattern"),
+    ({"hybrid_layer_pattern": "M-M*M-M-", "mamba_num_heads": 100}, "mamba_num_groups"),
+])
+def test_hybrid_model_rules(update, field) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_model("llama3.1-8b").with_updates({"layer_num": 8, **update})
+    assert exc.value.field == field
+
+
+@pytest.mark.parametrize("fields,field", [
+    ({"tp_size": 16, "world_size": 16}, "tp_size"),
+    ({"cp_size": 2, "world_size": 16}, "cp_size"),
+    ({"pp_size": 2, "interleaving_size": 2, "world_size": 8}, "interleaving_size"),
+])
+def test_hybrid_strategy_rules(fields, field) -> None:
+    m = load_model("llama3.1-8b").with_updates({"layer_num": 8, "hybrid_layer_pattern": "M-M*M-M-"})
+    with pytest.raises(ConfigError) as exc:
+        Estimate(m, _strategy(**fields), SYSTEM).cost()
+    assert exc.value.field == field
+
+
+NEMOTRON_H_8B = {  # the shape of NVIDIA's Nemotron-H 8B config.json (its keys; 52 blocks)
+    "architectures": ["NemotronHForCausalLM"], "hidden_size": 4096, "intermediate_size": 21504,
+    "num_hidden_layers": 52, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "hybrid_override_pattern": "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-M-M-M-M-",
+    "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+    "chunk_size": 128, "mlp_hidden_act": "relu2", "vocab_size": 131072, "tie_word_embeddings": False,
+}
+
+
+def test_nemotron_h_config_by_hand() -> None:
+    """A Nemotron-H config.json reads as the hybrid stack it is, and its parameters are the sum
+    of its blocks by hand: 24 Mamba-2 blocks, 24 squared-ReLU MLPs, 4 GQA attention blocks,
+    untied 131072-row embedding and head (8.1 B)."""
+    from simumax.importers.hf import model_from_hf
+
+    m, notes = model_from_hf(NEMOTRON_H_8B)
+    assert (m.layer_num, m.hybrid_layer_pattern.count("M"), m.hybrid_layer_pattern.count("*")) == (52, 24, 4)
+    assert not m.use_swiglu and m.position_embedding_type == "none" and any("relu2" in n for n in notes)
+    h, ffn, v = 4096, 21504, 131072
+    mamba = h * (2 * 8192 + 2 * 8 * 128 + 128) + 5 * (8192 + 2 * 8 * 128) + 3 * 128 + 8192 + 8192 * h + h
+    mlp = 2 * h * ffn + h
+    attention = h * (32 * 128 + 2 * 8 * 128) + 32 * 128 * h + h
+    by_hand = 24 * mamba + 24 * mlp + 4 * attention + 2 * v * h + h  # + the final norm
+    e = Estimate(m, _strategy(), SYSTEM)
+    assert e.params.total == by_hand
+    assert 8.0e9 < by_hand < 8.2e9
+    with pytest.raises(ConfigError) as exc:
+        model_from_hf({**NEMOTRON_H_8B, "hybrid_override_pattern": "M-M*E" * 4, "num_hidden_layers": 20})
+    assert exc.value.field == "hybrid_override_pattern"
