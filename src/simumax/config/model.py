@@ -15,8 +15,10 @@ from simumax.errors import ConfigError
 # Megatron hybrid-stack symbols modelled: Mamba-2, attention, MLP, MoE
 HYBRID_SYMBOLS = "M*-E"
 
+
 class ModelConfig(SimuMaxModelMethods, ConfigBase):
-    """A decoder-only transformer: dense GPT/Llama, MoE, or MLA attention.
+    """A decoder-only transformer: dense GPT/Llama, MoE, or MLA attention (or Megatron's hybrid
+    stack of Mamba-2, attention, MLP and MoE blocks: ``hybrid_layer_pattern``).
 
     Field names follow SimuMax so its JSON files load unchanged; fields SimuMax lacks
     (``norm_type``, ``add_bias_linear`` ...) default to the Llama/Megatron choices used by
