@@ -102,7 +102,7 @@ def test_hybrid_model_rules(update, field) -> None:
 
 @pytest.mark.parametrize("fields,field", [
     ({"tp_size": 16, "world_size": 16}, "tp_size"),
-    ({"cp_size": 2, "world_size": 16}, "cp_size"),
+    ({"cp_size": 256, "world_size": 2048}, "cp_size"),  # 128 heads over 256 CP ranks
     ({"pp_size": 2, "interleaving_size": 2, "world_size": 8}, "interleaving_size"),
 ])
 def test_hybrid_strategy_rules(fields, field) -> None:
@@ -141,3 +141,32 @@ def test_nemotron_h_config_by_hand() -> None:
     with pytest.raises(ConfigError) as exc:
         model_from_hf({**NEMOTRON_H_8B, "hybrid_override_pattern": "M-M*E" * 4, "num_hidden_layers": 20})
     assert exc.value.field == "hybrid_override_pattern"
+
+
+@pytest.mark.parametrize("cp,scheme", [(2, "p2p"), (4, "a2a"), (16, "p2p")])
+def test_mamba_context_parallel_by_hand(cp, scheme) -> None:
+    """megatron-core's MambaContextParallel: z, x, B, C and dt each through an all-to-all over
+    CP before the scan (B and C repeated cp / G times where a rank has fewer groups than CP
+    ranks), the output's all-to-all back after it; the scan runs on the whole sequence with
+    1 / cp of the heads, so the CP ranks together do the scan of cp = 1, and each keeps 1 / cp
+    of its input (with the repeats)."""
+    from simumax.graph.kernels import Collective
+
+    m = load_model("llama3.1-8b").with_updates({"layer_num": 2, "hybrid_layer_pattern": "M-"})
+    st = _strategy(seq_len=8192, cp_size=cp, world_size=8 * cp, cp_comm_type=scheme)
+    one = _strategy(seq_len=8192)
+    d, d1 = Dims.of(m, st), Dims.of(m, one)
+    x = ("L0.x", d.act(m.hidden_size, local=True))
+    ssd = next(o for o in mamba_ops(m, st, d, 0, x) if o.module == "mamba_ssd")
+    ssd1 = next(o for o in mamba_ops(m, one, d1, 0, ("L0.x", d1.act(m.hidden_size, local=True))) if o.module == "mamba_ssd")
+    flops = lambda o: sum(k.flops for k in o.fwd if isinstance(k, Gemm))
+    g, n, heads, inner = m.mamba_num_groups, m.mamba_state_dim, m.mamba_heads, m.mamba_inner
+    repeat = cp // g if g < cp else 1
+    if repeat == 1:
+        assert cp * flops(ssd) == pytest.approx(flops(ssd1), rel=1e-12)
+    t = d.tokens  # this rank's share of the sequence
+    a2a = [k.bytes for k in ssd.fwd if isinstance(k, Collective)]
+    assert a2a == [2 * t * inner, 2 * t * inner, 2 * t * g * n * repeat, 2 * t * g * n * repeat, 2 * t * heads,
+                   2 * t * inner]  # z, x, B, C, dt in; y out
+    kept = dict(ssd.saved)["L0.ssd.in_cp"]  # the head-sharded scan input over the whole sequence
+    assert kept == 2 * t * cp * (2 * inner // cp + 2 * max(1, g // cp) * n + heads // cp)

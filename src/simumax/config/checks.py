@@ -92,17 +92,19 @@ def te_cp_refusal(model: ModelConfig, seq_len: int, cp_comm_type: str) -> str | 
 
 def _check_hybrid(model: ModelConfig, st: StrategyConfig) -> None:
     """Megatron's hybrid stack with a strategy (megatron/training/arguments.py, mamba_mixer.py):
-    Mamba heads and groups split over TP; virtual stages only from '|' segments of the
-    pattern, no pipeline layout string; the Mamba layers' context parallelism
-    (MambaContextParallel) is not modelled."""
-    tp = st.tp_size
+    Mamba heads and groups split over TP, and over CP as MambaContextParallel splits them (the
+    heads, and the groups or CP over them); virtual stages only from '|' segments of the
+    pattern, no pipeline layout string."""
+    tp, cp = st.tp_size, st.cp_size
     if "M" in model.hybrid_layer_pattern:  # type: ignore[operator]
-        if model.mamba_heads % tp or model.mamba_num_groups % tp:
-            raise ConfigError("tp_size", f"Mamba heads ({model.mamba_heads}) and groups ({model.mamba_num_groups}) must "
-                              f"be divisible by tp ({tp}), as Megatron asserts")
-        if st.cp_size > 1:
-            raise ConfigError("cp_size", "context parallelism over Mamba layers (megatron-core's MambaContextParallel) "
-                              "is not modelled")
+        heads, groups = model.mamba_heads, model.mamba_num_groups
+        if heads % tp or groups % tp:
+            raise ConfigError("tp_size", f"Mamba heads ({heads}) and groups ({groups}) must be divisible by tp ({tp}), "
+                              "as Megatron asserts")
+        local = groups // tp
+        if (heads // tp) % cp or (cp % local if local < cp else local % cp):
+            raise ConfigError("cp_size", f"Mamba heads per TP rank ({heads // tp}) must divide by cp ({cp}), and the "
+                              f"groups per TP rank ({local}) divide it or divide by it (MambaContextParallel)")
     if st.interleaving_size > 1 or st.pipeline_model_parallel_layout or st.account_for_embedding_in_pipeline_split \
             or st.account_for_loss_in_pipeline_split:
         raise ConfigError("interleaving_size" if st.interleaving_size > 1 else "pipeline_model_parallel_layout",

@@ -31,7 +31,7 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks, linears
 from simumax.graph.dims import Dims
-from simumax.graph.kernels import Gemm, MemBound, op_label
+from simumax.graph.kernels import Collective, Gemm, MemBound, op_label
 from simumax.graph.ops import Op, Tensor
 
 FP32 = 4
@@ -48,16 +48,31 @@ def mamba_sizes(model: ModelConfig, tp: int) -> dict[str, int]:
             "in_proj": 2 * inner + 2 * gn + heads}
 
 
-def _scan_gemms(d: Dims, model: ModelConfig, z: dict[str, int]) -> list[Gemm]:
+def scan_view(model: ModelConfig, d: Dims) -> dict[str, int]:
+    """What one rank's scan runs on. Without context parallelism its TP widths over its
+    tokens; with it, megatron-core's MambaContextParallel (``ssm/mamba_context_parallel.py``)
+    moves the sequence-sharded z, x, B, C, dt to head-sharded full sequences by all-to-all, so
+    the scan runs on the whole sequence with 1 / cp of the heads and of the groups (B and C
+    repeated cp / G times first where the rank has fewer groups than CP ranks)."""
+    z = mamba_sizes(model, d.tp)
+    cp, n = d.cp, model.mamba_state_dim
+    repeat = cp // z["groups"] if z["groups"] < cp else 1
+    groups = max(1, z["groups"] // cp)
+    heads, inner = z["heads"] // cp, z["inner"] // cp
+    return {"seq": d.s * cp, "heads": heads, "inner": inner, "groups": groups, "gn": groups * n, "repeat": repeat,
+            "conv": inner + 2 * groups * n, "in_proj": 2 * inner + 2 * groups * n + heads}
+
+
+def _scan_gemms(b: int, v: dict[str, int], model: ModelConfig) -> list[Gemm]:
     """The forward scan's products over all chunks of the micro-batch: C·Bᵀ per chunk and
     group, the chunk states Bᵀ·x, the intra-chunk (C·Bᵀ)·x and the inter-chunk C·state per
     chunk and head."""
-    chunks = d.b * math.ceil(d.s / CHUNK)
-    q = min(CHUNK, d.s)
+    chunks = b * math.ceil(v["seq"] / CHUNK)
+    q = min(CHUNK, v["seq"])
     n, p = model.mamba_state_dim, model.mamba_head_dim
-    heads = chunks * z["heads"]
+    heads = chunks * v["heads"]
     return [
-        Gemm(q, n, q, "TN", b=chunks * z["groups"], out_dtype="fp32"),  # _bmm_chunk_fwd
+        Gemm(q, n, q, "TN", b=chunks * v["groups"], out_dtype="fp32"),  # _bmm_chunk_fwd
         Gemm(n, q, p, "NN", b=heads, out_dtype="fp32"),  # _chunk_state_fwd
         Gemm(q, q, p, "NN", b=heads),  # _chunk_scan_fwd: intra-chunk
         Gemm(q, n, p, "NN", b=heads),  # _chunk_scan_fwd: inter-chunk
@@ -69,35 +84,59 @@ def _grads(g: Gemm) -> list[Gemm]:
     return [Gemm(g.m, g.n, g.k, "NN", b=g.b, out_dtype="fp32"), Gemm(g.k, g.m, g.n, "NT", b=g.b, out_dtype="fp32")]
 
 
+def _context_parallel(label: str, d: Dims, z: dict[str, int], v: dict[str, int]) -> tuple[list, list, list, list]:
+    """MambaContextParallel's work around the scan, per rank: before it, z, x, B, C and dt each
+    through an all-to-all over CP (B and C repeated first where the rank has fewer groups than
+    CP ranks), concatenated, and the attention load balancing undone (the 2·cp chunks put back
+    in order: a copy); after it, the balancing redone and the output's all-to-all back.
+    Backward mirrors both. Returns (before, after, before's backward, after's backward)."""
+    ab, t = d.act_bytes, d.tokens
+    parts = [t * z["inner"], t * z["inner"], t * z["gn"] * v["repeat"], t * z["gn"] * v["repeat"], t * z["heads"]]
+    a2a = [Collective("all2all", float(x * ab), "cp") for x in parts]
+    whole = float(sum(parts) * ab)  # the scan's input, as many bytes on either side of the all-to-alls
+    out = float(t * z["inner"] * ab)
+    repeat = [MemBound(f"{label}.cp_repeat", 2.0 * t * z["gn"] * v["repeat"] * ab)] if v["repeat"] > 1 else []
+    before = [*repeat, *a2a, MemBound(f"{label}.cp_concat", 4 * whole, launches=2)]  # cat, then the reorder
+    after = [MemBound(f"{label}.cp_reorder", 2 * out), Collective("all2all", out, "cp")]
+    return before, after, list(reversed(after)), [MemBound(f"{label}.cp_concat", 4 * whole, launches=2), *a2a, *repeat]
+
+
 def ssd_op(P: str, layer: int, d: Dims, model: ModelConfig, zxbcdt: Tensor, out: Tensor) -> Op:
-    """The fused conv1d + chunked scan + gate of one layer (``mamba_split_conv1d_scan_combined``)."""
+    """The fused conv1d + chunked scan + gate of one layer (``mamba_split_conv1d_scan_combined``),
+    with MambaContextParallel's all-to-alls around it under context parallelism."""
     z = mamba_sizes(model, d.tp)
-    t, ab = d.tokens, d.act_bytes
-    chunks = d.b * math.ceil(d.s / CHUNK)
-    q = min(CHUNK, d.s)
+    v = scan_view(model, d)
+    t, ab = d.b * v["seq"], d.act_bytes
+    chunks = d.b * math.ceil(v["seq"] / CHUNK)
+    q = min(CHUNK, v["seq"])
     n, p = model.mamba_state_dim, model.mamba_head_dim
-    conv_io = 2.0 * t * z["conv"] * ab  # read x, B, C; write them convolved
+    conv_io = 2.0 * t * v["conv"] * ab  # read x, B, C; write them convolved
     # what the scan moves besides its products' operands: the gate z read, the gated and the
     # ungated outputs written, dt read, the fp32 dt / cumulative decay written and read twice,
     # C·Bᵀ (fp32) written and read, the chunk states (fp32) written, passed and read
-    scan_io = (t * z["inner"] * ab + 2.0 * t * z["inner"] * ab + t * z["heads"] * ab + 3 * 2.0 * t * z["heads"] * FP32
-               + 2.0 * chunks * z["groups"] * q * q * FP32 + 4.0 * chunks * z["heads"] * p * n * FP32)
-    fwd_gemms = _scan_gemms(d, model, z)
+    scan_io = (t * v["inner"] * ab + 2.0 * t * v["inner"] * ab + t * v["heads"] * ab + 3 * 2.0 * t * v["heads"] * FP32
+               + 2.0 * chunks * v["groups"] * q * q * FP32 + 4.0 * chunks * v["heads"] * p * n * FP32)
+    fwd_gemms = _scan_gemms(d.b, v, model)
     label = op_label(f"{P}.ssd")
-    fwd = (MemBound(f"{label}.conv1d", conv_io), *fwd_gemms, MemBound(f"{label}.scan", scan_io, launches=2))
+    before, after, after_bwd, before_bwd = _context_parallel(label, d, z, v) if d.cp > 1 else ([], [], [], [])
+    fwd = (*before, MemBound(f"{label}.conv1d", conv_io), *fwd_gemms, MemBound(f"{label}.scan", scan_io, launches=2), *after)
     bwd = (
+        *after_bwd,
         MemBound(f"{label}.conv1d", conv_io),  # the conv recomputed
         *fwd_gemms[:2],  # the chunk states and C·Bᵀ recomputed
         *(g for f in fwd_gemms for g in _grads(f)),
         # the scan's gradients: its forward traffic twice, dz, dx, dB, dC, ddt written
-        MemBound(f"{label}.scan_bwd", 2 * scan_io + t * z["in_proj"] * ab, launches=6),
-        MemBound(f"{label}.conv1d_bwd", 3.0 * t * z["conv"] * ab, launches=2),  # read xBC and its grad, write dxBC
+        MemBound(f"{label}.scan_bwd", 2 * scan_io + t * v["in_proj"] * ab, launches=6),
+        MemBound(f"{label}.conv1d_bwd", 3.0 * t * v["conv"] * ab, launches=2),  # read xBC and its grad, write dxBC
+        *before_bwd,
     )
-    saved = (zxbcdt, (f"{P}.ssd.out_x", float(t * z["inner"] * ab)))
+    # the fused function keeps its input: in_proj's output, or with CP the head-sharded copy
+    scan_in = zxbcdt if d.cp == 1 else (f"{P}.ssd.in_cp", float(t * v["in_proj"] * ab))
+    saved = (scan_in, (f"{P}.ssd.out_x", float(t * v["inner"] * ab)))
     params = z["conv"] * (CONV + 1) + 3 * z["heads"]  # conv1d weight and bias, dt_bias, A_log, D
     return Op(
         name=f"{P}.ssd", module="mamba_ssd", layer=layer, fwd=fwd, bwd_input=bwd, saved=saved, input=(zxbcdt,),
-        output=out, fwd_transient=float(t * z["conv"] * ab), bwd_transient=float(2 * t * z["in_proj"] * ab),
+        output=out, fwd_transient=float(t * v["conv"] * ab), bwd_transient=float(2 * t * v["in_proj"] * ab),
         params=params, approximate=APPROXIMATE,
     )
 
