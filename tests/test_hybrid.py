@@ -89,7 +89,7 @@ def test_hybrid_estimate_and_band() -> None:
 
 @pytest.mark.parametrize("update,field", [
     ({"hybrid_layer_pattern": "M-G*M-M-"}, "hybrid_layer_pattern"),
-    ({"hybrid_layer_pattern": "M-M*|M-M-"}, "hybrid_layer_pattern"),
+    ({"hybrid_layer_pattern": "M-M*M-M-/M-"}, "hybrid_layer_pattern"),  # an MTP pattern
     ({"hybrid_layer_pattern": "M-M*M-M"}, "layer_num"),
     ({"hybrid_layer_pattern": "M-M*M-ME"}, "hybrid_layer_pattern"),
     ({"hybrid_layer_pattern": "M-M*M-M-", "mamba_num_heads": 100}, "mamba_num_groups"),
@@ -170,3 +170,37 @@ def test_mamba_context_parallel_by_hand(cp, scheme) -> None:
                    2 * t * inner]  # z, x, B, C, dt in; y out
     kept = dict(ssd.saved)["L0.ssd.in_cp"]  # the head-sharded scan input over the whole sequence
     assert kept == 2 * t * cp * (2 * inner // cp + 2 * max(1, g // cp) * n + heads // cp)
+
+
+def test_pattern_segments_are_the_virtual_stages() -> None:
+    """'|' between pipeline segments (Megatron's fVPP): each segment is a virtual stage. A
+    transformer-like pattern cut in four at PP2 is the interleaved transformer (2 chunks per
+    rank) to the bit; cut unevenly at PP2 it is the uneven first / last split; the segment
+    count must be pp x interleaving_size, and first / last stage counts go with none."""
+    m = load_model("llama3.1-8b").with_updates({"layer_num": 8})
+    base = _strategy(micro_batch_num=8, pp_size=2)
+    vp = m.with_updates({"layer_num": 16, "hybrid_layer_pattern": "*-*-|*-*-|*-*-|*-*-"})
+    st = base.with_updates({"interleaving_size": 2})
+    a, b = Estimate(m, st, SYSTEM), Estimate(vp, st, SYSTEM)
+    assert b.cost(band=False).duration_time_per_iter == a.cost(band=False).duration_time_per_iter
+    assert b.memory().peak_mem == a.memory().peak_mem
+    uneven = m.with_updates({"layer_num": 8, "hybrid_layer_pattern": "*-|*-*-*-"})
+    plain = Estimate(m.with_updates({"layer_num": 4}), base.with_updates(
+        {"num_layers_in_first_pipeline_stage": 1, "num_layers_in_last_pipeline_stage": 3}), SYSTEM)
+    assert Estimate(uneven, base, SYSTEM).cost(band=False).duration_time_per_iter == plain.cost(band=False).duration_time_per_iter
+    with pytest.raises(ConfigError) as exc:
+        Estimate(vp, base, SYSTEM).cost()
+    assert exc.value.field == "interleaving_size" and "interleaving_size 2" in exc.value.rule
+    with pytest.raises(ConfigError) as exc:
+        Estimate(uneven, base.with_updates({"num_layers_in_first_pipeline_stage": 2}), SYSTEM).cost()
+    assert exc.value.field == "num_layers_in_first_pipeline_stage"
+    with pytest.raises(ConfigError):
+        m.with_updates({"layer_num": 4, "hybrid_layer_pattern": "*-||*-"})  # an empty segment
+    # Megatron flags: the pattern carries the segments, no virtual-stage flag; read back the same
+    from simumax.export.megatron_flags import megatron_flags, model_flags
+    from simumax.importers.megatron_args import parse_megatron_args
+
+    flags = model_flags(vp) + megatron_flags(st, vp)
+    assert not any("virtual" in f for f in flags)
+    m2, s2, _ = parse_megatron_args(flags, world_size=st.world_size)
+    assert (m2.hybrid_layer_pattern, m2.layer_num, s2.interleaving_size) == (vp.hybrid_layer_pattern, 16, 2)

@@ -33,6 +33,15 @@ def vstage_layer_counts(model: ModelConfig, st: StrategyConfig) -> list[int]:
     """Transformer layers of each virtual stage (model chunk) in forward order: from the
     layout, the embedding / loss accounting, or the even / uneven-first-last split
     (config/layout.py)."""
+    segments = model.hybrid_segments
+    if segments is not None:  # a hybrid pattern's '|' segments are the virtual stages (Megatron's fVPP)
+        stages = st.pp_size * st.chunks_per_rank
+        if len(segments) != stages:
+            per_rank = f"interleaving_size {len(segments) // st.pp_size}" if len(segments) % st.pp_size == 0 else \
+                f"a pp_size dividing {len(segments)}"
+            raise ConfigError("interleaving_size", f"the hybrid pattern's {len(segments)} '|' segments are its virtual "
+                              f"stages, {stages} here (pp {st.pp_size} x {st.chunks_per_rank}): set {per_rank}")
+        return segments
     custom = st.pipeline_model_parallel_layout or st.account_for_embedding_in_pipeline_split or st.account_for_loss_in_pipeline_split
     return virtual_stage_layers(model, st, [] if custom else _rank_split(model, st))
 
@@ -94,7 +103,7 @@ def _check_hybrid(model: ModelConfig, st: StrategyConfig) -> None:
     """Megatron's hybrid stack with a strategy (megatron/training/arguments.py, mamba_mixer.py):
     Mamba heads and groups split over TP, and over CP as MambaContextParallel splits them (the
     heads, and the groups or CP over them); virtual stages only from '|' segments of the
-    pattern, no pipeline layout string."""
+    pattern (which exclude first / last stage counts), no pipeline layout string."""
     tp, cp = st.tp_size, st.cp_size
     if "M" in model.hybrid_layer_pattern:  # type: ignore[operator]
         heads, groups = model.mamba_heads, model.mamba_num_groups
@@ -105,11 +114,15 @@ def _check_hybrid(model: ModelConfig, st: StrategyConfig) -> None:
         if (heads // tp) % cp or (cp % local if local < cp else local % cp):
             raise ConfigError("cp_size", f"Mamba heads per TP rank ({heads // tp}) must divide by cp ({cp}), and the "
                               f"groups per TP rank ({local}) divide it or divide by it (MambaContextParallel)")
-    if st.interleaving_size > 1 or st.pipeline_model_parallel_layout or st.account_for_embedding_in_pipeline_split \
-            or st.account_for_loss_in_pipeline_split:
+    segments = model.hybrid_segments is not None
+    if (st.interleaving_size > 1 and not segments) or st.pipeline_model_parallel_layout \
+            or st.account_for_embedding_in_pipeline_split or st.account_for_loss_in_pipeline_split:
         raise ConfigError("interleaving_size" if st.interleaving_size > 1 else "pipeline_model_parallel_layout",
-                          "a hybrid stack takes its virtual stages from '|' segments of its pattern (not modelled) and no "
-                          "layout string or embedding / loss accounting, as Megatron asserts")
+                          "a hybrid stack takes its virtual stages from '|' segments of its pattern, and no layout string "
+                          "or embedding / loss accounting, as Megatron asserts")
+    if segments and (st.num_layers_in_first_pipeline_stage or st.num_layers_in_last_pipeline_stage):
+        raise ConfigError("num_layers_in_first_pipeline_stage", "a hybrid pattern with '|' segments states every "
+                          "stage's blocks, as Megatron asserts")
 
 
 def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfig) -> None:

@@ -151,7 +151,8 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
     hybrid_layer_pattern: str | None = Field(
         None, max_length=100_000, description="Megatron --hybrid-layer-pattern (--hybrid-override-pattern): one symbol "
         "per layer, each its own residual block — M a Mamba-2 mixer, * self-attention, - an MLP, E a MoE MLP "
-        "(Nemotron-H: 'M-M-M-M*-...'); layer_num is its length. Null: transformer layers (attention + MLP).",
+        "(Nemotron-H: 'M-M-M-M*-...'); '|' between pipeline segments sets each virtual stage's blocks "
+        "(interleaving_size: segments / pp_size); layer_num is its block count. Null: transformer layers.",
     )
     mamba_state_dim: PositiveInt = Field(128, le=4096, description="Mamba-2 SSM state size N (Megatron --mamba-state-dim).")
     mamba_head_dim: PositiveInt = Field(64, le=4096, description="Mamba-2 head dim P (Megatron --mamba-head-dim).")
@@ -225,14 +226,18 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
     def _check_hybrid(self) -> None:
         """The hybrid stack's pattern and Mamba sizes as megatron-core asserts them
         (hybrid_layer_allocation.py, mamba_mixer.py); what the model does not cover is named."""
-        pattern = self.hybrid_layer_pattern or ""
+        raw = self.hybrid_layer_pattern or ""
+        pattern = self.hybrid_symbols
         unknown = sorted(set(pattern) - set(HYBRID_SYMBOLS))
         if not pattern or unknown:
-            why = ("G (gated delta net), D (DSA), + (MLA) layers, | stage boundaries and / MTP patterns are not "
-                   "modelled" if set(unknown) <= set("GD+|/") else "symbols are M, *, - and E")
+            why = ("G (gated delta net), D (DSA), + (MLA) layers and / MTP patterns are not modelled"
+                   if set(unknown) <= set("GD+/") else "symbols are M, *, - and E, | between pipeline segments")
             raise ConfigError("hybrid_layer_pattern", f"{why} (got {''.join(unknown) or 'an empty pattern'})")
+        if "|" in raw and not all(raw.split("|")):
+            raise ConfigError("hybrid_layer_pattern", "an empty pipeline segment between '|' (every virtual stage "
+                              "holds a block here)")
         if len(pattern) != self.layer_num:
-            raise ConfigError("layer_num", f"must be the hybrid pattern's length ({len(pattern)}; got {self.layer_num})")
+            raise ConfigError("layer_num", f"must be the hybrid pattern's block count ({len(pattern)}; got {self.layer_num})")
         if "E" in pattern and not self.is_moe:
             raise ConfigError("hybrid_layer_pattern", "E layers need a MoE model (model_type moe, expert_num, topk)")
         if self.is_moe and "E" not in pattern:
@@ -243,6 +248,18 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
             raise ConfigError("mamba_head_dim", f"must divide the mixer's inner width ({self.mamba_inner})")
         if self.mamba_heads % self.mamba_num_groups:
             raise ConfigError("mamba_num_groups", f"must divide the Mamba heads ({self.mamba_heads}), as Megatron asserts")
+
+    @property
+    def hybrid_symbols(self) -> str:
+        """The hybrid pattern's blocks, one symbol per layer (its '|' segment marks left out)."""
+        return (self.hybrid_layer_pattern or "").replace("|", "")
+
+    @property
+    def hybrid_segments(self) -> list[int] | None:
+        """Blocks per pipeline segment of a pattern with '|' (Megatron's virtual stages in
+        forward order), else None."""
+        raw = self.hybrid_layer_pattern
+        return [len(seg) for seg in raw.split("|")] if raw and "|" in raw else None
 
     @property
     def mamba_heads(self) -> int:
@@ -259,7 +276,7 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         transformer layer (attention and MLP) of a model without a pattern."""
         if self.hybrid_layer_pattern is None:
             return "T"
-        return self.hybrid_layer_pattern[min(layer, self.layer_num - 1)]
+        return self.hybrid_symbols[min(layer, self.layer_num - 1)]
 
     # ---- derived sizes -------------------------------------------------------------
     def attention_window(self, layer: int) -> int | None:
@@ -316,7 +333,7 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
             return False
         layer = min(layer, self.layer_num - 1)
         if self.hybrid_layer_pattern is not None:
-            return self.hybrid_layer_pattern[layer] == "E"
+            return self.hybrid_symbols[layer] == "E"
         if layer < self.dense_layers:
             return False
         freq = self.moe_layer_freq

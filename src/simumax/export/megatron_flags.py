@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from simumax.config.checks import stage_layer_counts
+from simumax.config.checks import vstage_layer_counts
 from simumax.config.megatron_names import switch_flag, valued_flag
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
@@ -52,6 +52,8 @@ def _parallel_flags(st: StrategyConfig, model: ModelConfig | None) -> list[str]:
               or st.account_for_embedding_in_pipeline_split or st.account_for_loss_in_pipeline_split)
     if st.pipeline_model_parallel_layout:  # the layout states the virtual stages itself
         f.append(f"--pipeline-model-parallel-layout '{st.pipeline_model_parallel_layout}'")
+    elif model is not None and model.hybrid_layer_pattern is not None:
+        pass  # a hybrid pattern's '|' segments state the virtual stages (Megatron refuses the flags beside it)
     elif st.interleaving_size > 1:
         if uneven or model is None:
             f.append(_s("interleaving_size", st.interleaving_size))
@@ -251,7 +253,7 @@ def _max_chunk_layers(st: StrategyConfig, model: ModelConfig | None) -> int:
     """Layers of the largest model chunk (Megatron counts --recompute-num-layers per chunk)."""
     if model is None:
         return 1
-    return max(max(stage_layer_counts(model, st)) // st.chunks_per_rank, 1)
+    return max(max(vstage_layer_counts(model, st)), 1)
 
 
 def model_flags(model: ModelConfig) -> list[str]:

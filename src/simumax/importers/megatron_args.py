@@ -239,11 +239,15 @@ def _megatron_defaults(m: dict[str, Any], s: dict[str, Any], extra: dict[str, st
     """What Megatron makes of flags left out, and of the flags ``_read_flags`` kept in
     ``extra`` (dropout, tokenizer, sharding, recompute granularity and modules ...)."""
     pattern = m.get("hybrid_layer_pattern")
-    if pattern:  # the pattern's length is the layer count, whatever --num-layers says (arguments.py)
-        if m.get("layer_num") not in (None, len(pattern)):
-            notes.append(f"--hybrid-layer-pattern has {len(pattern)} layers: --num-layers {m['layer_num']} ignored, as "
+    if pattern:  # the pattern's blocks are the layers, whatever --num-layers says (arguments.py)
+        blocks = len(pattern.replace("|", ""))
+        if m.get("layer_num") not in (None, blocks):
+            notes.append(f"--hybrid-layer-pattern has {blocks} layers: --num-layers {m['layer_num']} ignored, as "
                          "Megatron does")
-        m["layer_num"] = len(pattern)
+        m["layer_num"] = blocks
+        segments, pp = pattern.count("|") + 1, s.get("pp_size", 1)
+        if segments > pp and segments % pp == 0:  # its '|' segments are the virtual stages
+            s["interleaving_size"] = segments // pp
     if s.get("use_sharp"):
         notes.append("--use-sharp: its collectives' SMs under --use-nccl-ub are modelled, not the in-network "
                      "reduction's bandwidth")
