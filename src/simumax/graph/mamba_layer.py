@@ -14,6 +14,8 @@ sequence-sharded input gathered as any column-parallel linear's):
   D skip, the z gate). It saves its input zxBCdt and the ungated scan output; backward
   recomputes the conv, the cumsum, the chunk states and C·Bᵀ, and runs the gradient of each
   product with respect to both its operands;
+* with context parallelism, MambaContextParallel's all-to-alls to head-sharded full
+  sequences before the scan and back after it (``scan_view``, ``_context_parallel``);
 * the grouped RMSNorm (RMSNormGated over d_inner / G, applied to the gated output);
 * ``out_proj`` (TERowParallelLinear) d_inner -> h, and the bias-dropout-add residual.
 
