@@ -55,22 +55,23 @@ def scan_view(model: ModelConfig, d: Dims) -> dict[str, int]:
     tokens; with it, megatron-core's MambaContextParallel (``ssm/mamba_context_parallel.py``)
     moves the sequence-sharded z, x, B, C, dt to head-sharded full sequences by all-to-all, so
     the scan runs on the whole sequence with 1 / cp of the heads and of the groups (B and C
-    repeated cp / G times first where the rank has fewer groups than CP ranks)."""
+    repeated cp / G times first where the rank has fewer groups than CP ranks); ``chunks`` of
+    the micro-batch, ``q`` tokens each."""
     z = mamba_sizes(model, d.tp)
     cp, n = d.cp, model.mamba_state_dim
     repeat = cp // z["groups"] if z["groups"] < cp else 1
     groups = max(1, z["groups"] // cp)
-    heads, inner = z["heads"] // cp, z["inner"] // cp
-    return {"seq": d.s * cp, "heads": heads, "inner": inner, "groups": groups, "gn": groups * n, "repeat": repeat,
-            "conv": inner + 2 * groups * n, "in_proj": 2 * inner + 2 * groups * n + heads}
+    heads, inner, seq = z["heads"] // cp, z["inner"] // cp, d.s * cp
+    return {"seq": seq, "chunks": d.b * math.ceil(seq / CHUNK), "q": min(CHUNK, seq), "heads": heads, "inner": inner,
+            "groups": groups, "gn": groups * n, "repeat": repeat, "conv": inner + 2 * groups * n,
+            "in_proj": 2 * inner + 2 * groups * n + heads}
 
 
-def _scan_gemms(b: int, v: dict[str, int], model: ModelConfig) -> list[Gemm]:
+def _scan_gemms(v: dict[str, int], model: ModelConfig) -> list[Gemm]:
     """The forward scan's products over all chunks of the micro-batch: C·Bᵀ per chunk and
     group, the chunk states Bᵀ·x, the intra-chunk (C·Bᵀ)·x and the inter-chunk C·state per
     chunk and head."""
-    chunks = b * math.ceil(v["seq"] / CHUNK)
-    q = min(CHUNK, v["seq"])
+    chunks, q = v["chunks"], v["q"]
     n, p = model.mamba_state_dim, model.mamba_head_dim
     heads = chunks * v["heads"]
     return [
@@ -109,8 +110,7 @@ def ssd_op(P: str, layer: int, d: Dims, model: ModelConfig, zxbcdt: Tensor, out:
     z = mamba_sizes(model, d.tp)
     v = scan_view(model, d)
     t, ab = d.b * v["seq"], d.act_bytes
-    chunks = d.b * math.ceil(v["seq"] / CHUNK)
-    q = min(CHUNK, v["seq"])
+    chunks, q = v["chunks"], v["q"]
     n, p = model.mamba_state_dim, model.mamba_head_dim
     conv_io = 2.0 * t * v["conv"] * ab  # read x, B, C; write them convolved
     # what the scan moves besides its products' operands: the gate z read, the gated and the
@@ -118,7 +118,7 @@ def ssd_op(P: str, layer: int, d: Dims, model: ModelConfig, zxbcdt: Tensor, out:
     # C·Bᵀ (fp32) written and read, the chunk states (fp32) written, passed and read
     scan_io = (t * v["inner"] * ab + 2.0 * t * v["inner"] * ab + t * v["heads"] * ab + 3 * 2.0 * t * v["heads"] * FP32
                + 2.0 * chunks * v["groups"] * q * q * FP32 + 4.0 * chunks * v["heads"] * p * n * FP32)
-    fwd_gemms = _scan_gemms(d.b, v, model)
+    fwd_gemms = _scan_gemms(v, model)
     label = op_label(f"{P}.ssd")
     before, after, after_bwd, before_bwd = _context_parallel(label, d, z, v) if d.cp > 1 else ([], [], [], [])
     fwd = (*before, MemBound(f"{label}.conv1d", conv_io), *fwd_gemms, MemBound(f"{label}.scan", scan_io, launches=2), *after)
@@ -165,14 +165,14 @@ def mamba_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_in:
     ops += [
         ssd_op(P, layer, d, model, zxbcdt, y),
         # RMSNormGated over groups of d_inner / G, on the gated output (its weight split over TP)
-        _grouped_norm(P, layer, d, y, z["groups"]).with_(output=normed),
+        _grouped_norm(P, layer, d, y, z["inner"], z["groups"]).with_(output=normed),
         linears.row_linear(f"{P}.out_proj", "out_proj", layer, d, normed, z["inner"], d.h),
         blocks.dropout_add(f"{P}.mamba_add", "mamba_add", layer, d, dropout=st.enable_dropout),
     ]
     return ops
 
 
-def _grouped_norm(P: str, layer: int, d: Dims, y: Tensor, groups: int) -> Op:
+def _grouped_norm(P: str, layer: int, d: Dims, y: Tensor, inner: int, groups: int) -> Op:
     """The mixer's RMSNormGated (mamba_ssm ``ops/triton/layernorm_gated.py``, group size
     d_inner / G) over the TP rank's d_inner columns of every token — not sequence-sharded: it
     runs between the column- and the row-parallel linear. Reads and writes them, saves its
@@ -180,7 +180,6 @@ def _grouped_norm(P: str, layer: int, d: Dims, y: Tensor, groups: int) -> Op:
     and writes the input gradient. Its weight is split over TP (not replicated)."""
     name = f"{P}.mamba_out_norm"
     label = op_label(name)
-    inner = int(y[1] // (d.tokens * d.act_bytes))
     return Op(
         name=name, module="mamba_out_norm", layer=layer,
         fwd=(MemBound(f"{label}.fwd", 2 * y[1]),), bwd_input=(MemBound(f"{label}.bwd", 3 * y[1]),),
