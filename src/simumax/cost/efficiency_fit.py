@@ -10,7 +10,8 @@ grid runs batch x heads x query tiles, so batch and heads are one parallel dimen
 it). The prediction is the wave-quantisation and size-saturation baseline of (c) times
 the inverse-distance-weighted mean of the nearest entries' measured / baseline ratios: the
 baseline carries what the shape itself implies (partial last wave of tiles, small-problem
-saturation), the neighbours what the hardware and library do that the baseline does not know.
+saturation), the neighbours what the hardware and library do that the baseline does not know;
+it never exceeds the best efficiency measured in the pool it was fitted from.
 
 (c) eff = family efficient_factor x wave(m, n) x saturation(FLOPs): the configured
 fallback becomes the asymptote of a curve instead of a constant. wave = tiles / (waves x
@@ -134,9 +135,10 @@ class _Pool:
     ratios to the baseline, and their log2 sizes times sqrt(weight) over the sorted union
     ``names`` of the pool's size names (0 where an entry lacks one, as log2 1)."""
 
-    __slots__ = ("names", "index", "vecs", "ratios")
+    __slots__ = ("names", "index", "vecs", "ratios", "best")
 
-    def __init__(self, rows: list[tuple[dict[str, float], float]], root_w: dict[str, float]) -> None:
+    def __init__(self, rows: list[tuple[dict[str, float], float]], root_w: dict[str, float], best: float) -> None:
+        self.best = best  # the highest efficiency measured among the pool's entries
         self.names = tuple(sorted({n for logs, _ in rows for n in logs}))
         self.index = {n: i for i, n in enumerate(self.names)}
         roots = [root_w.get(n, 1.0) for n in self.names]
@@ -183,7 +185,7 @@ class TableFit:
                 entries = sorted((e for es in self._keys.values() for e in es), key=lambda e: e[0])
             else:
                 entries = self._keys.get(cls, [])
-            got = self._pools[cls] = _Pool(self._rows(entries), self._root_w)
+            got = self._pools[cls] = _Pool(self._rows(entries), self._root_w, max((e[1] for e in entries), default=0.0))
         return got
 
     def predict(self, key: str) -> float | None:
@@ -219,4 +221,7 @@ class TableFit:
         else:
             w = [1.0 / d2[i] for i in near]
             ratio = sum(wi * ratios[i] for wi, i in zip(w, near)) / sum(w)
-        return ratio * baseline(sizes, self.sm_count)
+        # a neighbour's ratio to its baseline carried to a shape whose baseline is near 1 (a
+        # batch of small products fills every SM) can exceed any measured rate: no fitted
+        # shape runs faster than the fastest shape of its pool the table measured
+        return min(ratio * baseline(sizes, self.sm_count), pool.best)
