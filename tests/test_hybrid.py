@@ -88,7 +88,7 @@ def test_hybrid_estimate_and_band() -> None:
 
 
 @pytest.mark.parametrize("update,field", [
-    ({"hybrid_layer_pattern": "M-G*M-M-"}, "hybrid_layer_pattern"),
+    ({"hybrid_layer_pattern": "M-D*M-M-"}, "hybrid_layer_pattern"),
     ({"hybrid_layer_pattern": "M-M*M-M-/M-"}, "hybrid_layer_pattern"),  # an MTP pattern
     ({"hybrid_layer_pattern": "M-M*M-M"}, "layer_num"),
     ({"hybrid_layer_pattern": "M-M*M-ME"}, "hybrid_layer_pattern"),

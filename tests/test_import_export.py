@@ -349,8 +349,8 @@ def test_megatron_script_with_unknown_flags_and_errors(tmp_path) -> None:
     assert (m.hybrid_layer_pattern, m.layer_num, m.mamba_heads) == ("M-M*", 4, 16)
     with pytest.raises(ConfigError, match="--mamba-num-groups: must divide"):
         parse_megatron_args(hybrid.replace("512", "64") + " --hybrid-layer-pattern M-M*", world_size=1)
-    with pytest.raises(ConfigError, match="gated delta net"):
-        parse_megatron_args(hybrid + " --hybrid-layer-pattern M-G*", world_size=1)
+    with pytest.raises(ConfigError, match="DSA"):
+        parse_megatron_args(hybrid + " --hybrid-layer-pattern M-D*", world_size=1)
     with pytest.raises(ConfigError, match="--hybrid-attention-ratio"):
         parse_megatron_args(hybrid + " --hybrid-attention-ratio 0.1", world_size=1)
 

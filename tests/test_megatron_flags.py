@@ -66,6 +66,14 @@ CASES = {
                                {"layer_num": 4, "moe_shared_expert_gate": True}),
     "hybrid-mamba": ("llama3.1-8b", {"pp_size": 2, "tp_size": 2, "world_size": 8, "enable_sequence_parallel": True},
                      {"layer_num": 8, "hybrid_layer_pattern": "-M-M*M-M", "mamba_num_heads": 64}),  # an MLP first: "="
+    "gated-deltanet": ("qwen3-30b-a3b", {"pp_size": 1, "ep_size": 8, "world_size": 8, "megatron_recompute": True,
+                                         "megatron_recompute_modules": ["gdn_norm_out"]},
+                       {"layer_num": 8, "experimental_attention_variant": "gated_delta_net", "linear_attention_freq": 4,
+                        "attention_output_gate": True, "linear_num_key_heads": 8}),
+    "gated-deltanet-list": ("llama3.1-8b", {"pp_size": 1, "world_size": 8},
+                            {"layer_num": 4, "experimental_attention_variant": "gated_delta_net",
+                             "linear_attention_freq": [0, 1, 1, 0]}),
+    "hybrid-gdn": ("llama3.1-8b", {"pp_size": 1, "world_size": 8}, {"layer_num": 6, "hybrid_layer_pattern": "G-G*M-"}),
 }
 
 
@@ -103,6 +111,12 @@ def test_megatron_019_parses_every_exported_flag(megatron_parser: argparse.Argum
     assert m2.add_qkv_bias == (m.add_qkv_bias and not m.add_bias_linear)
     assert args.hybrid_layer_pattern == m.hybrid_layer_pattern and m2.hybrid_layer_pattern == m.hybrid_layer_pattern
     assert (args.mamba_num_heads, m2.mamba_heads, m2.mamba_state_dim) == (m.mamba_num_heads, m.mamba_heads, m.mamba_state_dim)
+    # Gated DeltaNet: the variant, its layer pattern and sizes both ways
+    assert args.experimental_attention_variant == m.experimental_attention_variant == m2.experimental_attention_variant
+    assert args.linear_attention_freq == m.linear_attention_freq == m2.linear_attention_freq
+    assert (args.linear_num_key_heads, args.linear_num_value_heads) == (m.linear_num_key_heads, m.linear_num_value_heads)
+    assert (m2.linear_num_key_heads, m2.linear_key_head_dim) == (m.linear_num_key_heads, m.linear_key_head_dim)
+    assert args.recompute_modules == (st.megatron_recompute_modules if st.megatron_recompute else args.recompute_modules)
 
 
 def test_import_takes_megatron_019_defaults() -> None:

@@ -160,8 +160,8 @@ class Estimate(DataParallelStep):
     def flops_6nd_with_attn(self) -> float:
         """SimuMax's convention: 6 x active params x tokens + non-causal attention over the
         q·k and value head dims (MLA: nope + rope dims, and its value dim), the input
-        embedding's parameters (a lookup, no GEMM) not counted (a hybrid stack: its attention
-        layers' attention only); with tied embeddings the
+        embedding's parameters (a lookup, no GEMM) not counted (a hybrid stack or Gated DeltaNet
+        layers: the softmax attention layers' attention only); with tied embeddings the
         shared weight stays, for the LM head's GEMM. The SimuMax files' measured
         ``tflops_per_gpu`` are in this convention (tests/test_compat_files.py)."""
         m, st = self.model, self.strategy
@@ -171,7 +171,7 @@ class Estimate(DataParallelStep):
         tokens = st.global_batch_size * st.seq_len
         # (an MLA model states all three dims: ModelConfig's check)
         dims = m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim if m.attention_type == "mla" else 2 * m.head_size
-        attn_layers = m.layer_num if m.hybrid_layer_pattern is None else m.hybrid_layer_pattern.count("*")
+        attn_layers = m.softmax_attention_layers
         attn_per_token = 6 * attn_layers * st.seq_len * m.head_num * dims
         return tokens * (6 * n_params + attn_per_token)
 

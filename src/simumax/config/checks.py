@@ -125,11 +125,24 @@ def _check_hybrid(model: ModelConfig, st: StrategyConfig) -> None:
                           "stage's blocks, as Megatron asserts")
 
 
+def _check_linear_attention(model: ModelConfig, st: StrategyConfig) -> None:
+    """Gated DeltaNet's heads split over TP x CP (transformer_config.py asserts it: its
+    context parallelism all-to-alls heads, not sequence chunks)."""
+    tp_cp = st.tp_size * st.cp_size
+    for field in ("linear_num_key_heads", "linear_num_value_heads"):
+        heads = getattr(model, field)
+        if heads % tp_cp:
+            raise ConfigError("tp_size" if heads % st.tp_size else "cp_size",
+                              f"{field} ({heads}) must be divisible by tp x cp ({tp_cp}), as Megatron asserts")
+
+
 def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfig) -> None:
     """Raise ConfigError for the first rule the three configs break together."""
     tp = st.tp_size
     if model.hybrid_layer_pattern is not None:
         _check_hybrid(model, st)
+    if model.has_linear_attention:
+        _check_linear_attention(model, st)
     if model.attention_type == "mha":
         if model.head_num % tp:
             raise ConfigError("tp_size", f"head_num ({model.head_num}) must be divisible by tp ({tp})")

@@ -12,8 +12,8 @@ from simumax.config.simumax_fields import model_input
 from simumax.errors import ConfigError
 
 
-# Megatron hybrid-stack symbols modelled: Mamba-2, attention, MLP, MoE
-HYBRID_SYMBOLS = "M*-E"
+# Megatron hybrid-stack symbols modelled: Mamba-2, Gated DeltaNet, attention, MLP, MoE
+HYBRID_SYMBOLS = "MG*-E"
 
 
 class ModelConfig(SimuMaxModelMethods, ConfigBase):
@@ -161,6 +161,25 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         None, description="Mamba-2 heads H (Megatron --mamba-num-heads); null: 2 x hidden_size / mamba_head_dim "
         "(the mixer's expand 2).",
     )
+    # Gated DeltaNet linear attention (megatron-core ssm/gated_delta_net; Qwen3-Next, Qwen3.5)
+    experimental_attention_variant: Literal["gated_delta_net"] | None = Field(
+        None, description="Megatron --experimental-attention-variant: gated_delta_net replaces the attention of the "
+        "layers linear_attention_freq marks by a Gated DeltaNet (Qwen3-Next); null: every layer's attention as usual.",
+    )
+    linear_attention_freq: int | list[int] | None = Field(
+        None, description="Megatron --linear-attention-freq: N, every N-th layer (layer i when (i + 1) % N == 0) keeps "
+        "softmax attention and the others are Gated DeltaNet (Qwen3-Next: 4); or a 0/1 list, 1 for Gated DeltaNet.",
+    )
+    linear_conv_kernel_dim: PositiveInt = Field(4, le=64, description="Gated DeltaNet's causal conv1d width "
+                                                "(Megatron --linear-conv-kernel-dim).")
+    linear_key_head_dim: PositiveInt = Field(128, le=4096, description="Gated DeltaNet q / k head dim "
+                                             "(Megatron --linear-key-head-dim).")
+    linear_value_head_dim: PositiveInt = Field(128, le=4096, description="Gated DeltaNet value / gate head dim "
+                                               "(Megatron --linear-value-head-dim).")
+    linear_num_key_heads: PositiveInt = Field(16, le=65536, description="Gated DeltaNet q / k heads "
+                                              "(Megatron --linear-num-key-heads).")
+    linear_num_value_heads: PositiveInt = Field(32, le=65536, description="Gated DeltaNet value heads, a multiple of "
+                                                "the key heads (Megatron --linear-num-value-heads).")
     # MLA (SimuMax names)
     q_lora_rank: PositiveInt | None = Field(None, description="MLA query low-rank dim; null means full-rank Q.")
     kv_lora_rank: PositiveInt | None = Field(None, description="MLA compressed KV dim.")
@@ -221,7 +240,29 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
                     raise ConfigError(name, "required when attention_type is 'mla'")
         if self.hybrid_layer_pattern is not None:
             self._check_hybrid()
+        self._check_linear_attention()
         return self
+
+    def _check_linear_attention(self) -> None:
+        """Gated DeltaNet's sizes and layer pattern as megatron-core asserts them
+        (transformer_config.py; experimental_attention_variant_module_specs.py)."""
+        freq = self.linear_attention_freq
+        if self.experimental_attention_variant == "gated_delta_net":
+            if self.hybrid_layer_pattern is not None:
+                raise ConfigError("experimental_attention_variant", "a hybrid stack marks its Gated DeltaNet blocks G "
+                                  "in hybrid_layer_pattern")
+            if freq is None:
+                raise ConfigError("linear_attention_freq", "must be set for gated_delta_net, as Megatron asserts")
+            self._check_layer_list("linear_attention_freq", freq)
+            if isinstance(freq, int) and freq < 1:
+                raise ConfigError("linear_attention_freq", f"must be >= 1 (got {freq})")
+            if self.attention_type == "mla":
+                raise ConfigError("experimental_attention_variant", "Gated DeltaNet beside MLA attention is not modelled")
+        elif freq is not None:
+            raise ConfigError("linear_attention_freq", "needs experimental_attention_variant gated_delta_net")
+        if self.has_linear_attention and self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ConfigError("linear_num_value_heads", f"must be a multiple of linear_num_key_heads "
+                              f"({self.linear_num_key_heads}), as Megatron asserts")
 
     def _check_hybrid(self) -> None:
         """The hybrid stack's pattern and Mamba sizes as megatron-core asserts them
@@ -230,8 +271,8 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         pattern = self.hybrid_symbols
         unknown = sorted(set(pattern) - set(HYBRID_SYMBOLS))
         if not pattern or unknown:
-            why = ("G (gated delta net), D (DSA), + (MLA) layers and / MTP patterns are not modelled"
-                   if set(unknown) <= set("GD+/") else "symbols are M, *, - and E, | between pipeline segments")
+            why = ("D (DSA), + (MLA) layers and / MTP patterns are not modelled"
+                   if set(unknown) <= set("D+/") else "symbols are M, G, *, - and E, | between pipeline segments")
             raise ConfigError("hybrid_layer_pattern", f"{why} (got {''.join(unknown) or 'an empty pattern'})")
         if "|" in raw and not all(raw.split("|")):
             raise ConfigError("hybrid_layer_pattern", "an empty pipeline segment between '|' (every virtual stage "
@@ -271,8 +312,32 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
         """The mixer's inner width d_inner (H x P with mamba_num_heads, else 2 x hidden)."""
         return self.mamba_num_heads * self.mamba_head_dim if self.mamba_num_heads else 2 * self.hidden_size
 
+    @property
+    def has_linear_attention(self) -> bool:
+        """Some layer is a Gated DeltaNet (G blocks of a hybrid stack, or gated_delta_net layers)."""
+        if self.hybrid_layer_pattern is not None:
+            return "G" in self.hybrid_layer_pattern
+        return self.experimental_attention_variant == "gated_delta_net"
+
+    @property
+    def softmax_attention_layers(self) -> int:
+        """Layers with softmax attention: all but Gated DeltaNet layers, or a hybrid stack's * blocks."""
+        if self.hybrid_layer_pattern is not None:
+            return self.hybrid_layer_pattern.count("*")
+        return sum(not self.linear_attention(i) for i in range(self.layer_num))
+
+    def linear_attention(self, layer: int) -> bool:
+        """Whether transformer layer ``layer`` (0-based) runs a Gated DeltaNet instead of softmax
+        attention (megatron-core ``get_linear_attention_pattern``: N means (i + 1) % N != 0);
+        an MTP layer takes the last layer's kind. A hybrid stack's G blocks are their own symbol."""
+        if self.experimental_attention_variant != "gated_delta_net" or self.hybrid_layer_pattern is not None:
+            return False
+        layer = min(layer, self.layer_num - 1)
+        freq = self.linear_attention_freq
+        return bool(freq[layer]) if isinstance(freq, list) else (layer + 1) % freq != 0  # type: ignore[operator]
+
     def layer_symbol(self, layer: int) -> str:
-        """What layer ``layer`` is: its hybrid pattern symbol (M, *, -, E), or "T" for a
+        """What layer ``layer`` is: its hybrid pattern symbol (M, G, *, -, E), or "T" for a
         transformer layer (attention and MLP) of a model without a pattern."""
         if self.hybrid_layer_pattern is None:
             return "T"

@@ -13,7 +13,8 @@ from simumax.config.strategy_derived import StrategyDerived
 from simumax.config.strategy_rules import check_rules
 from simumax.errors import ConfigError
 
-MEGATRON_RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe_act", "moe", "shared_experts", "mla_up_proj")
+MEGATRON_RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe_act", "moe", "shared_experts", "mla_up_proj",
+                              "gdn_norm_out")
 # Megatron --offload-modules (fine-grained activation offloading; graph/offload.py maps them to ops)
 ACTIVATION_OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
 # attn_only / mlp_only / sdp_only: SimuMax's sub-block granularities (graph/recompute.py)

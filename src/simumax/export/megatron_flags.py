@@ -318,6 +318,14 @@ def model_flags(model: ModelConfig) -> list[str]:
             f.append(switch_flag("m", name))
     if model.mtp_num_layers:
         f.append(_m("mtp_num_layers", model.mtp_num_layers))
+    if model.experimental_attention_variant == "gated_delta_net":
+        f.append(f"--experimental-attention-variant {model.experimental_attention_variant}")
+        freq = model.linear_attention_freq
+        f.append(f"--linear-attention-freq {freq}" if isinstance(freq, int) else _layer_list("--linear-attention-freq", freq))
+    if model.has_linear_attention:
+        f += [_m(field, getattr(model, field)) for field in ("linear_conv_kernel_dim", "linear_key_head_dim",
+                                                              "linear_value_head_dim", "linear_num_key_heads",
+                                                              "linear_num_value_heads")]
     if model.hybrid_layer_pattern is not None:  # Megatron's hybrid stack (pretrain_mamba.py)
         # with "=": a pattern may start with "-" (an MLP block), which argparse would read as a flag
         f.append(f"--hybrid-layer-pattern='{model.hybrid_layer_pattern}'")

@@ -13,6 +13,7 @@ from simumax.graph import blocks, fp8, linears
 from simumax.graph.dense_layer import attention_ops, mlp_ops
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective, host_wait
+from simumax.graph.gdn_layer import gdn_ops
 from simumax.graph.mamba_layer import mamba_ops
 from simumax.graph.ops import Op, Stage, StagePart
 from simumax.graph.placement import virtual_stage_places
@@ -47,18 +48,19 @@ def _head_ops(model: ModelConfig, st: StrategyConfig, d: Dims, same_rank_as_embe
 
 
 def layer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int) -> list[Op]:
-    """One transformer layer: MHA/GQA or MLA attention, then a dense or MoE MLP; in a hybrid
-    stack (``hybrid_layer_pattern``) one block per layer: a Mamba-2 mixer, attention, an MLP
-    or a MoE MLP, each with its own norm and residual add (megatron-core's HybridStack)."""
+    """One transformer layer: MHA/GQA, MLA or Gated DeltaNet attention, then a dense or MoE
+    MLP; in a hybrid stack (``hybrid_layer_pattern``) one block per layer: a Mamba-2 mixer, a
+    Gated DeltaNet, attention, an MLP or a MoE MLP, each with its own norm and residual add
+    (megatron-core's HybridStack)."""
     x_in = (f"L{layer}.x", d.act(d.h, local=True))
     symbol = model.layer_symbol(layer)
     if symbol != "T":
-        block = {"M": mamba_ops, "*": attention_ops, "-": mlp_ops, "E": moe_mlp_ops}[symbol]
+        block = {"M": mamba_ops, "G": gdn_ops, "*": attention_ops, "-": mlp_ops, "E": moe_mlp_ops}[symbol]
         ops = block(model, st, d, layer, x_in)
         ops[-1] = ops[-1].with_(output=(f"L{layer + 1}.x", x_in[1]))
         return ops
     x_mid = (f"L{layer}.x_mid", d.act(d.h, local=True))
-    attn = mla_attention_ops if model.attention_type == "mla" else attention_ops
+    attn = gdn_ops if model.linear_attention(layer) else mla_attention_ops if model.attention_type == "mla" else attention_ops
     mlp = moe_mlp_ops if model.is_moe_layer(layer) else mlp_ops
     a, m = attn(model, st, d, layer, x_in), mlp(model, st, d, layer, x_mid)
     # the residual adds produce the next block's input (named, so checkpoints see it)
@@ -82,8 +84,8 @@ def _fp8_amax_reduction(st: StrategyConfig, linears: int, vstage: int) -> Op | N
     return Op(name=f"fp8.amax_reduce.v{vstage}", module="fp8_amax", layer=-1, fwd=(reduce,), bwd_input=(reduce,))
 
 
-LayerKind = tuple[bool, bool, bool, int | None, bool, str]  # OpSource.kind
-CostKind = tuple[bool, bool, bool, bool, int | None, bool, str]  # OpSource.cost_kind: recomputed, then the LayerKind
+LayerKind = tuple[bool, bool, bool, int | None, bool, str, bool]  # OpSource.kind
+CostKind = tuple[bool, bool, bool, bool, int | None, bool, str, bool]  # OpSource.cost_kind: recomputed, then the LayerKind
 
 
 @dataclass
@@ -140,13 +142,14 @@ class OpSource:
         """What makes layers' ops alike but for their names: dense or MoE, kept in BF16 or
         not, offloaded by TE's layer offload or not, the attention window (gpt-oss
         alternates sliding-window and full-attention layers), RoPE or NoPE (Llama 4), the hybrid
-        block (Mamba, attention, MLP, MoE). Kept
+        block (Mamba, Gated DeltaNet, attention, MLP, MoE), Gated DeltaNet or softmax attention
+        (Qwen3-Next). Kept
         per layer: a search builds the chunks of many layouts from one source."""
         got = self._kinds.get(layer)
         if got is None:
             got = self._kinds[layer] = (self.model.is_moe_layer(layer), self.bf16_layer(layer), self.te_offloaded(layer),
                                         self.model.attention_window(layer), self.model.uses_rope(layer),
-                                        self.model.layer_symbol(layer))
+                                        self.model.layer_symbol(layer), self.model.linear_attention(layer))
         return got
 
     def cost_kind(self, layer: int, recomputed: bool) -> CostKind:

@@ -9,7 +9,7 @@ Groups (module tags of graph.dense_layer):
   activation and FC2, not the dispatch); mlp_rms_recompute -> the pre-MLP norm;
   mla_rms_recompute -> MLA's q and kv norms;
 * megatron (--recompute-modules): core_attn, mlp, layernorm (both norms), moe_act, moe,
-  shared_experts, mla_up_proj;
+  shared_experts, mla_up_proj, gdn_norm_out (a Gated DeltaNet's gated output norm);
 * SimuMax's sub-block granularities: attn_only -> the attention sub-block (norm to output
   projection), mlp_only -> the MLP sub-block (norm to FC2; routing, dispatch and experts on
   MoE layers), sdp_only -> core attention; they honour ``recompute_layer_num``.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from simumax.config.strategy import StrategyConfig
 from simumax.graph.ops import Op
+from simumax.graph.gdn_layer import MODULES as GDN_MODULES
 from simumax.graph.shared_experts import SHARED_EXPERT_MODULES
 
 SELECTIVE_FLAGS = {
@@ -36,11 +37,13 @@ MEGATRON_MODULES = {
                      *SHARED_EXPERT_MODULES})],
     "shared_experts": [("shared", set(SHARED_EXPERT_MODULES))],
     "mla_up_proj": [("mla_up", {"mla_up_proj", "mla_rope"})],
+    "gdn_norm_out": [("gdn_norm_out", {"gdn_out_norm"})],
 }
 
 SUB_BLOCKS = {
     "attn_only": [("attn", {"attn_norm", "qkv", "q_down", "mla_q_norm", "kv_down", "mla_kv_norm", "mla_up_proj",
-                            "mla_rope", "qkv_split", "rope", "core_attn", "attn_proj", "attn_post_norm"})],
+                            "mla_rope", "qkv_split", "rope", "core_attn", "attn_proj", "attn_post_norm",
+                            *GDN_MODULES[:-1]})],  # a Gated DeltaNet's, but for its residual add
     "mlp_only": [("mlp", {"mlp_norm", "fc1", "act", "fc2", "mlp_post_norm", "router", "moe_latent_proj", "dispatch", "expert_fc1",
                           "moe_act", "expert_fc2", "combine", "moe_sum", *SHARED_EXPERT_MODULES})],
     "sdp_only": [("attn", {"core_attn"})],

@@ -4,7 +4,8 @@ Architectures: Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma 1 / 2 / 3 (den
 3 with their sandwich norms and local / global attention layers), Mixtral, Qwen2-MoE, Qwen3-MoE,
 GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 (MLA + MoE),
 GLM-4.5 (GQA + DeepSeek-V3-style MoE), Llama 4 (its text model: interleaved top-1 MoE with a
-shared expert) and Nemotron-H (Megatron's hybrid stack of Mamba-2, attention and MLP blocks).
+shared expert), Qwen3-Next (Gated DeltaNet and gated attention layers over a MoE) and Nemotron-H
+(Megatron's hybrid stack of Mamba-2, attention and MLP blocks).
 What the ModelConfig cannot say is returned as notes (e.g. a Llama-style output-projection bias),
 never silently dropped.
 """
@@ -28,7 +29,9 @@ GEMMA3_TEXT_DEFAULTS = {
     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
     "max_position_embeddings": 131_072, "rope_theta": 1_000_000.0, "sliding_window": 4096, "sliding_window_pattern": 6,
 }
-MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM"}
+# Qwen3-Next: Qwen3-MoE's experts (and gated shared expert) under Gated DeltaNet layers with
+# every full_attention_interval-th layer gated softmax attention
+MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM"}
 MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
 LLAMA4 = {"Llama4ForConditionalGeneration", "Llama4ForCausalLM"}  # the text model (its text_config)
 GLM4_MOE = {"Glm4MoeForCausalLM"}  # GLM-4.5 / 4.6: GQA attention, DeepSeek-V3's MoE and MTP
@@ -55,6 +58,8 @@ SIZE_KEYS = {
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "q_lora_rank", "n_shared_experts",
     "shared_expert_intermediate_size", "max_position_embeddings", "sliding_window", "intermediate_size_mlp",
     "interleave_moe_layer_step", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups",
+    "full_attention_interval", "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+    "linear_num_key_heads", "linear_num_value_heads",
 }
 
 
@@ -154,6 +159,8 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out.update(_glm4_moe(cfg, source, notes))
     if arch in NEMOTRON_H:
         out.update(_nemotron_h(cfg, source, notes))
+    if arch == "Qwen3NextForCausalLM":
+        out.update(_qwen3_next(cfg, source, notes))
     if arch == "GptOssForCausalLM":
         # biases on every linear (attention and experts), learned attention sinks per head
         out.update(add_bias_linear=bool(cfg.get("attention_bias", True)), attention_sinks=True)
@@ -183,6 +190,31 @@ def _nemotron_h(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str,
         "mamba_num_heads": _req(cfg, "mamba_num_heads", source), "mamba_head_dim": _req(cfg, "mamba_head_dim", source),
         "mamba_state_dim": _req(cfg, "ssm_state_size", source), "mamba_num_groups": _req(cfg, "n_groups", source),
         "use_swiglu": False, "position_embedding_type": "none",
+    }
+
+
+def _qwen3_next(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any]:
+    """transformers' Qwen3Next: Gated DeltaNet layers (Qwen3NextGatedDeltaNet: in_proj_qkvz and
+    in_proj_ba, the conv over q, k, v, the gated RMSNorm, out_proj — megatron-core's
+    GatedDeltaNet) where ``layer_types`` says linear_attention (by default all but every
+    ``full_attention_interval``-th layer), gated softmax attention with per-head q / k norms in
+    the others (Qwen3NextAttention: q_proj makes the query and its gate)."""
+    layers = _req(cfg, "num_hidden_layers", source)
+    types = cfg.get("layer_types")
+    if types:
+        if len(types) != layers:
+            raise ConfigError("layer_types", f"needs one entry per layer ({layers}; got {len(types)})", source)
+        linear = [int(t == "linear_attention") for t in types]
+    else:
+        k = cfg.get("full_attention_interval") or 4
+        linear = [int((i + 1) % k != 0) for i in range(layers)]
+    k = next((k for k in range(1, layers + 1) if linear == [int((i + 1) % k != 0) for i in range(layers)]), None)
+    notes.append("Qwen3-Next's zero-centred RMSNorm weights (1 + w): costed as RMSNorm")
+    return {
+        "experimental_attention_variant": "gated_delta_net", "linear_attention_freq": k if k is not None else linear,
+        "attention_output_gate": True, "qk_layernorm": True,
+        **{key: cfg[key] for key in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                                     "linear_num_key_heads", "linear_num_value_heads") if cfg.get(key)},
     }
 
 

@@ -148,6 +148,14 @@ def _read_flags(tokens: list[str], m: dict[str, Any], s: dict[str, Any], extra: 
                 notes.append("--softmax-type off-by-one: costed as the vanilla softmax (one constant sink logit)")
         elif flag == "--no-rope-freq" and value is not None:  # Megatron's no_rope_freq_type: an int or a list
             m["no_rope_freq"] = int_or_layer_list(flag, value)
+        elif flag == "--linear-attention-freq" and value is not None:  # la_freq_type: an int or a list
+            m["linear_attention_freq"] = int_or_layer_list(flag, value.strip("'\""))
+        elif flag == "--experimental-attention-variant" and value is not None:
+            if value == "gated_delta_net":
+                m["experimental_attention_variant"] = value
+            else:
+                not_modelled.setdefault("DeepSeek sparse attention (its indexer and top-k selection): costed as the "
+                                        "model's attention", []).append(f"{flag} {value}")
         elif flag == "--attention-backend" and value is not None:  # Megatron-Core's AttnBackend
             if value not in ("auto", "flash", "fused", "unfused", "local"):
                 raise ConfigError(flag, f"expected auto, flash, fused, unfused or local, got {value!r}")

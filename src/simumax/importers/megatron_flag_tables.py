@@ -109,7 +109,6 @@ NOT_MODELLED = {
     "--moe-input-jitter-eps": "one element-wise pass over the router's input",
     "--fp32-residual-connection": "the residual stream in fp32: its activations and element-wise passes at 4 bytes",
     "--deterministic-mode": "deterministic kernels (slower attention backward and reductions)",
-    "--experimental-attention-variant": "gated delta net / DSA attention: costed as the model's attention",
     "--mlp-chunks-for-training": "the MLP run in sequence chunks (its transient memory)",
     # (Megatron-LM 0.19 no longer parses it; TE 2.x's get_cpu_offload_context takes it and
     # warns "Offloading weights is deprecated. Using offload_weights=True does not have any effect.")

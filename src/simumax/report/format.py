@@ -98,6 +98,7 @@ def nccl_sms_note(st: StrategyConfig, network: NetworkModel) -> str | None:
 APPROXIMATE_MECHANISMS = {
     "moe_routing": "dropless MoE routing (tokens per expert: uniformly random routing's x moe_load_imbalance {imb:g})",
     "mamba_ssd": "Mamba-2's fused conv + chunked scan (its Triton kernels as batched GEMMs and memory passes)",
+    "gdn_scan": "Gated DeltaNet's chunked delta rule (FLA's Triton kernels as batched GEMMs and memory passes)",
 }
 
 
