@@ -184,6 +184,17 @@ def test_strategy_rules(fields, field) -> None:
     assert exc.value.field == field
 
 
+def test_fp8_in_proj_alignment() -> None:
+    """With fp8 megatron-core asserts the in_proj width a multiple of 16 (32 under mxfp8):
+    2·Hk·dk + 2·Hv·dv + 2·Hv = 2·4·64 + 2·12·64 + 24 = 2072 is not (2072 = 16·129.5)."""
+    odd = _gdn_model(linear_num_key_heads=4, linear_num_value_heads=12, linear_key_head_dim=64, linear_value_head_dim=64)
+    Estimate(odd, _strategy(), SYSTEM).cost()  # bf16 runs
+    with pytest.raises(ConfigError) as exc:
+        Estimate(odd, _strategy(fp8=True), SYSTEM).cost()
+    assert exc.value.field == "linear_num_value_heads"
+    Estimate(_gdn_model(), _strategy(fp8=True), SYSTEM).cost()  # 12352 = 16 x 772
+
+
 def test_gdn_norm_out_recompute() -> None:
     """Megatron's --recompute-modules gdn_norm_out: the gated norm's output and its own saved
     tensors are dropped after out_proj takes them and remade in backward (its inputs, the scan

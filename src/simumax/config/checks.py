@@ -127,13 +127,21 @@ def _check_hybrid(model: ModelConfig, st: StrategyConfig) -> None:
 
 def _check_linear_attention(model: ModelConfig, st: StrategyConfig) -> None:
     """Gated DeltaNet's heads split over TP x CP (transformer_config.py asserts it: its
-    context parallelism all-to-alls heads, not sequence chunks)."""
+    context parallelism all-to-alls heads, not sequence chunks); with fp8 its in_proj width
+    aligned for the fp8 GEMM (gated_delta_net/common.py)."""
     tp_cp = st.tp_size * st.cp_size
     for field in ("linear_num_key_heads", "linear_num_value_heads"):
         heads = getattr(model, field)
         if heads % tp_cp:
             raise ConfigError("tp_size" if heads % st.tp_size else "cp_size",
                               f"{field} ({heads}) must be divisible by tp x cp ({tp_cp}), as Megatron asserts")
+    if st.fp8:  # its in_proj output feeds an fp8 GEMM (megatron-core's get_fp8_align_size)
+        align = 32 if st.fp8_recipe == "mxfp8" else 16
+        width = (2 * model.linear_num_key_heads * model.linear_key_head_dim
+                 + 2 * model.linear_num_value_heads * model.linear_value_head_dim + 2 * model.linear_num_value_heads)
+        if width % align:
+            raise ConfigError("linear_num_value_heads", f"with fp8 ({st.fp8_recipe}) the Gated DeltaNet in_proj width "
+                              f"({width}) must be a multiple of {align}, as Megatron asserts")
 
 
 def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfig) -> None:
