@@ -8,6 +8,8 @@ import types
 import warnings
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.errors import ConfigError
@@ -243,3 +245,28 @@ def test_qwen3_next_config_by_hand() -> None:
     with pytest.raises(ConfigError) as exc:
         model_from_hf({**QWEN3_NEXT_80B, "layer_types": layer_types})
     assert exc.value.field == "layer_types"
+
+
+@settings(max_examples=25, deadline=None)
+@given(hk=st.sampled_from([4, 8, 16]), ratio=st.sampled_from([1, 2, 4]), dk=st.sampled_from([64, 128, 256]),
+       dv=st.sampled_from([64, 128]), tp=st.sampled_from([1, 2, 4]), cp=st.sampled_from([1, 2, 4]),
+       seq=st.sampled_from([1024, 4096, 6000]))
+def test_split_conserves_the_scan(hk, ratio, dk, dv, tp, cp, seq) -> None:
+    """However the heads are split over TP and CP, the ranks together run the one-rank scan:
+    its FLOPs, both ways, and what it keeps (the head-sharded full sequences of CP hold 1 / cp
+    of the heads each)."""
+    seq = seq - seq % (2 * cp)
+    m = _gdn_model(linear_num_key_heads=hk, linear_num_value_heads=hk * ratio, linear_key_head_dim=dk,
+                   linear_value_head_dim=dv)
+    if hk % (tp * cp):
+        return
+    one = _strategy(seq_len=seq)
+    split = _strategy(seq_len=seq, tp_size=tp, cp_size=cp, world_size=8 * tp * cp, enable_sequence_parallel=tp > 1)
+    got = []
+    for s in (one, split):
+        d = Dims.of(m, s)
+        scan = _op(gdn_ops(m, s, d, 0, ("L0.x", d.act(m.hidden_size, local=True))), "gdn_scan")
+        got.append((_flops(scan.fwd), _flops(scan.bwd_input), scan.saved_bytes))
+    assert got[1][0] * tp * cp == pytest.approx(got[0][0], rel=1e-12)
+    assert got[1][1] * tp * cp == pytest.approx(got[0][1], rel=1e-12)
+    assert got[1][2] * tp * cp == pytest.approx(got[0][2], rel=1e-12)
