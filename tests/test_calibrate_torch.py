@@ -15,6 +15,7 @@ import pytest
 from simumax.config.loader import load_model, load_system
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
+from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 from tests.conftest import ROOT
 from tests.test_calibrate import TINY_MODEL, TINY_STRATEGY, _cli
@@ -383,3 +384,15 @@ def test_attention_calls_are_graphed_on_a_gpu_only() -> None:
     assert graphed(fn, torch.device("cpu")) is fn
     grads = attention_fn(Attention("bwd", 1, 16, 2, 1, 8, 8), torch.device("cpu"), torch.float32)()
     assert [tuple(g.shape) for g in grads] == [(1, 2, 16, 8), (1, 1, 16, 8), (1, 1, 16, 8)]
+
+
+def test_check_step_refuses_models_it_cannot_build() -> None:
+    """check-step's torch model is a dense MHA/GQA transformer: a Gated DeltaNet or hybrid model
+    is a one-line ConfigError, not a wrong step."""
+    from simumax.calibrate.check_step import LlamaStyle
+
+    base = load_model("llama3-8b").with_updates({k: v for k, v in TINY_MODEL.items() if k != "model_name"}, source="test")
+    for upd in ({"experimental_attention_variant": "gated_delta_net", "linear_attention_freq": 2},
+                {"hybrid_layer_pattern": "G-" * (base.layer_num // 2)}):
+        with pytest.raises(ConfigError):
+            LlamaStyle(base.with_updates(upd))

@@ -147,7 +147,8 @@ class _Layer(nn.Module):
 class LlamaStyle(nn.Module):
     def __init__(self, m: ModelConfig) -> None:
         super().__init__()
-        if m.model_type != "dense" or m.attention_type != "mha" or m.hybrid_layer_pattern is not None:
+        if m.model_type != "dense" or m.attention_type != "mha" or m.hybrid_layer_pattern is not None \
+                or m.has_linear_attention:
             raise ConfigError("model", "check-step builds dense MHA/GQA transformer models only")
         self.vocab = m.padded_vocab(1)
         self.embed = nn.Embedding(self.vocab, m.hidden_size)
