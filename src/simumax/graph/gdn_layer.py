@@ -13,20 +13,21 @@ Per TP rank (Hk key heads of dk, Hv value heads of dv, all split over TP):
 * the jit-fused input preparation: L2 norm of q and k (FLA ``l2norm``, which keeps its output
   and rstd), q and k repeated to the Hv value heads, v, z, β, α made contiguous; g = −exp(A)·
   softplus(α + dt_bias) in fp32 and sigmoid(β);
-* FLA's ``chunk_gated_delta_rule`` (chunks of 64): ``chunk_local_cumsum``, the WY
-  representation (``chunk_scaled_dot_kkt_fwd``, ``solve_tril``, ``recompute_w_u_fwd``), the
-  state recurrence over chunks (``chunk_gated_delta_rule_fwd_h``) and the output
-  (``chunk_fwd_o``); it saves q, k, v, g, β and the inverted A, and backward recomputes w, u and
-  the states, then runs ``chunk_bwd_dv_local``, the reverse recurrence
-  ``chunk_gated_delta_rule_bwd_dhu``, ``chunk_bwd_dqkwg`` and ``prepare_wy_repr_bwd``;
+* FLA's ``chunk_gated_delta_rule`` (chunks of 64; read in fla-core 0.6.0): ``chunk_local_cumsum``,
+  the WY representation (``chunk_gated_delta_rule_fwd_intra``: β·k·kᵀ and its inverse in one
+  kernel, then ``recompute_w_u_fwd``), the state recurrence over chunks
+  (``chunk_gated_delta_rule_fwd_h``) and the output (``chunk_fwd_o``); it saves q, k, v, g, β and
+  the inverted A, and backward recomputes w, u and the states, then runs
+  ``chunk_bwd_dv_local``, the reverse recurrence ``chunk_gated_delta_rule_bwd_dhu``,
+  ``chunk_bwd_dqkwg`` and ``prepare_wy_repr_bwd``;
 * the gated output norm (TENorm over each head's dv, times SiLU(z)), ``out_proj``
   (TERowParallelLinear) Hv·dv -> h, and the bias-dropout-add residual.
 
 The scan's tensor-core work is written as the products it is made of: within a chunk as
 batched GEMMs over chunks and heads; the recurrences, which run chunk after chunk on one
-CTA per head and value block, as one long-inner-dimension GEMM per head (the sum over a
-sequence's chunks of kᵀ·v per head: its output tiles, heads × value blocks, are all the
-parallelism such a kernel has, so the wave model prices its low occupancy). Its element-wise
+CTA per head and block of 64 values, as one long-inner-dimension GEMM per head and value block
+(the sum over a sequence's chunks of kᵀ·v: its output tiles are all the parallelism such a
+kernel has, so the wave model prices its low occupancy). Its element-wise
 and fp32 traffic is one memory-bound pass each way. FLA fuses the products into Triton
 kernels, so the op says its sizes are approximate (``Op.approximate``: the 80 % band counts it
 as unmeasured).
@@ -45,6 +46,7 @@ from simumax.graph.ops import Op, Tensor
 
 FP32 = 4
 CHUNK = 64  # FLA chunk_gated_delta_rule's chunk size (fla/ops/gated_delta_rule/chunk.py)
+BV = 64  # value block of FLA's state recurrences (fla/ops/common/chunk_delta_h.py autotunes 32 or 64)
 APPROXIMATE = "gdn_scan"
 MODULES = ("gdn_norm", "gdn_in_proj", "gdn_layout", "gdn_conv", "gdn_prep", "gdn_scan", "gdn_out_norm", "gdn_out_proj",
            "gdn_add")
@@ -73,9 +75,12 @@ def scan_view(model: ModelConfig, d: Dims) -> dict[str, int]:
 
 def _recurrence(v: dict, model: ModelConfig) -> list[Gemm]:
     """One product of a state recurrence over all chunks (2·dk·dv FLOPs per token and value
-    head): per sequence length, a GEMM of a head's [dk, length] by [length, dv]."""
+    head): per sequence length, per head and block of 64 values (FLA's grid: one CTA per value
+    block, head and sequence, BV 64 where the GPU's shared memory allows it), a GEMM of
+    [dk, length] by [length, 64]."""
     dk, dv = model.linear_key_head_dim, model.linear_value_head_dim
-    return [Gemm(dk, length, dv, "NT", b=n * v["v_heads"]) for length, n in v["seqs"]]
+    bv = BV if dv % BV == 0 else dv
+    return [Gemm(dk, length, bv, "NT", b=n * v["v_heads"] * (dv // bv)) for length, n in v["seqs"]]
 
 
 def scan_gemms(v: dict, model: ModelConfig) -> tuple[list[Gemm], list[Gemm]]:
@@ -87,7 +92,9 @@ def scan_gemms(v: dict, model: ModelConfig) -> tuple[list[Gemm], list[Gemm]]:
     rec = _recurrence(v, model)
     w_u = [Gemm(c, c, dk, "NN", b=n), Gemm(c, c, dv, "NN", b=n)]  # recompute_w_u_fwd: w = A·(β·eᵍ·k), u = A·(β·v)
     fwd = [
-        Gemm(c, dk, c, "TN", b=n, out_dtype="fp32"),  # chunk_scaled_dot_kkt_fwd: β·k·kᵀ
+        # chunk_gated_delta_rule_fwd_kkt_solve_kernel: β·k·kᵀ and (I + A)⁻¹ in one kernel, the
+        # inverse stored in bf16 (the 16 x 16 block merges' FLOPs, C²/3 per token, left out)
+        Gemm(c, dk, c, "TN", b=n),
         *w_u,
         *rec, *rec,  # chunk_gated_delta_rule_fwd_h: v_new = u − w·S, S ← eᵍ·S + kᵀ·v_new
         Gemm(c, dk, dv, "NN", b=n),  # chunk_fwd_o: q·S
@@ -122,15 +129,15 @@ def _context_parallel(label: str, d: Dims, z: dict[str, int]) -> tuple[list, lis
 
 def scan_op(P: str, layer: int, d: Dims, model: ModelConfig, qkv: Tensor, out: Tensor) -> Op:
     """FLA's ``chunk_gated_delta_rule`` of one layer: its products and its other traffic (the
-    fp32 gate cumsum, ``solve_tril``'s A, the per-chunk states, v_new; backward: the states and
-    v_new again, the state gradients, dv twice, the fp32 gate gradients and their reverse
-    cumsum). It saves q and k (at Hv heads), v, g (fp32), β and the inverted A (bf16)."""
+    fp32 gate cumsum, the per-chunk states, v_new; backward: the states and v_new again, the
+    state gradients, dv twice, the fp32 gate gradients and their reverse cumsum). It saves q
+    and k (at Hv heads), v, g (fp32), β and the inverted A (bf16)."""
     v = scan_view(model, d)
     ab, t, hv = d.act_bytes, v["tokens"], v["v_heads"]
     dk, dv = model.linear_key_head_dim, model.linear_value_head_dim
     heads_t = float(t * hv)
     states = float(v["chunks"] * hv * dk * dv * ab)
-    fwd_io = 2 * heads_t * FP32 + heads_t * CHUNK * (FP32 + ab) + states + heads_t * dv * ab + 2 * heads_t * FP32
+    fwd_io = 2 * heads_t * FP32 + states + heads_t * dv * ab + 2 * heads_t * FP32
     bwd_io = 2 * states + 3 * heads_t * dv * ab + 8 * heads_t * FP32 + heads_t * ab
     fwd_gemms, bwd_gemms = scan_gemms(v, model)
     label = op_label(f"{P}.gdn_scan")
