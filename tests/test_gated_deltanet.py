@@ -270,3 +270,39 @@ def test_split_conserves_the_scan(hk, ratio, dk, dv, tp, cp, seq) -> None:
     assert got[1][0] * tp * cp == pytest.approx(got[0][0], rel=1e-12)
     assert got[1][1] * tp * cp == pytest.approx(got[0][1], rel=1e-12)
     assert got[1][2] * tp * cp == pytest.approx(got[0][2], rel=1e-12)
+
+
+QWEN3_5_MOE_TEXT = {  # transformers 5.23's Qwen3_5MoeTextConfig defaults (its docstring: the Qwen3.5-35B-A3B style)
+    "vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 256, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8, "num_experts": 256, "hidden_act": "silu",
+    "tie_word_embeddings": False, "full_attention_interval": 4,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+}
+
+
+def test_qwen3_5_configs_by_hand() -> None:
+    """Qwen3.5's checkpoints (Qwen3_5MoeForConditionalGeneration, Qwen3_5ForConditionalGeneration)
+    read as their text models: Qwen3-Next's layers (30 Gated DeltaNet, 10 gated attention of 40),
+    MoE or a dense SwiGLU MLP; transformers 5's rope_parameters give the RoPE base. The MoE
+    text model's parameters by hand: 34.7 B (35 B with its vision tower)."""
+    from simumax.importers.hf import model_from_hf
+
+    moe, notes = model_from_hf({"architectures": ["Qwen3_5MoeForConditionalGeneration"], "text_config": QWEN3_5_MOE_TEXT,
+                                "vision_config": {"depth": 27}})
+    assert any("vision tower" in n for n in notes)
+    assert (moe.softmax_attention_layers, moe.expert_num, moe.topk, moe.rotary_base) == (10, 256, 8, 1e7)
+    h, v, e, f = 2048, 248320, 256, 512
+    gdn = h * (2 * 2048 + 2 * 4096 + 2 * 32) + 8192 * 4 + 2 * 32 + 128 + 4096 * h + h
+    attention = h * (2 * 16 * 256 + 2 * 2 * 256) + 16 * 256 * h + 2 * 256 + h
+    moe_mlp = e * 3 * h * f + 3 * h * f + h + h * e + h
+    by_hand = 30 * gdn + 10 * attention + 40 * moe_mlp + 2 * v * h + h
+    assert Estimate(moe, _strategy(ep_size=8), SYSTEM).params.total == by_hand
+    assert 34.5e9 < by_hand < 34.8e9
+    dense_text = {k: v for k, v in QWEN3_5_MOE_TEXT.items() if not k.startswith(("num_experts", "moe_", "shared_"))}
+    dense, _ = model_from_hf({"architectures": ["Qwen3_5ForConditionalGeneration"],
+                              "text_config": {**dense_text, "intermediate_size": 6144}})
+    assert dense.model_type == "dense" and dense.linear_attention_freq == 4 and dense.attention_output_gate
+    mlp = 3 * h * 6144 + h
+    assert Estimate(dense, _strategy(), SYSTEM).params.total == 30 * gdn + 10 * attention + 40 * mlp + 2 * v * h + h

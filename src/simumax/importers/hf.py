@@ -4,8 +4,9 @@ Architectures: Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma 1 / 2 / 3 (den
 3 with their sandwich norms and local / global attention layers), Mixtral, Qwen2-MoE, Qwen3-MoE,
 GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 (MLA + MoE),
 GLM-4.5 (GQA + DeepSeek-V3-style MoE), Llama 4 (its text model: interleaved top-1 MoE with a
-shared expert), Qwen3-Next (Gated DeltaNet and gated attention layers over a MoE) and Nemotron-H
-(Megatron's hybrid stack of Mamba-2, attention and MLP blocks).
+shared expert), Qwen3-Next and Qwen3.5 (Gated DeltaNet and gated attention layers, Qwen3.5 dense
+or over a MoE; its text model) and Nemotron-H (Megatron's hybrid stack of Mamba-2, attention and
+MLP blocks).
 What the ModelConfig cannot say is returned as notes (e.g. a Llama-style output-projection bias),
 never silently dropped.
 """
@@ -31,7 +32,13 @@ GEMMA3_TEXT_DEFAULTS = {
 }
 # Qwen3-Next: Qwen3-MoE's experts (and gated shared expert) under Gated DeltaNet layers with
 # every full_attention_interval-th layer gated softmax attention
-MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM"}
+MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM",
+       "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"}
+# Qwen3.5: Qwen3-Next's Gated DeltaNet and gated attention layers (its projections unfused, the
+# same weights), dense or over Qwen3-Next's MoE; the multimodal checkpoints' text_config
+QWEN3_5 = {"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+           "Qwen3_5MoeForCausalLM"}
+GATED_DELTANET = QWEN3_5 | {"Qwen3NextForCausalLM"}
 MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
 LLAMA4 = {"Llama4ForConditionalGeneration", "Llama4ForCausalLM"}  # the text model (its text_config)
 GLM4_MOE = {"Glm4MoeForCausalLM"}  # GLM-4.5 / 4.6: GQA attention, DeepSeek-V3's MoE and MTP
@@ -66,14 +73,14 @@ SIZE_KEYS = {
 def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "config.json") -> tuple[ModelConfig, list[str]]:
     """(ModelConfig, notes) from a parsed config.json."""
     archs = cfg.get("architectures") or []
-    known = DENSE | MOE | MLA | LLAMA4 | GLM4_MOE | GEMMA | NEMOTRON_H
+    known = DENSE | MOE | MLA | LLAMA4 | GLM4_MOE | GEMMA | NEMOTRON_H | QWEN3_5
     arch = next((a for a in archs if a in known), None)
     if arch is None:
         raise ConfigError("architectures", f"unsupported {archs or 'missing'}; known: {', '.join(sorted(known))}", source)
     notes: list[str] = []
-    if arch in LLAMA4 | GEMMA and isinstance(cfg.get("text_config"), dict):
+    if arch in LLAMA4 | GEMMA | QWEN3_5 and isinstance(cfg.get("text_config"), dict):
         cfg = cfg["text_config"]  # the multimodal checkpoint's language model
-        if arch in GEMMA:
+        if arch in GEMMA | QWEN3_5:
             notes.append("the vision tower is not modelled: the text model only")
     if arch.startswith("Gemma3"):
         cfg = {**GEMMA3_TEXT_DEFAULTS, **cfg}  # Gemma 3's text_config states only what differs from them
@@ -87,7 +94,10 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         "head_num": heads,
         "kv_head_num": cfg.get("num_key_value_heads") or heads,
         "head_size": cfg.get("head_dim") or hidden // heads,
-        "intermediate_size": _req(cfg, "intermediate_size", source),
+        # a MoE text model without dense layers may not state one (Qwen3.5-MoE): none of its layers reads it
+        "intermediate_size": cfg.get("intermediate_size") or (cfg.get("moe_intermediate_size") if arch in MOE and not
+                                                              cfg.get("mlp_only_layers") and (cfg.get("decoder_sparse_step") or 1) == 1
+                                                              else None) or _req(cfg, "intermediate_size", source),
         "layer_num": _req(cfg, "num_hidden_layers", source),
         "vocab_size": _req(cfg, "vocab_size", source),
         "use_swiglu": act in ("silu", "swish"),  # every supported architecture gates its MLP
@@ -97,8 +107,9 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
     }
     if cfg.get("max_position_embeddings"):
         out["max_position_embeddings"] = cfg["max_position_embeddings"]
-    if cfg.get("rope_theta"):
-        out["rotary_base"] = float(cfg["rope_theta"])
+    theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta")  # transformers 5: rope_parameters
+    if theta:
+        out["rotary_base"] = float(theta)
     if arch in GEMMA:
         out.update(_gemma(cfg, arch, act, notes))
     elif act not in ("silu", "swish"):
@@ -159,7 +170,7 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out.update(_glm4_moe(cfg, source, notes))
     if arch in NEMOTRON_H:
         out.update(_nemotron_h(cfg, source, notes))
-    if arch == "Qwen3NextForCausalLM":
+    if arch in GATED_DELTANET:
         out.update(_qwen3_next(cfg, source, notes))
     if arch == "GptOssForCausalLM":
         # biases on every linear (attention and experts), learned attention sinks per head
@@ -194,11 +205,12 @@ def _nemotron_h(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str,
 
 
 def _qwen3_next(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any]:
-    """transformers' Qwen3Next: Gated DeltaNet layers (Qwen3NextGatedDeltaNet: in_proj_qkvz and
-    in_proj_ba, the conv over q, k, v, the gated RMSNorm, out_proj — megatron-core's
-    GatedDeltaNet) where ``layer_types`` says linear_attention (by default all but every
-    ``full_attention_interval``-th layer), gated softmax attention with per-head q / k norms in
-    the others (Qwen3NextAttention: q_proj makes the query and its gate)."""
+    """transformers' Qwen3Next and Qwen3_5 (Moe): Gated DeltaNet layers (Qwen3NextGatedDeltaNet:
+    in_proj_qkvz and in_proj_ba — Qwen3.5: in_proj_qkv, _z, _b, _a, the same weights —, the conv
+    over q, k, v, the gated RMSNorm, out_proj: megatron-core's GatedDeltaNet) where
+    ``layer_types`` says linear_attention (by default all but every ``full_attention_interval``-th
+    layer), gated softmax attention with per-head q / k norms in the others (Qwen3NextAttention:
+    q_proj makes the query and its gate)."""
     layers = _req(cfg, "num_hidden_layers", source)
     types = cfg.get("layer_types")
     if types:
@@ -209,7 +221,7 @@ def _qwen3_next(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str,
         k = cfg.get("full_attention_interval") or 4
         linear = [int((i + 1) % k != 0) for i in range(layers)]
     k = next((k for k in range(1, layers + 1) if linear == [int((i + 1) % k != 0) for i in range(layers)]), None)
-    notes.append("Qwen3-Next's zero-centred RMSNorm weights (1 + w): costed as RMSNorm")
+    notes.append("zero-centred RMSNorm weights (1 + w, Qwen3NextRMSNorm): costed as RMSNorm")
     return {
         "experimental_attention_variant": "gated_delta_net", "linear_attention_freq": k if k is not None else linear,
         "attention_output_gate": True, "qk_layernorm": True,
