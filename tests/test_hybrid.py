@@ -138,9 +138,44 @@ def test_nemotron_h_config_by_hand() -> None:
     e = Estimate(m, _strategy(), SYSTEM)
     assert e.params.total == by_hand
     assert 8.0e9 < by_hand < 8.2e9
-    with pytest.raises(ConfigError) as exc:
+    with pytest.raises(ConfigError) as exc:  # MoE blocks need the expert sizes
         model_from_hf({**NEMOTRON_H_8B, "hybrid_override_pattern": "M-M*E" * 4, "num_hidden_layers": 20})
-    assert exc.value.field == "hybrid_override_pattern"
+    assert exc.value.field == "n_routed_experts"
+
+
+NEMOTRON_H_MOE = {  # a Nemotron 3 style MoE hybrid, in transformers 5.23's NemotronHConfig keys
+    "architectures": ["NemotronHForCausalLM"], "hidden_size": 2048, "intermediate_size": 4096,
+    "layers_block_type": ["linear_attention", "moe", "linear_attention", "moe", "full_attention", "moe"],
+    "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 128, "mamba_num_heads": 64, "mamba_head_dim": 64,
+    "ssm_state_size": 128, "n_groups": 8, "mlp_hidden_act": "relu2", "vocab_size": 131072, "tie_word_embeddings": False,
+    "n_routed_experts": 128, "num_experts_per_tok": 6, "moe_intermediate_size": 1024, "n_shared_experts": 1,
+    "moe_shared_expert_intermediate_size": 2048, "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1,
+    "num_nextn_predict_layers": 1,
+}
+
+
+def test_nemotron_h_moe_config_by_hand() -> None:
+    """Nemotron-H's MoE blocks (transformers' NemotronHMoE): non-gated squared-ReLU experts, a
+    sigmoid router with the score-correction bias and the routed scaling factor, one shared
+    expert; the layer list of transformers 5 (layers_block_type) gives the pattern. Parameters
+    by hand: Mamba blocks as above, per MoE block 128 experts x 2 matrices + the shared expert's 2
+    + the router + the norm."""
+    from simumax.importers.hf import model_from_hf
+
+    m, notes = model_from_hf(NEMOTRON_H_MOE)
+    assert m.hybrid_layer_pattern == "MEME*E" and m.layer_num == 6
+    assert (m.expert_num, m.topk, m.moe_router_score_function, m.moe_router_enable_expert_bias) == (128, 6, "sigmoid", True)
+    assert m.moe_router_topk_scaling_factor == 2.5 and not m.use_swiglu
+    assert any("MTP" in n for n in notes)
+    h, v, inner = 2048, 131072, 64 * 64
+    mamba = h * (2 * inner + 2 * 8 * 128 + 64) + 5 * (inner + 2 * 8 * 128) + 3 * 64 + inner + inner * h + h
+    moe = 128 * 2 * h * 1024 + 2 * h * 2048 + h * 128 + h
+    attention = h * (16 * 128 + 2 * 2 * 128) + 16 * 128 * h + h
+    e = Estimate(m, _strategy(ep_size=8), SYSTEM)
+    assert e.params.total == 2 * mamba + 3 * moe + attention + 2 * v * h + h
+    with pytest.raises(ConfigError) as exc:
+        model_from_hf({**NEMOTRON_H_MOE, "layers_block_type": ["linear_attention", "sparse"]})
+    assert exc.value.field == "layers_block_type"
 
 
 @pytest.mark.parametrize("cp,scheme", [(2, "p2p"), (4, "a2a"), (16, "p2p")])

@@ -5,8 +5,8 @@ Architectures: Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma 1 / 2 / 3 (den
 GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 (MLA + MoE),
 GLM-4.5 (GQA + DeepSeek-V3-style MoE), Llama 4 (its text model: interleaved top-1 MoE with a
 shared expert), Qwen3-Next and Qwen3.5 (Gated DeltaNet and gated attention layers, Qwen3.5 dense
-or over a MoE; its text model) and Nemotron-H (Megatron's hybrid stack of Mamba-2, attention and
-MLP blocks).
+or over a MoE; its text model) and Nemotron-H (Megatron's hybrid stack of Mamba-2, attention, MLP
+and MoE blocks).
 What the ModelConfig cannot say is returned as notes (e.g. a Llama-style output-projection bias),
 never silently dropped.
 """
@@ -66,7 +66,7 @@ SIZE_KEYS = {
     "shared_expert_intermediate_size", "max_position_embeddings", "sliding_window", "intermediate_size_mlp",
     "interleave_moe_layer_step", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups",
     "full_attention_interval", "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
-    "linear_num_key_heads", "linear_num_value_heads",
+    "linear_num_key_heads", "linear_num_value_heads", "moe_shared_expert_intermediate_size", "moe_latent_size",
 }
 
 
@@ -98,7 +98,8 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         "intermediate_size": cfg.get("intermediate_size") or (cfg.get("moe_intermediate_size") if arch in MOE and not
                                                               cfg.get("mlp_only_layers") and (cfg.get("decoder_sparse_step") or 1) == 1
                                                               else None) or _req(cfg, "intermediate_size", source),
-        "layer_num": _req(cfg, "num_hidden_layers", source),
+        # Nemotron-H counts its pattern (transformers 5 deprecates num_hidden_layers there)
+        "layer_num": cfg.get("num_hidden_layers") if arch in NEMOTRON_H else _req(cfg, "num_hidden_layers", source),
         "vocab_size": _req(cfg, "vocab_size", source),
         "use_swiglu": act in ("silu", "swish"),  # every supported architecture gates its MLP
         "norm_type": "rmsnorm",
@@ -183,21 +184,56 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
     return ModelConfig.init_from_dict(out, source=source), notes
 
 
+# transformers 5's NemotronH layer types, as Megatron's hybrid symbols (NemotronHConfig._pattern_to_list)
+NEMOTRON_H_BLOCKS = {"linear_attention": "M", "moe": "E", "full_attention": "*", "mlp": "-"}
+
+
+def _nemotron_pattern(cfg: dict[str, Any], source: str) -> str:
+    """The block pattern: ``hybrid_override_pattern`` (the checkpoints' string), else
+    transformers 5's ``layers_block_type`` / ``layer_types`` list."""
+    if cfg.get("hybrid_override_pattern"):
+        return str(cfg["hybrid_override_pattern"])
+    for key in ("layers_block_type", "layer_types"):
+        types = cfg.get(key)
+        if isinstance(types, list) and types:
+            unknown = sorted({str(t) for t in types} - set(NEMOTRON_H_BLOCKS))
+            if unknown:
+                raise ConfigError(key, f"unknown block types {unknown}; known: {sorted(NEMOTRON_H_BLOCKS)}", source)
+            return "".join(NEMOTRON_H_BLOCKS[t] for t in types)
+    raise ConfigError("hybrid_override_pattern", "required (or layers_block_type) in a Nemotron-H config.json", source)
+
+
 def _nemotron_h(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any]:
     """NVIDIA's Nemotron-H config (``NemotronHForCausalLM``): Megatron's hybrid stack, its
-    ``hybrid_override_pattern`` one block per symbol (M Mamba-2, * attention, - MLP), the
-    Mamba-2 sizes, squared-ReLU MLPs, no position embedding."""
-    pattern = _req(cfg, "hybrid_override_pattern", source)
+    pattern one block per symbol (M Mamba-2, * attention, - MLP, E MoE), the Mamba-2 sizes,
+    squared-ReLU MLPs, no position embedding. MoE blocks (Nemotron 3, transformers'
+    NemotronHMoE): non-gated squared-ReLU experts, a sigmoid router with a score-correction bias
+    (aux-loss-free balancing), group-limited top-k, the routed scaling factor, shared experts of
+    ``moe_shared_expert_intermediate_size``, an optional latent projection around the experts."""
+    pattern = _nemotron_pattern(cfg, source)
+    out: dict[str, Any] = {}
     if "E" in pattern:
-        raise ConfigError("hybrid_override_pattern", "MoE blocks (E) of a Nemotron-H config are not read yet: give the "
-                          "model as a simumax JSON (hybrid_layer_pattern, expert sizes)", source)
+        experts = _req(cfg, "n_routed_experts", source)
+        out.update(model_type="moe", expert_num=experts, topk=_req(cfg, "num_experts_per_tok", source),
+                   moe_ffn_hidden_size=_req(cfg, "moe_intermediate_size", source),
+                   **_deepseek_routing({**cfg, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "seq_aux": False}))
+        if cfg.get("n_shared_experts"):
+            out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * _req(
+                cfg, "moe_shared_expert_intermediate_size", source)
+        if cfg.get("moe_latent_size"):
+            out["moe_latent_size"] = cfg["moe_latent_size"]
+        notes.append("the load-balancing loss is not in config.json: Megatron's default aux_loss is costed beside the "
+                     "expert bias")
+    if cfg.get("num_nextn_predict_layers"):
+        notes.append(f"its {cfg['num_nextn_predict_layers']} MTP layer(s) are not modelled in a hybrid stack: the main "
+                     "model only")
     act = cfg.get("mlp_hidden_act", "relu2")
     notes.append(f"mlp_hidden_act {act!r}: an ungated MLP, its activation costed as GeLU's element-wise pass")
     for key, modelled in (("conv_kernel", 4), ("chunk_size", 128)):
         if cfg.get(key) not in (None, modelled):
             notes.append(f"{key} {cfg[key]}: the Mamba-2 mixer is costed with Megatron's {modelled}")
     return {
-        "hybrid_layer_pattern": pattern, "layer_num": len(pattern),
+        **out, "hybrid_layer_pattern": pattern, "layer_num": len(pattern),
         "mamba_num_heads": _req(cfg, "mamba_num_heads", source), "mamba_head_dim": _req(cfg, "mamba_head_dim", source),
         "mamba_state_dim": _req(cfg, "ssm_state_size", source), "mamba_num_groups": _req(cfg, "n_groups", source),
         "use_swiglu": False, "position_embedding_type": "none",
