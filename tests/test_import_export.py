@@ -679,3 +679,35 @@ def test_flex_dispatcher_sms_round_trip_and_their_old_names() -> None:
         assert parse_megatron_args(base + [f"{old} 32"], world_size=8)[1].moe_flex_dispatcher_num_sms == 32
     with pytest.raises(ConfigError):
         parse_megatron_args(flags + ["--moe-deepep-num-sms", "many"], world_size=8)
+
+
+# transformers 5.23's config-class defaults (MiniMaxM2Config's are MiniMax-M2's own sizes)
+MINIMAX_M2 = {"architectures": ["MiniMaxM2ForCausalLM"], "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 1536,
+              "num_hidden_layers": 62, "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+              "hidden_act": "silu", "num_experts_per_tok": 8, "num_local_experts": 256, "tie_word_embeddings": False}
+OLMO3 = {"architectures": ["Olmo3ForCausalLM"], "vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008,
+         "num_hidden_layers": 32, "num_attention_heads": 32, "hidden_act": "silu", "sliding_window": 4096}
+SEED_OSS = {"architectures": ["SeedOssForCausalLM"], "vocab_size": 155136, "hidden_size": 4096, "intermediate_size": 27648,
+            "num_hidden_layers": 64, "num_attention_heads": 80, "num_key_value_heads": 8, "head_dim": 128,
+            "attention_bias": True, "attention_out_bias": False, "hidden_act": "silu"}
+
+
+def test_hf_minimax_m2_olmo3_seed_oss() -> None:
+    """MiniMax-M2: 256 SwiGLU experts of intermediate_size, top 8, a sigmoid router with the
+    score-correction bias, q / k norms: MiniMax's published 230 B total, 10 B activated (the
+    input embedding, a lookup, left out). OLMo 3: OLMo 2's layer with Olmo3Config's default
+    layer_types, a full-attention layer every 4th. Seed-OSS: q / k / v biases, none on o_proj."""
+    m, notes = model_from_hf(MINIMAX_M2)
+    assert (m.expert_num, m.topk, m.moe_ffn, m.moe_router_score_function, m.moe_router_enable_expert_bias) == (
+        256, 8, 1536, "sigmoid", True)
+    assert m.qk_layernorm and any("span all heads" in n for n in notes)
+    total, active = _params(m)
+    assert round(total, -1) == 230 and round(active - m.padded_vocab(1) * m.hidden_size / 1e9) == 10  # 228.7, 10.4
+    o, notes = model_from_hf(OLMO3)
+    assert (o.window_size, o.window_attn_skip_freq, o.qk_layernorm) == (4096, 4, True)
+    assert [o.attention_window(i) for i in range(4)] == [4096, 4096, 4096, None]
+    s, notes = model_from_hf(SEED_OSS)
+    assert s.add_qkv_bias and not s.add_bias_linear and not any("bias" in n for n in notes)
+    h, heads, kv, d, f, v = 4096, 80, 8, 128, 27648, 155136
+    layer = h * (heads + 2 * kv) * d + (heads + 2 * kv) * d + heads * d * h + 3 * h * f + 2 * h
+    assert _total(s) == 64 * layer + 2 * v * h + h

@@ -1,7 +1,7 @@
 """A Hugging Face ``config.json`` (a local file) as a simumax ModelConfig.
 
-Architectures: Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2, Gemma 1 / 2 / 3 (dense; Gemma 2 /
-3 with their sandwich norms and local / global attention layers), Mixtral, Qwen2-MoE, Qwen3-MoE,
+Architectures: Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2 / 3, Seed-OSS, Gemma 1 / 2 / 3 (dense; Gemma 2 /
+3 with their sandwich norms and local / global attention layers), Mixtral, Qwen2-MoE, Qwen3-MoE, MiniMax-M2,
 GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 (MLA + MoE),
 GLM-4.5 (GQA + DeepSeek-V3-style MoE), Llama 4 (its text model: interleaved top-1 MoE with a
 shared expert), Qwen3-Next and Qwen3.5 (Gated DeltaNet and gated attention layers, Qwen3.5 dense
@@ -20,7 +20,8 @@ from simumax.config.base import read_json
 from simumax.config.model import ModelConfig
 from simumax.errors import ConfigError
 
-DENSE = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM", "Olmo2ForCausalLM"}
+DENSE = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM", "Olmo2ForCausalLM",
+         "Olmo3ForCausalLM", "SeedOssForCausalLM"}
 # Gemma: gated GeLU MLPs, tied embeddings; 2 and 3 add sandwich norms and local / global layers
 GEMMA = {"GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"}
 # transformers' Gemma3TextConfig defaults (the 4B text model's shape), which a checkpoint's
@@ -33,7 +34,7 @@ GEMMA3_TEXT_DEFAULTS = {
 # Qwen3-Next: Qwen3-MoE's experts (and gated shared expert) under Gated DeltaNet layers with
 # every full_attention_interval-th layer gated softmax attention
 MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM",
-       "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"}
+       "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM", "MiniMaxM2ForCausalLM"}
 # Qwen3.5: Qwen3-Next's Gated DeltaNet and gated attention layers (its projections unfused, the
 # same weights), dense or over Qwen3-Next's MoE; the multimodal checkpoints' text_config
 QWEN3_5 = {"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5MoeForConditionalGeneration",
@@ -115,16 +116,25 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out.update(_gemma(cfg, arch, act, notes))
     elif act not in ("silu", "swish"):
         notes.append(f"hidden_act {act!r}: modelled as an ungated GeLU MLP")
-    if arch == "Olmo2ForCausalLM":
+    if arch in ("Olmo2ForCausalLM", "Olmo3ForCausalLM"):
         out["qk_layernorm"] = True
-        notes.append("OLMo 2's norms follow each sub-block instead of preceding it: the same two norms per layer, costed "
+        notes.append("OLMo's norms follow each sub-block instead of preceding it: the same two norms per layer, costed "
                      "in the pre-norm places; its q / k norms span all heads, costed as per-head q / k norms (the same "
                      "passes, (heads + kv heads - 2) x head_dim fewer weights)")
+    if arch == "MiniMaxM2ForCausalLM":
+        # MiniMaxM2Attention: RMSNorm over the whole q and k projections; MiniMaxM2TopKRouter:
+        # sigmoid scores with the score-correction bias (aux-loss-free balancing)
+        out.update(qk_layernorm=True, moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True)
+        notes.append("its q / k norms span all heads, costed as per-head q / k norms (the same passes, fewer weights)")
     if (cfg.get("partial_rotary_factor") or 1.0) < 1.0:
         notes.append(f"partial_rotary_factor {cfg['partial_rotary_factor']}: RoPE costed over every q / k dimension "
                      "(an element-wise pass)")
     if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") or (arch in GLM4_MOE and cfg.get("attention_bias")):
         out["add_qkv_bias"] = True  # Qwen2Attention, Glm4MoeAttention: q / k / v projections with bias, o_proj without
+    elif arch == "SeedOssForCausalLM" and cfg.get("attention_bias", True):
+        out["add_qkv_bias"] = True  # SeedOssAttention: q / k / v biases (attention_bias), o_proj's own flag
+        if cfg.get("attention_out_bias"):
+            notes.append("attention_out_bias: the output projection's bias is not modelled (one hidden-size vector per layer)")
     elif cfg.get("attention_bias") and arch != "GptOssForCausalLM":
         # Llama-style attention_bias: q, k, v and o; Megatron's add_qkv_bias covers the first three
         out["add_qkv_bias"] = True
@@ -133,7 +143,7 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out["qk_layernorm"] = True  # Qwen3's per-head q / k RMSNorm
     if arch in MOE:
         out["model_type"] = "moe"
-        if arch in ("MixtralForCausalLM", "GptOssForCausalLM"):
+        if arch in ("MixtralForCausalLM", "GptOssForCausalLM", "MiniMaxM2ForCausalLM"):
             out["expert_num"] = _req(cfg, "num_local_experts", source)
             out["moe_ffn_hidden_size"] = cfg["intermediate_size"]
         else:
@@ -285,6 +295,8 @@ def _sliding_window(cfg: dict[str, Any], arch: str, notes: list[str]) -> dict[st
         # Gemma 3 all but every sliding_window_pattern-th (6)
         k = 2 if arch == "Gemma2ForCausalLM" else (cfg.get("sliding_window_pattern") or 6)
         return {"window_size": window, "window_attn_skip_freq": k}
+    if not types and arch == "Olmo3ForCausalLM":  # Olmo3Config's default layer_types: every 4th layer full
+        return {"window_size": window, "window_attn_skip_freq": 4}
     if not types:
         return {"window_size": window}
     full = [i for i, t in enumerate(types) if t != "sliding_attention"]
