@@ -711,3 +711,31 @@ def test_hf_minimax_m2_olmo3_seed_oss() -> None:
     h, heads, kv, d, f, v = 4096, 80, 8, 128, 27648, 155136
     layer = h * (heads + 2 * kv) * d + (heads + 2 * kv) * d + heads * d * h + 3 * h * f + 2 * h
     assert _total(s) == 64 * layer + 2 * v * h + h
+
+
+GLM47_FLASH = {  # transformers 5.23's Glm4MoeLiteConfig defaults (GLM-4.7-Flash's sizes)
+    "architectures": ["Glm4MoeLiteForCausalLM"], "vocab_size": 154880, "hidden_size": 2048, "intermediate_size": 10240,
+    "moe_intermediate_size": 1536, "num_hidden_layers": 47, "num_attention_heads": 20, "num_key_value_heads": 20,
+    "n_shared_experts": 1, "n_routed_experts": 64, "routed_scaling_factor": 1.8, "kv_lora_rank": 512, "q_lora_rank": 768,
+    "qk_rope_head_dim": 64, "v_head_dim": 256, "qk_nope_head_dim": 192, "n_group": 1, "topk_group": 1,
+    "num_experts_per_tok": 4, "hidden_act": "silu", "tie_word_embeddings": False,
+}
+
+
+def test_hf_glm47_flash_is_mla_over_glm_moe() -> None:
+    """GLM-4.7-Flash (Glm4MoeLite): DeepSeek-V3's MLA attention, GLM-4.5's sigmoid router with
+    the score-correction bias and the sequence-level aux loss, the first layer dense
+    (mlp_layer_types' default); parameters by hand."""
+    m, _ = model_from_hf(GLM47_FLASH)
+    assert (m.attention_type, m.kv_lora_rank, m.q_lora_rank, m.dense_layers) == ("mla", 512, 768, 1)
+    assert (m.moe_router_score_function, m.moe_router_enable_expert_bias, m.moe_router_load_balancing_type) == (
+        "sigmoid", True, "seq_aux_loss")
+    assert m.moe_router_topk_scaling_factor == 1.8 and m.moe_shared_expert_intermediate_size == 1536
+    h, heads, v = 2048, 20, 154880
+    mla = (h * 768 + 768 + 768 * heads * (192 + 64) + h * (512 + 64) + 512 + 512 * heads * (192 + 256)
+           + heads * 256 * h + h)  # q down, q norm, q up, kv down (+ rope k), kv norm, kv up, out proj, input norm
+    dense = 3 * h * 10240 + h
+    moe = 64 * 3 * h * 1536 + 3 * h * 1536 + h * 64 + h
+    assert _total(m) == 47 * mla + dense + 46 * moe + 2 * v * h + h
+    mixed = {**GLM47_FLASH, "num_hidden_layers": 4, "mlp_layer_types": ["dense", "sparse", "dense", "sparse"]}
+    assert model_from_hf(mixed)[0].moe_layer_freq == [0, 1, 0, 1]

@@ -2,7 +2,7 @@
 
 Architectures: Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2 / 3, Seed-OSS, Gemma 1 / 2 / 3 (dense; Gemma 2 /
 3 with their sandwich norms and local / global attention layers), Mixtral, Qwen2-MoE, Qwen3-MoE, MiniMax-M2,
-GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 (MLA + MoE),
+GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 and GLM-4.7-Flash (MLA + MoE),
 GLM-4.5 (GQA + DeepSeek-V3-style MoE), Llama 4 (its text model: interleaved top-1 MoE with a
 shared expert), Qwen3-Next and Qwen3.5 (Gated DeltaNet and gated attention layers, Qwen3.5 dense
 or over a MoE; its text model) and Nemotron-H (Megatron's hybrid stack of Mamba-2, attention, MLP
@@ -40,7 +40,7 @@ MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptO
 QWEN3_5 = {"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5MoeForConditionalGeneration",
            "Qwen3_5MoeForCausalLM"}
 GATED_DELTANET = QWEN3_5 | {"Qwen3NextForCausalLM"}
-MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
+MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM"}  # GLM-4.7-Flash: MLA + GLM's MoE
 LLAMA4 = {"Llama4ForConditionalGeneration", "Llama4ForCausalLM"}  # the text model (its text_config)
 GLM4_MOE = {"Glm4MoeForCausalLM"}  # GLM-4.5 / 4.6: GQA attention, DeepSeek-V3's MoE and MTP
 NEMOTRON_H = {"NemotronHForCausalLM"}  # Megatron's hybrid stack: Mamba-2, attention and MLP blocks
@@ -170,7 +170,10 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
             moe_ffn_hidden_size=_req(cfg, "moe_intermediate_size", source),
             dense_layers=cfg.get("first_k_dense_replace") or 0,
         )
-        out.update(_deepseek_routing(cfg))
+        if arch == "Glm4MoeLiteForCausalLM":
+            out.update(_glm4_moe_lite(cfg, source))
+        else:
+            out.update(_deepseek_routing(cfg))
         if cfg.get("n_shared_experts"):
             out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * cfg["moe_intermediate_size"]
         if cfg.get("num_nextn_predict_layers"):
@@ -386,6 +389,23 @@ def _glm4_moe(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, A
         out["qk_layernorm"] = True
     if cfg.get("num_nextn_predict_layers"):
         out["mtp_num_layers"] = cfg["num_nextn_predict_layers"]
+    return out
+
+
+def _glm4_moe_lite(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """transformers' Glm4MoeLite (GLM-4.7-Flash): DeepSeek-V3's MLA with GLM-4.5's MoE (the
+    sigmoid router with the score-correction bias and a sequence-level aux loss); the dense
+    layers where ``mlp_layer_types`` says dense (by default the first)."""
+    layers = _req(cfg, "num_hidden_layers", source)
+    types = cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)
+    if len(types) != layers or set(types) - {"dense", "sparse"}:
+        raise ConfigError("mlp_layer_types", f"needs one 'dense' or 'sparse' per layer ({layers})", source)
+    out = _deepseek_routing({**cfg, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "seq_aux": True})
+    lead = next((i for i, t in enumerate(types) if t == "sparse"), layers)
+    if "dense" in types[lead:]:
+        out.update(dense_layers=0, moe_layer_freq=[int(t == "sparse") for t in types])
+    else:
+        out["dense_layers"] = lead
     return out
 
 
