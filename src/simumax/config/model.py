@@ -8,15 +8,12 @@ from pydantic import Field, PositiveInt, model_validator
 
 from simumax.compat.config_methods import SimuMaxModelMethods
 from simumax.config.base import ConfigBase
+from simumax.config.model_blocks import LayerBlocks
 from simumax.config.simumax_fields import model_input
 from simumax.errors import ConfigError
 
 
-# Megatron hybrid-stack symbols modelled: Mamba-2, Gated DeltaNet, attention, MLP, MoE
-HYBRID_SYMBOLS = "MG*-E"
-
-
-class ModelConfig(SimuMaxModelMethods, ConfigBase):
+class ModelConfig(SimuMaxModelMethods, LayerBlocks, ConfigBase):
     """A decoder-only transformer: dense GPT/Llama, MoE, or MLA attention (or Megatron's hybrid
     stack of Mamba-2, attention, MLP and MoE blocks: ``hybrid_layer_pattern``).
 
@@ -242,106 +239,6 @@ class ModelConfig(SimuMaxModelMethods, ConfigBase):
             self._check_hybrid()
         self._check_linear_attention()
         return self
-
-    def _check_linear_attention(self) -> None:
-        """Gated DeltaNet's sizes and layer pattern as megatron-core asserts them
-        (transformer_config.py; experimental_attention_variant_module_specs.py)."""
-        freq = self.linear_attention_freq
-        if self.experimental_attention_variant == "gated_delta_net":
-            if self.hybrid_layer_pattern is not None:
-                raise ConfigError("experimental_attention_variant", "a hybrid stack marks its Gated DeltaNet blocks G "
-                                  "in hybrid_layer_pattern")
-            if freq is None:
-                raise ConfigError("linear_attention_freq", "must be set for gated_delta_net, as Megatron asserts")
-            self._check_layer_list("linear_attention_freq", freq)
-            if isinstance(freq, int) and freq < 1:
-                raise ConfigError("linear_attention_freq", f"must be >= 1 (got {freq})")
-            if self.attention_type == "mla":
-                raise ConfigError("experimental_attention_variant", "Gated DeltaNet beside MLA attention is not modelled")
-        elif freq is not None:
-            raise ConfigError("linear_attention_freq", "needs experimental_attention_variant gated_delta_net")
-        if self.has_linear_attention and self.linear_num_value_heads % self.linear_num_key_heads:
-            raise ConfigError("linear_num_value_heads", f"must be a multiple of linear_num_key_heads "
-                              f"({self.linear_num_key_heads}), as Megatron asserts")
-
-    def _check_hybrid(self) -> None:
-        """The hybrid stack's pattern and Mamba sizes as megatron-core asserts them
-        (hybrid_layer_allocation.py, mamba_mixer.py); what the model does not cover is named."""
-        raw = self.hybrid_layer_pattern or ""
-        pattern = self.hybrid_symbols
-        unknown = sorted(set(pattern) - set(HYBRID_SYMBOLS))
-        if not pattern or unknown:
-            why = ("D (DSA), + (MLA) layers and / MTP patterns are not modelled"
-                   if set(unknown) <= set("D+/") else "symbols are M, G, *, - and E, | between pipeline segments")
-            raise ConfigError("hybrid_layer_pattern", f"{why} (got {''.join(unknown) or 'an empty pattern'})")
-        if "|" in raw and not all(raw.split("|")):
-            raise ConfigError("hybrid_layer_pattern", "an empty pipeline segment between '|' (every virtual stage "
-                              "holds a block here)")
-        if len(pattern) != self.layer_num:
-            raise ConfigError("layer_num", f"must be the hybrid pattern's block count ({len(pattern)}; got {self.layer_num})")
-        if "E" in pattern and not self.is_moe:
-            raise ConfigError("hybrid_layer_pattern", "E layers need a MoE model (model_type moe, expert_num, topk)")
-        if self.is_moe and "E" not in pattern:
-            raise ConfigError("model_type", "a hybrid MoE model has E layers in its pattern")
-        if self.attention_type == "mla" or self.mtp_num_layers or self.post_sublayer_norm:
-            raise ConfigError("hybrid_layer_pattern", "hybrid layers with MLA attention, MTP or sandwich norms are not modelled")
-        if self.mamba_inner % self.mamba_head_dim:
-            raise ConfigError("mamba_head_dim", f"must divide the mixer's inner width ({self.mamba_inner})")
-        if self.mamba_heads % self.mamba_num_groups:
-            raise ConfigError("mamba_num_groups", f"must divide the Mamba heads ({self.mamba_heads}), as Megatron asserts")
-
-    @property
-    def hybrid_symbols(self) -> str:
-        """The hybrid pattern's blocks, one symbol per layer (its '|' segment marks left out)."""
-        return (self.hybrid_layer_pattern or "").replace("|", "")
-
-    @property
-    def hybrid_segments(self) -> list[int] | None:
-        """Blocks per pipeline segment of a pattern with '|' (Megatron's virtual stages in
-        forward order), else None."""
-        raw = self.hybrid_layer_pattern
-        return [len(seg) for seg in raw.split("|")] if raw and "|" in raw else None
-
-    @property
-    def mamba_heads(self) -> int:
-        """Mamba-2 heads H: ``mamba_num_heads``, else the mixer's 2 x hidden over the head dim."""
-        return self.mamba_num_heads or 2 * self.hidden_size // self.mamba_head_dim
-
-    @property
-    def mamba_inner(self) -> int:
-        """The mixer's inner width d_inner (H x P with mamba_num_heads, else 2 x hidden)."""
-        return self.mamba_num_heads * self.mamba_head_dim if self.mamba_num_heads else 2 * self.hidden_size
-
-    @property
-    def has_linear_attention(self) -> bool:
-        """Some layer is a Gated DeltaNet (G blocks of a hybrid stack, or gated_delta_net layers)."""
-        if self.hybrid_layer_pattern is not None:
-            return "G" in self.hybrid_layer_pattern
-        return self.experimental_attention_variant == "gated_delta_net"
-
-    @property
-    def softmax_attention_layers(self) -> int:
-        """Layers with softmax attention: all but Gated DeltaNet layers, or a hybrid stack's * blocks."""
-        if self.hybrid_layer_pattern is not None:
-            return self.hybrid_layer_pattern.count("*")
-        return sum(not self.linear_attention(i) for i in range(self.layer_num))
-
-    def linear_attention(self, layer: int) -> bool:
-        """Whether transformer layer ``layer`` (0-based) runs a Gated DeltaNet instead of softmax
-        attention (megatron-core ``get_linear_attention_pattern``: N means (i + 1) % N != 0);
-        an MTP layer takes the last layer's kind. A hybrid stack's G blocks are their own symbol."""
-        if self.experimental_attention_variant != "gated_delta_net" or self.hybrid_layer_pattern is not None:
-            return False
-        layer = min(layer, self.layer_num - 1)
-        freq = self.linear_attention_freq
-        return bool(freq[layer]) if isinstance(freq, list) else (layer + 1) % freq != 0  # type: ignore[operator]
-
-    def layer_symbol(self, layer: int) -> str:
-        """What layer ``layer`` is: its hybrid pattern symbol (M, G, *, -, E), or "T" for a
-        transformer layer (attention and MLP) of a model without a pattern."""
-        if self.hybrid_layer_pattern is None:
-            return "T"
-        return self.hybrid_symbols[min(layer, self.layer_num - 1)]
 
     # ---- derived sizes -------------------------------------------------------------
     def attention_window(self, layer: int) -> int | None:
