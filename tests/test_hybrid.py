@@ -239,3 +239,34 @@ def test_pattern_segments_are_the_virtual_stages() -> None:
     assert not any("virtual" in f for f in flags)
     m2, s2, _ = parse_megatron_args(flags, world_size=st.world_size)
     assert (m2.hybrid_layer_pattern, m2.layer_num, s2.interleaving_size) == (vp.hybrid_layer_pattern, 16, 2)
+
+
+GRANITE_4_H = {  # transformers 5.23's GraniteMoeHybridConfig keys (Granite 4.0-H style, sizes chosen here)
+    "architectures": ["GraniteMoeHybridForCausalLM"], "vocab_size": 100352, "hidden_size": 1536, "intermediate_size": 512,
+    "num_hidden_layers": 4, "num_attention_heads": 12, "num_key_value_heads": 4, "hidden_act": "silu",
+    "num_local_experts": 64, "num_experts_per_tok": 6, "shared_intermediate_size": 1024, "position_embedding_type": "nope",
+    "layer_types": ["linear_attention", "linear_attention", "attention", "linear_attention"],
+    "mamba_n_heads": 48, "mamba_n_groups": 1, "mamba_d_state": 128, "mamba_d_head": 64, "mamba_d_conv": 4,
+    "mamba_expand": 2, "mamba_chunk_size": 256, "tie_word_embeddings": True,
+}
+
+
+def test_granite_4_hybrid_config_by_hand() -> None:
+    """Granite 4.0-H (transformers' GraniteMoeHybrid): each layer's mixer (Mamba-2, or attention
+    where layer_types says so) then its MoE with a shared SwiGLU MLP, each with its own norm and
+    residual: the hybrid pattern's blocks in pairs ("ME ME *E ME"); without experts the shared
+    MLP alone ("-"). Parameters by hand."""
+    from simumax.importers.hf import model_from_hf
+
+    m, notes = model_from_hf(GRANITE_4_H)
+    assert m.hybrid_layer_pattern == "MEME*EME" and m.position_embedding_type == "none"
+    assert (m.expert_num, m.topk, m.moe_ffn, m.moe_shared_expert_intermediate_size) == (64, 6, 512, 1024)
+    assert any("mamba_chunk_size 256" in n for n in notes)
+    h, v, inner, g, n, heads = 1536, 100352, 3072, 1, 128, 48
+    mamba = h * (2 * inner + 2 * g * n + heads) + 5 * (inner + 2 * g * n) + 3 * heads + inner + inner * h + h
+    attention = h * (12 * 128 + 2 * 4 * 128) + 12 * 128 * h + h
+    moe = 64 * 3 * h * 512 + 3 * h * 1024 + h * 64 + h
+    e = Estimate(m, _strategy(ep_size=8), SYSTEM)
+    assert e.params.total == 3 * mamba + attention + 4 * moe + v * h + h  # tied embeddings
+    dense, _ = model_from_hf({**GRANITE_4_H, "num_local_experts": 0})
+    assert dense.hybrid_layer_pattern == "M-M-*-M-" and dense.intermediate_size == 1024 and not dense.is_moe

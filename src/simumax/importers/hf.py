@@ -5,8 +5,8 @@ Architectures: Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2 / 3, Seed-OSS, Gemma 
 GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 and GLM-4.7-Flash (MLA + MoE),
 GLM-4.5 (GQA + DeepSeek-V3-style MoE), Llama 4 (its text model: interleaved top-1 MoE with a
 shared expert), Qwen3-Next and Qwen3.5 (Gated DeltaNet and gated attention layers, Qwen3.5 dense
-or over a MoE; its text model) and Nemotron-H (Megatron's hybrid stack of Mamba-2, attention, MLP
-and MoE blocks).
+or over a MoE; its text model), Nemotron-H (Megatron's hybrid stack of Mamba-2, attention, MLP
+and MoE blocks) and Granite 4.0-H (Mamba-2 / attention mixers, each before a MoE or MLP).
 What the ModelConfig cannot say is returned as notes (e.g. a Llama-style output-projection bias),
 never silently dropped.
 """
@@ -20,16 +20,17 @@ from simumax.config.base import read_json
 from simumax.config.model import ModelConfig
 from simumax.errors import ConfigError
 from simumax.importers.hf_families import (
-    DENSE, GATED_DELTANET, GEMMA, GEMMA3_TEXT_DEFAULTS, GLM4_MOE, LLAMA4, MLA, MOE, NEMOTRON_H, QWEN3_5, deepseek_routing,
-    gemma, glm4_moe, glm4_moe_lite, llama4, nemotron_h, qwen3_next, req, sliding_window,
+    DENSE, GATED_DELTANET, GEMMA, GEMMA3_TEXT_DEFAULTS, GLM4_MOE, GRANITE_HYBRID, LLAMA4, MLA, MOE, NEMOTRON_H, QWEN3_5,
+    deepseek_routing, gemma, glm4_moe, glm4_moe_lite, granite_hybrid, llama4, nemotron_h, qwen3_next, req, sliding_window,
 )
 
 
-def _check_sizes(cfg: dict[str, Any], src: str) -> None:
-    """Sizes and counts present must be positive integers (not strings, booleans or 0)."""
+def _check_sizes(cfg: dict[str, Any], src: str, zero_ok: frozenset[str] = frozenset()) -> None:
+    """Sizes and counts present must be positive integers (not strings, booleans or 0; 0 where
+    ``zero_ok`` allows it)."""
     for key in SIZE_KEYS:
         v = cfg.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if key in zero_ok else 1)):
             raise ConfigError(key, f"must be a positive integer (got {v!r})", src)
 
 
@@ -41,13 +42,14 @@ SIZE_KEYS = {
     "interleave_moe_layer_step", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups",
     "full_attention_interval", "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
     "linear_num_key_heads", "linear_num_value_heads", "moe_shared_expert_intermediate_size", "moe_latent_size",
+    "shared_intermediate_size", "mamba_n_heads", "mamba_n_groups", "mamba_d_state",
 }
 
 
 def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "config.json") -> tuple[ModelConfig, list[str]]:
     """(ModelConfig, notes) from a parsed config.json."""
     archs = cfg.get("architectures") or []
-    known = DENSE | MOE | MLA | LLAMA4 | GLM4_MOE | GEMMA | NEMOTRON_H | QWEN3_5
+    known = DENSE | MOE | MLA | LLAMA4 | GLM4_MOE | GEMMA | NEMOTRON_H | QWEN3_5 | GRANITE_HYBRID
     arch = next((a for a in archs if a in known), None)
     if arch is None:
         raise ConfigError("architectures", f"unsupported {archs or 'missing'}; known: {', '.join(sorted(known))}", source)
@@ -58,7 +60,8 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
             notes.append("the vision tower is not modelled: the text model only")
     if arch.startswith("Gemma3"):
         cfg = {**GEMMA3_TEXT_DEFAULTS, **cfg}  # Gemma 3's text_config states only what differs from them
-    _check_sizes(cfg, source)
+    # Granite 4.0-H without experts says num_local_experts 0 (its shared MLP alone)
+    _check_sizes(cfg, source, frozenset({"num_local_experts"}) if arch in GRANITE_HYBRID else frozenset())
     heads = req(cfg, "num_attention_heads", source)
     hidden = req(cfg, "hidden_size", source)
     act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")  # Gemma 2 / 3 name it hidden_activation
@@ -157,6 +160,8 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out.update(glm4_moe(cfg, source, notes))
     if arch in NEMOTRON_H:
         out.update(nemotron_h(cfg, source, notes))
+    if arch in GRANITE_HYBRID:
+        out.update(granite_hybrid(cfg, source, notes))
     if arch in GATED_DELTANET:
         out.update(qwen3_next(cfg, source, notes))
     if arch == "GptOssForCausalLM":

@@ -1,7 +1,7 @@
 """How each Hugging Face architecture family maps onto ModelConfig fields: the architecture
 sets ``hf.model_from_hf`` dispatches on, and one function per family that needs more than the
 common keys (Gemma, Llama 4, GLM-4.5 / 4.7-Flash, DeepSeek's routing, Qwen3-Next / Qwen3.5,
-Nemotron-H, the sliding-window layer patterns). Keys and defaults as transformers 5.23's
+Nemotron-H, Granite 4.0-H, the sliding-window layer patterns). Keys and defaults as transformers 5.23's
 config classes name them."""
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM
 LLAMA4 = {"Llama4ForConditionalGeneration", "Llama4ForCausalLM"}  # the text model (its text_config)
 GLM4_MOE = {"Glm4MoeForCausalLM"}  # GLM-4.5 / 4.6: GQA attention, DeepSeek-V3's MoE and MTP
 NEMOTRON_H = {"NemotronHForCausalLM"}  # Megatron's hybrid stack: Mamba-2, attention, MLP and MoE blocks
+# IBM Granite 4.0-H: each layer a Mamba-2 or attention mixer, then a MoE with a shared MLP (or the
+# shared MLP alone): the hybrid stack's blocks in pairs
+GRANITE_HYBRID = {"GraniteMoeHybridForCausalLM"}
 
 
 def req(cfg: dict[str, Any], key: str, src: str) -> Any:
@@ -97,6 +100,43 @@ def nemotron_h(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, 
         "mamba_state_dim": req(cfg, "ssm_state_size", source), "mamba_num_groups": req(cfg, "n_groups", source),
         "use_swiglu": False, "position_embedding_type": "none",
     }
+
+
+def granite_hybrid(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any]:
+    """transformers' GraniteMoeHybrid (Granite 4.0-H): per layer a mixer — Mamba-2 where
+    ``layer_types`` says linear_attention (GraniteMoeHybridMambaLayer: expand x hidden inner
+    width, ``mamba_n_heads`` of ``mamba_d_head``, ``mamba_n_groups`` of state ``mamba_d_state``, conv
+    with bias, the gated group norm), attention elsewhere — then, each with its own norm and
+    residual, the MoE (SwiGLU experts of ``intermediate_size``, softmax over the top-k logits, a
+    SwiGLU shared MLP of ``shared_intermediate_size``) or, without experts, that shared MLP alone:
+    the hybrid pattern's mixer and MLP blocks in pairs."""
+    layers = req(cfg, "num_hidden_layers", source)
+    types = cfg.get("layer_types") or cfg.get("layers_block_type") or ["linear_attention"] * layers
+    if len(types) != layers:
+        raise ConfigError("layer_types", f"needs one entry per layer ({layers}; got {len(types)})", source)
+    experts = cfg.get("num_local_experts", 8) or 0
+    mlp = "E" if experts else "-"
+    pattern = "".join(("M" if t == "linear_attention" else "*") + mlp for t in types)
+    hidden, heads = req(cfg, "hidden_size", source), cfg.get("mamba_n_heads", 128)
+    head_dim = cfg.get("mamba_d_head", "auto")
+    if head_dim in (None, "auto"):
+        head_dim = (cfg.get("mamba_expand") or 2) * hidden // heads
+    shared = req(cfg, "shared_intermediate_size", source)
+    out: dict[str, Any] = {
+        "hybrid_layer_pattern": pattern, "layer_num": len(pattern), "mamba_num_heads": heads, "mamba_head_dim": head_dim,
+        "mamba_state_dim": cfg.get("mamba_d_state", 256), "mamba_num_groups": cfg.get("mamba_n_groups", 1),
+        "position_embedding_type": "rope" if cfg.get("position_embedding_type") == "rope" else "none",
+    }
+    if experts:
+        out.update(model_type="moe", expert_num=experts, topk=cfg.get("num_experts_per_tok", 2),
+                   moe_ffn_hidden_size=req(cfg, "intermediate_size", source), moe_shared_expert_intermediate_size=shared)
+    else:
+        out["intermediate_size"] = shared  # the shared MLP is the layer's MLP
+    for key, modelled in (("mamba_d_conv", 4), ("mamba_chunk_size", 128)):
+        if cfg.get(key, 256 if key == "mamba_chunk_size" else 4) != modelled:
+            notes.append(f"{key} {cfg.get(key, 256)}: the Mamba-2 mixer is costed with Megatron's {modelled}")
+    notes.append("Granite's embedding, residual, attention and logits multipliers: scalar scalings, not costed")
+    return out
 
 
 def qwen3_next(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any]:
