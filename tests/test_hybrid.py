@@ -89,7 +89,9 @@ def test_hybrid_estimate_and_band() -> None:
 
 @pytest.mark.parametrize("update,field", [
     ({"hybrid_layer_pattern": "M-D*M-M-"}, "hybrid_layer_pattern"),
-    ({"hybrid_layer_pattern": "M-M*M-M-/M-"}, "hybrid_layer_pattern"),  # an MTP pattern
+    ({"hybrid_layer_pattern": "M-M*M-M-/M-/*-"}, "hybrid_layer_pattern"),  # MTP depths must be alike
+    ({"hybrid_layer_pattern": "M-M*M-M-/M-", "mtp_num_layers": 2}, "mtp_num_layers"),  # the pattern has one depth
+    ({"hybrid_layer_pattern": "M-M*M-M-", "mtp_num_layers": 1}, "mtp_num_layers"),  # MTP blocks go after '/' 
     ({"hybrid_layer_pattern": "M-M*M-M"}, "layer_num"),
     ({"hybrid_layer_pattern": "M-M*M-ME"}, "hybrid_layer_pattern"),
     ({"hybrid_layer_pattern": "M-M*M-M-", "mamba_num_heads": 100}, "mamba_num_groups"),
@@ -163,16 +165,18 @@ def test_nemotron_h_moe_config_by_hand() -> None:
     from simumax.importers.hf import model_from_hf
 
     m, notes = model_from_hf(NEMOTRON_H_MOE)
-    assert m.hybrid_layer_pattern == "MEME*E" and m.layer_num == 6
+    assert m.hybrid_layer_pattern == "MEME*E/*E" and m.layer_num == 6
     assert (m.expert_num, m.topk, m.moe_router_score_function, m.moe_router_enable_expert_bias) == (128, 6, "sigmoid", True)
     assert m.moe_router_topk_scaling_factor == 2.5 and not m.use_swiglu
-    assert any("MTP" in n for n in notes)
+    assert (m.mtp_num_layers, m.hybrid_mtp_pattern) == (1, "*E")  # one MTP depth: attention then MoE (the default)
     h, v, inner = 2048, 131072, 64 * 64
     mamba = h * (2 * inner + 2 * 8 * 128 + 64) + 5 * (inner + 2 * 8 * 128) + 3 * 64 + inner + inner * h + h
     moe = 128 * 2 * h * 1024 + 2 * h * 2048 + h * 128 + h
     attention = h * (16 * 128 + 2 * 2 * 128) + 16 * 128 * h + h
     e = Estimate(m, _strategy(ep_size=8), SYSTEM)
     assert e.params.total == 2 * mamba + 3 * moe + attention + 2 * v * h + h
+    # the MTP depth: two norms, the 2h -> h projection, its attention and MoE blocks, the final norm
+    assert e.params.mtp == 2 * h + 2 * h * h + attention + moe + h
     with pytest.raises(ConfigError) as exc:
         model_from_hf({**NEMOTRON_H_MOE, "layers_block_type": ["linear_attention", "sparse"]})
     assert exc.value.field == "layers_block_type"
@@ -270,3 +274,19 @@ def test_granite_4_hybrid_config_by_hand() -> None:
     assert e.params.total == 3 * mamba + attention + 4 * moe + v * h + h  # tied embeddings
     dense, _ = model_from_hf({**GRANITE_4_H, "num_local_experts": 0})
     assert dense.hybrid_layer_pattern == "M-M-*-M-" and dense.intermediate_size == 1024 and not dense.is_moe
+
+
+@pytest.mark.parametrize("fields", [{}, {"pp_size": 2, "world_size": 16}])
+def test_hybrid_mtp_depths_are_the_transformer_mtp(fields) -> None:
+    """Megatron's unified pattern 'main/mtp/mtp' (MultiTokenPredictionBlock with mtp_layer_pattern):
+    each depth runs the blocks after '/', between the depth's projection and its head. '*E' pairs
+    with '/*E' depths are the MoE transformer with as many MTP layers: the same ops in the same
+    order, so the same time, memory and parameters (the MTP block's counted apart)."""
+    m = load_model("qwen3-30b-a3b").with_updates({"layer_num": 4, "mtp_num_layers": 2})
+    hybrid = load_model("qwen3-30b-a3b").with_updates({"layer_num": 8, "hybrid_layer_pattern": "*E" * 4 + "/*E/*E"})
+    assert (hybrid.mtp_num_layers, hybrid.mtp_blocks, hybrid.hybrid_symbols) == (2, 2, "*E" * 4)
+    st = _strategy(ep_size=8, **fields)
+    a, b = Estimate(m, st, SYSTEM), Estimate(hybrid, st, SYSTEM)
+    assert b.cost(band=False).duration_time_per_iter == pytest.approx(a.cost(band=False).duration_time_per_iter, rel=1e-12)
+    assert b.memory().peak_mem == a.memory().peak_mem
+    assert (b.params.total, b.params.mtp) == (a.params.total, a.params.mtp) and a.params.mtp > 0

@@ -74,6 +74,8 @@ CASES = {
                             {"layer_num": 4, "experimental_attention_variant": "gated_delta_net",
                              "linear_attention_freq": [0, 1, 1, 0]}),
     "hybrid-gdn": ("llama3.1-8b", {"pp_size": 1, "world_size": 8}, {"layer_num": 6, "hybrid_layer_pattern": "G-G*M-"}),
+    "hybrid-mtp": ("qwen3-30b-a3b", {"pp_size": 2, "ep_size": 8, "world_size": 16},
+                   {"layer_num": 4, "hybrid_layer_pattern": "M*|ME/*E/*E"}),
 }
 
 
@@ -117,6 +119,7 @@ def test_megatron_019_parses_every_exported_flag(megatron_parser: argparse.Argum
     assert (args.linear_num_key_heads, args.linear_num_value_heads) == (m.linear_num_key_heads, m.linear_num_value_heads)
     assert (m2.linear_num_key_heads, m2.linear_key_head_dim) == (m.linear_num_key_heads, m.linear_key_head_dim)
     assert args.recompute_modules == (st.megatron_recompute_modules if st.megatron_recompute else args.recompute_modules)
+    assert (args.mtp_num_layers or 0) == m.mtp_num_layers == m2.mtp_num_layers and m2.layer_num == m.layer_num
 
 
 def test_import_takes_megatron_019_defaults() -> None:

@@ -147,9 +147,10 @@ class ModelConfig(SimuMaxModelMethods, LayerBlocks, ConfigBase):
     # Megatron's hybrid stack (megatron/core/models/hybrid, pretrain_mamba.py)
     hybrid_layer_pattern: str | None = Field(
         None, max_length=100_000, description="Megatron --hybrid-layer-pattern (--hybrid-override-pattern): one symbol "
-        "per layer, each its own residual block — M a Mamba-2 mixer, * self-attention, - an MLP, E a MoE MLP "
-        "(Nemotron-H: 'M-M-M-M*-...'); '|' between pipeline segments sets each virtual stage's blocks "
-        "(interleaving_size: segments / pp_size); layer_num is its block count. Null: transformer layers.",
+        "per layer, each its own residual block — M a Mamba-2 mixer, G a Gated DeltaNet, * self-attention, - an MLP, "
+        "E a MoE MLP (Nemotron-H: 'M-M-M-M*-...'); '|' between pipeline segments sets each virtual stage's blocks "
+        "(interleaving_size: segments / pp_size); '/' then each MTP depth's blocks ('...M*-/*E/*E': two depths; "
+        "mtp_num_layers follows); layer_num is the decoder's block count. Null: transformer layers.",
     )
     mamba_state_dim: PositiveInt = Field(128, le=4096, description="Mamba-2 SSM state size N (Megatron --mamba-state-dim).")
     mamba_head_dim: PositiveInt = Field(64, le=4096, description="Mamba-2 head dim P (Megatron --mamba-head-dim).")
@@ -293,9 +294,9 @@ class ModelConfig(SimuMaxModelMethods, LayerBlocks, ConfigBase):
         kind, as Megatron's MTP block takes that layer's spec."""
         if not self.is_moe:
             return False
-        layer = min(layer, self.layer_num - 1)
         if self.hybrid_layer_pattern is not None:
-            return self.hybrid_symbols[layer] == "E"
+            return self.layer_symbol(layer) == "E"
+        layer = min(layer, self.layer_num - 1)
         if layer < self.dense_layers:
             return False
         freq = self.moe_layer_freq

@@ -58,23 +58,33 @@ class LayerBlocks:
         """The hybrid stack's pattern and Mamba sizes as megatron-core asserts them
         (hybrid_layer_allocation.py, mamba_mixer.py); what the model does not cover is named."""
         raw = self.hybrid_layer_pattern or ""
+        main, *mtp = raw.split("/")
         pattern = self.hybrid_symbols
-        unknown = sorted(set(pattern) - set(HYBRID_SYMBOLS))
+        every = pattern + "".join(mtp)
+        unknown = sorted(set(every) - set(HYBRID_SYMBOLS + "|"))
         if not pattern or unknown:
-            why = ("D (DSA), + (MLA) layers and / MTP patterns are not modelled"
-                   if set(unknown) <= set("D+/") else "symbols are M, G, *, - and E, | between pipeline segments")
+            why = ("D (DSA) and + (MLA) layers are not modelled" if set(unknown) <= set("D+")
+                   else "symbols are M, G, *, - and E, | between pipeline segments, / before each MTP depth's blocks")
             raise ConfigError("hybrid_layer_pattern", f"{why} (got {''.join(unknown) or 'an empty pattern'})")
-        if "|" in raw and not all(raw.split("|")):
+        if "|" in main and not all(main.split("|")):
             raise ConfigError("hybrid_layer_pattern", "an empty pipeline segment between '|' (every virtual stage "
                               "holds a block here)")
+        if mtp and (not mtp[0] or "|" in mtp[0] or any(part != mtp[0] for part in mtp)):
+            raise ConfigError("hybrid_layer_pattern", "the MTP depths after '/' must be one and the same non-empty "
+                              "block pattern without '|', as Megatron asserts (parse_hybrid_pattern)")
         if len(pattern) != self.layer_num:
             raise ConfigError("layer_num", f"must be the hybrid pattern's block count ({len(pattern)}; got {self.layer_num})")
-        if "E" in pattern and not self.is_moe:
+        if mtp and self.mtp_num_layers in (0, len(mtp)):
+            self.__dict__["mtp_num_layers"] = len(mtp)  # Megatron infers the MTP depths from the pattern
+        elif self.mtp_num_layers:
+            raise ConfigError("mtp_num_layers", f"must be the hybrid pattern's MTP depths ({len(mtp)}): a hybrid stack "
+                              "states its MTP blocks after '/' (Megatron's unified --hybrid-layer-pattern 'main/mtp/mtp')")
+        if "E" in every and not self.is_moe:
             raise ConfigError("hybrid_layer_pattern", "E layers need a MoE model (model_type moe, expert_num, topk)")
-        if self.is_moe and "E" not in pattern:
+        if self.is_moe and "E" not in every:
             raise ConfigError("model_type", "a hybrid MoE model has E layers in its pattern")
-        if self.attention_type == "mla" or self.mtp_num_layers or self.post_sublayer_norm:
-            raise ConfigError("hybrid_layer_pattern", "hybrid layers with MLA attention, MTP or sandwich norms are not modelled")
+        if self.attention_type == "mla" or self.post_sublayer_norm:
+            raise ConfigError("hybrid_layer_pattern", "hybrid layers with MLA attention or sandwich norms are not modelled")
         if self.mamba_inner % self.mamba_head_dim:
             raise ConfigError("mamba_head_dim", f"must divide the mixer's inner width ({self.mamba_inner})")
         if self.mamba_heads % self.mamba_num_groups:
@@ -82,15 +92,27 @@ class LayerBlocks:
 
     @property
     def hybrid_symbols(self) -> str:
-        """The hybrid pattern's blocks, one symbol per layer (its '|' segment marks left out)."""
-        return (self.hybrid_layer_pattern or "").replace("|", "")
+        """The hybrid pattern's decoder blocks, one symbol per layer (its '|' segment marks and its
+        MTP part after '/' left out)."""
+        return (self.hybrid_layer_pattern or "").split("/")[0].replace("|", "")
+
+    @property
+    def hybrid_mtp_pattern(self) -> str:
+        """The blocks of each MTP depth of a hybrid stack (after '/'), "" without."""
+        parts = (self.hybrid_layer_pattern or "").split("/")
+        return parts[1] if len(parts) > 1 else ""
+
+    @property
+    def mtp_blocks(self) -> int:
+        """Layer indices one MTP depth takes: its hybrid blocks, or one transformer layer."""
+        return len(self.hybrid_mtp_pattern) or 1
 
     @property
     def hybrid_segments(self) -> list[int] | None:
         """Blocks per pipeline segment of a pattern with '|' (Megatron's virtual stages in
         forward order), else None."""
-        raw = self.hybrid_layer_pattern
-        return [len(seg) for seg in raw.split("|")] if raw and "|" in raw else None
+        main = (self.hybrid_layer_pattern or "").split("/")[0]
+        return [len(seg) for seg in main.split("|")] if "|" in main else None
 
     @property
     def mamba_heads(self) -> int:
@@ -113,7 +135,7 @@ class LayerBlocks:
     def softmax_attention_layers(self) -> int:
         """Layers with softmax attention: all but Gated DeltaNet layers, or a hybrid stack's * blocks."""
         if self.hybrid_layer_pattern is not None:
-            return self.hybrid_layer_pattern.count("*")
+            return self.hybrid_symbols.count("*")
         return sum(not self.linear_attention(i) for i in range(self.layer_num))
 
     def linear_attention(self, layer: int) -> bool:
@@ -128,7 +150,11 @@ class LayerBlocks:
 
     def layer_symbol(self, layer: int) -> str:
         """What layer ``layer`` is: its hybrid pattern symbol (M, G, *, -, E), or "T" for a
-        transformer layer (attention and MLP) of a model without a pattern."""
+        transformer layer (attention and MLP) of a model without a pattern. Past the decoder,
+        MTP depths' blocks (their pattern after '/'; without one, the last block's kind)."""
         if self.hybrid_layer_pattern is None:
             return "T"
+        mtp = self.hybrid_mtp_pattern
+        if layer >= self.layer_num and mtp:
+            return mtp[(layer - self.layer_num) % len(mtp)]
         return self.hybrid_symbols[min(layer, self.layer_num - 1)]

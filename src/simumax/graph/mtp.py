@@ -5,7 +5,8 @@ Each MTP depth d predicts the token d + 2 ahead: it looks up the shifted tokens 
 shared word embedding, normalises that (``enorm``) and the previous depth's hidden state
 (``hnorm``; depth 0 takes the decoder's output), concatenates the two and projects 2h -> h
 (``eh_proj``, column-parallel), runs one transformer layer of the model's kind (MoE for
-DeepSeek-V3), normalises, and computes logits with the shared output head and its own
+DeepSeek-V3; a hybrid stack's MTP pattern, the blocks after '/', megatron-core's
+MultiTokenPredictionBlock with ``mtp_layer_pattern``), normalises, and computes logits with the shared output head and its own
 cross-entropy loss. The block sits on the last pipeline stage, before the main head, as
 Megatron places it, or on a standalone stage of its own that a pipeline layout names (``m``
 before the loss's stage): its depths' heads and losses then run on the loss's stage, their
@@ -28,14 +29,22 @@ from simumax.graph.ops import Op, Tensor
 MODULE_EMBEDDING = "mtp_embedding"  # the word-embedding copy (not counted again in the model's parameters)
 
 
-def _renamer(layer: int, prefix: str) -> Callable[[str], str]:
-    """Names of transformer layer ``layer``'s ops and tensors -> the MTP depth's."""
-    own, out = f"L{layer}.", f"L{layer + 1}.x"
+def _renamer(first: int, blocks: int, prefix: str) -> Callable[[str], str]:
+    """Names of the ops and tensors of layers ``first`` .. ``first + blocks - 1`` (one
+    transformer layer, or the blocks of a hybrid stack's MTP depth) -> the depth's: the first
+    one's input ``x``, the last one's output ``out``, a block's own under ``b<j>.`` (none for
+    one layer)."""
 
     def ren(name: str) -> str:
-        if name == out:
-            return prefix + "out"
-        return prefix + name[len(own):] if name.startswith(own) else name
+        head, sep, rest = name.partition(".")
+        if not (sep and head[:1] == "L" and head[1:].isdigit()):
+            return name
+        j = int(head[1:]) - first
+        if rest == "x" and 0 <= j <= blocks:
+            return prefix + ("x" if j == 0 else "out" if j == blocks else f"b{j}.x")
+        if 0 <= j < blocks:
+            return prefix + (rest if blocks == 1 else f"b{j}.{rest}")
+        return name
 
     return ren
 
@@ -55,7 +64,8 @@ def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable
             embedding_on_this_rank: bool, part: str = "all") -> list[Op]:
     """Every MTP depth's ops for one micro-batch, in forward order. ``layer_ops(k)``: the
     transformer layer builder (global index k = layer_num + depth, so a MoE model gets a
-    MoE layer); ``embedding_on_this_rank``: the main embedding lives on this rank (no copy).
+    MoE layer; a hybrid stack's depth runs the blocks of its MTP pattern, indices k .. k +
+    blocks - 1 from layer_num + depth x blocks); ``embedding_on_this_rank``: the main embedding lives on this rank (no copy).
     ``part``: all, or a standalone MTP stage's ``body`` (embedding, norms, projection, layer)
     and the loss stage's ``tail`` (each depth's final norm, output head and loss: megatron-core
     computes the MTP losses where the main loss is, from hidden states sent along with it)."""
@@ -64,9 +74,10 @@ def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable
     act = d.act(d.h, local=True)
     hidden: Tensor = (f"L{model.layer_num}.x", act)  # the decoder's output
     rms = model.norm_type == "rmsnorm"
+    per_depth = model.mtp_blocks
     for depth in range(model.mtp_num_layers):
         p = f"mtp{depth}."
-        k = model.layer_num + depth
+        k = model.layer_num + depth * per_depth
         emb = blocks.embedding(d, d.vocab, main_grad_bytes=st.main_grad_bytes)
         emb_out: Tensor = (p + "emb", act)
         out.append(emb.with_(name=p + "embedding", module=MODULE_EMBEDDING, layer=k, output=emb_out,
@@ -78,8 +89,8 @@ def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable
         cat: Tensor = (p + "cat", 2 * act)  # [enorm, hnorm] along the features
         proj = linears.column_linear(p + "eh_proj", "mtp_proj", k, d, cat, 2 * d.h, d.h // d.tp)
         out.append(proj.with_(output=(p + "x", act), input=(cat,)))  # the layer's input, renamed
-        ren = _renamer(k, p)
-        out += [_renamed(o, ren) for o in layer_ops(k)]
+        ren = _renamer(k, per_depth, p)
+        out += [_renamed(o, ren) for j in range(per_depth) for o in layer_ops(k + j)]
         hidden = (p + "out", act)
         ln: Tensor = (p + "final_norm.out", act)
         logits: Tensor = (p + "logits", d.act(d.vocab))

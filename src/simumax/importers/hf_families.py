@@ -50,19 +50,35 @@ def req(cfg: dict[str, Any], key: str, src: str) -> Any:
 NEMOTRON_H_BLOCKS = {"linear_attention": "M", "moe": "E", "full_attention": "*", "mlp": "-"}
 
 
+def _block_symbols(types: object, key: str, source: str) -> str:
+    """A NemotronH layer-type list as hybrid symbols; an unknown type is a ConfigError."""
+    if not isinstance(types, list) or not types:
+        raise ConfigError(key, "expected a non-empty list of layer types", source)
+    unknown = sorted({str(t) for t in types} - set(NEMOTRON_H_BLOCKS))
+    if unknown:
+        raise ConfigError(key, f"unknown block types {unknown}; known: {sorted(NEMOTRON_H_BLOCKS)}", source)
+    return "".join(NEMOTRON_H_BLOCKS[t] for t in types)
+
+
 def _nemotron_pattern(cfg: dict[str, Any], source: str) -> str:
     """The block pattern: ``hybrid_override_pattern`` (the checkpoints' string), else
-    transformers 5's ``layers_block_type`` / ``layer_types`` list."""
+    transformers 5's ``layers_block_type`` / ``layer_types`` list; with MTP layers
+    (``num_nextn_predict_layers``) '/' and each depth's blocks (``mtp_hybrid_override_pattern``,
+    else ``mtp_layers_block_type``, by default attention then MoE), Megatron's unified pattern."""
     if cfg.get("hybrid_override_pattern"):
-        return str(cfg["hybrid_override_pattern"])
-    for key in ("layers_block_type", "layer_types"):
-        types = cfg.get(key)
-        if isinstance(types, list) and types:
-            unknown = sorted({str(t) for t in types} - set(NEMOTRON_H_BLOCKS))
-            if unknown:
-                raise ConfigError(key, f"unknown block types {unknown}; known: {sorted(NEMOTRON_H_BLOCKS)}", source)
-            return "".join(NEMOTRON_H_BLOCKS[t] for t in types)
-    raise ConfigError("hybrid_override_pattern", "required (or layers_block_type) in a Nemotron-H config.json", source)
+        pattern = str(cfg["hybrid_override_pattern"])
+    else:
+        key = next((k for k in ("layers_block_type", "layer_types") if cfg.get(k)), None)
+        if key is None:
+            raise ConfigError("hybrid_override_pattern", "required (or layers_block_type) in a Nemotron-H config.json",
+                              source)
+        pattern = _block_symbols(cfg[key], key, source)
+    depths = cfg.get("num_nextn_predict_layers") or 0
+    if depths:
+        mtp = cfg.get("mtp_hybrid_override_pattern") or _block_symbols(
+            cfg.get("mtp_layers_block_type") or ["full_attention", "moe"], "mtp_layers_block_type", source)
+        pattern += "/" + "/".join([str(mtp)] * depths)
+    return pattern
 
 
 def nemotron_h(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any]:
@@ -71,7 +87,8 @@ def nemotron_h(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, 
     squared-ReLU MLPs, no position embedding. MoE blocks (Nemotron 3, transformers'
     NemotronHMoE): non-gated squared-ReLU experts, a sigmoid router with a score-correction bias
     (aux-loss-free balancing), group-limited top-k, the routed scaling factor, shared experts of
-    ``moe_shared_expert_intermediate_size``, an optional latent projection around the experts."""
+    ``moe_shared_expert_intermediate_size``, an optional latent projection around the experts; MTP
+    depths after '/' in the pattern."""
     pattern = _nemotron_pattern(cfg, source)
     out: dict[str, Any] = {}
     if "E" in pattern:
@@ -86,16 +103,13 @@ def nemotron_h(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, 
             out["moe_latent_size"] = cfg["moe_latent_size"]
         notes.append("the load-balancing loss is not in config.json: Megatron's default aux_loss is costed beside the "
                      "expert bias")
-    if cfg.get("num_nextn_predict_layers"):
-        notes.append(f"its {cfg['num_nextn_predict_layers']} MTP layer(s) are not modelled in a hybrid stack: the main "
-                     "model only")
     act = cfg.get("mlp_hidden_act", "relu2")
     notes.append(f"mlp_hidden_act {act!r}: an ungated MLP, its activation costed as GeLU's element-wise pass")
     for key, modelled in (("conv_kernel", 4), ("chunk_size", 128)):
         if cfg.get(key) not in (None, modelled):
             notes.append(f"{key} {cfg[key]}: the Mamba-2 mixer is costed with Megatron's {modelled}")
     return {
-        **out, "hybrid_layer_pattern": pattern, "layer_num": len(pattern),
+        **out, "hybrid_layer_pattern": pattern, "layer_num": len(pattern.split("/")[0]),
         "mamba_num_heads": req(cfg, "mamba_num_heads", source), "mamba_head_dim": req(cfg, "mamba_head_dim", source),
         "mamba_state_dim": req(cfg, "ssm_state_size", source), "mamba_num_groups": req(cfg, "n_groups", source),
         "use_swiglu": False, "position_embedding_type": "none",

@@ -194,6 +194,8 @@ def _read_flags(tokens: list[str], m: dict[str, Any], s: dict[str, Any], extra: 
                 no_effect.append(flag)
             else:
                 not_modelled.setdefault("torch DDP's bucketed all-reduce: Megatron's own DDP is modelled", []).append(flag)
+        elif flag == "--mtp-hybrid-override-pattern" and value is not None:  # the MTP depth's blocks, old form
+            extra[flag] = value.strip("'\"")
         elif flag == "--qk-l2-norm":  # Llama 4's weightless L2 norm of q and k (the HF importer reads it so too)
             m["qk_layernorm"] = True
             notes.append("--qk-l2-norm: the weightless L2 q/k norm modelled as a q/k RMSNorm (its few weights counted)")
@@ -246,8 +248,19 @@ def _read_flags(tokens: list[str], m: dict[str, Any], s: dict[str, Any], extra: 
 def _megatron_defaults(m: dict[str, Any], s: dict[str, Any], extra: dict[str, str], notes: list[str]) -> None:
     """What Megatron makes of flags left out, and of the flags ``_read_flags`` kept in
     ``extra`` (dropout, tokenizer, sharding, recompute granularity and modules ...)."""
+    legacy_mtp = extra.pop("--mtp-hybrid-override-pattern", None)
+    if legacy_mtp and m.get("mtp_num_layers") and "/" not in (m.get("hybrid_layer_pattern") or ""):
+        # Megatron's old MTP flag becomes the unified pattern's depths (arguments.py)
+        m["hybrid_layer_pattern"] = (m.get("hybrid_layer_pattern") or "") + "/" + "/".join([legacy_mtp] * m["mtp_num_layers"])
     pattern = m.get("hybrid_layer_pattern")
     if pattern:  # the pattern's blocks are the layers, whatever --num-layers says (arguments.py)
+        main, *mtp = pattern.split("/")
+        if mtp and m.get("mtp_num_layers") not in (None, 0, len(mtp)):
+            notes.append(f"--mtp-num-layers {m['mtp_num_layers']}: the pattern's {len(mtp)} MTP depths are used, as "
+                         "Megatron does")
+        if mtp:
+            m["mtp_num_layers"] = len(mtp)
+        pattern = main
         blocks = len(pattern.replace("|", ""))
         if m.get("layer_num") not in (None, blocks):
             notes.append(f"--hybrid-layer-pattern has {blocks} layers: --num-layers {m['layer_num']} ignored, as "
