@@ -739,3 +739,17 @@ def test_hf_glm47_flash_is_mla_over_glm_moe() -> None:
     assert _total(m) == 47 * mla + dense + 46 * moe + 2 * v * h + h
     mixed = {**GLM47_FLASH, "num_hidden_layers": 4, "mlp_layer_types": ["dense", "sparse", "dense", "sparse"]}
     assert model_from_hf(mixed)[0].moe_layer_freq == [0, 1, 0, 1]
+
+
+def test_hf_kimi_k25_reads_its_deepseek_v3_text_model() -> None:
+    """Kimi K2.5 (Kimi_K25ForConditionalGeneration): its text_config is a DeepSeek-V3 model (Kimi
+    K2's shape: 64 heads, 384 experts, one dense layer), read as DeepSeek-V3 is; the vision tower is
+    noted and left out. Its parameters are the kimi-k2 preset's (1.03 T by the same config)."""
+    text = {**DEEPSEEK_V3, "architectures": None, "num_attention_heads": 64, "num_key_value_heads": 64,
+            "n_routed_experts": 384, "first_k_dense_replace": 1, "vocab_size": 163840, "n_group": 1, "topk_group": 1,
+            "routed_scaling_factor": 2.827, "num_nextn_predict_layers": 0}
+    m, notes = model_from_hf({"architectures": ["Kimi_K25ForConditionalGeneration"], "text_config": text,
+                              "vision_config": {"hidden_size": 1152}})
+    assert any("vision tower" in n for n in notes)
+    assert (m.attention_type, m.expert_num, m.head_num, m.dense_layers) == ("mla", 384, 64, 1)
+    assert _params(m)[0] == pytest.approx(_params(load_model("kimi-k2"))[0], rel=1e-12)

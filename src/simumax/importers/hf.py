@@ -2,7 +2,8 @@
 
 Architectures: Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2 / 3, Seed-OSS, Gemma 1 / 2 / 3 (dense; Gemma 2 /
 3 with their sandwich norms and local / global attention layers), Mixtral, Qwen2-MoE, Qwen3-MoE, MiniMax-M2,
-GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 and GLM-4.7-Flash (MLA + MoE),
+GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3, Kimi K2.5 (its text model) and
+GLM-4.7-Flash (MLA + MoE),
 GLM-4.5 (GQA + DeepSeek-V3-style MoE), Llama 4 (its text model: interleaved top-1 MoE with a
 shared expert), Qwen3-Next and Qwen3.5 (Gated DeltaNet and gated attention layers, Qwen3.5 dense
 or over a MoE; its text model), Nemotron-H (Megatron's hybrid stack of Mamba-2, attention, MLP
@@ -20,7 +21,7 @@ from simumax.config.base import read_json
 from simumax.config.model import ModelConfig
 from simumax.errors import ConfigError
 from simumax.importers.hf_families import (
-    DENSE, GATED_DELTANET, GEMMA, GEMMA3_TEXT_DEFAULTS, GLM4_MOE, GRANITE_HYBRID, LLAMA4, MLA, MOE, NEMOTRON_H, QWEN3_5,
+    DENSE, GATED_DELTANET, GEMMA, GEMMA3_TEXT_DEFAULTS, GLM4_MOE, GRANITE_HYBRID, KIMI_K25, LLAMA4, MLA, MOE, NEMOTRON_H, QWEN3_5,
     deepseek_routing, gemma, glm4_moe, glm4_moe_lite, granite_hybrid, llama4, nemotron_h, qwen3_next, req, sliding_window,
 )
 
@@ -54,9 +55,9 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
     if arch is None:
         raise ConfigError("architectures", f"unsupported {archs or 'missing'}; known: {', '.join(sorted(known))}", source)
     notes: list[str] = []
-    if arch in LLAMA4 | GEMMA | QWEN3_5 and isinstance(cfg.get("text_config"), dict):
+    if arch in LLAMA4 | GEMMA | QWEN3_5 | KIMI_K25 and isinstance(cfg.get("text_config"), dict):
         cfg = cfg["text_config"]  # the multimodal checkpoint's language model
-        if arch in GEMMA | QWEN3_5:
+        if arch in GEMMA | QWEN3_5 | KIMI_K25:
             notes.append("the vision tower is not modelled: the text model only")
     if arch.startswith("Gemma3"):
         cfg = {**GEMMA3_TEXT_DEFAULTS, **cfg}  # Gemma 3's text_config states only what differs from them

@@ -31,6 +31,9 @@ QWEN3_5 = {"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5MoeF
            "Qwen3_5MoeForCausalLM"}
 GATED_DELTANET = QWEN3_5 | {"Qwen3NextForCausalLM"}
 MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM"}  # GLM-4.7-Flash: MLA + GLM's MoE
+# Kimi K2.5: a DeepSeek-V3 text model (its text_config) under a vision tower
+KIMI_K25 = {"Kimi_K25ForConditionalGeneration", "KimiK25ForConditionalGeneration"}
+MLA |= KIMI_K25
 LLAMA4 = {"Llama4ForConditionalGeneration", "Llama4ForCausalLM"}  # the text model (its text_config)
 GLM4_MOE = {"Glm4MoeForCausalLM"}  # GLM-4.5 / 4.6: GQA attention, DeepSeek-V3's MoE and MTP
 NEMOTRON_H = {"NemotronHForCausalLM"}  # Megatron's hybrid stack: Mamba-2, attention, MLP and MoE blocks
