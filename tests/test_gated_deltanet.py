@@ -291,7 +291,7 @@ def test_qwen3_5_configs_by_hand() -> None:
 
     moe, notes = model_from_hf({"architectures": ["Qwen3_5MoeForConditionalGeneration"], "text_config": QWEN3_5_MOE_TEXT,
                                 "vision_config": {"depth": 27}})
-    assert any("vision tower" in n for n in notes)
+    assert any("vision tower" in n for n in notes) and any("partial_rotary_factor 0.25" in n for n in notes)
     assert (moe.softmax_attention_layers, moe.expert_num, moe.topk, moe.rotary_base) == (10, 256, 8, 1e7)
     h, v, e, f = 2048, 248320, 256, 512
     gdn = h * (2 * 2048 + 2 * 4096 + 2 * 32) + 8192 * 4 + 2 * 32 + 128 + 4096 * h + h

@@ -103,8 +103,9 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         # sigmoid scores with the score-correction bias (aux-loss-free balancing)
         out.update(qk_layernorm=True, moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True)
         notes.append("its q / k norms span all heads, costed as per-head q / k norms (the same passes, fewer weights)")
-    if (cfg.get("partial_rotary_factor") or 1.0) < 1.0:
-        notes.append(f"partial_rotary_factor {cfg['partial_rotary_factor']}: RoPE costed over every q / k dimension "
+    partial = cfg.get("partial_rotary_factor") or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0
+    if partial < 1.0:
+        notes.append(f"partial_rotary_factor {partial}: RoPE costed over every q / k dimension "
                      "(an element-wise pass)")
     if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") or (arch in GLM4_MOE and cfg.get("attention_bias")):
         out["add_qkv_bias"] = True  # Qwen2Attention, Glm4MoeAttention: q / k / v projections with bias, o_proj without
