@@ -48,8 +48,8 @@ FP32 = 4
 CHUNK = 64  # FLA chunk_gated_delta_rule's chunk size (fla/ops/gated_delta_rule/chunk.py)
 BV = 64  # value block of FLA's state recurrences (fla/ops/common/chunk_delta_h.py autotunes 32 or 64)
 APPROXIMATE = "gdn_scan"
-MODULES = ("gdn_norm", "gdn_in_proj", "gdn_layout", "gdn_conv", "gdn_prep", "gdn_scan", "gdn_out_norm", "gdn_out_proj",
-           "gdn_add")
+MODULES = ("gdn_norm", "gdn_in_proj", "gdn_layout", "gdn_conv", "gdn_prep", "gdn_scan", "gdn_out_norm", "gdn_cp_out",
+           "gdn_out_proj", "gdn_add")
 
 
 def gdn_sizes(model: ModelConfig, tp: int) -> dict[str, int]:
@@ -257,7 +257,8 @@ def gdn_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_in: T
         _gated_norm(P, layer, d, model, o, gate).with_(output=gated if d.cp == 1 else (f"{P}.gdn_out_norm.hp", o[1])),
     ]
     if d.cp > 1:
-        ops.append(Op(name=f"{P}.gdn_cp_out", module="gdn_layout", layer=layer, fwd=tuple(after),
+        # in _gated_norm_and_a2a with the norm: --recompute-modules gdn_norm_out remakes both
+        ops.append(Op(name=f"{P}.gdn_cp_out", module="gdn_cp_out", layer=layer, fwd=tuple(after),
                       bwd_input=tuple(after_bwd), output=gated, fwd_transient=o[1]))
     ops += [
         linears.row_linear(f"{P}.out_proj", "gdn_out_proj", layer, d, gated, z["v"], d.h),

@@ -37,7 +37,7 @@ MEGATRON_MODULES = {
                      *SHARED_EXPERT_MODULES})],
     "shared_experts": [("shared", set(SHARED_EXPERT_MODULES))],
     "mla_up_proj": [("mla_up", {"mla_up_proj", "mla_rope"})],
-    "gdn_norm_out": [("gdn_norm_out", {"gdn_out_norm"})],
+    "gdn_norm_out": [("gdn_norm_out", {"gdn_out_norm", "gdn_cp_out"})],  # the norm and (CP) its all-to-all back
 }
 
 SUB_BLOCKS = {
