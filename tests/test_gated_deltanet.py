@@ -306,3 +306,19 @@ def test_qwen3_5_configs_by_hand() -> None:
     assert dense.model_type == "dense" and dense.linear_attention_freq == 4 and dense.attention_output_gate
     mlp = 3 * h * 6144 + h
     assert Estimate(dense, _strategy(), SYSTEM).params.total == 30 * gdn + 10 * attention + 40 * mlp + 2 * v * h + h
+
+
+def test_megatron_flags_of_the_variant() -> None:
+    """--linear-attention-freq takes Megatron's list expressions; without the variant flag it has
+    no effect (megatron-core reads it only for gated_delta_net), said in a note; DSA is read past
+    with a note that it is costed as the model's attention."""
+    from simumax.importers.megatron_args import parse_megatron_args
+
+    base = "--num-layers 8 --hidden-size 512 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 16 --vocab-size 100"
+    m, _, _ = parse_megatron_args(base + " --experimental-attention-variant gated_delta_net "
+                                  "--linear-attention-freq '([1]*3+[0]*1)*2' --linear-num-key-heads 4", world_size=1)
+    assert m.linear_attention_freq == [1, 1, 1, 0] * 2 and m.linear_num_key_heads == 4 and m.softmax_attention_layers == 2
+    m, _, notes = parse_megatron_args(base + " --linear-attention-freq 4", world_size=1)
+    assert m.experimental_attention_variant is None and any("no effect, as in Megatron" in n for n in notes)
+    m, _, notes = parse_megatron_args(base + " --experimental-attention-variant dsa", world_size=1)
+    assert m.experimental_attention_variant is None and any("DeepSeek sparse attention" in n for n in notes)

@@ -248,6 +248,10 @@ def _read_flags(tokens: list[str], m: dict[str, Any], s: dict[str, Any], extra: 
 def _megatron_defaults(m: dict[str, Any], s: dict[str, Any], extra: dict[str, str], notes: list[str]) -> None:
     """What Megatron makes of flags left out, and of the flags ``_read_flags`` kept in
     ``extra`` (dropout, tokenizer, sharding, recompute granularity and modules ...)."""
+    if m.get("linear_attention_freq") is not None and m.get("experimental_attention_variant") is None:
+        m.pop("linear_attention_freq")  # megatron-core reads it only for a linear-attention variant
+        notes.append("--linear-attention-freq without --experimental-attention-variant gated_delta_net: no effect, as in "
+                     "Megatron (every layer softmax attention)")
     legacy_mtp = extra.pop("--mtp-hybrid-override-pattern", None)
     if legacy_mtp and m.get("mtp_num_layers") and "/" not in (m.get("hybrid_layer_pattern") or ""):
         # Megatron's old MTP flag becomes the unified pattern's depths (arguments.py)
