@@ -1,4 +1,5 @@
-"""Invariants over random legal (model, strategy) pairs: dense and MoE, TP/SP, CP, PP with
+"""Invariants over random legal (model, strategy) pairs: dense and MoE (some with Gated DeltaNet
+layers), TP/SP, CP, PP with
 interleaving and uneven first / last stages, ZeRO 0-3 (Megatron-FSDP and FSDP2), HSDP,
 optimizer CPU offload, activation offloading, recompute, TE versions, both reference systems.
 
@@ -69,6 +70,11 @@ def pairs(draw):
             dense_layers=draw(hs.integers(0, 1)), add_bias_linear=False,
             moe_shared_expert_intermediate_size=draw(hs.sampled_from([None, 256])),
         )
+    if draw(hs.integers(0, 3)) == 0:  # Gated DeltaNet layers (Qwen3-Next): their heads split over TP x CP
+        k_heads = tp * cp * draw(hs.sampled_from([1, 2]))
+        fields.update(experimental_attention_variant="gated_delta_net", linear_attention_freq=draw(hs.sampled_from([1, 2, 3])),
+                      linear_num_key_heads=k_heads, linear_num_value_heads=k_heads * draw(hs.sampled_from([1, 2])),
+                      linear_key_head_dim=draw(hs.sampled_from([32, 64])), linear_value_head_dim=draw(hs.sampled_from([32, 64])))
     seq = 512 * cp * draw(hs.integers(1, 4))
     st = dict(
         seq_len=seq, micro_batch_size=draw(hs.integers(1, 2)), micro_batch_num=pp * draw(hs.integers(1, 4)),
@@ -236,7 +242,7 @@ def test_invariants_hold_on_random_pairs(case, extra_mb, selective) -> None:
 
     # parameters over stages and shards = the model's count
     total = est.params.total
-    if model.is_moe:
+    if model.is_moe or model.has_linear_attention:
         assert total == Estimate(model, _unsharded(st), sy).params.total
     else:
         assert total == dense_param_formula(model)
