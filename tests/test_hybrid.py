@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.errors import ConfigError
@@ -290,3 +292,53 @@ def test_hybrid_mtp_depths_are_the_transformer_mtp(fields) -> None:
     assert b.cost(band=False).duration_time_per_iter == pytest.approx(a.cost(band=False).duration_time_per_iter, rel=1e-12)
     assert b.memory().peak_mem == a.memory().peak_mem
     assert (b.params.total, b.params.mtp) == (a.params.total, a.params.mtp) and a.params.mtp > 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_random_hybrid_stacks_keep_the_invariants(data) -> None:
+    """Random hybrid stacks (Mamba, Gated DeltaNet, attention, MLP and MoE blocks, '|' segments as
+    virtual stages, MTP depths) under random TP / CP / PP / recompute: every layer renamed from
+    the first of its kind is the layer built for itself, the analytic pipeline is the event
+    simulation, the parameters are the unsharded model's, and full recompute keeps no more."""
+    from simumax.graph.recompute import is_recomputed
+
+    moe = data.draw(st.booleans())
+    symbols = "MG*-E" if moe else "MG*-"
+    tp, pp = data.draw(st.sampled_from([1, 2])), data.draw(st.sampled_from([1, 2]))
+    vp = data.draw(st.sampled_from([1, 2])) if pp > 1 else 1
+    n = pp * vp * data.draw(st.integers(1, 3))
+    blocks = data.draw(st.lists(st.sampled_from(symbols), min_size=n, max_size=n))
+    if moe and "E" not in blocks:
+        blocks[-1] = "E"
+    per = n // (pp * vp)
+    pattern = "|".join("".join(blocks[i:i + per]) for i in range(0, n, per)) if vp > 1 else "".join(blocks)
+    if data.draw(st.booleans()):
+        pattern += "/" + "".join(data.draw(st.lists(st.sampled_from(symbols), min_size=1, max_size=2)))
+    base = load_model("qwen3-30b-a3b" if moe else "llama3.1-8b")
+    # (the vocabulary unpadded: Megatron pads it to a multiple of 128 x tp, which changes the count)
+    m = base.with_updates({"layer_num": n, "hybrid_layer_pattern": pattern, "mamba_num_heads": 64,
+                           "linear_num_key_heads": 8, "linear_num_value_heads": 16, "padded_vocab_size": False})
+    fields = {"tp_size": tp, "pp_size": pp, "interleaving_size": vp, "world_size": 8 * tp * pp,
+              "enable_sequence_parallel": tp > 1, "micro_batch_num": 2 * pp, "seq_len": 2048,
+              "ep_size": 8 if moe else 1}
+    if data.draw(st.booleans()):
+        fields.update(enable_recompute=True, recompute_granularity="full_block", recompute_layer_num=1)
+    s = _strategy(**fields)
+    e = Estimate(m, s, SYSTEM)
+    t = e.cost(band=False).duration_time_per_iter
+    assert math.isfinite(t) and t > 0
+    src = e.layer_profiles.source
+    for chunk in e.chunks:
+        for pos, layer in enumerate(chunk.layers):
+            rec = is_recomputed(s, pos)
+            assert src.layer(layer, rec) == src.built_layer(layer, rec), (pattern, layer, rec)
+    assert math.isclose(e.simulate().total, t, rel_tol=1e-9)
+    flat = s.with_updates({"tp_size": 1, "pp_size": 1, "interleaving_size": 1, "world_size": 8, "enable_sequence_parallel": False,
+                           "micro_batch_num": 1, "enable_recompute": False})
+    whole = m.with_updates({"hybrid_layer_pattern": pattern.replace("|", "")})  # no virtual stages to fill
+    assert e.params.total == Estimate(whole, flat, SYSTEM).params.total
+    if s.recompute_mode == "none":
+        full = Estimate(m, s.with_updates({"enable_recompute": True, "recompute_granularity": "full_block",
+                                           "recompute_layer_num": None}), SYSTEM)
+        assert full.memory().peak_mem <= e.memory().peak_mem
