@@ -179,7 +179,8 @@ def _prepare(P: str, layer: int, d: Dims, model: ModelConfig, conv_out: Tensor) 
              (f"{name}.z", vz / 2))
     return Op(
         name=name, module="gdn_prep", layer=layer,
-        fwd=(MemBound(f"{op_label(name)}.fwd", fwd, launches=3),), bwd_input=(MemBound(f"{op_label(name)}.bwd", bwd, launches=3),),
+        fwd=(MemBound(f"{op_label(name)}.fwd", fwd, launches=3),),
+        bwd_input=(MemBound(f"{op_label(name)}.bwd", bwd, launches=3),),
         saved=saved, input=(conv_out,), bwd_transient=2 * qk + rep,
         params=2 * gdn_sizes(model, d.tp)["v_heads"],  # dt_bias, A_log (per value head, split over TP)
     )

@@ -12,8 +12,8 @@ from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks, fp8, linears
 from simumax.graph.dense_layer import attention_ops, mlp_ops
 from simumax.graph.dims import Dims
-from simumax.graph.kernels import Collective, host_wait
 from simumax.graph.gdn_layer import gdn_ops
+from simumax.graph.kernels import Collective, host_wait
 from simumax.graph.mamba_layer import mamba_ops
 from simumax.graph.ops import Op, Stage, StagePart
 from simumax.graph.placement import virtual_stage_places

@@ -5,9 +5,9 @@ Each MTP depth d predicts the token d + 2 ahead: it looks up the shifted tokens 
 shared word embedding, normalises that (``enorm``) and the previous depth's hidden state
 (``hnorm``; depth 0 takes the decoder's output), concatenates the two and projects 2h -> h
 (``eh_proj``, column-parallel), runs one transformer layer of the model's kind (MoE for
-DeepSeek-V3; a hybrid stack's MTP pattern, the blocks after '/', megatron-core's
-MultiTokenPredictionBlock with ``mtp_layer_pattern``), normalises, and computes logits with the shared output head and its own
-cross-entropy loss. The block sits on the last pipeline stage, before the main head, as
+DeepSeek-V3; in a hybrid stack the blocks after '/' in its pattern, megatron-core's
+MultiTokenPredictionBlock with ``mtp_layer_pattern``), normalises, and computes logits with
+the shared output head and its own cross-entropy loss. The block sits on the last pipeline stage, before the main head, as
 Megatron places it, or on a standalone stage of its own that a pipeline layout names (``m``
 before the loss's stage): its depths' heads and losses then run on the loss's stage, their
 hidden states sent with the main one. Off the first stage the word embedding is a copy
@@ -65,7 +65,8 @@ def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable
     """Every MTP depth's ops for one micro-batch, in forward order. ``layer_ops(k)``: the
     transformer layer builder (global index k = layer_num + depth, so a MoE model gets a
     MoE layer; a hybrid stack's depth runs the blocks of its MTP pattern, indices k .. k +
-    blocks - 1 from layer_num + depth x blocks); ``embedding_on_this_rank``: the main embedding lives on this rank (no copy).
+    blocks - 1 from layer_num + depth x blocks); ``embedding_on_this_rank``: the main
+    embedding lives on this rank (no copy).
     ``part``: all, or a standalone MTP stage's ``body`` (embedding, norms, projection, layer)
     and the loss stage's ``tail`` (each depth's final norm, output head and loss: megatron-core
     computes the MTP losses where the main loss is, from hidden states sent along with it)."""

@@ -18,8 +18,8 @@ Groups (module tags of graph.dense_layer):
 from __future__ import annotations
 
 from simumax.config.strategy import StrategyConfig
-from simumax.graph.ops import Op
 from simumax.graph.gdn_layer import MODULES as GDN_MODULES
+from simumax.graph.ops import Op
 from simumax.graph.shared_experts import SHARED_EXPERT_MODULES
 
 SELECTIVE_FLAGS = {

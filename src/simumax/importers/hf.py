@@ -72,10 +72,7 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         "head_num": heads,
         "kv_head_num": cfg.get("num_key_value_heads") or heads,
         "head_size": cfg.get("head_dim") or hidden // heads,
-        # a MoE text model without dense layers may not state one (Qwen3.5-MoE): none of its layers reads it
-        "intermediate_size": cfg.get("intermediate_size") or (cfg.get("moe_intermediate_size") if arch in MOE and not
-                                                              cfg.get("mlp_only_layers") and (cfg.get("decoder_sparse_step") or 1) == 1
-                                                              else None) or req(cfg, "intermediate_size", source),
+        "intermediate_size": _dense_ffn(cfg, arch, source),
         # Nemotron-H counts its pattern (transformers 5 deprecates num_hidden_layers there)
         "layer_num": cfg.get("num_hidden_layers") if arch in NEMOTRON_H else req(cfg, "num_hidden_layers", source),
         "vocab_size": req(cfg, "vocab_size", source),
@@ -175,6 +172,15 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
     if out.get("model_type") == "moe":  # HF checkpoints train dropless (SimuMax files default to padding)
         out.setdefault("moe_pad_expert_input_to_capacity", False)
     return ModelConfig.init_from_dict(out, source=source), notes
+
+
+def _dense_ffn(cfg: dict[str, Any], arch: str, source: str) -> int:
+    """``intermediate_size``; a MoE text model without dense layers may not state one
+    (Qwen3.5-MoE), and none of its layers reads it: its expert size then."""
+    all_moe = arch in MOE and not cfg.get("mlp_only_layers") and (cfg.get("decoder_sparse_step") or 1) == 1
+    if not cfg.get("intermediate_size") and all_moe and cfg.get("moe_intermediate_size"):
+        return int(cfg["moe_intermediate_size"])
+    return int(req(cfg, "intermediate_size", source))
 
 
 def load_hf_config(path: str | Path, name: str | None = None) -> tuple[ModelConfig, list[str]]:
