@@ -188,6 +188,33 @@ def test_app_moe_with_uneven_stages_and_a_moe_search(app_url) -> None:
         browser.close()
 
 
+def test_app_reads_a_hugging_face_config(app_url, tmp_path) -> None:
+    """A Hugging Face config.json dropped on the model uploader reads as `simumax import hf`
+    reads it (here a 4-layer Qwen3-Next: Gated DeltaNet and gated attention over 512 experts),
+    its notes under the uploader, and the estimate is the API's for that model."""
+    import json
+
+    from simumax.importers.hf import model_from_hf
+    from tests.test_gated_deltanet import QWEN3_NEXT_80B
+
+    cfg = {**QWEN3_NEXT_80B, "num_hidden_layers": 4}
+    path = tmp_path / "qwen3_next_small.json"
+    path.write_text(json.dumps(cfg))
+    model, _ = model_from_hf(cfg, "qwen3_next_small", path.name)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        page = browser.new_page(user_agent="simumax-test")
+        page.goto(app_url, wait_until="domcontentloaded")
+        _metric(page, "iteration time (ms)")
+        page.locator('input[type="file"]').first.set_input_files(str(path))
+        page.get_by_text("qwen3_next_small |").wait_for(timeout=60_000)
+        page.get_by_text("note: zero-centred RMSNorm weights").wait_for(timeout=60_000)
+        st = load_strategy("tp1_pp2_dp4_mbs1").with_updates(APP, source="test")
+        perf = PerfLLM().configure(strategy_config=st, model_config=model, system_config="a100_pcie")
+        assert _metric(page, "iteration time (ms)") == f"{perf.analysis_cost().duration_time_per_iter * 1e3:.1f}"
+        browser.close()
+
+
 # what the app's sidebar sets on top of the preset (SP follows TP; even stages are null)
 APP = {"enable_sequence_parallel": False, "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None}
 TP2 = {**APP, "tp_size": 2, "enable_sequence_parallel": True}

@@ -17,6 +17,7 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import FSDP_IMPLS, StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
+from simumax.importers.hf import model_from_hf
 from simumax.report import format as fmt
 from simumax.report.format import GIB
 
@@ -27,9 +28,17 @@ def _pick(kind: str, default: str, cls):
     """A preset by name, or an uploaded JSON file of that kind."""
     names = list_presets(kind)
     name = st.sidebar.selectbox(f"{kind} preset", names, index=names.index(default), key=f"{kind}_preset")
-    upload = st.sidebar.file_uploader(f"or upload a {kind} JSON", type="json", key=f"{kind}_upload")
+    label = f"or upload a {kind} JSON" + (" (or a Hugging Face config.json)" if kind == "model" else "")
+    upload = st.sidebar.file_uploader(label, type="json", key=f"{kind}_upload")
     if upload is not None:
-        return cls.init_from_dict(json.loads(upload.getvalue()), source=upload.name)
+        data = json.loads(upload.getvalue())
+        if kind == "model" and isinstance(data, dict) and "architectures" in data:
+            # a Hugging Face config.json, read as `simumax import hf` reads it, its notes shown
+            model, notes = model_from_hf(data, upload.name.removesuffix(".json"), upload.name)
+            for note in notes:
+                st.sidebar.caption(f"note: {note}")
+            return model
+        return cls.init_from_dict(data, source=upload.name)
     return {"model": load_model, "strategy": load_strategy, "system": load_system}[kind](name)
 
 
