@@ -322,3 +322,19 @@ def test_megatron_flags_of_the_variant() -> None:
     assert m.experimental_attention_variant is None and any("no effect, as in Megatron" in n for n in notes)
     m, _, notes = parse_megatron_args(base + " --experimental-attention-variant dsa", world_size=1)
     assert m.experimental_attention_variant is None and any("DeepSeek sparse attention" in n for n in notes)
+
+
+def test_scan_traffic_is_its_kernels_reads_and_writes() -> None:
+    """The delta rule's products are inside FLA's fused kernels: no HBM bytes of their own (no
+    roofline floor each); the kernels' traffic by hand, per token and value head with dk = dv =
+    128, C = 64, bf16: forward cumsum 8, kkt+solve 256+2+4+128, w/u 256+256+2+4+128+256+256,
+    states 256+256+256+4+512+256, output 256+256+256+512+4+256 bytes."""
+    m = _gdn_model()
+    st = _strategy()
+    d = Dims.of(m, st)
+    scan = _op(gdn_ops(m, st, d, 0, ("L0.x", d.act(m.hidden_size, local=True))), "gdn_scan")
+    assert all(k.fused and k.bytes == 0 for k in scan.fwd + scan.bwd_input if isinstance(k, Gemm))
+    per_token_head = 8 + 390 + 1158 + 1540 + 1540
+    traffic = sum(k.bytes for k in scan.fwd if not isinstance(k, Gemm))
+    assert traffic == st.seq_len * m.linear_num_value_heads * per_token_head
+    assert Gemm(64, 64, 64, "NN", b=8).bytes > 0  # a plain GEMM still crosses HBM

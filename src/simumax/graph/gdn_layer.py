@@ -27,10 +27,10 @@ The scan's tensor-core work is written as the products it is made of: within a c
 batched GEMMs over chunks and heads; the recurrences, which run chunk after chunk on one
 CTA per head and block of 64 values, as one long-inner-dimension GEMM per head and value block
 (the sum over a sequence's chunks of kᵀ·v: its output tiles are all the parallelism such a
-kernel has, so the wave model prices its low occupancy). Its element-wise
-and fp32 traffic is one memory-bound pass each way. FLA fuses the products into Triton
-kernels, so the op says its sizes are approximate (``Op.approximate``: the 80 % band counts it
-as unmeasured).
+kernel has, so the wave model prices its low occupancy). FLA fuses them into Triton kernels,
+so the products move no HBM bytes of their own (``Gemm.fused``); each kernel's reads and
+writes are a memory pass of their own (``kernel_traffic``). The op says its sizes are
+approximate (``Op.approximate``: the 80 % band counts it as unmeasured).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks, linears
 from simumax.graph.dims import Dims
-from simumax.graph.kernels import Collective, Gemm, MemBound, op_label
+from simumax.graph.kernels import Collective, Gemm, GemmLayout, MemBound, op_label
 from simumax.graph.ops import Op, Tensor
 
 FP32 = 4
@@ -80,36 +80,41 @@ def _recurrence(v: dict, model: ModelConfig) -> list[Gemm]:
     [dk, length] by [length, 64]."""
     dk, dv = model.linear_key_head_dim, model.linear_value_head_dim
     bv = BV if dv % BV == 0 else dv
-    return [Gemm(dk, length, bv, "NT", b=n * v["v_heads"] * (dv // bv)) for length, n in v["seqs"]]
+    return [Gemm(dk, length, bv, "NT", b=n * v["v_heads"] * (dv // bv), fused=True) for length, n in v["seqs"]]
 
 
 def scan_gemms(v: dict, model: ModelConfig) -> tuple[list[Gemm], list[Gemm]]:
     """(forward, backward) products of ``chunk_gated_delta_rule`` over the micro-batch, per
     chunk c (C = 64 tokens) and value head: FLOPs per token and head 6·C·dk + 4·C·dv + 6·dk·dv
-    forward, 16·C·dk + 10·C·dv + 16·dk·dv + 4·C² backward."""
+    forward, 16·C·dk + 10·C·dv + 16·dk·dv + 4·C² backward. All inside FLA's fused kernels."""
     c, dk, dv = CHUNK, model.linear_key_head_dim, model.linear_value_head_dim
     n = v["chunks"] * v["v_heads"]
+
+    def per_chunk(m: int, k: int, n_: int, layout: GemmLayout) -> Gemm:
+        return Gemm(m, k, n_, layout, b=n, fused=True)
+
     rec = _recurrence(v, model)
-    w_u = [Gemm(c, c, dk, "NN", b=n), Gemm(c, c, dv, "NN", b=n)]  # recompute_w_u_fwd: w = A·(β·eᵍ·k), u = A·(β·v)
+    w_u = [per_chunk(c, c, dk, "NN"), per_chunk(c, c, dv, "NN")]  # recompute_w_u_fwd: w = A·(β·eᵍ·k), u = A·(β·v)
     fwd = [
         # chunk_gated_delta_rule_fwd_kkt_solve_kernel: β·k·kᵀ and (I + A)⁻¹ in one kernel, the
         # inverse stored in bf16 (the 16 x 16 block merges' FLOPs, C²/3 per token, left out)
-        Gemm(c, dk, c, "TN", b=n),
+        per_chunk(c, dk, c, "TN"),
         *w_u,
         *rec, *rec,  # chunk_gated_delta_rule_fwd_h: v_new = u − w·S, S ← eᵍ·S + kᵀ·v_new
-        Gemm(c, dk, dv, "NN", b=n),  # chunk_fwd_o: q·S
-        Gemm(c, dk, c, "TN", b=n),  # q·kᵀ (masked, decayed)
-        Gemm(c, c, dv, "NN", b=n),  # its product with v_new
+        per_chunk(c, dk, dv, "NN"),  # chunk_fwd_o: q·S
+        per_chunk(c, dk, c, "TN"),  # q·kᵀ (masked, decayed)
+        per_chunk(c, c, dv, "NN"),  # its product with v_new
     ]
     bwd = [
         *w_u, *rec, *rec,  # w, u and the states recomputed
-        Gemm(c, dk, c, "TN", b=n), Gemm(c, c, dv, "NT", b=n),  # chunk_bwd_dv_local: dv = (q·kᵀ)ᵀ·do
+        per_chunk(c, dk, c, "TN"), per_chunk(c, c, dv, "NT"),  # chunk_bwd_dv_local: dv = (q·kᵀ)ᵀ·do
         *rec, *rec, *rec,  # chunk_gated_delta_rule_bwd_dhu: dS ← eᵍ·dS + qᵀ·do − wᵀ·dv, dv += k·dS
         # chunk_bwd_dqkwg: dq, dk, dw against the states; dA = do·v_newᵀ and its products with k and q
-        *[Gemm(c, dv, dk, "TN", b=n)] * 3, Gemm(c, dv, c, "TN", b=n), *[Gemm(c, c, dk, "NN", b=n)] * 2,
-        # prepare_wy_repr_bwd: dA from dw and du, d(β·k) and d(β·v) through A, dA through the inverse, dk from k·kᵀ
-        Gemm(c, dk, c, "TN", b=n), Gemm(c, dv, c, "TN", b=n), Gemm(c, c, dk, "NT", b=n), Gemm(c, c, dv, "NT", b=n),
-        *[Gemm(c, c, c, "NN", b=n)] * 2, *[Gemm(c, c, dk, "NN", b=n)] * 2,
+        *[per_chunk(c, dv, dk, "TN")] * 3, per_chunk(c, dv, c, "TN"), *[per_chunk(c, c, dk, "NN")] * 2,
+        # prepare_wy_repr_bwd: dA from dw and du, d(β·k) and d(β·v) through A, dA through the
+        # inverse, dk from k·kᵀ
+        per_chunk(c, dk, c, "TN"), per_chunk(c, dv, c, "TN"), per_chunk(c, c, dk, "NT"), per_chunk(c, c, dv, "NT"),
+        *[per_chunk(c, c, c, "NN")] * 2, *[per_chunk(c, c, dk, "NN")] * 2,
     ]
     return fwd, bwd
 
@@ -127,20 +132,40 @@ def _context_parallel(label: str, d: Dims, z: dict[str, int]) -> tuple[list, lis
     return before, after, list(reversed(after)), list(reversed(before))
 
 
+def kernel_traffic(v: dict, model: ModelConfig, ab: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """(forward, backward) HBM bytes of each of FLA's kernels (fla-core 0.6.0,
+    ``ops/gated_delta_rule/chunk.py``): what each reads and writes, per token and value head
+    (the per-chunk states h and their gradients dh: dk x dv per chunk of 64 tokens), times the
+    tokens x heads of the micro-batch; the products inside them move nothing of their own."""
+    dk, dv = model.linear_key_head_dim, model.linear_value_head_dim
+    heads_t = float(v["tokens"] * v["v_heads"])
+    q = k = w = dk * ab
+    val = dv * ab  # v, u, v_new, o, do, dv: value-wide
+    A, g, beta = CHUNK * ab, FP32, ab
+    h = v["chunks"] * dk * dv * ab / v["tokens"]  # the states (and dh) per token
+    w_u = k + val + beta + g + A + w + val
+    fwd_h = k + w + val + g + h + val
+    fwd = [("cumsum", 2 * g), ("kkt_solve", k + beta + g + A), ("w_u", w_u), ("fwd_h", fwd_h),
+           ("fwd_o", q + k + val + h + g + val)]
+    bwd = [("w_u", w_u), ("fwd_h", fwd_h), ("dv_local", q + k + g + val + val),
+           ("bwd_dhu", q + k + w + g + 2 * val + h + val), ("dqkwg", q + k + val + w + g + h + 2 * val + h + q + k + w + g),
+           ("wy_bwd", k + val + beta + g + A + w + val + k + val + beta + g), ("add_dk_dg", 3 * k + 3 * g), ("cumsum_bwd", 2 * g)]
+    return [(n, b * heads_t) for n, b in fwd], [(n, b * heads_t) for n, b in bwd]
+
+
 def scan_op(P: str, layer: int, d: Dims, model: ModelConfig, qkv: Tensor, out: Tensor) -> Op:
-    """FLA's ``chunk_gated_delta_rule`` of one layer: its products and its other traffic (the
-    fp32 gate cumsum, the per-chunk states, v_new; backward: the states and v_new again, the
-    state gradients, dv twice, the fp32 gate gradients and their reverse cumsum). It saves q
-    and k (at Hv heads), v, g (fp32), β and the inverted A (bf16)."""
+    """FLA's ``chunk_gated_delta_rule`` of one layer: each of its kernels as its products'
+    tensor-core time (``fused``: their operands stay on chip) and its own HBM traffic
+    (``kernel_traffic``), the two added (no overlap assumed inside a kernel). It saves q and k
+    (at Hv heads), v, g (fp32), β and the inverted A (bf16)."""
     v = scan_view(model, d)
     ab, t, hv = d.act_bytes, v["tokens"], v["v_heads"]
     dk, dv = model.linear_key_head_dim, model.linear_value_head_dim
     heads_t = float(t * hv)
     states = float(v["chunks"] * hv * dk * dv * ab)
-    fwd_io = 2 * heads_t * FP32 + states + heads_t * dv * ab + 2 * heads_t * FP32
-    bwd_io = 2 * states + 3 * heads_t * dv * ab + 8 * heads_t * FP32 + heads_t * ab
     fwd_gemms, bwd_gemms = scan_gemms(v, model)
     label = op_label(f"{P}.gdn_scan")
+    fwd_io, bwd_io = kernel_traffic(v, model, ab)
     name = f"{P}.gdn_scan"
     saved = (
         (f"{name}.q", heads_t * dk * ab), (f"{name}.k", heads_t * dk * ab), (f"{name}.v", heads_t * dv * ab),
@@ -148,8 +173,8 @@ def scan_op(P: str, layer: int, d: Dims, model: ModelConfig, qkv: Tensor, out: T
     )
     return Op(
         name=name, module="gdn_scan", layer=layer,
-        fwd=(*fwd_gemms, MemBound(f"{label}.scan", fwd_io, launches=3)),
-        bwd_input=(*bwd_gemms, MemBound(f"{label}.scan_bwd", bwd_io, launches=3)),
+        fwd=(*fwd_gemms, *(MemBound(f"{label}.{n}", b) for n, b in fwd_io)),
+        bwd_input=(*bwd_gemms, *(MemBound(f"{label}.{n}", b) for n, b in bwd_io)),
         saved=saved, input=(qkv,), output=out, fwd_transient=2 * states, bwd_transient=3 * states,
         approximate=APPROXIMATE,
     )

@@ -35,7 +35,10 @@ def gemm_bytes(m: int, k: int, n: int, in_bytes: int, out_bytes: int, accumulate
 
 
 class Gemm(NamedTuple):
-    """C[m, n] = A[m, k] @ B[k, n]; m = tokens in fwd/dgrad, = out features in wgrad."""
+    """C[m, n] = A[m, k] @ B[k, n]; m = tokens in fwd/dgrad, = out features in wgrad.
+    ``fused``: a product inside a fused kernel (a Triton scan's), whose operands and result
+    stay on chip: it moves no HBM bytes of its own (the kernel's traffic is a MemBound of its
+    own), so only its tensor-core time counts."""
 
     m: int
     k: int
@@ -45,6 +48,7 @@ class Gemm(NamedTuple):
     out_dtype: str = "bf16"
     b: int = 1
     family: str = "matmul"
+    fused: bool = False
 
     @property
     def flops(self) -> float:
@@ -53,7 +57,10 @@ class Gemm(NamedTuple):
     @property
     def bytes(self) -> float:
         """HBM traffic at the least: both operands read once, the output written (and read
-        too when accumulating); operands 1 B in the fp8 family, 4 in a TF32 one, else 2."""
+        too when accumulating); operands 1 B in the fp8 family, 4 in a TF32 one, else 2;
+        none for a product inside a fused kernel."""
+        if self.fused:
+            return 0.0
         return self.b * gemm_bytes(self.m, self.k, self.n, operand_bytes(self.family),
                                    _OUT_BYTES.get(self.out_dtype, 2), self.accumulate)
 
