@@ -342,3 +342,20 @@ def test_random_hybrid_stacks_keep_the_invariants(data) -> None:
         full = Estimate(m, s.with_updates({"enable_recompute": True, "recompute_granularity": "full_block",
                                            "recompute_layer_num": None}), SYSTEM)
         assert full.memory().peak_mem <= e.memory().peak_mem
+
+
+def test_mamba_scan_traffic_is_its_kernels_reads_and_writes() -> None:
+    """The SSD scan's products are inside mamba_ssm's fused kernels: no HBM bytes of their own;
+    its forward kernels' traffic by hand per token (H heads of P, G groups of N, chunks of Q =
+    128; bf16, fp32 decays and states): cumsum 2H + 8H, chunk state 2GN + 2HP + 8H + 4HPN/Q,
+    state passing 6HPN/Q, C·Bᵀ 4GN + 4GQ, chunk scan 4GQ + 8HP + 8H + 2GN + 2HPN/Q."""
+    m = load_model("llama3.1-8b").with_updates({"layer_num": 2, "hybrid_layer_pattern": "M-"})
+    st = _strategy()
+    d = Dims.of(m, st)
+    ssd = next(o for o in mamba_ops(m, st, d, 0, ("L0.x", d.act(m.hidden_size, local=True))) if o.module == "mamba_ssd")
+    assert all(k.fused and k.bytes == 0 for k in ssd.fwd + ssd.bwd_input if isinstance(k, Gemm))
+    h, p, g, n, q = m.mamba_heads, m.mamba_head_dim, m.mamba_num_groups, m.mamba_state_dim, CHUNK
+    per_token = (10 * h) + (2 * g * n + 2 * h * p + 8 * h + 4 * h * p * n / q) + 6 * h * p * n / q \
+        + (4 * g * n + 4 * g * q) + (4 * g * q + 8 * h * p + 8 * h + 2 * g * n + 2 * h * p * n / q)
+    scan = sum(k.bytes for k in ssd.fwd if not isinstance(k, Gemm) and not k.name.endswith("conv1d"))
+    assert scan == pytest.approx(st.seq_len * per_token, rel=1e-12)

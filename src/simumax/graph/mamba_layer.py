@@ -20,9 +20,10 @@ sequence-sharded input gathered as any column-parallel linear's):
 * ``out_proj`` (TERowParallelLinear) d_inner -> h, and the bias-dropout-add residual.
 
 The scan's tensor-core work is written as the batched GEMMs it is made of (at the tables'
-efficiency for those shapes) and its element-wise and fp32 intermediate traffic as one
-memory-bound pass each way; mamba_ssm fuses them into five Triton kernels, so the op says
-its sizes are approximate (``Op.approximate``: the 80 % band counts it as unmeasured).
+efficiency for those shapes); mamba_ssm fuses them into Triton kernels (five forward, fifteen
+backward), so they move no HBM bytes of their own (``Gemm.fused``) and each kernel's reads and
+writes are a memory pass of their own (``kernel_traffic``). The op says its sizes are
+approximate (``Op.approximate``: the 80 % band counts it as unmeasured).
 """
 
 from __future__ import annotations
@@ -56,15 +57,15 @@ def scan_view(model: ModelConfig, d: Dims) -> dict[str, int]:
     moves the sequence-sharded z, x, B, C, dt to head-sharded full sequences by all-to-all, so
     the scan runs on the whole sequence with 1 / cp of the heads and of the groups (B and C
     repeated cp / G times first where the rank has fewer groups than CP ranks); ``chunks`` of
-    the micro-batch, ``q`` tokens each."""
+    the micro-batch, ``q`` tokens each, ``b_tokens`` in all."""
     z = mamba_sizes(model, d.tp)
     cp, n = d.cp, model.mamba_state_dim
     repeat = cp // z["groups"] if z["groups"] < cp else 1
     groups = max(1, z["groups"] // cp)
     heads, inner, seq = z["heads"] // cp, z["inner"] // cp, d.s * cp
-    return {"seq": seq, "chunks": d.b * math.ceil(seq / CHUNK), "q": min(CHUNK, seq), "heads": heads, "inner": inner,
-            "groups": groups, "gn": groups * n, "repeat": repeat, "conv": inner + 2 * groups * n,
-            "in_proj": 2 * inner + 2 * groups * n + heads}
+    return {"seq": seq, "b_tokens": d.b * seq, "chunks": d.b * math.ceil(seq / CHUNK), "q": min(CHUNK, seq),
+            "heads": heads, "inner": inner, "groups": groups, "gn": groups * n, "repeat": repeat,
+            "conv": inner + 2 * groups * n, "in_proj": 2 * inner + 2 * groups * n + heads}
 
 
 def _scan_gemms(v: dict[str, int], model: ModelConfig) -> list[Gemm]:
@@ -74,17 +75,42 @@ def _scan_gemms(v: dict[str, int], model: ModelConfig) -> list[Gemm]:
     chunks, q = v["chunks"], v["q"]
     n, p = model.mamba_state_dim, model.mamba_head_dim
     heads = chunks * v["heads"]
-    return [
-        Gemm(q, n, q, "TN", b=chunks * v["groups"], out_dtype="fp32"),  # _bmm_chunk_fwd
-        Gemm(n, q, p, "NN", b=heads, out_dtype="fp32"),  # _chunk_state_fwd
-        Gemm(q, q, p, "NN", b=heads),  # _chunk_scan_fwd: intra-chunk
-        Gemm(q, n, p, "NN", b=heads),  # _chunk_scan_fwd: inter-chunk
+    return [  # inside mamba_ssm's fused kernels: no HBM bytes of their own (``Gemm.fused``)
+        Gemm(q, n, q, "TN", b=chunks * v["groups"], out_dtype="fp32", fused=True),  # _bmm_chunk_fwd
+        Gemm(n, q, p, "NN", b=heads, out_dtype="fp32", fused=True),  # _chunk_state_fwd
+        Gemm(q, q, p, "NN", b=heads, fused=True),  # _chunk_scan_fwd: intra-chunk
+        Gemm(q, n, p, "NN", b=heads, fused=True),  # _chunk_scan_fwd: inter-chunk
     ]
 
 
 def _grads(g: Gemm) -> list[Gemm]:
     """A product's backward: the gradient with respect to each operand."""
-    return [Gemm(g.m, g.n, g.k, "NN", b=g.b, out_dtype="fp32"), Gemm(g.k, g.m, g.n, "NT", b=g.b, out_dtype="fp32")]
+    return [Gemm(g.m, g.n, g.k, "NN", b=g.b, out_dtype="fp32", fused=True),
+            Gemm(g.k, g.m, g.n, "NT", b=g.b, out_dtype="fp32", fused=True)]
+
+
+def kernel_traffic(v: dict[str, int], model: ModelConfig, ab: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """(forward, backward) HBM bytes of each of mamba_ssm's scan kernels (2.3.2.post1,
+    ``ops/triton/ssd_combined.py``: ``_mamba_chunk_scan_combined_fwd`` / ``_bwd``), what each
+    reads and writes per token of the scan view, times its tokens: x, z and the outputs at the
+    inner width, B and C at groups x state, dt in and fp32 dt / cumulative decay per head, the
+    chunk states at heads x P x N per chunk (fp32 where the kernels keep them so), C·Bᵀ (fp32)
+    at groups x chunk length per token."""
+    n, p, q = model.mamba_state_dim, model.mamba_head_dim, v["q"]
+    t = float(v["b_tokens"])
+    x, bc, dt, f = v["inner"] * ab, v["gn"] * ab, v["heads"] * ab, v["heads"] * FP32
+    s32, s16 = v["heads"] * p * n * FP32 / q, v["heads"] * p * n * ab / q
+    cb = v["groups"] * q * FP32
+    cumsum, bmm = dt + 2 * f, 2 * bc + cb
+    state, passing = bc + x + 2 * f + s32, s32 + s16
+    fwd = [("cumsum", cumsum), ("chunk_state", state), ("state_passing", passing), ("bmm_chunk", bmm),
+           ("chunk_scan", cb + x + 2 * f + bc + s16 + x + 2 * x)]
+    bwd = [("cumsum", cumsum), ("bmm_chunk", bmm), ("chunk_state", state), ("state_passing", passing),
+           ("bwd_dz", 6 * x), ("bwd_dstates", bc + f + x + s32), ("state_passing_bwd", 2 * s32 + 2 * s16 + f),
+           ("bwd_dx", 2 * x + 3 * f + bc + cb + s16 + x), ("bwd_db", x + 3 * f + s16 + 2 * bc),
+           ("bwd_dc", s16 + 2 * f + x + 2 * bc), ("bwd_dcb", 2 * x + 2 * f + cb), ("bmm_bwd_db", 4 * bc + cb),
+           ("bmm_bwd_dc", 4 * bc + cb), ("ddacs", 2 * x + 3 * f + cb), ("cumsum_bwd", 4 * f + dt)]
+    return [(k, b * t) for k, b in fwd], [(k, b * t) for k, b in bwd]
 
 
 def _context_parallel(label: str, d: Dims, z: dict[str, int], v: dict[str, int]) -> tuple[list, list, list, list]:
@@ -109,26 +135,20 @@ def ssd_op(P: str, layer: int, d: Dims, model: ModelConfig, zxbcdt: Tensor, out:
     with MambaContextParallel's all-to-alls around it under context parallelism."""
     z = mamba_sizes(model, d.tp)
     v = scan_view(model, d)
-    t, ab = d.b * v["seq"], d.act_bytes
-    chunks, q = v["chunks"], v["q"]
-    n, p = model.mamba_state_dim, model.mamba_head_dim
+    t, ab = v["b_tokens"], d.act_bytes
     conv_io = 2.0 * t * v["conv"] * ab  # read x, B, C; write them convolved
-    # what the scan moves besides its products' operands: the gate z read, the gated and the
-    # ungated outputs written, dt read, the fp32 dt / cumulative decay written and read twice,
-    # C·Bᵀ (fp32) written and read, the chunk states (fp32) written, passed and read
-    scan_io = (t * v["inner"] * ab + 2.0 * t * v["inner"] * ab + t * v["heads"] * ab + 3 * 2.0 * t * v["heads"] * FP32
-               + 2.0 * chunks * v["groups"] * q * q * FP32 + 4.0 * chunks * v["heads"] * p * n * FP32)
     fwd_gemms = _scan_gemms(v, model)
+    fwd_io, bwd_io = kernel_traffic(v, model, ab)
     label = op_label(f"{P}.ssd")
     before, after, after_bwd, before_bwd = _context_parallel(label, d, z, v) if d.cp > 1 else ([], [], [], [])
-    fwd = (*before, MemBound(f"{label}.conv1d", conv_io), *fwd_gemms, MemBound(f"{label}.scan", scan_io, launches=2), *after)
+    fwd = (*before, MemBound(f"{label}.conv1d", conv_io), *fwd_gemms, *(MemBound(f"{label}.{k}", b) for k, b in fwd_io),
+           *after)
     bwd = (
         *after_bwd,
         MemBound(f"{label}.conv1d", conv_io),  # the conv recomputed
         *fwd_gemms[:2],  # the chunk states and C·Bᵀ recomputed
         *(g for f in fwd_gemms for g in _grads(f)),
-        # the scan's gradients: its forward traffic twice, dz, dx, dB, dC, ddt written
-        MemBound(f"{label}.scan_bwd", 2 * scan_io + t * v["in_proj"] * ab, launches=6),
+        *(MemBound(f"{label}.{k}", b) for k, b in bwd_io),  # the scan's kernels, backward
         MemBound(f"{label}.conv1d_bwd", 3.0 * t * v["conv"] * ab, launches=2),  # read xBC and its grad, write dxBC
         *before_bwd,
     )
