@@ -359,3 +359,20 @@ def test_mamba_scan_traffic_is_its_kernels_reads_and_writes() -> None:
         + (4 * g * n + 4 * g * q) + (4 * g * q + 8 * h * p + 8 * h + 2 * g * n + 2 * h * p * n / q)
     scan = sum(k.bytes for k in ssd.fwd if not isinstance(k, Gemm) and not k.name.endswith("conv1d"))
     assert scan == pytest.approx(st.seq_len * per_token, rel=1e-12)
+
+
+def test_megatron_hybrid_mtp_flags() -> None:
+    """The unified pattern sets the MTP depths (a different --mtp-num-layers is said and
+    overruled, as Megatron does); the old --mtp-hybrid-override-pattern becomes the pattern's
+    depths; --mtp-num-layers without MTP blocks builds none, said in a note."""
+    from simumax.importers.megatron_args import parse_megatron_args
+
+    base = ("--num-layers 4 --hidden-size 512 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 16 "
+            "--vocab-size 100 --num-experts 8 --moe-router-topk 2")
+    m, _, _ = parse_megatron_args(base + " --hybrid-layer-pattern M*ME --mtp-num-layers 2 --mtp-hybrid-override-pattern '*E'",
+                                  world_size=8)
+    assert (m.hybrid_layer_pattern, m.mtp_num_layers, m.layer_num) == ("M*ME/*E/*E", 2, 4)
+    m, _, notes = parse_megatron_args(base + " --hybrid-layer-pattern M*ME/*E --mtp-num-layers 3", world_size=8)
+    assert m.mtp_num_layers == 1 and any("1 MTP depths are used" in n for n in notes)
+    m, _, notes = parse_megatron_args(base + " --hybrid-layer-pattern M*ME --mtp-num-layers 1", world_size=8)
+    assert m.mtp_num_layers == 0 and any("no MTP, as Megatron" in n for n in notes)

@@ -264,6 +264,9 @@ def _megatron_defaults(m: dict[str, Any], s: dict[str, Any], extra: dict[str, st
                          "Megatron does")
         if mtp:
             m["mtp_num_layers"] = len(mtp)
+        elif m.pop("mtp_num_layers", None):  # Megatron warns and builds no MTP block without the pattern's part
+            notes.append("--mtp-num-layers with a hybrid pattern that has no '/' MTP blocks: no MTP, as Megatron "
+                         "builds none (give them as --hybrid-layer-pattern 'main/mtp')")
         pattern = main
         blocks = len(pattern.replace("|", ""))
         if m.get("layer_num") not in (None, blocks):
