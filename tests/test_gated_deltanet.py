@@ -338,3 +338,18 @@ def test_scan_traffic_is_its_kernels_reads_and_writes() -> None:
     traffic = sum(k.bytes for k in scan.fwd if not isinstance(k, Gemm))
     assert traffic == st.seq_len * m.linear_num_value_heads * per_token_head
     assert Gemm(64, 64, 64, "NN", b=8).bytes > 0  # a plain GEMM still crosses HBM
+
+
+def test_perf_says_what_the_layers_are() -> None:
+    """`perf` names the layer mix of a model whose layers differ: Gated DeltaNet beside softmax
+    attention, a hybrid stack's blocks (and its MTP depths); nothing for one layer kind."""
+    from simumax.report.format import layer_mix
+    from tests.conftest import run_cli
+
+    assert layer_mix(load_model("qwen3-next-80b-a3b")) == "48 layers: 36 Gated DeltaNet, 12 softmax attention"
+    hybrid = load_model("qwen3-30b-a3b").with_updates({"layer_num": 4, "hybrid_layer_pattern": "MEGE/*E"})
+    assert layer_mix(hybrid) == "4 blocks: 1 Mamba-2, 1 Gated DeltaNet, 2 MoE; 1 MTP depth(s) of attention, MoE"
+    assert layer_mix(load_model("llama3.1-8b")) is None
+    out = run_cli("perf", "-m", "qwen3-next-80b-a3b", "-s", "ep8_pp1_dp8_mbs1", "-y", "h100-sxm-80gb",
+                  "--set", "model.layer_num=4")
+    assert out.returncode == 0 and "4 layers: 3 Gated DeltaNet, 1 softmax attention" in out.stdout

@@ -73,6 +73,9 @@ def perf(
     cli.out_console.print(fmt.run_title(m.model_name, sy.sys_name, st), style="bold", markup=False)
     mtp = f" (+ {params.mtp / 1e9:.2f} B in the MTP block)" if params.mtp else ""
     cli.out_console.print(f"parameters: {params.total / 1e9:.2f} B total, {params.active / 1e9:.2f} B active per token{mtp}", markup=False)
+    mix = fmt.layer_mix(m)
+    if mix:
+        cli.out_console.print(mix, markup=False)
     cli.out_console.print(fmt.summary_table(cost, mem))
     if training:
         lo, hi = training["days_interval"]
