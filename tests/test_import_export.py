@@ -753,3 +753,31 @@ def test_hf_kimi_k25_reads_its_deepseek_v3_text_model() -> None:
     assert any("vision tower" in n for n in notes)
     assert (m.attention_type, m.expert_num, m.head_num, m.dense_layers) == ("mla", 384, 64, 1)
     assert _params(m)[0] == pytest.approx(_params(load_model("kimi-k2"))[0], rel=1e-12)
+
+
+# transformers 5.23's config-class defaults (Ernie4_5_MoeConfig: ERNIE-4.5-21B-A3B's sizes; OlmoeConfig: OLMoE-1B-7B's)
+ERNIE45_MOE = {"architectures": ["Ernie4_5_MoeForCausalLM"], "vocab_size": 103424, "hidden_size": 2560,
+               "intermediate_size": 12288, "num_hidden_layers": 28, "num_attention_heads": 20, "num_key_value_heads": 4,
+               "hidden_act": "silu", "tie_word_embeddings": True, "moe_intermediate_size": 1536, "moe_k": 6,
+               "moe_num_experts": 64, "moe_num_shared_experts": 2, "moe_layer_start_index": 1, "moe_layer_end_index": -1,
+               "moe_layer_interval": 1}
+OLMOE = {"architectures": ["OlmoeForCausalLM"], "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 1024,
+         "num_hidden_layers": 16, "num_attention_heads": 16, "hidden_act": "silu", "num_experts_per_tok": 8, "num_experts": 64}
+
+
+def test_hf_ernie45_moe_and_olmoe() -> None:
+    """ERNIE 4.5 MoE: softmax over all experts before the top-6 with the score-correction bias,
+    two shared experts, MoE from layer 1 (its moe_layer_* keys); 21 B / 3 B by its config. OLMoE: 64
+    experts of intermediate_size, top 8, q / k norms; 6.9 B total, 1.3 B active (AI2: "1B active,
+    7B total")."""
+    e, _ = model_from_hf(ERNIE45_MOE)
+    assert (e.expert_num, e.topk, e.dense_layers, e.moe_shared_expert_intermediate_size) == (64, 6, 1, 3072)
+    assert e.moe_router_pre_softmax and e.moe_router_enable_expert_bias and not e.untie_embeddings_and_output_weights
+    total, active = _params(e)
+    assert (int(total), int(active)) == (21, 3)  # 21.8 B, 3.35 B: the card's "21B total, 3B activated", truncated
+    every_other, _ = model_from_hf({**ERNIE45_MOE, "moe_layer_interval": 2})
+    assert every_other.moe_layer_freq == [int((i + 1) % 2 == 0 and i >= 1) for i in range(28)]
+    o, notes = model_from_hf(OLMOE)
+    assert (o.expert_num, o.topk, o.moe_ffn, o.qk_layernorm) == (64, 8, 1024, True)
+    total, active = _params(o)
+    assert (round(total, 1), round(active, 1)) == (6.9, 1.3)

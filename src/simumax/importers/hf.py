@@ -1,7 +1,8 @@
 """A Hugging Face ``config.json`` (a local file) as a simumax ModelConfig.
 
 Architectures: Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2 / 3, Seed-OSS, Gemma 1 / 2 / 3 (dense; Gemma 2 /
-3 with their sandwich norms and local / global attention layers), Mixtral, Qwen2-MoE, Qwen3-MoE, MiniMax-M2,
+3 with their sandwich norms and local / global attention layers), Mixtral, Qwen2-MoE, Qwen3-MoE, MiniMax-M2, OLMoE,
+ERNIE 4.5 MoE,
 GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3, Kimi K2.5 (its text model) and
 GLM-4.7-Flash (MLA + MoE),
 GLM-4.5 (GQA + DeepSeek-V3-style MoE), Llama 4 (its text model: interleaved top-1 MoE with a
@@ -21,8 +22,9 @@ from simumax.config.base import read_json
 from simumax.config.model import ModelConfig
 from simumax.errors import ConfigError
 from simumax.importers.hf_families import (
-    DENSE, GATED_DELTANET, GEMMA, GEMMA3_TEXT_DEFAULTS, GLM4_MOE, GRANITE_HYBRID, KIMI_K25, LLAMA4, MLA, MOE, NEMOTRON_H, QWEN3_5,
-    deepseek_routing, gemma, glm4_moe, glm4_moe_lite, granite_hybrid, llama4, nemotron_h, qwen3_next, req, sliding_window,
+    DENSE, ERNIE45_MOE, GATED_DELTANET, GEMMA, GEMMA3_TEXT_DEFAULTS, GLM4_MOE, GRANITE_HYBRID, KIMI_K25, LLAMA4, MLA, MOE,
+    NEMOTRON_H, QWEN3_5, deepseek_routing, ernie45_moe, gemma, glm4_moe, glm4_moe_lite, granite_hybrid, llama4, nemotron_h,
+    qwen3_next, req, sliding_window,
 )
 
 
@@ -50,7 +52,7 @@ SIZE_KEYS = {
 def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "config.json") -> tuple[ModelConfig, list[str]]:
     """(ModelConfig, notes) from a parsed config.json."""
     archs = cfg.get("architectures") or []
-    known = DENSE | MOE | MLA | LLAMA4 | GLM4_MOE | GEMMA | NEMOTRON_H | QWEN3_5 | GRANITE_HYBRID
+    known = DENSE | MOE | MLA | LLAMA4 | GLM4_MOE | GEMMA | NEMOTRON_H | QWEN3_5 | GRANITE_HYBRID | ERNIE45_MOE
     arch = next((a for a in archs if a in known), None)
     if arch is None:
         raise ConfigError("architectures", f"unsupported {archs or 'missing'}; known: {', '.join(sorted(known))}", source)
@@ -90,7 +92,7 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out.update(gemma(cfg, arch, act, notes))
     elif act not in ("silu", "swish"):
         notes.append(f"hidden_act {act!r}: modelled as an ungated GeLU MLP")
-    if arch in ("Olmo2ForCausalLM", "Olmo3ForCausalLM"):
+    if arch in ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM"):
         out["qk_layernorm"] = True
         notes.append("OLMo's norms follow each sub-block instead of preceding it: the same two norms per layer, costed "
                      "in the pre-norm places; its q / k norms span all heads, costed as per-head q / k norms (the same "
@@ -118,8 +120,9 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out["qk_layernorm"] = True  # Qwen3's per-head q / k RMSNorm
     if arch in MOE:
         out["model_type"] = "moe"
-        if arch in ("MixtralForCausalLM", "GptOssForCausalLM", "MiniMaxM2ForCausalLM"):
-            out["expert_num"] = req(cfg, "num_local_experts", source)
+        if arch in ("MixtralForCausalLM", "GptOssForCausalLM", "MiniMaxM2ForCausalLM", "OlmoeForCausalLM"):
+            # experts of intermediate_size, no dense MLP (OLMoE names their count num_experts)
+            out["expert_num"] = req(cfg, "num_experts" if arch == "OlmoeForCausalLM" else "num_local_experts", source)
             out["moe_ffn_hidden_size"] = cfg["intermediate_size"]
         else:
             out["expert_num"] = req(cfg, "num_experts", source)
@@ -161,6 +164,8 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out.update(nemotron_h(cfg, source, notes))
     if arch in GRANITE_HYBRID:
         out.update(granite_hybrid(cfg, source, notes))
+    if arch in ERNIE45_MOE:
+        out.update(ernie45_moe(cfg, source))
     if arch in GATED_DELTANET:
         out.update(qwen3_next(cfg, source, notes))
     if arch == "GptOssForCausalLM":

@@ -24,7 +24,9 @@ GEMMA3_TEXT_DEFAULTS = {
 # Qwen3-Next: Qwen3-MoE's experts (and gated shared expert) under Gated DeltaNet layers with
 # every full_attention_interval-th layer gated softmax attention
 MOE = {"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM", "Qwen3NextForCausalLM",
-       "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM", "MiniMaxM2ForCausalLM"}
+       "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM", "MiniMaxM2ForCausalLM", "OlmoeForCausalLM"}
+# ERNIE 4.5 MoE: its own key names (moe_k, moe_num_experts, moe_layer_*), read by ernie45_moe
+ERNIE45_MOE = {"Ernie4_5_MoeForCausalLM"}
 # Qwen3.5: Qwen3-Next's Gated DeltaNet and gated attention layers (its projections unfused, the
 # same weights), dense or over Qwen3-Next's MoE; the multimodal checkpoints' text_config
 QWEN3_5 = {"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5MoeForConditionalGeneration",
@@ -309,6 +311,32 @@ def glm4_moe_lite(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         out.update(dense_layers=0, moe_layer_freq=[int(t == "sparse") for t in types])
     else:
         out["dense_layers"] = lead
+    return out
+
+
+def ernie45_moe(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """transformers' Ernie4_5_Moe: softmax over all experts before the top-k
+    (Ernie4_5_MoeTopKRouter) with a score-correction bias on the choice (``moe_statics``: the
+    expert bias), ``moe_num_shared_experts`` shared experts of ``moe_intermediate_size``, MoE
+    layers where (i + 1) % ``moe_layer_interval`` == 0 between ``moe_layer_start_index`` and
+    ``moe_layer_end_index`` (-1: the last), dense MLPs of ``intermediate_size`` elsewhere."""
+    layers = req(cfg, "num_hidden_layers", source)
+    step, start = cfg.get("moe_layer_interval") or 1, cfg.get("moe_layer_start_index") or 0
+    end = cfg.get("moe_layer_end_index", -1)
+    end = layers - 1 if end in (None, -1) else end
+    out: dict[str, Any] = {
+        "model_type": "moe", "expert_num": req(cfg, "moe_num_experts", source), "topk": req(cfg, "moe_k", source),
+        "moe_ffn_hidden_size": req(cfg, "moe_intermediate_size", source), "moe_router_pre_softmax": True,
+        "moe_router_enable_expert_bias": True,
+    }
+    if cfg.get("moe_num_shared_experts"):
+        out["moe_shared_expert_intermediate_size"] = cfg["moe_num_shared_experts"] * cfg["moe_intermediate_size"]
+    pattern = [int((i + 1) % step == 0 and start <= i <= end) for i in range(layers)]
+    lead = pattern.index(1) if 1 in pattern else layers
+    if set(pattern[lead:]) == {1}:
+        out["dense_layers"] = lead
+    else:
+        out["moe_layer_freq"] = pattern
     return out
 
 
