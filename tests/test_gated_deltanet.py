@@ -353,3 +353,18 @@ def test_perf_says_what_the_layers_are() -> None:
     out = run_cli("perf", "-m", "qwen3-next-80b-a3b", "-s", "ep8_pp1_dp8_mbs1", "-y", "h100-sxm-80gb",
                   "--set", "model.layer_num=4")
     assert out.returncode == 0 and "4 layers: 3 Gated DeltaNet, 1 softmax attention" in out.stdout
+
+
+def test_scan_benchmark_predicts_what_the_estimate_does() -> None:
+    """benchmarks/gdn_scan.py (for a GPU session) prints the estimate's scan times beside FLA's:
+    its prediction is the scan op's, and grows with the tokens."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "gdn_scan.py"
+    spec = importlib.util.spec_from_file_location("gdn_scan_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    f4, b4 = bench.predicted("h100-sxm-80gb", 1, 4096)
+    f32, b32 = bench.predicted("h100-sxm-80gb", 1, 32768)
+    assert 0 < f4 < b4 and 6 < f32 / f4 < 9 and 6 < b32 / b4 < 9  # linear in the tokens, less the fixed parts
