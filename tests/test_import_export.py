@@ -781,3 +781,26 @@ def test_hf_ernie45_moe_and_olmoe() -> None:
     assert (o.expert_num, o.topk, o.moe_ffn, o.qk_layernorm) == (64, 8, 1024, True)
     total, active = _params(o)
     assert (round(total, 1), round(active, 1)) == (6.9, 1.3)
+
+
+DOTS_LLM1 = {  # transformers 5.23's Dots1Config keys; a dots.llm1-shaped model (hidden 4096, 128 experts, top 6, 2 shared)
+    "architectures": ["Dots1ForCausalLM"], "vocab_size": 152064, "hidden_size": 4096, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 32,
+    "n_shared_experts": 2, "n_routed_experts": 128, "num_experts_per_tok": 6, "first_k_dense_replace": 1,
+    "routed_scaling_factor": 2.5, "hidden_act": "silu", "sliding_window": 4096, "max_window_layers": 62,
+    "tie_word_embeddings": False,
+}
+
+
+def test_hf_dots_llm1() -> None:
+    """dots.llm1 (Dots1): Qwen3's attention with q / k norms over DeepSeek-V3's MoE (sigmoid
+    router with the score-correction bias, x2.5), two shared experts, one dense layer; its
+    default layer types keep every layer full attention (sliding only from max_window_layers =
+    all 62 on): 142 B total, 14 B active (rednote's card: 142B total, 14B activated)."""
+    m, notes = model_from_hf(DOTS_LLM1)
+    assert (m.expert_num, m.topk, m.dense_layers, m.moe_router_score_function, m.qk_layernorm) == (128, 6, 1, "sigmoid", True)
+    assert m.window_size is None and m.moe_shared_expert_intermediate_size == 2 * 1408
+    total, active = _params(m)
+    assert (int(total), int(active)) == (142, 14)  # 142.8 B, 14.0 B
+    late = model_from_hf({**DOTS_LLM1, "max_window_layers": 0})[0]
+    assert late.window_size == 4096 and late.window_attn_skip_freq is None  # every layer sliding

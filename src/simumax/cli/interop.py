@@ -33,7 +33,7 @@ def import_hf(
     as_json: bool = typer.Option(False, "--json", help="Print the model config as JSON."),
 ) -> None:
     """Hugging Face config.json (Llama, Mistral, Qwen2/3, Phi-3, OLMo 2/3, Seed-OSS, Gemma 1-3, Mixtral, Qwen-MoE,
-    MiniMax-M2, OLMoE, ERNIE 4.5 MoE, GPT-OSS, DeepSeek-V2/V3, Kimi K2.5, GLM-4.5, GLM-4.7-Flash, Llama 4,
+    MiniMax-M2, OLMoE, ERNIE 4.5 MoE, dots.llm1, GPT-OSS, DeepSeek-V2/V3, Kimi K2.5, GLM-4.5, GLM-4.7-Flash, Llama 4,
     Qwen3-Next, Qwen3.5, Nemotron-H, Granite 4.0-H) -> model config."""
     from simumax.estimate import Estimate
     from simumax.importers.hf import load_hf_config

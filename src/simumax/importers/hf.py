@@ -2,7 +2,7 @@
 
 Architectures: Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2 / 3, Seed-OSS, Gemma 1 / 2 / 3 (dense; Gemma 2 /
 3 with their sandwich norms and local / global attention layers), Mixtral, Qwen2-MoE, Qwen3-MoE, MiniMax-M2, OLMoE,
-ERNIE 4.5 MoE,
+ERNIE 4.5 MoE, dots.llm1,
 GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3, Kimi K2.5 (its text model) and
 GLM-4.7-Flash (MLA + MoE),
 GLM-4.5 (GQA + DeepSeek-V3-style MoE), Llama 4 (its text model: interleaved top-1 MoE with a
@@ -22,8 +22,8 @@ from simumax.config.base import read_json
 from simumax.config.model import ModelConfig
 from simumax.errors import ConfigError
 from simumax.importers.hf_families import (
-    DENSE, ERNIE45_MOE, GATED_DELTANET, GEMMA, GEMMA3_TEXT_DEFAULTS, GLM4_MOE, GRANITE_HYBRID, KIMI_K25, LLAMA4, MLA, MOE,
-    NEMOTRON_H, QWEN3_5, deepseek_routing, ernie45_moe, gemma, glm4_moe, glm4_moe_lite, granite_hybrid, llama4, nemotron_h,
+    DENSE, DOTS1, ERNIE45_MOE, GATED_DELTANET, GEMMA, GEMMA3_TEXT_DEFAULTS, GLM4_MOE, GRANITE_HYBRID, KIMI_K25, LLAMA4, MLA, MOE,
+    NEMOTRON_H, QWEN3_5, deepseek_routing, dots1, ernie45_moe, gemma, glm4_moe, glm4_moe_lite, granite_hybrid, llama4, nemotron_h,
     qwen3_next, req, sliding_window,
 )
 
@@ -52,7 +52,7 @@ SIZE_KEYS = {
 def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "config.json") -> tuple[ModelConfig, list[str]]:
     """(ModelConfig, notes) from a parsed config.json."""
     archs = cfg.get("architectures") or []
-    known = DENSE | MOE | MLA | LLAMA4 | GLM4_MOE | GEMMA | NEMOTRON_H | QWEN3_5 | GRANITE_HYBRID | ERNIE45_MOE
+    known = DENSE | MOE | MLA | LLAMA4 | GLM4_MOE | GEMMA | NEMOTRON_H | QWEN3_5 | GRANITE_HYBRID | ERNIE45_MOE | DOTS1
     arch = next((a for a in archs if a in known), None)
     if arch is None:
         raise ConfigError("architectures", f"unsupported {archs or 'missing'}; known: {', '.join(sorted(known))}", source)
@@ -166,6 +166,8 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out.update(granite_hybrid(cfg, source, notes))
     if arch in ERNIE45_MOE:
         out.update(ernie45_moe(cfg, source))
+    if arch in DOTS1:
+        out.update(dots1(cfg, source, notes))
     if arch in GATED_DELTANET:
         out.update(qwen3_next(cfg, source, notes))
     if arch == "GptOssForCausalLM":

@@ -38,6 +38,7 @@ KIMI_K25 = {"Kimi_K25ForConditionalGeneration", "KimiK25ForConditionalGeneration
 MLA |= KIMI_K25
 LLAMA4 = {"Llama4ForConditionalGeneration", "Llama4ForCausalLM"}  # the text model (its text_config)
 GLM4_MOE = {"Glm4MoeForCausalLM"}  # GLM-4.5 / 4.6: GQA attention, DeepSeek-V3's MoE and MTP
+DOTS1 = {"Dots1ForCausalLM"}  # dots.llm1: Qwen3's attention (q / k norms) over DeepSeek-V3's MoE
 NEMOTRON_H = {"NemotronHForCausalLM"}  # Megatron's hybrid stack: Mamba-2, attention, MLP and MoE blocks
 # IBM Granite 4.0-H: each layer a Mamba-2 or attention mixer, then a MoE with a shared MLP (or the
 # shared MLP alone): the hybrid stack's blocks in pairs
@@ -205,11 +206,17 @@ def sliding_window(cfg: dict[str, Any], arch: str, notes: list[str]) -> dict[str
         return {"window_size": window, "window_attn_skip_freq": k}
     if not types and arch == "Olmo3ForCausalLM":  # Olmo3Config's default layer_types: every 4th layer full
         return {"window_size": window, "window_attn_skip_freq": 4}
+    if not types and arch in DOTS1:  # Dots1Config's default: sliding from max_window_layers on (by default none)
+        layers = cfg.get("num_hidden_layers") or 0
+        first = cfg.get("max_window_layers", layers)
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
     if not types:
         return {"window_size": window}
     full = [i for i, t in enumerate(types) if t != "sliding_attention"]
     if not full:
         return {"window_size": window}
+    if len(full) == len(types):  # every layer attends everything
+        return {}
     for k in range(2, len(types) + 1):
         if full == [i for i in range(len(types)) if (i + 1) % k == 0]:
             return {"window_size": window, "window_attn_skip_freq": k}
@@ -294,6 +301,25 @@ def glm4_moe(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, An
         out["qk_layernorm"] = True
     if cfg.get("num_nextn_predict_layers"):
         out["mtp_num_layers"] = cfg["num_nextn_predict_layers"]
+    return out
+
+
+def dots1(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any]:
+    """transformers' Dots1 (dots.llm1): Qwen3's attention with per-head q / k norms, DeepSeek-V3's
+    MoE (Dots1TopkRouter is DeepseekV3TopkRouter: sigmoid scores with the score-correction bias,
+    group-limited top-k, the routed scaling factor), ``n_shared_experts`` shared experts, the
+    first ``first_k_dense_replace`` layers dense."""
+    moe_ffn = req(cfg, "moe_intermediate_size", source)
+    out: dict[str, Any] = {
+        "model_type": "moe", "expert_num": req(cfg, "n_routed_experts", source),
+        "topk": req(cfg, "num_experts_per_tok", source), "moe_ffn_hidden_size": moe_ffn,
+        "dense_layers": cfg.get("first_k_dense_replace") or 0, "qk_layernorm": True,
+        **deepseek_routing({**cfg, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "seq_aux": False}),
+    }
+    if cfg.get("n_shared_experts"):
+        out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * moe_ffn
+    notes.append("the load-balancing loss is not in config.json: Megatron's default aux_loss is costed beside the "
+                 "expert bias")
     return out
 
 
