@@ -142,6 +142,10 @@ def test_nemotron_h_config_by_hand() -> None:
     e = Estimate(m, _strategy(), SYSTEM)
     assert e.params.total == by_hand
     assert 8.0e9 < by_hand < 8.2e9
+    # the shipped preset is this config as it reads
+    preset = Estimate(load_model("nemotron-h-8b"), _strategy(), SYSTEM)
+    assert preset.cost(band=False).duration_time_per_iter == e.cost(band=False).duration_time_per_iter
+    assert preset.memory().peak_mem == e.memory().peak_mem
     with pytest.raises(ConfigError) as exc:  # MoE blocks need the expert sizes
         model_from_hf({**NEMOTRON_H_8B, "hybrid_override_pattern": "M-M*E" * 4, "num_hidden_layers": 20})
     assert exc.value.field == "n_routed_experts"

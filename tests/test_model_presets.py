@@ -29,6 +29,7 @@ def _params(name: str):
     ("qwen3-32b", 32.8, 1),        # 32.8 B (SimuMax's file)
     ("llama4-maverick", 401, 0),   # Meta: 400 B total (400.7 by its text config), 17 B active (below)
     ("qwen3-next-80b-a3b", 80, 0),  # Qwen: 80 B total (79.67 by its config: tests/test_gated_deltanet.py)
+    ("nemotron-h-8b", 8.1, 1),     # NVIDIA's Nemotron-H 8B (8.10 B by its config: tests/test_hybrid.py)
     # Qwen2.5 (q / k / v biases): the checkpoints' safetensors totals on Hugging Face (the model
     # cards print 7.61 / 14.7 / 32.5 / 72.7 B, truncated or rounded differently)
     ("qwen2.5-7b", 7.62, 2), ("qwen2.5-14b", 14.8, 1), ("qwen2.5-32b", 32.8, 1), ("qwen2.5-72b", 72.7, 1),
