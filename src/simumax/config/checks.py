@@ -137,8 +137,7 @@ def _check_linear_attention(model: ModelConfig, st: StrategyConfig) -> None:
                               f"{field} ({heads}) must be divisible by tp x cp ({tp_cp}), as Megatron asserts")
     if st.fp8:  # its in_proj output feeds an fp8 GEMM (megatron-core's get_fp8_align_size)
         align = 32 if st.fp8_recipe == "mxfp8" else 16
-        width = (2 * model.linear_num_key_heads * model.linear_key_head_dim
-                 + 2 * model.linear_num_value_heads * model.linear_value_head_dim + 2 * model.linear_num_value_heads)
+        width = model.gdn_in_proj_width
         if width % align:
             raise ConfigError("linear_num_value_heads", f"with fp8 ({st.fp8_recipe}) the Gated DeltaNet in_proj width "
                               f"({width}) must be a multiple of {align}, as Megatron asserts")

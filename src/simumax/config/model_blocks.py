@@ -22,6 +22,8 @@ class LayerBlocks:
         linear_attention_freq: int | list[int] | None
         linear_num_key_heads: int
         linear_num_value_heads: int
+        linear_key_head_dim: int
+        linear_value_head_dim: int
         attention_type: str
         mtp_num_layers: int
         post_sublayer_norm: bool
@@ -130,6 +132,13 @@ class LayerBlocks:
         if self.hybrid_layer_pattern is not None:
             return "G" in self.hybrid_layer_pattern
         return self.experimental_attention_variant == "gated_delta_net"
+
+    @property
+    def gdn_in_proj_width(self) -> int:
+        """A Gated DeltaNet's in_proj output over all TP ranks: q and k (key heads x dk), v and the
+        gate z (value heads x dv), β and α (one per value head)."""
+        return (2 * self.linear_num_key_heads * self.linear_key_head_dim
+                + 2 * self.linear_num_value_heads * self.linear_value_head_dim + 2 * self.linear_num_value_heads)
 
     @property
     def softmax_attention_layers(self) -> int:

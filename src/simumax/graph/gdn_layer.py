@@ -57,7 +57,7 @@ def gdn_sizes(model: ModelConfig, tp: int) -> dict[str, int]:
     (q, k, v) and the in_proj output (q, k, v, z, β, α)."""
     hk, hv = model.linear_num_key_heads // tp, model.linear_num_value_heads // tp
     qk, v = hk * model.linear_key_head_dim, hv * model.linear_value_head_dim
-    return {"k_heads": hk, "v_heads": hv, "qk": qk, "v": v, "conv": 2 * qk + v, "in_proj": 2 * qk + 2 * v + 2 * hv}
+    return {"k_heads": hk, "v_heads": hv, "qk": qk, "v": v, "conv": 2 * qk + v, "in_proj": model.gdn_in_proj_width // tp}
 
 
 def scan_view(model: ModelConfig, d: Dims) -> dict[str, int]:

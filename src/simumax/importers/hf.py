@@ -23,8 +23,8 @@ from simumax.config.model import ModelConfig
 from simumax.errors import ConfigError
 from simumax.importers.hf_families import (
     DENSE, DOTS1, ERNIE45_MOE, GATED_DELTANET, GEMMA, GEMMA3_TEXT_DEFAULTS, GLM4_MOE, GRANITE_HYBRID, KIMI_K25, LLAMA4, MLA, MOE,
-    NEMOTRON_H, QWEN3_5, deepseek_routing, dots1, ernie45_moe, gemma, glm4_moe, glm4_moe_lite, granite_hybrid, llama4, nemotron_h,
-    qwen3_next, req, sliding_window,
+    NEMOTRON_H, QWEN3_5, deepseek_moe, deepseek_routing, dots1, ernie45_moe, gemma, glm4_moe, glm4_moe_lite, granite_hybrid,
+    llama4, nemotron_h, qwen3_next, req, sliding_window,
 )
 
 
@@ -140,20 +140,13 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out["topk"] = req(cfg, "num_experts_per_tok", source)
     if arch in MLA:
         out.update(
-            model_type="moe", attention_type="mla",
+            attention_type="mla",
             q_lora_rank=cfg.get("q_lora_rank"), kv_lora_rank=req(cfg, "kv_lora_rank", source),
             qk_head_dim=req(cfg, "qk_nope_head_dim", source), qk_pos_emb_head_dim=req(cfg, "qk_rope_head_dim", source),
             v_head_dim=req(cfg, "v_head_dim", source), head_size=cfg["v_head_dim"], kv_head_num=heads,
-            expert_num=req(cfg, "n_routed_experts", source), topk=req(cfg, "num_experts_per_tok", source),
-            moe_ffn_hidden_size=req(cfg, "moe_intermediate_size", source),
-            dense_layers=cfg.get("first_k_dense_replace") or 0,
+            **deepseek_moe(cfg, source),
         )
-        if arch == "Glm4MoeLiteForCausalLM":
-            out.update(glm4_moe_lite(cfg, source))
-        else:
-            out.update(deepseek_routing(cfg))
-        if cfg.get("n_shared_experts"):
-            out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * cfg["moe_intermediate_size"]
+        out.update(glm4_moe_lite(cfg, source) if arch == "Glm4MoeLiteForCausalLM" else deepseek_routing(cfg))
         if cfg.get("num_nextn_predict_layers"):
             out["mtp_num_layers"] = cfg["num_nextn_predict_layers"]
     if arch in LLAMA4:

@@ -52,6 +52,42 @@ def req(cfg: dict[str, Any], key: str, src: str) -> Any:
     return cfg[key]
 
 
+# said where a config has an aux-loss-free router but no word on its load-balancing loss
+UNSTATED_BALANCING = ("the load-balancing loss is not in config.json: Megatron's default aux_loss is costed beside the "
+                      "expert bias")
+
+
+def v3_gate(cfg: dict[str, Any], seq_aux: bool) -> dict[str, Any]:
+    """DeepSeek-V3's gate for a config that does not name it (sigmoid scores with the
+    score-correction bias, group-limited top-k, the routed scaling factor), as Megatron's router
+    options; ``seq_aux``: with a sequence-level aux loss."""
+    return deepseek_routing({**cfg, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "seq_aux": seq_aux})
+
+
+def deepseek_moe(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """DeepSeek-style MoE keys: ``n_routed_experts`` of ``moe_intermediate_size``, top
+    ``num_experts_per_tok``, the first ``first_k_dense_replace`` layers dense, ``n_shared_experts``
+    shared experts of the expert size."""
+    ffn = req(cfg, "moe_intermediate_size", source)
+    out: dict[str, Any] = {
+        "model_type": "moe", "expert_num": req(cfg, "n_routed_experts", source),
+        "topk": req(cfg, "num_experts_per_tok", source), "moe_ffn_hidden_size": ffn,
+        "dense_layers": cfg.get("first_k_dense_replace") or 0,
+    }
+    if cfg.get("n_shared_experts"):
+        out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * ffn
+    return out
+
+
+def dense_then_moe(pattern: list[int]) -> dict[str, Any]:
+    """A per-layer 0/1 MoE pattern as ModelConfig says it: dense layers first, then MoE ones
+    (``dense_layers``), else the list (``moe_layer_freq``)."""
+    lead = pattern.index(1) if 1 in pattern else len(pattern)
+    if 0 not in pattern[lead:]:
+        return {"dense_layers": lead}
+    return {"dense_layers": 0, "moe_layer_freq": pattern}
+
+
 # transformers 5's NemotronH layer types, as Megatron's hybrid symbols (NemotronHConfig._pattern_to_list)
 NEMOTRON_H_BLOCKS = {"linear_attention": "M", "moe": "E", "full_attention": "*", "mlp": "-"}
 
@@ -100,15 +136,13 @@ def nemotron_h(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, 
     if "E" in pattern:
         experts = req(cfg, "n_routed_experts", source)
         out.update(model_type="moe", expert_num=experts, topk=req(cfg, "num_experts_per_tok", source),
-                   moe_ffn_hidden_size=req(cfg, "moe_intermediate_size", source),
-                   **deepseek_routing({**cfg, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "seq_aux": False}))
+                   moe_ffn_hidden_size=req(cfg, "moe_intermediate_size", source), **v3_gate(cfg, seq_aux=False))
         if cfg.get("n_shared_experts"):
             out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * req(
                 cfg, "moe_shared_expert_intermediate_size", source)
         if cfg.get("moe_latent_size"):
             out["moe_latent_size"] = cfg["moe_latent_size"]
-        notes.append("the load-balancing loss is not in config.json: Megatron's default aux_loss is costed beside the "
-                     "expert bias")
+        notes.append(UNSTATED_BALANCING)
     act = cfg.get("mlp_hidden_act", "relu2")
     notes.append(f"mlp_hidden_act {act!r}: an ungated MLP, its activation costed as GeLU's element-wise pass")
     for key, modelled in (("conv_kernel", 4), ("chunk_size", 128)):
@@ -287,16 +321,8 @@ def glm4_moe(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, An
     then routed experts with ``n_shared_experts`` shared ones, a sigmoid router with DeepSeek-V3's
     score-correction bias (always: Glm4MoeTopkRouter), group-limited top-k when ``n_group`` > 1,
     the routed scaling factor, per-head q / k RMSNorm with ``use_qk_norm``, MTP layers."""
-    moe_ffn = req(cfg, "moe_intermediate_size", source)
-    out: dict[str, Any] = {
-        "model_type": "moe", "expert_num": req(cfg, "n_routed_experts", source),
-        "topk": req(cfg, "num_experts_per_tok", source), "moe_ffn_hidden_size": moe_ffn,
-        "dense_layers": cfg.get("first_k_dense_replace") or 0,
-        # DeepSeek-V3's gate, which the config does not name; GLM-4.5 adds a sequence-level aux loss
-        **deepseek_routing({**cfg, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "seq_aux": True}),
-    }
-    if cfg.get("n_shared_experts"):
-        out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * moe_ffn
+    # DeepSeek-V3's gate, which the config does not name; GLM-4.5 adds a sequence-level aux loss
+    out = {**deepseek_moe(cfg, source), **v3_gate(cfg, seq_aux=True)}
     if cfg.get("use_qk_norm"):
         out["qk_layernorm"] = True
     if cfg.get("num_nextn_predict_layers"):
@@ -309,18 +335,8 @@ def dots1(cfg: dict[str, Any], source: str, notes: list[str]) -> dict[str, Any]:
     MoE (Dots1TopkRouter is DeepseekV3TopkRouter: sigmoid scores with the score-correction bias,
     group-limited top-k, the routed scaling factor), ``n_shared_experts`` shared experts, the
     first ``first_k_dense_replace`` layers dense."""
-    moe_ffn = req(cfg, "moe_intermediate_size", source)
-    out: dict[str, Any] = {
-        "model_type": "moe", "expert_num": req(cfg, "n_routed_experts", source),
-        "topk": req(cfg, "num_experts_per_tok", source), "moe_ffn_hidden_size": moe_ffn,
-        "dense_layers": cfg.get("first_k_dense_replace") or 0, "qk_layernorm": True,
-        **deepseek_routing({**cfg, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "seq_aux": False}),
-    }
-    if cfg.get("n_shared_experts"):
-        out["moe_shared_expert_intermediate_size"] = cfg["n_shared_experts"] * moe_ffn
-    notes.append("the load-balancing loss is not in config.json: Megatron's default aux_loss is costed beside the "
-                 "expert bias")
-    return out
+    notes.append(UNSTATED_BALANCING)
+    return {**deepseek_moe(cfg, source), "qk_layernorm": True, **v3_gate(cfg, seq_aux=False)}
 
 
 def glm4_moe_lite(cfg: dict[str, Any], source: str) -> dict[str, Any]:
@@ -331,13 +347,7 @@ def glm4_moe_lite(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     types = cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (layers - 1)
     if len(types) != layers or set(types) - {"dense", "sparse"}:
         raise ConfigError("mlp_layer_types", f"needs one 'dense' or 'sparse' per layer ({layers})", source)
-    out = deepseek_routing({**cfg, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "seq_aux": True})
-    lead = next((i for i, t in enumerate(types) if t == "sparse"), layers)
-    if "dense" in types[lead:]:
-        out.update(dense_layers=0, moe_layer_freq=[int(t == "sparse") for t in types])
-    else:
-        out["dense_layers"] = lead
-    return out
+    return {**v3_gate(cfg, seq_aux=True), **dense_then_moe([int(t == "sparse") for t in types])}
 
 
 def ernie45_moe(cfg: dict[str, Any], source: str) -> dict[str, Any]:
@@ -357,13 +367,7 @@ def ernie45_moe(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     }
     if cfg.get("moe_num_shared_experts"):
         out["moe_shared_expert_intermediate_size"] = cfg["moe_num_shared_experts"] * cfg["moe_intermediate_size"]
-    pattern = [int((i + 1) % step == 0 and start <= i <= end) for i in range(layers)]
-    lead = pattern.index(1) if 1 in pattern else layers
-    if set(pattern[lead:]) == {1}:
-        out["dense_layers"] = lead
-    else:
-        out["moe_layer_freq"] = pattern
-    return out
+    return {**out, **dense_then_moe([int((i + 1) % step == 0 and start <= i <= end) for i in range(layers)])}
 
 
 def deepseek_routing(cfg: dict[str, Any]) -> dict[str, Any]:
