@@ -153,12 +153,12 @@ def kernel_traffic(v: dict, model: ModelConfig, ab: int) -> tuple[list[tuple[str
     return [(n, b * heads_t) for n, b in fwd], [(n, b * heads_t) for n, b in bwd]
 
 
-def scan_op(P: str, layer: int, d: Dims, model: ModelConfig, qkv: Tensor, out: Tensor) -> Op:
+def scan_op(P: str, layer: int, d: Dims, model: ModelConfig, v: dict, qkv: Tensor, out: Tensor) -> Op:
     """FLA's ``chunk_gated_delta_rule`` of one layer: each of its kernels as its products'
     tensor-core time (``fused``: their operands stay on chip) and its own HBM traffic
     (``kernel_traffic``), the two added (no overlap assumed inside a kernel). It saves q and k
-    (at Hv heads), v, g (fp32), β and the inverted A (bf16)."""
-    v = scan_view(model, d)
+    (at Hv heads), v, g (fp32), β and the inverted A (bf16). ``v`` (as for the other builders
+    here): the rank's ``scan_view``, made once per layer by ``gdn_ops``."""
     ab, t, hv = d.act_bytes, v["tokens"], v["v_heads"]
     dk, dv = model.linear_key_head_dim, model.linear_value_head_dim
     heads_t = float(t * hv)
@@ -180,13 +180,12 @@ def scan_op(P: str, layer: int, d: Dims, model: ModelConfig, qkv: Tensor, out: T
     )
 
 
-def _prepare(P: str, layer: int, d: Dims, model: ModelConfig, conv_out: Tensor) -> Op:
+def _prepare(P: str, layer: int, d: Dims, model: ModelConfig, v: dict, conv_out: Tensor) -> Op:
     """The jit-fused ``_prepare_input_for_gated_delta_rule`` and ``_compute_g_and_beta``: L2 norm
     of q and k (FLA's l2norm keeps its output and an fp32 rstd per head), q and k repeated to
     the value heads where there are fewer key heads (and made contiguous), v, z, β, α made
     contiguous; g in fp32 and sigmoid(β). Saves what it keeps for backward (the norm's
     output and rstd, α for softplus' gradient, sigmoid(β)) and z for the gated norm."""
-    v = scan_view(model, d)
     ab, t, hk, hv = d.act_bytes, v["tokens"], v["k_heads"], v["v_heads"]
     dk = model.linear_key_head_dim
     qk = float(t * v["qk"] * ab)
@@ -211,11 +210,10 @@ def _prepare(P: str, layer: int, d: Dims, model: ModelConfig, conv_out: Tensor) 
     )
 
 
-def _conv(P: str, layer: int, d: Dims, model: ModelConfig, qkvzba: Tensor) -> Op:
+def _conv(P: str, layer: int, d: Dims, model: ModelConfig, v: dict, qkvzba: Tensor) -> Op:
     """FLA's ``causal_conv1d`` over q, k, v with SiLU: reads and writes them, keeps its input
     (a view of the in_proj output, or of its all-to-all's, which the whole buffer stays for);
     backward reads the input and the gradient and writes the input gradient."""
-    v = scan_view(model, d)
     io = float(v["tokens"] * v["conv"] * d.act_bytes)
     name = f"{P}.gdn_conv"
     out = (f"{name}.out", io)
@@ -227,12 +225,11 @@ def _conv(P: str, layer: int, d: Dims, model: ModelConfig, qkvzba: Tensor) -> Op
     )
 
 
-def _gated_norm(P: str, layer: int, d: Dims, model: ModelConfig, o: Tensor, z: Tensor) -> Op:
+def _gated_norm(P: str, layer: int, d: Dims, model: ModelConfig, v: dict, o: Tensor, z: Tensor) -> Op:
     """``_apply_gated_norm``: TENorm over each value head's dv (one weight shared by the heads,
     the same on every TP rank), then times SiLU(z) in fp32, cast back; keeps its input, the
     fp32 rstd per token and head, the norm's output and z. Backward reads them and the
     gradient, writes the gradients of both inputs."""
-    v = scan_view(model, d)
     x = float(v["tokens"] * v["v"] * d.act_bytes)
     name = f"{P}.gdn_out_norm"
     normed = (f"{name}.normed", x)
@@ -277,10 +274,10 @@ def gdn_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_in: T
                       fwd=(MemBound(f"{label}.layout", 2 * qkvzba[1] + 2 * o[1], launches=2),),
                       bwd_input=(MemBound(f"{label}.layout", 2 * qkvzba[1] + 2 * o[1], launches=2),)))
     ops += [
-        _conv(P, layer, d, model, qkvzba),
-        _prepare(P, layer, d, model, conv_out),
-        scan_op(P, layer, d, model, conv_out, o),
-        _gated_norm(P, layer, d, model, o, gate).with_(output=gated if d.cp == 1 else (f"{P}.gdn_out_norm.hp", o[1])),
+        _conv(P, layer, d, model, v, qkvzba),
+        _prepare(P, layer, d, model, v, conv_out),
+        scan_op(P, layer, d, model, v, conv_out, o),
+        _gated_norm(P, layer, d, model, v, o, gate).with_(output=gated if d.cp == 1 else (f"{P}.gdn_out_norm.hp", o[1])),
     ]
     if d.cp > 1:
         # in _gated_norm_and_a2a with the norm: --recompute-modules gdn_norm_out remakes both
