@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 
 from simumax.errors import ConfigError
 
-# Megatron hybrid-stack symbols modelled: Mamba-2, Gated DeltaNet, attention, MLP, MoE
-HYBRID_SYMBOLS = "MG*-E"
+# Megatron hybrid-stack symbols modelled, and what each block is
+HYBRID_BLOCKS = {"M": "Mamba-2", "G": "Gated DeltaNet", "*": "attention", "-": "MLP", "E": "MoE"}
+HYBRID_SYMBOLS = "".join(HYBRID_BLOCKS)
 
 
 class LayerBlocks:

@@ -6,6 +6,7 @@ from rich import box
 from rich.table import Table
 
 from simumax.config.model import ModelConfig
+from simumax.config.model_blocks import HYBRID_BLOCKS
 from simumax.config.strategy import StrategyConfig
 from simumax.cost.network import NetworkModel
 from simumax.dp.sharding_plan import ShardingPlan
@@ -28,18 +29,15 @@ def zero_label(zero_state: int, fsdp_impl: str) -> str:
     return f"zero{zero_state}" + (f"/{fsdp_impl}" if fsdp_impl != "megatron_fsdp" else "")
 
 
-BLOCK_NAMES = {"M": "Mamba-2", "G": "Gated DeltaNet", "*": "attention", "-": "MLP", "E": "MoE"}
-
-
 def layer_mix(model: ModelConfig) -> str | None:
     """One line saying what the layers are, for a model whose layers differ in kind: a hybrid
     stack's blocks per symbol (and its MTP depths' blocks), or Gated DeltaNet beside softmax
     attention; None for a model of one layer kind."""
     if model.hybrid_layer_pattern is not None:
         syms = model.hybrid_symbols
-        counts = ", ".join(f"{syms.count(c)} {name}" for c, name in BLOCK_NAMES.items() if c in syms)
+        counts = ", ".join(f"{syms.count(c)} {name}" for c, name in HYBRID_BLOCKS.items() if c in syms)
         mtp = model.hybrid_mtp_pattern
-        depth = f"; {model.mtp_num_layers} MTP depth(s) of {', '.join(BLOCK_NAMES[c] for c in mtp)}" if mtp else ""
+        depth = f"; {model.mtp_num_layers} MTP depth(s) of {', '.join(HYBRID_BLOCKS[c] for c in mtp)}" if mtp else ""
         return f"{len(syms)} blocks: {counts}{depth}"
     if model.experimental_attention_variant == "gated_delta_net":
         soft = model.softmax_attention_layers
