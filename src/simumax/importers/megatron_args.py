@@ -149,7 +149,7 @@ def _read_flags(tokens: list[str], m: dict[str, Any], s: dict[str, Any], extra: 
         elif flag == "--no-rope-freq" and value is not None:  # Megatron's no_rope_freq_type: an int or a list
             m["no_rope_freq"] = int_or_layer_list(flag, value)
         elif flag == "--linear-attention-freq" and value is not None:  # la_freq_type: an int or a list
-            m["linear_attention_freq"] = int_or_layer_list(flag, value.strip("'\""))
+            m["linear_attention_freq"] = int_or_layer_list(flag, value)
         elif flag == "--experimental-attention-variant" and value is not None:
             if value == "gated_delta_net":
                 m["experimental_attention_variant"] = value
@@ -195,7 +195,7 @@ def _read_flags(tokens: list[str], m: dict[str, Any], s: dict[str, Any], extra: 
             else:
                 not_modelled.setdefault("torch DDP's bucketed all-reduce: Megatron's own DDP is modelled", []).append(flag)
         elif flag == "--mtp-hybrid-override-pattern" and value is not None:  # the MTP depth's blocks, old form
-            extra[flag] = value.strip("'\"")
+            extra[flag] = value
         elif flag == "--qk-l2-norm":  # Llama 4's weightless L2 norm of q and k (the HF importer reads it so too)
             m["qk_layernorm"] = True
             notes.append("--qk-l2-norm: the weightless L2 q/k norm modelled as a q/k RMSNorm (its few weights counted)")
