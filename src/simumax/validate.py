@@ -14,6 +14,7 @@ from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 from simumax.report.results import MemResult
 from simumax.uncertainty import MEMORY_BAND
+from simumax.validate_split import step_group
 
 GIB = 2**30
 CASE_KEYS = ("id", "system", "model", "strategy", "measured")
@@ -51,6 +52,8 @@ class CaseResult:
     # where measured_time comes from: "iter_time_ms", or "tflops_per_gpu" (SimuMax's FLOP
     # convention, Estimate.flops_6nd_with_attn per GPU over that rate); "" with no time
     time_from: str = ""
+    micro_batches: int = 0  # the strategy's micro_batch_num (validate_split.py)
+    step_group: str = ""  # the job less its micro-batch and GPU counts (validate_split.step_group)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -184,6 +187,7 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
     real_m = real_m * GIB if real_m is not None else None
     ref_m = relative_error(ref.get(mem_key) and ref[mem_key] * GIB, real_m)
     source, group = case_source(case["id"]), ranking_group(case)
+    split = dict(micro_batches=int((case.get("strategy") or {}).get("micro_batch_num", 1)), step_group=step_group(case))
     real_t = _seconds(measured)  # (a refused case reports its iteration time only)
     ref_t = relative_error(_seconds(ref), real_t)
     try:
@@ -198,12 +202,12 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
         # the band perf prints for the peak, about whichever figure the record measured
         mem_band = MEMORY_BAND.interval(mem) if real_m is not None else None
     except ConfigError as exc:
-        return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc), source=source, mem_measure=measure, group=group)
+        return CaseResult(case["id"], real_t, None, None, ref_t, real_m, None, None, ref_m, skipped=str(exc), source=source, mem_measure=measure, group=group, **split)
     family = "moe" if est.model.is_moe else "dense"
     time_from = "" if real_t is None else "iter_time_ms" if measured.get("iter_time_ms") is not None else "tflops_per_gpu"
     return CaseResult(
         case["id"], real_t, t, relative_error(t, real_t), ref_t, real_m, mem, relative_error(mem, real_m), ref_m,
-        family=family, source=source, mem_measure=measure, group=group, time_band=band, mem_band=mem_band, time_from=time_from,
+        family=family, source=source, mem_measure=measure, group=group, time_band=band, mem_band=mem_band, time_from=time_from, **split,
         record_does_not_fit=(real_t is not None and not memory.fits
                              and (real_m is None or real_m / (1.0 if measure == "peak_reserved" else est.strategy.mem_factor)
                                   <= memory.capacity)),

@@ -22,14 +22,16 @@ def validate(
 ) -> None:
     """Compare predictions with measured runs: time and peak memory error per case."""
     from simumax.validate import ranking, run_file, summary, summary_by_family, summary_by_source
+    from simumax.validate_split import step_split
 
     results = run_file(file, reference_root)
     summ = summary(results)
     by_family = summary_by_family(results)
     by_source = summary_by_source(results)
     ranks = ranking(results)
+    split = step_split(results)
     payload = {"cases": [r.to_dict() for r in results], "summary": summ, "by_family": by_family, "by_source": by_source,
-               "ranking": ranks}
+               "ranking": ranks, "micro_batch_split": split}
     if out is not None:
         write_json_atomic(out / "validation.json", payload)
     if as_json:
@@ -95,3 +97,14 @@ def validate(
             f" mean Spearman {'-' if rho is None else f'{rho:.2f}'}, regret of the predicted-fastest mean"
             f" {apct(ranks['mean_regret'])} max {apct(ranks['max_regret'])}", markup=False,
         )
+    if split:
+        cli.out_console.print(
+            f"per micro-batch vs per iteration ({len(split)} group{'s' if len(split) > 1 else ''} of runs that differ only in micro-batch and GPU counts;"
+            " time = fixed + per micro-batch x micro-batches, least squares):", markup=False)
+        for g in split:
+            r, p = g["real"], g["predicted"]
+            cli.out_console.print(
+                f"  {g['cases'][0]} (+{len(g['cases']) - 1}, micro-batches {'/'.join(map(str, g['micro_batches']))}):"
+                f" per micro-batch {fmt.ms(r['per_micro_batch'])} ms real, {fmt.ms(p['per_micro_batch'])} predicted"
+                f" ({pct(g['per_micro_batch_error'])}); fixed {fmt.ms(r['fixed'])} ms real, {fmt.ms(p['fixed'])} predicted"
+                f" (real points off the line by up to {apct(r['max_residual'])})", markup=False)
