@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from simumax.validate import GIB, run_file, summary_by_family, summary_by_source
+from simumax.validate_split import step_split
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
 LABELS = {"dense": "dense", "moe": "MoE/MLA"}
@@ -57,6 +58,17 @@ def main() -> None:
         for family, s in summary_by_family(results).items():
             if s["evaluated"]:
                 print(f"\n{LABELS.get(family, family)}: {_line(s)}")
+        split = step_split(results)
+        if split:
+            print("\nPer micro-batch vs per iteration (runs that differ only in micro-batch and GPU counts; "
+                  "time = fixed + per micro-batch x micro-batches, least squares; validate_split.py):\n")
+            print("| first case | runs | micro-batches | per micro-batch ms real / pred | err | fixed ms real / pred |")
+            print("|---|---|---|---|---|---|")
+            for g in split:
+                r, p = g["real"], g["predicted"]
+                print(f"| {g['cases'][0]} | {len(g['cases'])} | {'/'.join(map(str, g['micro_batches']))} | "
+                      f"{_num(r['per_micro_batch'], 1e3, 1)} / {_num(p['per_micro_batch'], 1e3, 1)} | "
+                      f"{_pct(g['per_micro_batch_error'])} | {_num(r['fixed'], 1e3, 0)} / {_num(p['fixed'], 1e3, 0)} |")
         print()
 
 
