@@ -115,6 +115,33 @@ def test_mla_runs_with_tp_and_splits_attention_by_heads() -> None:
     assert two.cost().duration_time_per_iter > 0 and two.memory().peak_mem < one.memory().peak_mem
 
 
+def test_mla_down_projections_by_implementation() -> None:
+    """TransformerEngine's down-projections are duplicated (every TP rank holds the whole
+    weight and runs it on its own tokens); the local spec's ColumnParallelLinear splits the
+    weight over TP, gathers the input under SP and the output over TP (megatron-core
+    multi_latent_attention.MLASelfAttention). tests/test_megatron_reference.py checks both
+    against Megatron-Core itself."""
+    m = load_model("deepseek-v3").with_updates({"layer_num": 1, "dense_layers": 1})
+    h, q, kv = m.hidden_size, m.q_lora_rank, m.kv_lora_rank + m.qk_pos_emb_head_dim
+    common = dict(world_size=2, tp_size=2, enable_sequence_parallel=True, seq_len=1024)
+
+    def down(impl: str):
+        est = _est(m, transformer_impl=impl, **common)
+        return {o.name.rsplit(".", 1)[1]: o for s in est.stages for o in s.ops if o.name.endswith(("q_down", "kv_down"))}
+
+    te, local = down("transformer_engine"), down("local")
+    tokens = 1024  # a micro-batch of one sequence; SP shards it over the two ranks
+    for name, n in (("q_down", q), ("kv_down", kv)):
+        assert te[name].params == h * n and local[name].params == h * n // 2
+        assert not [k for k in te[name].fwd if isinstance(k, Collective)]
+        gathers = [k for k in local[name].fwd if isinstance(k, Collective)]
+        # the hidden state's all-gather (SP), then the output's all-gather over TP
+        assert [(g.op, g.group) for g in gathers] == [("all_gather", "tp")] * 2
+        assert gathers[1].bytes == tokens * n * 2
+    with pytest.raises(ConfigError, match="kv_lora_rank"):
+        _est(m.with_updates({"kv_lora_rank": 511}), transformer_impl="local", **common)
+
+
 # ---- context parallelism ----------------------------------------------------------------
 @pytest.mark.parametrize("cp_type", ["a2a", "all_gather", "p2p"])
 def test_context_parallel_attention_work_is_split(cp_type: str) -> None:

@@ -21,6 +21,8 @@ def configs(spec: dict) -> tuple[ModelConfig, StrategyConfig]:
         "position_embedding_type": "rope" if spec.get("rope", True) else "learned_absolute",
         "max_position_embeddings": spec["seq"],
     }
+    if spec.get("mla"):
+        model.update(attention_type="mla", **{k: spec[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")})
     if spec.get("experts"):
         model.update(model_type="moe", expert_num=spec["experts"], topk=spec["topk"], moe_ffn_hidden_size=spec.get("moe_ffn") or spec["ffn"])
     rec = spec.get("recompute", "none")
@@ -29,7 +31,7 @@ def configs(spec: dict) -> tuple[ModelConfig, StrategyConfig]:
         "tp_size": spec["tp"], "ep_size": spec.get("ep", 1), "etp_size": spec["tp"] if spec.get("experts") else 1, "enable_sequence_parallel": bool(spec.get("sp")),
         "zero_state": 0, "enable_dropout": bool(spec.get("dropout")), "use_flash_sdp": False, "use_math_sdp": True,
         "use_fused_norm": False, "use_fused_swiglu": bool(spec.get("act_fusion")), "cross_entropy_loss_fusion": False,
-        "transformer_impl": "local", "masked_softmax_fusion": False,
+        "transformer_impl": "local", "masked_softmax_fusion": False, "apply_rope_fusion": False,
     }
     if rec == "selective":
         strategy.update(enable_recompute=True, recompute_granularity="selective_recompute", attn_recompute=True)
@@ -52,6 +54,8 @@ def cpu_adjustment(spec: dict) -> int:
       kernels in fp32: 2 x 2 B per token less.
     * Dropout masks: the input dtype (2 B) on CPU, bool (1 B) on GPU: the two hidden
       (residual) dropouts, and attention's unless selective recompute re-creates it.
+    * MLA's q and kv norms (on the compressed q and kv, RMSNorm): as the layer's two norms,
+      over their widths (q_lora_rank, kv_lora_rank).
 
     Nothing is saved inside a fully recomputed layer, so it has no adjustment.
     """
@@ -63,6 +67,8 @@ def cpu_adjustment(spec: dict) -> int:
     else:
         per_norm = -tokens * 2 * (4 - 2)
     extra = 2 * per_norm
+    if spec.get("mla"):  # (the MLA specs use RMSNorm)
+        extra += tokens * (spec["q_lora_rank"] + spec["kv_lora_rank"]) * (4 + 4 - 2)
     if spec.get("dropout"):
         extra += 2 * tokens * spec["hidden"]
         if spec.get("recompute") != "selective":

@@ -108,12 +108,36 @@ def _config(spec: dict):
         kw.update(recompute_granularity="selective")
     elif rec == "full":
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=spec.get("recompute_group", 1))
+    if spec.get("mla"):  # DeepSeek's multi-latent attention (MLASelfAttention), RoPE on the rope dims
+        kw.update(q_lora_rank=spec.get("q_lora_rank"), kv_lora_rank=spec["kv_lora_rank"],
+                  qk_head_dim=spec["qk_head_dim"], qk_pos_emb_head_dim=spec["qk_pos_emb_head_dim"],
+                  v_head_dim=spec["v_head_dim"], rope_type="rope", qk_layernorm=True, kv_channels=spec["v_head_dim"])
     if spec.get("experts"):
         kw.update(num_moe_experts=spec["experts"], moe_router_topk=spec["topk"], moe_ffn_hidden_size=spec.get("moe_ffn") or spec["ffn"],
                   moe_token_dispatcher_type="alltoall", expert_model_parallel_size=spec.get("ep", 1),
                   moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_grouped_gemm=False,
                   moe_router_pre_softmax=spec["topk"] == 1)
+    if spec.get("mla"):
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        return MLATransformerConfig(**kw)
     return TransformerConfig(**kw)
+
+
+def _mla_core_attention(layer_spec) -> None:
+    """Megatron-Core 0.19's local MLA spec pairs MLASelfAttention with DotProductAttention,
+    which does not take the k_channels / v_channels MLASelfAttention passes (TE's attention
+    does): a subclass that drops them (the config's kv_channels is the value head dim, which
+    sizes the output; q and k keep their own width through the batched products).
+    (A full-rank q, q_lora_rank None, does not build with the local backend: MLASelfAttention
+    then asks the backend for a fused norm + linear, which only TransformerEngine has.)"""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class LocalMLACoreAttention(DotProductAttention):
+        def __init__(self, *a, k_channels=None, v_channels=None, **k):
+            super().__init__(*a, **k)
+
+    layer_spec.submodules.self_attention.submodules.core_attention = LocalMLACoreAttention
 
 
 def measure(spec: dict) -> dict:
@@ -129,7 +153,10 @@ def measure(spec: dict) -> dict:
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=spec["tp"], expert_model_parallel_size=spec.get("ep", 1))
     model_parallel_cuda_manual_seed(1234)
     cfg = _config(spec)
-    layer_spec = get_gpt_layer_local_spec(num_experts=spec.get("experts"), normalization=cfg.normalization)
+    layer_spec = get_gpt_layer_local_spec(num_experts=spec.get("experts"), normalization=cfg.normalization,
+                                          multi_latent_attention=bool(spec.get("mla")), qk_layernorm=bool(spec.get("mla")))
+    if spec.get("mla"):
+        _mla_core_attention(layer_spec)
     model = GPTModel(cfg, layer_spec, vocab_size=spec["vocab"], max_sequence_length=spec["seq"],
                      position_embedding_type="rope" if spec.get("rope", True) else "learned_absolute", share_embeddings_and_output_weights=not spec.get("untie", True))
     params = sum(p.numel() for p in model.parameters())

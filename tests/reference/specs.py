@@ -6,6 +6,9 @@ GPT = dict(hidden=128, heads=4, kv_heads=4, ffn=512, vocab=512, swiglu=False, no
 LLAMA = dict(hidden=128, heads=8, kv_heads=2, ffn=320, vocab=512, swiglu=True, norm="rmsnorm", bias=False)
 LLAMA_MHA = dict(LLAMA, kv_heads=8)
 MOE = dict(LLAMA, experts=4, topk=2, moe_ffn=96)
+# DeepSeek's multi-latent attention (a compressed q; the local backend builds no full-rank q)
+MLA = dict(LLAMA, heads=4, kv_heads=4, mla=True, q_lora_rank=96, kv_lora_rank=64, qk_head_dim=32, qk_pos_emb_head_dim=16,
+           v_head_dim=32)
 # Korthikanti et al. 2022's assumptions: GPT layer, 4h MLP, dropout on, learned positions
 PAPER = dict(GPT, dropout=0.1, rope=False)
 
@@ -31,6 +34,7 @@ def world1() -> list[dict]:
         _spec("moe_selective", MOE, recompute="selective"),
         _spec("gpt_paper", PAPER),
         _spec("llama_uniform2", LLAMA, layers=3, recompute="full", recompute_group=2),
+        *(_spec(f"mla_{rec}", MLA, recompute=rec) for rec in ("none", "selective", "full")),
     ]
     return out
 
@@ -49,5 +53,7 @@ def world2() -> list[dict]:
         _spec("moe_tp2_sp", MOE, world=2, tp=2, sp=True),
         _spec("gpt_paper_tp2_sp_selective", PAPER, world=2, tp=2, sp=True, recompute="selective"),
         _spec("gpt_tp2_sp_uniform3", GPT, world=2, tp=2, sp=True, layers=4, recompute="full", recompute_group=3),
+        _spec("mla_tp2_sp", MLA, world=2, tp=2, sp=True),
+        _spec("mla_tp2", MLA, world=2, tp=2),
     ]
     return out

@@ -158,6 +158,12 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
             raise ConfigError("tp_size", f"kv_head_num ({kv}) and tp ({tp}) must divide one another (kv heads are split or replicated)")
     elif model.head_num % tp:
         raise ConfigError("tp_size", f"head_num ({model.head_num}) must be divisible by tp ({tp})")
+    elif st.transformer_impl == "local":  # MLA's down-projections: the local spec's ColumnParallelLinear splits them
+        for field, what, width in (("q_lora_rank", "q_lora_rank", model.q_lora_rank or 0),
+                                   ("kv_lora_rank", "kv_lora_rank + qk_pos_emb_head_dim", model.kv_lora_rank + model.qk_pos_emb_head_dim)):
+            if width % tp:
+                raise ConfigError(field, f"with transformer_impl local the MLA down-projection's outputs ({what} = {width}) are "
+                                  f"split over TP and must be divisible by tp ({tp}), as Megatron-Core's ColumnParallelLinear asserts")
     if st.cp_size > 1 and st.cp_a2a_size > 1 and (model.head_num // tp) % st.cp_a2a_size:
         field = "cp_size" if st.cp_comm_type == "a2a" else "hierarchical_context_parallel_sizes"
         raise ConfigError(field, f"heads per TP rank ({model.head_num // tp}) must be divisible by the all-to-all's "

@@ -33,7 +33,8 @@ def _rope_concat(
 ) -> Op:
     """RoPE on the q and k positional parts and the contiguous query, key (the one k_pe
     broadcast to every head) and value attention takes, kernel by kernel as Megatron runs them.
-    Saves nothing. With SP, k_pe is all-gathered over TP first (reduce-scattered in backward).
+    With SP, k_pe is all-gathered over TP first (reduce-scattered in backward), except on the
+    local spec, whose k_pe comes from the kv projection's gathered output.
 
     Fused (``apply_rope_fusion``, megatron-core's YaRN kernels, ``fusions/
     fused_mla_yarn_rope_apply.py``): ``ApplyMLARotaryEmbQ`` rotates q's positional part in
@@ -41,11 +42,15 @@ def _rope_concat(
     backward the same two, the kv one summing k_pe's gradient over the heads. Unfused
     (``--no-rope-fusion``): the torch RoPE on each part, the concatenations into query and key,
     value made contiguous; backward the RoPE backward on both, the broadcast's sum over heads,
-    and the gradients of the split q and kv up-projection outputs re-assembled (two copies)."""
+    and the gradients of the split q and kv up-projection outputs re-assembled (two copies);
+    each of the two torch RoPE calls keeps its cos and sin [s, 1, 1, rope_dim] (as
+    blocks.rope), the fused kernels nothing."""
     q_pe, k_pe = (d.act(w) for w in rope_widths)
     query, key, value = outs
+    saved: tuple[Tensor, ...] = ()
     label = op_label(name)
-    fwd: list = [Collective("all_gather", k_pe, "tp")] if d.sp else []
+    gathered = d.sp and not (d.local and d.tp > 1)  # the local spec's k_pe comes from the gathered kv (_down_projection)
+    fwd: list = [Collective("all_gather", k_pe, "tp")] if gathered else []
     bwd: list = []
     if fused:
         fwd += [MemBound(f"{label}.rope_q", 2 * q_pe), MemBound(f"{label}.rope_kv", kv[1] + k_pe + key[1] + value[1])]
@@ -64,13 +69,33 @@ def _rope_concat(
             MemBound(f"{label}.kv_grad", 2 * kv[1]),
         ]
         transient = sum(b for _, b in outs) + q[1] + kv[1]
-    if d.sp:
+        table = float(d.s * rope_widths[1] * d.act_bytes)
+        saved = tuple((f"{name}.{t}_{f}", table) for t in ("q", "k") for f in ("cos", "sin"))
+    if gathered:
         bwd.append(Collective("reduce_scatter", k_pe, "tp"))
     return Op(
         name=name, module="mla_rope", layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd),
         input=(q, kv, kv_comb),  # k_pe is a view into the kv down-projection output
-        bwd_transient=transient,
+        bwd_transient=transient, saved=saved,
     )
+
+
+def _down_projection(name: str, module: str, layer: int, d: Dims, x: Tensor, n: int) -> Op:
+    """A down-projection (hidden -> q or kv latent) as Megatron-Core builds it
+    (``multi_latent_attention.MLASelfAttention``): TransformerEngine's linear in
+    "duplicated" mode (the whole weight on every TP rank, run on the rank's own tokens); the
+    local spec's ColumnParallelLinear instead splits the weight over TP (gather_output
+    False), so ``_qkv_down_projection`` / ``get_query_key_value_tensors`` all-gather its
+    output over TP (gather_from_tensor_model_parallel_region) and, with SP, hand each rank
+    its sequence shard again (scatter_to_sequence_parallel_region: a split forward, an
+    all-gather of the gradient backward)."""
+    if not d.local or d.tp == 1:
+        return linears.replicated_linear(name, module, layer, d, x, d.h, n)
+    op = linears.column_linear(name, module, layer, d, x, d.h, n // d.tp, te=False)
+    full = d.act(n)
+    gather = Collective("all_gather", full, "tp")
+    bwd = (Collective("all_gather", full, "tp"),) if d.sp else ()
+    return op.with_(fwd=(*op.fwd, gather), bwd_input=(*bwd, *op.bwd_input), fwd_transient=op.fwd_transient + full)
 
 
 def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_in: Tensor) -> list[Op]:
@@ -90,14 +115,14 @@ def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
         q_c = (f"{P}.q_down.out", d.act(q_rank, local=True))
         q_c_norm = (f"{P}.q_norm.out", d.act(q_rank, local=True))
         ops += [
-            linears.replicated_linear(f"{P}.q_down", "q_down", layer, d, ln_out, d.h, q_rank).with_(output=q_c),
+            _down_projection(f"{P}.q_down", "q_down", layer, d, ln_out, q_rank).with_(output=q_c),
             blocks.norm(f"{P}.q_norm", "mla_q_norm", layer, d, q_c, rms=rms, save_rstd=save_rstd, width=q_rank).with_(output=q_c_norm),
         ]
     kv_comb = (f"{P}.kv_down.out", d.act(kv_rank + rope_dim, local=True))
     kv_c = (f"{P}.kv_c", d.act(kv_rank, local=True))  # contiguous copy of the split for the norm
     kv_c_norm = (f"{P}.kv_norm.out", d.act(kv_rank, local=True))
     ops += [
-        linears.replicated_linear(f"{P}.kv_down", "kv_down", layer, d, ln_out, d.h, kv_rank + rope_dim).with_(output=kv_comb),
+        _down_projection(f"{P}.kv_down", "kv_down", layer, d, ln_out, kv_rank + rope_dim).with_(output=kv_comb),
         blocks.norm(f"{P}.kv_norm", "mla_kv_norm", layer, d, kv_c, rms=rms, save_rstd=save_rstd, width=kv_rank).with_(
             input=(kv_comb,), output=kv_c_norm
         ),
@@ -117,7 +142,8 @@ def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
 
     out = (f"{P}.attn.out", d.act(heads * v_dim))
     if st.use_math_sdp:
-        core = attention.math_attention(f"{P}.attn", layer, d, query, key, value, qk_dim=q_dim, v_dim=v_dim, dropout=st.enable_dropout)
+        core = attention.math_attention(f"{P}.attn", layer, d, query, key, value, qk_dim=q_dim, v_dim=v_dim, dropout=st.enable_dropout,
+                                        fused_softmax=st.masked_softmax_fusion)
     else:
         core = attention.flash_attention(f"{P}.attn", layer, d, query, key, value, out, qk_dim=q_dim, v_dim=v_dim, kv_heads=heads)
     ops.append(core.with_(output=out))
