@@ -1,10 +1,11 @@
 """simumax against Megatron-Core itself, layer by layer, on CPU.
 
 tests/reference/mcore_harness.py builds Megatron-Core's GPTModel with the local layer spec
-for each configuration of tests/reference/specs.py (44: GPT/Llama, MHA/GQA, SwiGLU/GeLU,
+for each configuration of tests/reference/specs.py (55: GPT/Llama, MHA/GQA, SwiGLU/GeLU,
 RMSNorm/LayerNorm, TP 1/2 with and without SP, recompute none/selective/full (per layer or
 in uniform groups), dropout,
-MoE top-1/top-2 with EP 1/2 and TP 2, multi-latent attention with TP 1/2), runs one micro-batch forward and backward under
+MoE top-1/top-2 with EP 1/2 and TP 2, shared experts with and without their gate,
+multi-latent attention with TP 1/2, multi-token prediction with one or two depths), runs one micro-batch forward and backward under
 gloo and measures per transformer layer what autograd saves for backward, the forward
 matmul FLOPs and the parameters per rank. simumax predicts the same with
 ``transformer_impl: local`` (tests/reference/compare.py).
@@ -83,7 +84,7 @@ def test_layer_forward_flops_exact(measured, sid: str) -> None:
     FlopCounterMode nor by this sum."""
     spec, ranks = SPECS[sid], measured[sid]
     pred = predict(spec)
-    for layer in range(spec["layers"]):
+    for layer in range(spec["layers"] + spec.get("mtp", 0)):  # the MTP depths after the decoder's layers
         assert _mean(ranks, "layer_fwd_flops", layer) == pred["layer_fwd_flops"][layer], f"{sid} layer {layer}"
 
 
@@ -103,6 +104,11 @@ def test_layer_saved_bytes(measured, sid: str) -> None:
     print(f"{sid}: real {real:.0f} B, simumax {expected:.0f} B, error {err:+.4%}")
     assert real - expected == residual, f"{sid}: real {real:.0f} B vs simumax {expected:.0f} B ({err:+.3%})"
     assert abs(err) < 0.01
+    for k in range(spec["layers"], spec["layers"] + spec.get("mtp", 0)):  # each MTP depth (its own checkpoint)
+        real = _mean(ranks, "layer_saved", k)
+        expected = pred["layer_saved"][k] + cpu_adjustment(spec, mtp=True)
+        print(f"{sid} MTP depth {k - spec['layers']}: real {real:.0f} B, simumax {expected:.0f} B")
+        assert real - expected == residual, f"{sid} MTP depth {k - spec['layers']}: real {real:.0f} B vs simumax {expected:.0f} B"
 
 
 def test_korthikanti_formula_vs_measured(measured) -> None:

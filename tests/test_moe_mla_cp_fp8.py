@@ -521,15 +521,16 @@ def test_fp8_weight_gradient_in_bf16_by_hand() -> None:
 
 
 def test_shared_expert_gate_by_hand() -> None:
-    """Megatron --moe-shared-expert-gate (Qwen2-MoE): per MoE layer the gate reads the
-    layer's local input for its logits (GEMV) and reads + writes the shared output (3 passes
-    of [local tokens, h] forward), keeps a copy of that output for its gradient, and in
-    backward reads the gradient and the kept output and writes one (4), writes its outer
-    product and adds it into the input gradient (1 + 3) and reads the input for the weight
-    gradient (1); one
-    weight row of h per layer, the same on every TP rank."""
+    """Megatron --moe-shared-expert-gate (Qwen2-MoE), ``SharedExpertMLP.forward``: per MoE
+    layer the gate's logits are a GEMM with one output column over the layer's local input,
+    and the product reads + writes the shared output (2 passes of [local tokens, h]); it keeps
+    that output and the sigmoid's [tokens, 1] output for its gradient; backward reads the
+    gradient and the kept output and writes one (4), the outer product (a GEMM with inner
+    size 1) is added into the input gradient (3), and the weight gradient is a GEMM with one
+    output row; one weight row of h per layer, the same on every TP rank. (Megatron-Core
+    itself agrees on the parameters, FLOPs and saved bytes: tests/test_megatron_reference.py.)"""
     from simumax.config.loader import load_strategy
-    from simumax.graph.kernels import MemBound
+    from simumax.graph.kernels import Gemm, MemBound
 
     m0 = load_model("deepseek-v2-lite").with_updates({"layer_num": 4})
     m1 = m0.with_updates({"moe_shared_expert_gate": True})
@@ -537,16 +538,19 @@ def test_shared_expert_gate_by_hand() -> None:
                                                           "enable_sequence_parallel": True})
     sy = load_system("h100-sxm-80gb")
     e0, e1 = Estimate(m0, st, sy), Estimate(m1, st, sy)
-    th = 2048 // 2 * m0.hidden_size * 2  # local tokens (SP over TP 2) x h x 2 B
+    t, h = 2048 // 2, m0.hidden_size  # local tokens (SP over TP 2)
+    th = t * h * 2
     gates = [o for o in e1.stages[0].ops if o.module == "shared_gate"]
     moe_layers = sum(m0.is_moe_layer(i) for i in range(m0.layer_num))
     assert len(gates) == moe_layers == 3 and not any(o.module == "shared_gate" for o in e0.stages[0].ops)
     for g in gates:
         passes = lambda ks: sum(k.bytes for k in ks if isinstance(k, MemBound)) / th  # noqa: E731
-        assert (passes(g.fwd), passes(g.bwd_input), passes(g.bwd_weight)) == (3, 8, 1)
-        assert g.saved[0][1] == th and g.params == g.tp_replicated_params == m0.hidden_size
+        gemms = lambda ks: [(k.m, k.k, k.n) for k in ks if isinstance(k, Gemm)]  # noqa: E731
+        assert (passes(g.fwd), passes(g.bwd_input), passes(g.bwd_weight)) == (2, 7, 0)
+        assert (gemms(g.fwd), gemms(g.bwd_input), gemms(g.bwd_weight)) == ([(t, h, 1)], [(t, 1, h)], [(1, t, h)])
+        assert [b for _, b in g.saved] == [th, t * 2] and g.params == g.tp_replicated_params == h
     kept = lambda e: e.memory().stages[0].fwd_activation_cache_per_micro_batch  # noqa: E731
-    assert kept(e1) - kept(e0) == pytest.approx(moe_layers * th, rel=1e-12)
+    assert kept(e1) - kept(e0) == pytest.approx(moe_layers * (th + t * 2), rel=1e-12)
     assert e1.params.total - e0.params.total == moe_layers * m0.hidden_size
     assert e1.cost().duration_time_per_iter > e0.cost().duration_time_per_iter
     # recomputing the shared experts (or the whole MoE layer) drops the kept copy

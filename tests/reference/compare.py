@@ -21,10 +21,14 @@ def configs(spec: dict) -> tuple[ModelConfig, StrategyConfig]:
         "position_embedding_type": "rope" if spec.get("rope", True) else "learned_absolute",
         "max_position_embeddings": spec["seq"],
     }
+    if spec.get("mtp"):
+        model.update(mtp_num_layers=spec["mtp"])
     if spec.get("mla"):
         model.update(attention_type="mla", **{k: spec[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")})
     if spec.get("experts"):
         model.update(model_type="moe", expert_num=spec["experts"], topk=spec["topk"], moe_ffn_hidden_size=spec.get("moe_ffn") or spec["ffn"])
+        if spec.get("shared_ffn"):
+            model.update(moe_shared_expert_intermediate_size=spec["shared_ffn"], moe_shared_expert_gate=bool(spec.get("shared_gate")))
     rec = spec.get("recompute", "none")
     strategy = {
         "seq_len": spec["seq"], "micro_batch_size": spec["batch"], "micro_batch_num": 1, "world_size": spec["world"],
@@ -38,12 +42,12 @@ def configs(spec: dict) -> tuple[ModelConfig, StrategyConfig]:
     elif rec == "full" and spec.get("recompute_group", 1) > 1:  # Megatron's uniform groups of layers
         strategy.update(enable_recompute=True, recompute_granularity="full_block", recompute_method="uniform",
                         recompute_layer_num=spec["recompute_group"])
-    elif rec == "full":
-        strategy.update(enable_recompute=True, recompute_granularity="full_block", recompute_layer_num=spec["layers"])
+    elif rec == "full":  # the harness's: uniform, one layer per checkpoint (the block method skips MTP's)
+        strategy.update(enable_recompute=True, recompute_granularity="full_block", recompute_method="uniform", recompute_layer_num=1)
     return ModelConfig.init_from_dict(model), StrategyConfig.init_from_dict(strategy)
 
 
-def cpu_adjustment(spec: dict) -> int:
+def cpu_adjustment(spec: dict, mtp: bool = False) -> int:
     """Bytes one layer's forward saves on CPU beyond the GPU kernels the op IR describes,
     stated explicitly (each found with the harness's saved-tensor log):
 
@@ -56,6 +60,8 @@ def cpu_adjustment(spec: dict) -> int:
       (residual) dropouts, and attention's unless selective recompute re-creates it.
     * MLA's q and kv norms (on the compressed q and kv, RMSNorm): as the layer's two norms,
       over their widths (q_lora_rank, kv_lora_rank).
+    * ``mtp``: a multi-token-prediction depth also normalises the embedding and the hidden
+      state and its output (enorm, hnorm, final_layernorm): three more norms.
 
     Nothing is saved inside a fully recomputed layer, so it has no adjustment.
     """
@@ -66,7 +72,7 @@ def cpu_adjustment(spec: dict) -> int:
         per_norm = tokens * spec["hidden"] * (4 + 4 - 2)
     else:
         per_norm = -tokens * 2 * (4 - 2)
-    extra = 2 * per_norm
+    extra = (5 if mtp else 2) * per_norm
     if spec.get("mla"):  # (the MLA specs use RMSNorm)
         extra += tokens * (spec["q_lora_rank"] + spec["kv_lora_rank"]) * (4 + 4 - 2)
     if spec.get("dropout"):
@@ -81,7 +87,7 @@ def predict(spec: dict) -> dict:
     est = Estimate(model, strategy, load_system("a100_pcie"))
     ops = [o for chunk in est.chunks for o in chunk.ops]
     out = {"layer_saved": [], "layer_fwd_flops": [], "layer_params": []}
-    for i in range(model.layer_num):
+    for i in range(model.layer_num + model.mtp_num_layers):  # an MTP depth's block is layer layer_num + depth
         mine = [o for o in ops if o.layer == i]
         out["layer_saved"].append(walk(mine).stored)
         fl = 0.0

@@ -104,6 +104,8 @@ def _config(spec: dict):
         gradient_accumulation_fusion=False, use_cpu_initialization=True,
         init_method_std=0.02,
     )
+    if spec.get("mtp"):
+        kw.update(mtp_num_layers=spec["mtp"])
     if rec == "selective":
         kw.update(recompute_granularity="selective")
     elif rec == "full":
@@ -116,7 +118,8 @@ def _config(spec: dict):
         kw.update(num_moe_experts=spec["experts"], moe_router_topk=spec["topk"], moe_ffn_hidden_size=spec.get("moe_ffn") or spec["ffn"],
                   moe_token_dispatcher_type="alltoall", expert_model_parallel_size=spec.get("ep", 1),
                   moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_grouped_gemm=False,
-                  moe_router_pre_softmax=spec["topk"] == 1)
+                  moe_router_pre_softmax=spec["topk"] == 1,
+                  moe_shared_expert_intermediate_size=spec.get("shared_ffn"), moe_shared_expert_gate=bool(spec.get("shared_gate")))
     if spec.get("mla"):
         from megatron.core.transformer.transformer_config import MLATransformerConfig
 
@@ -144,11 +147,14 @@ def measure(spec: dict) -> dict:
     import torch
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.module import Float16Module
     from torch.utils.flop_counter import FlopCounterMode
 
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    MTPLossLoggingHelper.tracker.clear()  # sized by the first MTP model's depth: each spec starts it afresh
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=spec["tp"], expert_model_parallel_size=spec.get("ep", 1))
     model_parallel_cuda_manual_seed(1234)
@@ -157,10 +163,15 @@ def measure(spec: dict) -> dict:
                                           multi_latent_attention=bool(spec.get("mla")), qk_layernorm=bool(spec.get("mla")))
     if spec.get("mla"):
         _mla_core_attention(layer_spec)
+    mtp_spec = get_gpt_mtp_block_spec(cfg, layer_spec, use_transformer_engine=False) if spec.get("mtp") else None
     model = GPTModel(cfg, layer_spec, vocab_size=spec["vocab"], max_sequence_length=spec["seq"],
-                     position_embedding_type="rope" if spec.get("rope", True) else "learned_absolute", share_embeddings_and_output_weights=not spec.get("untie", True))
+                     position_embedding_type="rope" if spec.get("rope", True) else "learned_absolute", share_embeddings_and_output_weights=not spec.get("untie", True),
+                     mtp_block_spec=mtp_spec)
+    # the decoder's layers, then the multi-token-prediction depths' (each one "layer" here)
+    layers = list(model.decoder.layers) + (list(model.mtp.layers) if mtp_spec is not None else [])
+    names = [f"decoder.layers.{i}" for i in range(len(model.decoder.layers))] + [f"mtp.layers.{j}" for j in range(len(layers) - len(model.decoder.layers))]
     params = sum(p.numel() for p in model.parameters())
-    layer_params = [sum(p.numel() for p in layer.parameters()) for layer in model.decoder.layers]
+    layer_params = [sum(p.numel() for p in layer.parameters()) for layer in layers]
     net = Float16Module(cfg, model)
     s, b = spec["seq"], spec["batch"]
     g = torch.Generator().manual_seed(0)
@@ -215,7 +226,7 @@ def measure(spec: dict) -> dict:
 
     tensor_parallel.checkpoint = checkpoint
     handles = []
-    for i, layer in enumerate(model.decoder.layers):
+    for i, layer in enumerate(layers):
         handles.append(layer.register_forward_pre_hook(pre(i)))
         handles.append(layer.register_forward_hook(post))
     flops = FlopCounterMode(display=False)
@@ -225,7 +236,7 @@ def measure(spec: dict) -> dict:
         h.remove()
     tensor_parallel.checkpoint = orig_checkpoint
     gc.collect()  # dropped graph pieces can sit in reference cycles
-    per_layer = [0] * len(model.decoder.layers)
+    per_layer = [0] * len(layers)
     other = 0
     for owner, nbytes, refs in kept.values():
         if not any(r() is not None for r in refs):
@@ -236,8 +247,8 @@ def measure(spec: dict) -> dict:
             per_layer[owner] += nbytes
     counts = flops.get_flop_counts()
     layer_flops = []
-    for i in range(len(model.decoder.layers)):
-        key = next((k for k in counts if k.endswith(f"decoder.layers.{i}")), None)
+    for name in names:
+        key = next((k for k in counts if k.endswith(name)), None)
         layer_flops.append(int(sum(counts[key].values())) if key else 0)
     total_fwd = int(sum(counts.get("Global", {}).values()))
     loss.sum().backward()  # the step must run: saved tensors are valid, recompute works

@@ -35,6 +35,15 @@ def world1() -> list[dict]:
         _spec("gpt_paper", PAPER),
         _spec("llama_uniform2", LLAMA, layers=3, recompute="full", recompute_group=2),
         *(_spec(f"mla_{rec}", MLA, recompute=rec) for rec in ("none", "selective", "full")),
+        _spec("moe_shared", dict(MOE, shared_ffn=64)),
+        _spec("moe_shared_gate", dict(MOE, shared_ffn=64, shared_gate=True)),
+        _spec("moe_shared_gate_selective", dict(MOE, shared_ffn=64, shared_gate=True), recompute="selective"),
+        # multi-token prediction: one or two depths after the decoder (uniform full recompute
+        # checkpoints each depth; the block method would skip it)
+        _spec("llama_mtp", dict(LLAMA, mtp=1)),
+        _spec("moe_mtp2", dict(MOE, mtp=2)),
+        _spec("llama_mtp_selective", dict(LLAMA, mtp=1), recompute="selective"),
+        _spec("llama_mtp_full", dict(LLAMA, mtp=1), recompute="full"),
     ]
     return out
 
@@ -55,5 +64,9 @@ def world2() -> list[dict]:
         _spec("gpt_tp2_sp_uniform3", GPT, world=2, tp=2, sp=True, layers=4, recompute="full", recompute_group=3),
         _spec("mla_tp2_sp", MLA, world=2, tp=2, sp=True),
         _spec("mla_tp2", MLA, world=2, tp=2),
+        _spec("moe_shared_gate_tp2_sp", dict(MOE, shared_ffn=64, shared_gate=True), world=2, tp=2, sp=True),
+        _spec("moe_shared_gate_ep2", dict(MOE, shared_ffn=64, shared_gate=True), world=2, ep=2),
+        _spec("llama_mtp_tp2_sp", dict(LLAMA, mtp=1), world=2, tp=2, sp=True),
+        _spec("llama_mtp_tp2", dict(LLAMA, mtp=1), world=2, tp=2),
     ]
     return out

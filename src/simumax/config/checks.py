@@ -170,6 +170,9 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
                           f"{st.cp_a2a_size} CP ranks")
     if not model.padded_vocab_size and model.vocab_size % tp:
         raise ConfigError("vocab_size", f"{model.vocab_size} must be divisible by tp ({tp}) without padding (padded_vocab_size: false); Megatron refuses it")
+    if model.mtp_num_layers and st.recompute_mode == "full_block" and st.recompute_group_layers > 1:
+        raise ConfigError("recompute_layer_num", f"multi-token prediction with full recompute's uniform method takes one layer "
+                          f"per checkpoint (got {st.recompute_group_layers}), as megatron-core asserts")
     if model.intermediate_size % tp:
         raise ConfigError("tp_size", f"intermediate_size ({model.intermediate_size}) must be divisible by tp ({tp})")
     if st.moe_shared_expert_overlap:

@@ -196,7 +196,11 @@ def embedding(d: Dims, vocab_local: int, position_rows: int = 0, *, main_grad_by
         bwd_in.append(Collective("all_gather", full, "tp"))
     elif d.tp > 1:
         fwd.append(Collective("all_reduce", full, "tp"))
+    # the int64 ids (with TP, the shifted copy the lookup indexes with) and, with TP, the
+    # bool mask of the ids outside this rank's vocabulary shard, kept by the masked zero-fill
+    # (tensor_parallel.layers.VocabParallelEmbedding.forward)
     ids = ("embedding.ids", float(d.tokens * 8))
+    saved = (ids, ("embedding.vocab_mask", float(d.tokens))) if d.tp > 1 else (ids,)
     return Op(
         name="embedding",
         module="embedding",
@@ -204,7 +208,7 @@ def embedding(d: Dims, vocab_local: int, position_rows: int = 0, *, main_grad_by
         fwd=tuple(fwd),
         bwd_input=tuple(bwd_in),
         bwd_weight=tuple(wgrads),
-        saved=(ids,),
+        saved=saved,
         # the incoming gradient and the dense table gradient (and the tied head's dummy)
         bwd_transient=full + table * (2 if shares_head_weight else 1),
         params=(vocab_local + position_rows) * d.h,

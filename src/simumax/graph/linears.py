@@ -166,3 +166,19 @@ def replicated_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k:
         rows=d.local_tokens,
     )
     return op.with_(tp_replicated_params=op.params)
+
+
+def gathered_column_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, te: bool = True) -> Op:
+    """A column-parallel linear (k -> n / tp outputs per rank) whose output Megatron-Core
+    then all-gathers over TP (``gather_from_tensor_model_parallel_region``: every rank holds
+    all n features again) and, with SP, hands each rank its sequence shard back
+    (``scatter_to_sequence_parallel_region``: a split forward, an all-gather of the gradient
+    backward; the gather's own backward is a split). Used by MTP's eh_proj and the local
+    spec's MLA down-projections."""
+    op = column_linear(name, module, layer, d, x, k, n // d.tp, te=te)
+    if d.tp == 1:
+        return op
+    full = d.act(n)
+    bwd = (Collective("all_gather", full, "tp"),) if d.sp else ()
+    return op.with_(fwd=(*op.fwd, Collective("all_gather", full, "tp")), bwd_input=(*bwd, *op.bwd_input),
+                    fwd_transient=op.fwd_transient + full)

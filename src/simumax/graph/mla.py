@@ -85,17 +85,11 @@ def _down_projection(name: str, module: str, layer: int, d: Dims, x: Tensor, n: 
     (``multi_latent_attention.MLASelfAttention``): TransformerEngine's linear in
     "duplicated" mode (the whole weight on every TP rank, run on the rank's own tokens); the
     local spec's ColumnParallelLinear instead splits the weight over TP (gather_output
-    False), so ``_qkv_down_projection`` / ``get_query_key_value_tensors`` all-gather its
-    output over TP (gather_from_tensor_model_parallel_region) and, with SP, hand each rank
-    its sequence shard again (scatter_to_sequence_parallel_region: a split forward, an
-    all-gather of the gradient backward)."""
+    False), so ``_qkv_down_projection`` / ``get_query_key_value_tensors`` gather its output
+    over TP and, with SP, shard the sequence again (linears.gathered_column_linear)."""
     if not d.local or d.tp == 1:
         return linears.replicated_linear(name, module, layer, d, x, d.h, n)
-    op = linears.column_linear(name, module, layer, d, x, d.h, n // d.tp, te=False)
-    full = d.act(n)
-    gather = Collective("all_gather", full, "tp")
-    bwd = (Collective("all_gather", full, "tp"),) if d.sp else ()
-    return op.with_(fwd=(*op.fwd, gather), bwd_input=(*bwd, *op.bwd_input), fwd_transient=op.fwd_transient + full)
+    return linears.gathered_column_linear(name, module, layer, d, x, d.h, n, te=False)
 
 
 def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_in: Tensor) -> list[Op]:

@@ -19,7 +19,7 @@ from simumax.graph.ops import Op, Stage, StagePart
 from simumax.graph.placement import virtual_stage_places
 from simumax.graph.mla import mla_attention_ops
 from simumax.graph.moe_layer import moe_mlp_ops
-from simumax.graph.mtp import mtp_ops
+from simumax.graph.mtp import checkpointed_depths, mtp_ops
 from simumax.graph.recompute import is_recomputed, tag_recompute, uniform_groups
 from simumax.graph.relabel import Relabeler
 from simumax.graph.offload import with_offload
@@ -210,12 +210,20 @@ class OpSource:
         return with_sharding(f"L{layer}", layer, with_offload(f"L{layer}", layer, body, self.st), self.st)
 
     def mtp(self, embedding_on_this_rank: bool, part: str = "all") -> list[Op]:
-        """The multi-token-prediction block (graph/mtp.py), its layers unrecomputed; ``part``:
-        all, or a standalone MTP stage's body and the loss stage's tail."""
+        """The multi-token-prediction block (graph/mtp.py); ``part``: all, or a standalone MTP
+        stage's body and the loss stage's tail. Megatron-Core builds each depth's layer from
+        the model's config, so selective recompute (SimuMax's flags, --recompute-modules)
+        checkpoints its modules as in any layer; full recompute checkpoints a depth's
+        projection, layer and final norm as one with the uniform method only
+        (``MultiTokenPredictionLayer._checkpointed_forward``; the block method warns and skips
+        it)."""
         key = (embedding_on_this_rank, part)
         ops = self._mtp.get(key)
         if ops is None:
-            ops = mtp_ops(self.model, self.st, self.dims, lambda k: self.layer(k, False), embedding_on_this_rank, part)
+            selective = self.st.recompute_mode in ("selective", "megatron")
+            ops = mtp_ops(self.model, self.st, self.dims, lambda k: self.layer(k, selective), embedding_on_this_rank, part)
+            if self.st.recompute_mode == "full_block" and self.st.recompute_method == "uniform":
+                ops = checkpointed_depths(self.model, ops)
             own = [o for o in ops if o.module in ("mtp_embedding", "mtp_proj", "mtp_norm")]  # its layers carry their own
             name = "mtp" if part == "all" else f"mtp_{part}"  # the block's sharding op, as named before parts
             ops = self._mtp[key] = [*sharding_ops(name, self.model.layer_num, own, self.st), *ops]

@@ -24,6 +24,7 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks, linears
 from simumax.graph.dims import Dims
+from simumax.graph.kernels import MemBound
 from simumax.graph.ops import Op, Tensor
 
 MODULE_EMBEDDING = "mtp_embedding"  # the word-embedding copy (not counted again in the model's parameters)
@@ -88,7 +89,12 @@ def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable
         out.append(blocks.norm(p + "enorm", "mtp_norm", k, d, emb_out, rms=rms).with_(output=e_norm))
         out.append(blocks.norm(p + "hnorm", "mtp_norm", k, d, hidden, rms=rms, residual=True).with_(output=h_norm))
         cat: Tensor = (p + "cat", 2 * act)  # [enorm, hnorm] along the features
-        proj = linears.column_linear(p + "eh_proj", "mtp_proj", k, d, cat, 2 * d.h, d.h // d.tp)
+        # torch.cat: one copy of both (its backward hands each norm a slice of the gradient)
+        out.append(Op(name=p + "cat", module="mtp_norm", layer=k, fwd=(MemBound(p + "cat", 2 * cat[1]),),
+                      input=(e_norm, h_norm), output=cat))
+        # column-parallel, its output gathered over TP and sequence-sharded again under SP
+        # (MultiTokenPredictionLayer._concat_embeddings)
+        proj = linears.gathered_column_linear(p + "eh_proj", "mtp_proj", k, d, cat, 2 * d.h, d.h)
         out.append(proj.with_(output=(p + "x", act), input=(cat,)))  # the layer's input, renamed
         ren = _renamer(k, per_depth, p)
         out += [_renamed(o, ren) for j in range(per_depth) for o in layer_ops(k + j)]
@@ -107,3 +113,19 @@ def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable
         else:
             tail += ends
     return tail if part == "tail" else out
+
+
+def checkpointed_depths(model: ModelConfig, ops: list[Op]) -> list[Op]:
+    """Full recompute with the uniform method (``MultiTokenPredictionLayer.forward``): each
+    depth's norms, projection, layer(s) and final norm run in one checkpoint, which keeps its
+    two inputs (the previous hidden state and the embedding's output, looked up before it);
+    the embedding, the output head and the loss stay outside."""
+    first = model.layer_num
+    per_depth = model.mtp_blocks
+
+    def group(o: Op) -> str | None:
+        if o.module == MODULE_EMBEDDING or not first <= o.layer < first + model.mtp_num_layers * per_depth:
+            return None
+        return f"mtp{(o.layer - first) // per_depth}.block"
+
+    return [o.with_(recompute_group=g) if (g := group(o)) else o for o in ops]

@@ -9,7 +9,7 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks, linears
 from simumax.graph.dims import Dims
-from simumax.graph.kernels import MemBound
+from simumax.graph.kernels import Gemm, MemBound
 from simumax.graph.ops import Op, Tensor
 
 # the module tags of the ops below: what the shared-expert / MoE recompute modules, the
@@ -39,20 +39,22 @@ def shared_expert_ops(P: str, layer: int, model: ModelConfig, st: StrategyConfig
 
 
 def shared_gate(P: str, layer: int, d: Dims, ln_out: Tensor) -> Op:
-    """``out * sigmoid(x @ w)``, w of shape [1, h], on the layer's local tokens
-    (``SharedExpertMLP.forward``). The logits are a GEMV that reads the input (memory-bound);
-    the product reads and writes the shared output, a copy of which the gate keeps for its
-    gradient. Backward: the product's two gradients (read the gradient and the kept output,
-    write one; 4 passes), the input gradient's outer product written (1) and added by autograd
-    to the input's other gradients (read both, write the sum: 3), and the weight gradient's
-    GEMV over the input (1). w is one row per rank, the same on every TP rank (its gradient is
-    reduced like a norm's)."""
+    """``out * sigmoid(x @ w.T)``, w of shape [1, h], on the layer's local tokens
+    (``SharedExpertMLP.forward``). The logits are a GEMM with one output column (memory-bound:
+    its roofline floor reads the input); the product reads and writes the shared output.
+    Saved: the shared output and the sigmoid's [tokens, 1] output, each kept by the product
+    (the input x is the shared FC1's, kept there). Backward: the product's two gradients
+    (read the gradient and the kept output, write one; 4 passes), the input gradient's outer
+    product (a GEMM with inner size 1) added by autograd to the input's other gradients (read
+    both, write the sum: 3), and the weight gradient, a GEMM with one output row. w is one row
+    per rank, the same on every TP rank (its gradient is reduced like a norm's)."""
     th = d.act(d.h, local=True)  # bytes of [local tokens, h]
+    t = d.local_tokens
     return Op(
         name=f"{P}.shared_gate", module="shared_gate", layer=layer,
-        fwd=(MemBound(f"{P}.shared_gate.logits", th), MemBound(f"{P}.shared_gate.mul", 2 * th)),
-        bwd_input=(MemBound(f"{P}.shared_gate.mul_bwd", 4 * th), MemBound(f"{P}.shared_gate.input_grad", 4 * th)),
-        bwd_weight=(MemBound(f"{P}.shared_gate.wgrad", th),),
-        saved=((f"{P}.shared_gate.in", th),), input=(ln_out,),
+        fwd=(Gemm(t, d.h, 1, "TN"), MemBound(f"{P}.shared_gate.mul", 2 * th)),
+        bwd_input=(MemBound(f"{P}.shared_gate.mul_bwd", 4 * th), Gemm(t, 1, d.h, "NN"), MemBound(f"{P}.shared_gate.input_grad", 3 * th)),
+        bwd_weight=(Gemm(1, t, d.h, "NT"),),
+        saved=((f"{P}.shared_gate.out", th), (f"{P}.shared_gate.score", d.act(1, local=True))), input=(ln_out,),
         params=d.h, tp_replicated_params=d.h,
     )
