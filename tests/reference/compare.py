@@ -23,10 +23,24 @@ def configs(spec: dict) -> tuple[ModelConfig, StrategyConfig]:
     }
     if spec.get("mtp"):
         model.update(mtp_num_layers=spec["mtp"])
+    if spec.get("qk_norm"):
+        model.update(qk_layernorm=True)
     if spec.get("mla"):
         model.update(attention_type="mla", **{k: spec[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")})
     if spec.get("experts"):
-        model.update(model_type="moe", expert_num=spec["experts"], topk=spec["topk"], moe_ffn_hidden_size=spec.get("moe_ffn") or spec["ffn"])
+        # dropless, as the harness runs it; with EP the test compares the mean over ranks, which
+        # padding to capacity 1 gives the busiest rank (dropless, it is the expected maximum
+        # over the ranks of a random routing: moe_rows.busiest_rank_factor)
+        ep = spec.get("ep", 1) > 1
+        model.update(model_type="moe", expert_num=spec["experts"], topk=spec["topk"], moe_ffn_hidden_size=spec.get("moe_ffn") or spec["ffn"],
+                     moe_pad_expert_input_to_capacity=ep, capacity=1.0 if ep else None)
+        if spec.get("score") == "sigmoid":
+            model.update(moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True, moe_router_num_groups=spec.get("groups"),
+                         moe_router_group_topk=spec.get("group_topk"), moe_router_topk_scaling_factor=2.5)
+        model.update(moe_router_load_balancing_type=spec.get("balance", "none"),
+                     moe_router_pre_softmax=spec["topk"] == 1 and spec.get("score", "softmax") == "softmax")
+        if spec.get("z_loss"):
+            model.update(moe_z_loss_coeff=1e-3)
         if spec.get("shared_ffn"):
             model.update(moe_shared_expert_intermediate_size=spec["shared_ffn"], moe_shared_expert_gate=bool(spec.get("shared_gate")))
     rec = spec.get("recompute", "none")
@@ -62,6 +76,11 @@ def cpu_adjustment(spec: dict, mtp: bool = False) -> int:
       over their widths (q_lora_rank, kv_lora_rank).
     * ``mtp``: a multi-token-prediction depth also normalises the embedding and the hidden
       state and its output (enorm, hnorm, final_layernorm): three more norms.
+    * q / k norms (``qk_layernorm``, RMSNorm per head): the CPU composite keeps fp32 copies of
+      q and k and their normalised values (8 B per element); the GPU kernel keeps its input,
+      a view of the fused QKV buffer, so the buffer (q, k and v at 2 B) — the op IR's
+      assumption for the GPU, which this CPU run cannot check. The rstd (fp32 per token and
+      head) is the same on both.
 
     Nothing is saved inside a fully recomputed layer, so it has no adjustment.
     """
@@ -73,6 +92,11 @@ def cpu_adjustment(spec: dict, mtp: bool = False) -> int:
     else:
         per_norm = -tokens * 2 * (4 - 2)
     extra = (5 if mtp else 2) * per_norm
+    if spec.get("qk_norm"):  # on the gathered tokens
+        full = spec["seq"] * spec["batch"]
+        hd = spec["hidden"] // spec["heads"]
+        q_w, kv_w = spec["heads"] // spec["tp"] * hd, (spec.get("kv_heads") or spec["heads"]) // spec["tp"] * hd
+        extra += full * (q_w + kv_w) * 8 - full * (q_w + 2 * kv_w) * 2
     if spec.get("mla"):  # (the MLA specs use RMSNorm)
         extra += tokens * (spec["q_lora_rank"] + spec["kv_lora_rank"]) * (4 + 4 - 2)
     if spec.get("dropout"):

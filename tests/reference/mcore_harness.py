@@ -106,6 +106,8 @@ def _config(spec: dict):
     )
     if spec.get("mtp"):
         kw.update(mtp_num_layers=spec["mtp"])
+    if spec.get("qk_norm"):
+        kw.update(qk_layernorm=True)
     if rec == "selective":
         kw.update(recompute_granularity="selective")
     elif rec == "full":
@@ -118,8 +120,16 @@ def _config(spec: dict):
         kw.update(num_moe_experts=spec["experts"], moe_router_topk=spec["topk"], moe_ffn_hidden_size=spec.get("moe_ffn") or spec["ffn"],
                   moe_token_dispatcher_type="alltoall", expert_model_parallel_size=spec.get("ep", 1),
                   moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_grouped_gemm=False,
-                  moe_router_pre_softmax=spec["topk"] == 1,
+                  moe_router_pre_softmax=spec["topk"] == 1 and spec.get("score", "softmax") == "softmax",
                   moe_shared_expert_intermediate_size=spec.get("shared_ffn"), moe_shared_expert_gate=bool(spec.get("shared_gate")))
+        if spec.get("score") == "sigmoid":  # DeepSeek-V3's router: sigmoid scores, expert bias, groups
+            kw.update(moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-3,
+                      moe_router_num_groups=spec.get("groups"), moe_router_group_topk=spec.get("group_topk"),
+                      moe_router_topk_scaling_factor=2.5)
+        if spec.get("balance"):  # the auxiliary load-balancing loss
+            kw.update(moe_router_load_balancing_type=spec["balance"], moe_aux_loss_coeff=1e-3)
+        if spec.get("z_loss"):
+            kw.update(moe_z_loss_coeff=1e-3)
     if spec.get("mla"):
         from megatron.core.transformer.transformer_config import MLATransformerConfig
 
@@ -160,7 +170,8 @@ def measure(spec: dict) -> dict:
     model_parallel_cuda_manual_seed(1234)
     cfg = _config(spec)
     layer_spec = get_gpt_layer_local_spec(num_experts=spec.get("experts"), normalization=cfg.normalization,
-                                          multi_latent_attention=bool(spec.get("mla")), qk_layernorm=bool(spec.get("mla")))
+                                          multi_latent_attention=bool(spec.get("mla")),
+                                          qk_layernorm=bool(spec.get("mla") or spec.get("qk_norm")))
     if spec.get("mla"):
         _mla_core_attention(layer_spec)
     mtp_spec = get_gpt_mtp_block_spec(cfg, layer_spec, use_transformer_engine=False) if spec.get("mtp") else None

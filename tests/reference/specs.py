@@ -44,6 +44,15 @@ def world1() -> list[dict]:
         _spec("moe_mtp2", dict(MOE, mtp=2)),
         _spec("llama_mtp_selective", dict(LLAMA, mtp=1), recompute="selective"),
         _spec("llama_mtp_full", dict(LLAMA, mtp=1), recompute="full"),
+        # routing options: sigmoid scores with expert bias and group-limited top-k, the load-
+        # balancing losses, z-loss; and q / k norms
+        _spec("moe_sigmoid_groups", dict(MOE, score="sigmoid", groups=2, group_topk=1)),
+        _spec("moe_sigmoid_top1", dict(MOE, score="sigmoid", topk=1)),
+        _spec("moe_aux", dict(MOE, balance="aux_loss")),
+        _spec("moe_sigmoid_aux", dict(MOE, score="sigmoid", balance="aux_loss")),
+        _spec("moe_seq_aux", dict(MOE, balance="seq_aux_loss")),
+        _spec("moe_z_loss", dict(MOE, z_loss=True)),
+        _spec("llama_qk_norm", dict(LLAMA, qk_norm=True)),
     ]
     return out
 
@@ -68,5 +77,7 @@ def world2() -> list[dict]:
         _spec("moe_shared_gate_ep2", dict(MOE, shared_ffn=64, shared_gate=True), world=2, ep=2),
         _spec("llama_mtp_tp2_sp", dict(LLAMA, mtp=1), world=2, tp=2, sp=True),
         _spec("llama_mtp_tp2", dict(LLAMA, mtp=1), world=2, tp=2),
+        _spec("moe_seq_aux_tp2_sp", dict(MOE, balance="seq_aux_loss"), world=2, tp=2, sp=True),
+        _spec("llama_qk_norm_tp2_sp", dict(LLAMA, qk_norm=True), world=2, tp=2, sp=True),
     ]
     return out

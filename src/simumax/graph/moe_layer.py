@@ -24,18 +24,17 @@ from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective, Gemm, GroupGemm, Kernel, MemBound, host_wait
 from simumax.graph.moe_rows import MoeDims
 from simumax.graph.ops import Op, Tensor
-from simumax.graph.router import fp32_gemm_kernels, router_kernels
+from simumax.graph.router import fp32_gemm_kernels, router_kernels, router_saved
 from simumax.graph.shared_experts import shared_expert_ops
 
 FP32 = 4
 INDEX = 4  # int32 row-id maps
 
 
-def _router(P: str, layer: int, model: ModelConfig, st: StrategyConfig, d: Dims, md: MoeDims, x: Tensor, h: int,
-            local: bool = False) -> Op:
+def _router(P: str, layer: int, model: ModelConfig, st: StrategyConfig, d: Dims, md: MoeDims, x: Tensor, h: int) -> Op:
     """Gating GEMM (weight replicated over TP), then Megatron's routing as the chain of
     small kernels its options choose (graph/router.py)."""
-    t, E, k = md.tokens, md.experts, md.topk
+    t, E = md.tokens, md.experts
     te = float(t * E)
     fp32 = st.moe_router_dtype == "fp32"
     ab = FP32 if fp32 else d.act_bytes  # the logits' dtype
@@ -51,18 +50,13 @@ def _router(P: str, layer: int, model: ModelConfig, st: StrategyConfig, d: Dims,
                       MemBound("router.main_grad_add", float(E * h) * (2 * st.main_grad_bytes + d.act_bytes)))
         bwd_transient += float(t * h) * 2 * FP32 + float(E * h) * FP32
     scores = te * FP32
-    saved: tuple[Tensor, ...] = (x, (f"{P}.router.scores", scores), (f"{P}.router.map", te))
     if st.moe_router_fusion:
         # TE's fused top-k keeps its routing map and fp32 intermediate; its fused aux-loss
         # scores keep another fp32 intermediate (transformer_engine/pytorch/router.py)
         aux = ((f"{P}.router.aux_intermediate", scores),) if model.moe_router_load_balancing_type != "none" else ()
-        saved = (x, (f"{P}.router.intermediate", scores), (f"{P}.router.map", te), *aux)
-    elif local:
-        # measured on Megatron-Core's local spec: int64 top-k indices and the fp32 softmax,
-        # over the top-k scores, or over all experts when it runs first (pre-softmax, which
-        # Megatron requires for top-1)
-        probs = float(t * (E if k == 1 else k) * FP32)
-        saved = (x, (f"{P}.router.topk_idx", float(t * k * 8)), (f"{P}.router.softmax", probs))
+        saved: tuple[Tensor, ...] = (x, (f"{P}.router.intermediate", scores), (f"{P}.router.map", te), *aux)
+    else:
+        saved = (x, *router_saved(model, P, t, d.b, ab))
     return Op(
         name=f"{P}.router", module="router", layer=layer,
         fwd=tuple(fwd), bwd_input=tuple(bwd),
@@ -365,7 +359,7 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
             routed_ops[i] = op.with_(approximate=guess)
     ops = [
         blocks.norm(f"{P}.mlp_norm", "mlp_norm", layer, d, x_mid, rms=rms, save_rstd=not st.recompute_variance, residual=True).with_(output=ln_out),
-        _router(P, layer, model, st, d, md, ln_out, h, local),
+        _router(P, layer, model, st, d, md, ln_out, h),
         *latent_down,
         *routed_ops,
         *latent_up,

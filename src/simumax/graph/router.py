@@ -158,6 +158,47 @@ def router_kernels(model: ModelConfig, d: Dims, P: str, tokens: int, h: int, cap
     return fwd, bwd
 
 
+def router_saved(model: ModelConfig, P: str, tokens: int, batch: int, ab: int) -> tuple[tuple[str, float], ...]:
+    """What Megatron-Core's unfused routing keeps for backward (autograd's saved tensors of
+    ``moe_utils.topk_routing_with_score_function`` and the losses; TransformerEngine does not
+    enter it, so both transformer implementations keep the same), beside the gating GEMM's
+    input. ``ab``: the logits' bytes per element. Checked against Megatron-Core on CPU
+    (tests/test_megatron_reference.py: softmax, pre-softmax top-1, sigmoid with expert bias and
+    groups, aux / seq-aux loss, z-loss).
+
+    * softmax after top-k: the top-k indices (int64) and the fp32 softmax over the k scores;
+      softmax first (top-1): the fp32 softmax over all experts and the indices;
+    * sigmoid: its fp32 output over all experts and the indices (gathered from it; the expert
+      bias and group-limited top-k only pick them, their tensors are freed) and, with k > 1,
+      the normalisation's operands (the k scores and their [t, 1] sum);
+    * a load-balancing loss: the fp32 scores over all experts (softmax, or sigmoid and its
+      [t, 1] sum), the tokens per expert (int64; per sequence with seq_aux_loss) and the loss;
+    * z-loss: logsumexp's input (the logits) and output, and the loss.
+    Dropping to a capacity (``apply_router_token_dropping``) changes what routing and the
+    permutation keep; that path is not checked against Megatron-Core and adds nothing here."""
+    t, E, k = tokens, model.expert_num or 1, model.topk or 1
+    te = float(t * E)
+    idx = (f"{P}.router.topk_idx", float(t * k * INDEX))
+    if model.moe_router_score_function == "sigmoid":
+        saved = [(f"{P}.router.sigmoid", te * FP32), idx]
+        if k > 1:
+            saved += [(f"{P}.router.topk_scores", float(t * k * FP32)), (f"{P}.router.score_sum", float(t * FP32))]
+    elif model.moe_router_pre_softmax:
+        saved = [(f"{P}.router.softmax", te * FP32), idx]
+    else:
+        saved = [idx, (f"{P}.router.softmax", float(t * k * FP32))]
+    lb = model.moe_router_load_balancing_type
+    if lb != "none":
+        saved.append((f"{P}.router.aux_scores", te * FP32))
+        if model.moe_router_score_function == "sigmoid":
+            saved.append((f"{P}.router.aux_score_sum", float(t * FP32)))
+        counts = batch * E if lb == "seq_aux_loss" else E
+        saved += [(f"{P}.router.aux_tokens_per_expert", float(counts * INDEX)), (f"{P}.router.aux_loss", float(FP32))]
+    if model.moe_z_loss_coeff:
+        saved += [(f"{P}.router.z_logits", te * ab), (f"{P}.router.z_logsumexp", float(t * ab)), (f"{P}.router.z_loss", float(ab))]
+    return tuple(saved)
+
+
 def fp32_gemm_kernels(name: str, g: Gemm, cast_in: float, d: Dims) -> list[Kernel]:
     """A router gradient GEMM with ``moe_router_dtype`` fp32, as megatron-core's
     ``RouterGatingLinearFunction.backward`` runs it (``transformer/moe/moe_utils.py``): the
