@@ -125,8 +125,10 @@ def test_qk_layernorm_by_hand() -> None:
 
 def test_attention_output_gate_by_hand() -> None:
     """Megatron's --attention-output-gate: the QKV GEMM makes heads x head_size more columns
-    (h x q_w more parameters), and one elementwise op multiplies the attention output by the
-    sigmoid of the gate (3 x the output's bytes forward, 5 x backward)."""
+    (h x q_w more parameters), and ``Attention._apply_output_gate`` multiplies the attention
+    output by the sigmoid of the gate in torch: the gate's contiguous copy (2 x the output's
+    bf16 bytes), its fp32 cast (3), the sigmoid (4), the fp32 product (5) and its cast back
+    (3); it keeps the output and the fp32 sigmoid (2 x)."""
     from simumax.export.megatron_flags import model_flags
     from simumax.graph.kernels import Gemm, MemBound
 
@@ -137,7 +139,8 @@ def test_attention_output_gate_by_hand() -> None:
     ops = {o.name: o for o in on.stages[0].ops}
     assert next(k for k in ops["L0.qkv"].fwd if isinstance(k, Gemm)).n == 4096 + 2 * 1024 + 4096
     out = 4096 * 4096 * 2  # tokens x q width x bf16
-    assert [k.bytes for k in ops["L0.attn_gate"].fwd if isinstance(k, MemBound)] == [3 * out]
+    assert [k.bytes for k in ops["L0.attn_gate"].fwd if isinstance(k, MemBound)] == [2 * out, 3 * out, 4 * out, 5 * out, 3 * out]
+    assert [b for _, b in ops["L0.attn_gate"].saved] == [out, 2 * out]
     assert ops["L0.attn_proj"].input[0][0] == "L0.attn.gated"
     assert on.cost().duration_time_per_iter > off.cost().duration_time_per_iter
     assert "--attention-output-gate" in model_flags(m)

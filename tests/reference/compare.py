@@ -25,6 +25,10 @@ def configs(spec: dict) -> tuple[ModelConfig, StrategyConfig]:
         model.update(mtp_num_layers=spec["mtp"])
     if spec.get("qk_norm"):
         model.update(qk_layernorm=True)
+    if spec.get("qkv_bias"):
+        model.update(add_qkv_bias=True)
+    if spec.get("output_gate"):
+        model.update(attention_output_gate=True)
     if spec.get("mla"):
         model.update(attention_type="mla", **{k: spec[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")})
     if spec.get("experts"):
@@ -51,7 +55,9 @@ def configs(spec: dict) -> tuple[ModelConfig, StrategyConfig]:
         "use_fused_norm": False, "use_fused_swiglu": bool(spec.get("act_fusion")), "cross_entropy_loss_fusion": False,
         "transformer_impl": "local", "masked_softmax_fusion": False, "apply_rope_fusion": False,
     }
-    if rec == "selective":
+    if spec.get("modules"):
+        strategy.update(enable_recompute=True, megatron_recompute=True, megatron_recompute_modules=list(spec["modules"]))
+    elif rec == "selective":
         strategy.update(enable_recompute=True, recompute_granularity="selective_recompute", attn_recompute=True)
     elif rec == "full" and spec.get("recompute_group", 1) > 1:  # Megatron's uniform groups of layers
         strategy.update(enable_recompute=True, recompute_granularity="full_block", recompute_method="uniform",
@@ -82,7 +88,8 @@ def cpu_adjustment(spec: dict, mtp: bool = False) -> int:
       assumption for the GPU, which this CPU run cannot check. The rstd (fp32 per token and
       head) is the same on both.
 
-    Nothing is saved inside a fully recomputed layer, so it has no adjustment.
+    Nothing is saved inside a fully recomputed layer, so it has no adjustment; nor inside the
+    norms ``--recompute-modules layernorm`` recomputes.
     """
     if spec.get("recompute") == "full":
         return 0
@@ -91,7 +98,8 @@ def cpu_adjustment(spec: dict, mtp: bool = False) -> int:
         per_norm = tokens * spec["hidden"] * (4 + 4 - 2)
     else:
         per_norm = -tokens * 2 * (4 - 2)
-    extra = (5 if mtp else 2) * per_norm
+    norms = 0 if "layernorm" in spec.get("modules", ()) else 2  # recomputed norms keep nothing
+    extra = (norms + 3 if mtp else norms) * per_norm
     if spec.get("qk_norm"):  # on the gathered tokens
         full = spec["seq"] * spec["batch"]
         hd = spec["hidden"] // spec["heads"]

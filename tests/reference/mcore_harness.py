@@ -11,7 +11,8 @@ selective | full, "experts", "topk", "moe_ffn", "act_fusion"}.
 
 What is measured is exact and repeatable: saved-for-backward bytes are unique storages seen
 by ``torch.autograd.graph.saved_tensors_hooks`` while a layer's forward runs (parameters
-excluded), FLOPs come from ``torch.utils.flop_counter.FlopCounterMode``.
+excluded), at their size when forward ends (a checkpoint that discards its output resizes its
+storage to 0); FLOPs come from ``torch.utils.flop_counter.FlopCounterMode``.
 """
 
 from __future__ import annotations
@@ -79,6 +80,20 @@ def _cpu_patches() -> None:
         return mod
 
     torch_norm.WrappedTorchNorm.__new__ = norm_new
+    # CheckpointWithoutOutput (--recompute-modules layernorm / moe_act / ...) takes three
+    # TransformerEngine helpers: whether fp8 is on (it is not), its fp8 context and the context TE's own
+    # modules read while a forward is recomputed (none here)
+    if not hasattr(mrandom, "FP8GlobalStateManager"):
+        import contextlib
+
+        class _NoFp8:
+            @staticmethod
+            def is_fp8_enabled() -> bool:
+                return False
+
+        mrandom.FP8GlobalStateManager = _NoFp8
+        mrandom.activation_recompute_forward = lambda **kw: contextlib.nullcontext()
+        mrandom.fp8_autocast = lambda **kw: contextlib.nullcontext()
     from megatron.core.tensor_parallel import mappings
 
     if hasattr(mappings, "dist"):
@@ -108,7 +123,13 @@ def _config(spec: dict):
         kw.update(mtp_num_layers=spec["mtp"])
     if spec.get("qk_norm"):
         kw.update(qk_layernorm=True)
-    if rec == "selective":
+    if spec.get("qkv_bias"):
+        kw.update(add_qkv_bias=True)
+    if spec.get("output_gate"):
+        kw.update(attention_output_gate=True)
+    if spec.get("modules"):  # --recompute-modules
+        kw.update(recompute_granularity="selective", recompute_modules=list(spec["modules"]))
+    elif rec == "selective":
         kw.update(recompute_granularity="selective")
     elif rec == "full":
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=spec.get("recompute_group", 1))
@@ -191,7 +212,9 @@ def measure(spec: dict) -> dict:
     pos = torch.arange(s).unsqueeze(0).expand(b, s)
     mask = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1)
 
-    exclude = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    # storages are told apart by their StorageImpl (``_cdata``), not their address: a
+    # storage a discarding checkpoint resized to 0 stays alive while its address is reused
+    exclude = {p.untyped_storage()._cdata for p in model.parameters()}
     current: list[int] = []  # stack of the layers whose forward is running
     # storage -> (owner layer, bytes, weak references to every tensor saved on it). A
     # storage counts if a saved tensor on it is still alive when forward ends: tensors
@@ -201,11 +224,11 @@ def measure(spec: dict) -> dict:
 
     def pack(t: torch.Tensor):
         st = t.untyped_storage()
-        ptr = st.data_ptr()
+        ptr = st._cdata
         if ptr in exclude:
             return t
         entry = kept.get(ptr)
-        if entry is None or not any(r() is not None for r in entry[2]):  # new, or an old storage's reused address
+        if entry is None or not any(r() is not None for r in entry[2]):  # new, or a freed StorageImpl's reused address
             entry = kept[ptr] = (current[-1] if current else None, st.nbytes(), [])
         entry[2].append(weakref.ref(t))
         return t
@@ -249,9 +272,13 @@ def measure(spec: dict) -> dict:
     gc.collect()  # dropped graph pieces can sit in reference cycles
     per_layer = [0] * len(layers)
     other = 0
-    for owner, nbytes, refs in kept.values():
-        if not any(r() is not None for r in refs):
+    for owner, _, refs in kept.values():
+        alive = [t for t in (r() for r in refs) if t is not None]
+        if not alive:
             continue
+        # its size now: a checkpoint that discards its output (CheckpointWithoutOutput,
+        # --recompute-modules layernorm / mlp ...) frees the storage by resizing it to 0
+        nbytes = alive[0].untyped_storage().nbytes()
         if owner is None:
             other += nbytes
         else:

@@ -53,6 +53,17 @@ def world1() -> list[dict]:
         _spec("moe_seq_aux", dict(MOE, balance="seq_aux_loss")),
         _spec("moe_z_loss", dict(MOE, z_loss=True)),
         _spec("llama_qk_norm", dict(LLAMA, qk_norm=True)),
+        _spec("llama_qkv_bias", dict(LLAMA, qkv_bias=True)),
+        _spec("llama_output_gate", dict(LLAMA, output_gate=True)),
+        _spec("llama_output_gate_selective", dict(LLAMA, output_gate=True), recompute="selective"),
+        # --recompute-modules (layernorm: CheckpointWithoutOutput, which also frees the norm's output)
+        _spec("llama_modules_layernorm", LLAMA, modules=["layernorm"]),
+        _spec("llama_modules_mlp", LLAMA, modules=["mlp"]),
+        _spec("llama_modules_layernorm_mlp", LLAMA, modules=["layernorm", "mlp"]),
+        _spec("llama_modules_layernorm_core_attn", LLAMA, modules=["layernorm", "core_attn"]),
+        _spec("moe_modules_moe", MOE, modules=["moe"]),
+        _spec("moe_modules_layernorm_moe", MOE, modules=["layernorm", "moe"]),
+        _spec("moe_shared_modules_shared_experts", dict(MOE, shared_ffn=64), modules=["shared_experts"]),
     ]
     return out
 
@@ -79,5 +90,7 @@ def world2() -> list[dict]:
         _spec("llama_mtp_tp2", dict(LLAMA, mtp=1), world=2, tp=2),
         _spec("moe_seq_aux_tp2_sp", dict(MOE, balance="seq_aux_loss"), world=2, tp=2, sp=True),
         _spec("llama_qk_norm_tp2_sp", dict(LLAMA, qk_norm=True), world=2, tp=2, sp=True),
+        _spec("llama_output_gate_tp2_sp", dict(LLAMA, output_gate=True), world=2, tp=2, sp=True),
+        _spec("llama_modules_layernorm_mlp_tp2_sp", LLAMA, world=2, tp=2, sp=True, modules=["layernorm", "mlp"]),
     ]
     return out

@@ -120,15 +120,26 @@ def qkv_split(P: str, layer: int, d: Dims, mixed: tuple[str, float], q_w: int, k
 
 def _output_gate(P: str, layer: int, out: tuple[str, float], mixed: tuple[str, float], gated: tuple[str, float]) -> Op:
     """Megatron's --attention-output-gate (gated attention, Qwen3-Next): the attention output
-    times sigmoid(gate) before the output projection. Forward reads both, writes the product;
-    backward reads the output gradient, the output and the gate and writes both gradients.
-    It keeps the output (flash attention keeps it anyway) and the gate (a view of the QKV
-    buffer, kept anyway)."""
+    times sigmoid(gate) before the output projection, as megatron-core's
+    ``Attention._apply_output_gate`` runs it in torch (both transformer implementations):
+    ``x * sigmoid(gate.contiguous().float())`` then ``.to(x.dtype)`` — the gate's copy out of
+    the QKV buffer, its fp32 cast, the sigmoid, the product (fp32 by type promotion) and its
+    cast back: 2 + 3 + 4 + 5 + 3 passes of the output's bf16 bytes. It keeps the output and
+    the fp32 sigmoid (the product's operands). Backward: the cast's, the product's two
+    gradients (the output's cast back to bf16), the sigmoid's and the gate cast's; the gate's
+    gradient lands in the QKV gradient (qkv_split). Checked against Megatron-Core on CPU
+    (tests/test_megatron_reference.py)."""
     nbytes = out[1]
+    label = f"{P}.attn_gate"
+    fwd = (MemBound(f"{label}.gate_contiguous", 2 * nbytes), MemBound(f"{label}.gate_float", 3 * nbytes),
+           MemBound(f"{label}.sigmoid", 4 * nbytes), MemBound(f"{label}.mul", 5 * nbytes), MemBound(f"{label}.cast", 3 * nbytes))
+    bwd = (MemBound(f"{label}.cast_bwd", 3 * nbytes), MemBound(f"{label}.out_grad", 6 * nbytes),
+           MemBound(f"{label}.out_grad_cast", 3 * nbytes), MemBound(f"{label}.sigmoid_grad", 5 * nbytes),
+           MemBound(f"{label}.sigmoid_bwd", 6 * nbytes), MemBound(f"{label}.gate_float_bwd", 3 * nbytes))
     return Op(
-        name=f"{P}.attn_gate", module="attn_gate", layer=layer,
-        fwd=(MemBound("attn_gate.fwd", 3 * nbytes),), bwd_input=(MemBound("attn_gate.bwd", 5 * nbytes),),
-        saved=(out, mixed), input=(out,), output=gated, bwd_transient=nbytes,
+        name=label, module="attn_gate", layer=layer, fwd=fwd, bwd_input=bwd,
+        saved=(out, (f"{label}.sigmoid", 2 * nbytes)), input=(out, mixed), output=gated,
+        fwd_transient=4 * nbytes, bwd_transient=4 * nbytes,
     )
 
 

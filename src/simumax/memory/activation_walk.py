@@ -54,6 +54,7 @@ def walk(ops: list[Op]) -> WalkResult:
     saved_names = last_user.keys()
     dropped: dict[str, dict[str, float]] = {}
     kept_names: set[str] = set()
+    discarded: set[str] = set()  # outputs of groups checkpointed without output
     for gid, idx in groups.items():
         # a checkpoint keeps what enters the group from outside (not what members produce)
         produced: set[str] = set()
@@ -79,8 +80,14 @@ def walk(ops: list[Op]) -> WalkResult:
         last_out = ops[idx[-1]].output
         if last_out is not None and not gid.endswith(WITHOUT_OUTPUT):
             keep.add(last_out[0])
+        elif last_out is not None:
+            discarded.add(last_out[0])
         kept_names |= keep
         dropped[gid] = {n: b for n, b in tensors.items() if n not in keep}
+    # a discarded output stays discarded where another checkpoint starts from it (Megatron's
+    # norm recompute before a recomputed MLP: CheckpointWithoutOutput frees the storage the
+    # MLP's checkpoint holds, and brings it back before either backward)
+    kept_names -= discarded
     all_dropped = {n for t in dropped.values() for n in t}
 
     release: dict[int, list[str]] = {}
