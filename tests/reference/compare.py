@@ -29,6 +29,12 @@ def configs(spec: dict) -> tuple[ModelConfig, StrategyConfig]:
         model.update(add_qkv_bias=True)
     if spec.get("output_gate"):
         model.update(attention_output_gate=True)
+    if spec.get("window"):
+        model.update(window_size=spec["window"])
+    if spec.get("sinks"):
+        model.update(attention_sinks=True)
+    if spec.get("latent"):
+        model.update(moe_latent_size=spec["latent"])
     if spec.get("mla"):
         model.update(attention_type="mla", **{k: spec[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")})
     if spec.get("experts"):
@@ -50,7 +56,7 @@ def configs(spec: dict) -> tuple[ModelConfig, StrategyConfig]:
     rec = spec.get("recompute", "none")
     strategy = {
         "seq_len": spec["seq"], "micro_batch_size": spec["batch"], "micro_batch_num": 1, "world_size": spec["world"],
-        "tp_size": spec["tp"], "ep_size": spec.get("ep", 1), "etp_size": spec["tp"] if spec.get("experts") else 1, "enable_sequence_parallel": bool(spec.get("sp")),
+        "tp_size": spec["tp"], "ep_size": spec.get("ep", 1), "etp_size": spec.get("etp", spec["tp"]) if spec.get("experts") else 1, "enable_sequence_parallel": bool(spec.get("sp")),
         "zero_state": 0, "enable_dropout": bool(spec.get("dropout")), "use_flash_sdp": False, "use_math_sdp": True,
         "use_fused_norm": False, "use_fused_swiglu": bool(spec.get("act_fusion")), "cross_entropy_loss_fusion": False,
         "transformer_impl": "local", "masked_softmax_fusion": False, "apply_rope_fusion": False,

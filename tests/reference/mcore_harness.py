@@ -94,6 +94,15 @@ def _cpu_patches() -> None:
         mrandom.FP8GlobalStateManager = _NoFp8
         mrandom.activation_recompute_forward = lambda **kw: contextlib.nullcontext()
         mrandom.fp8_autocast = lambda **kw: contextlib.nullcontext()
+    # the sliding-window mask is built on "cuda" (transformer/utils.py): the same on the CPU
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.transformer import utils as tutils
+
+    def sliding_window_mask(sq, skv, window_size):
+        m = torch.ones(sq, skv, dtype=torch.bool)
+        return ~torch.tril(torch.triu(m, diagonal=skv - sq - window_size[0]), diagonal=skv - sq + window_size[1])
+
+    tutils.get_sliding_window_causal_mask = fused_softmax.get_sliding_window_causal_mask = sliding_window_mask
     from megatron.core.tensor_parallel import mappings
 
     if hasattr(mappings, "dist"):
@@ -125,6 +134,10 @@ def _config(spec: dict):
         kw.update(qk_layernorm=True)
     if spec.get("qkv_bias"):
         kw.update(add_qkv_bias=True)
+    if spec.get("window"):  # sliding-window attention (every layer)
+        kw.update(window_size=(spec["window"], 0))
+    if spec.get("sinks"):  # a learnable softmax offset per head (gpt-oss's attention sinks)
+        kw.update(softmax_type="learnable")
     if spec.get("output_gate"):
         kw.update(attention_output_gate=True)
     if spec.get("modules"):  # --recompute-modules
@@ -142,7 +155,8 @@ def _config(spec: dict):
                   moe_token_dispatcher_type="alltoall", expert_model_parallel_size=spec.get("ep", 1),
                   moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_grouped_gemm=False,
                   moe_router_pre_softmax=spec["topk"] == 1 and spec.get("score", "softmax") == "softmax",
-                  moe_shared_expert_intermediate_size=spec.get("shared_ffn"), moe_shared_expert_gate=bool(spec.get("shared_gate")))
+                  moe_shared_expert_intermediate_size=spec.get("shared_ffn"), moe_shared_expert_gate=bool(spec.get("shared_gate")),
+                  expert_tensor_parallel_size=spec.get("etp", spec["tp"]), moe_latent_size=spec.get("latent"))
         if spec.get("score") == "sigmoid":  # DeepSeek-V3's router: sigmoid scores, expert bias, groups
             kw.update(moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-3,
                       moe_router_num_groups=spec.get("groups"), moe_router_group_topk=spec.get("group_topk"),
@@ -187,7 +201,8 @@ def measure(spec: dict) -> dict:
 
     MTPLossLoggingHelper.tracker.clear()  # sized by the first MTP model's depth: each spec starts it afresh
     parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=spec["tp"], expert_model_parallel_size=spec.get("ep", 1))
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=spec["tp"], expert_model_parallel_size=spec.get("ep", 1),
+                                             expert_tensor_parallel_size=spec.get("etp", spec["tp"]) if spec.get("experts") else None)
     model_parallel_cuda_manual_seed(1234)
     cfg = _config(spec)
     layer_spec = get_gpt_layer_local_spec(num_experts=spec.get("experts"), normalization=cfg.normalization,

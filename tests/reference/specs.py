@@ -64,6 +64,10 @@ def world1() -> list[dict]:
         _spec("moe_modules_moe", MOE, modules=["moe"]),
         _spec("moe_modules_layernorm_moe", MOE, modules=["layernorm", "moe"]),
         _spec("moe_shared_modules_shared_experts", dict(MOE, shared_ffn=64), modules=["shared_experts"]),
+        # gpt-oss's attention: sliding windows and sinks (a learnable softmax offset per head)
+        _spec("llama_window", dict(LLAMA, window=16)),
+        _spec("llama_sinks", dict(LLAMA, sinks=True)),
+        _spec("llama_window_sinks_selective", dict(LLAMA, window=16, sinks=True), recompute="selective"),
     ]
     return out
 
@@ -92,5 +96,7 @@ def world2() -> list[dict]:
         _spec("llama_qk_norm_tp2_sp", dict(LLAMA, qk_norm=True), world=2, tp=2, sp=True),
         _spec("llama_output_gate_tp2_sp", dict(LLAMA, output_gate=True), world=2, tp=2, sp=True),
         _spec("llama_modules_layernorm_mlp_tp2_sp", LLAMA, world=2, tp=2, sp=True, modules=["layernorm", "mlp"]),
+        _spec("llama_window_sinks_tp2_sp", dict(LLAMA, window=16, sinks=True), world=2, tp=2, sp=True),
+        _spec("moe_tp2_sp_ep2_etp1", MOE, world=2, tp=2, sp=True, ep=2, etp=1),
     ]
     return out

@@ -212,8 +212,6 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
     refusal = te_cp_refusal(model, st.seq_len, st.cp_comm_type) if st.cp_size > 1 else None
     if refusal:
         raise ConfigError("cp_comm_type", refusal)
-    if _windowed(model, st.seq_len) and (st.use_math_sdp or st.transformer_impl == "local"):
-        raise ConfigError("window_size", "sliding-window attention needs flash attention (TransformerEngine), as in Megatron")
     if st.cpu_offloading and st.cpu_offloading_num_layers >= model.layer_num:
         raise ConfigError("cpu_offloading_num_layers", f"must be fewer than the model's layers ({model.layer_num}), as Megatron")
     if st.pp_size > model.layer_num:

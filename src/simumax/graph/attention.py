@@ -231,15 +231,29 @@ def flash_attention(
     )
 
 
+def softmax_kernel_available(d: Dims, fusion: bool, sinks: bool = False) -> bool:
+    """Whether Megatron's fused scale-mask-softmax kernel runs (megatron-core
+    ``fusions/fused_softmax.FusedScaleMaskSoftmax``: ``is_kernel_available`` — fusion asked
+    for, fp16 / bf16 scores, 16 < keys <= 4096, queries and keys and batch x heads multiples of
+    4 — and no softmax offset, which only the torch path applies)."""
+    s, bh = d.s, d.b * d.heads
+    return fusion and not sinks and d.act_bytes == 2 and 16 < s <= 4096 and s % 4 == 0 and bh % 4 == 0
+
+
 def math_attention(
     name: str, layer: int, d: Dims, q: Tensor, k: Tensor, v: Tensor, *, qk_dim: int, v_dim: int, dropout: bool,
-    fused_softmax: bool = True,
+    fused_softmax: bool = True, sinks: bool = False, window: bool = False,
 ) -> Op:
     """Unfused attention (Megatron-Core's DotProductAttention): QK^T, scale-mask-softmax,
     dropout, PV. The fused masked-softmax kernel keeps its bf16 output; the torch path
-    (``--no-masked-softmax-fusion``, or shapes the kernel refuses) upcasts the scores,
-    keeps the fp32 softmax for its backward and the bf16 probabilities for PV
-    (attention_softmax_in_fp32, Megatron-Core's default)."""
+    (``--no-masked-softmax-fusion``, or what ``softmax_kernel_available`` refuses) upcasts the
+    scores, keeps the fp32 softmax for its backward and the bf16 probabilities for PV
+    (attention_softmax_in_fp32, Megatron-Core's default). ``sinks`` (a learnable softmax
+    offset per head, ``softmax_type`` learnable; the torch path only): ``SoftmaxOne`` appends
+    the head's logit as one more key (a copy of the scores) and keeps that softmax, one column
+    wider; the offsets are parameters (one per head). ``window`` (sliding-window attention): the
+    torch path builds the [s, s] window mask in each layer (``get_sliding_window_causal_mask``),
+    which the masked fill keeps; the products stay dense."""
     b, a, s = d.b, d.heads, d.s
     elems = float(b * a * s * s)
     scores = elems * d.act_bytes
@@ -251,8 +265,11 @@ def math_attention(
     # the gradient and the mask and writes the gradient. A recompute runs the forward again.
     drop_fwd = [MemBound(f"{op_label(name)}.dropout", 2 * scores + elems)] if dropout else []
     drop_bwd = [MemBound(f"{op_label(name)}.dropout_bwd", 2 * scores + elems)] if dropout else []
+    rows = float(b * a * s)  # the sink column
+    sink_cat = [MemBound(f"{op_label(name)}.sink_cat", 2 * elems * FP32 + rows * FP32)] if sinks else []
     fwd = (
         Gemm(s, qk_dim, s, "TN", b=bh),
+        *sink_cat,
         MemBound(f"{op_label(name)}.softmax", 2 * scores if fused_softmax else 2 * scores + 3 * elems * FP32),
         *drop_fwd,
         Gemm(s, s, v_dim, "TN", b=bh),
@@ -274,9 +291,11 @@ def math_attention(
     if fused_softmax:  # the kernel's bf16 output, kept for its own backward (and PV's)
         saved.append((f"{name}.probs", scores))
     else:  # the fp32 softmax for its backward; its bf16 cast is kept by PV unless dropped out
-        saved.append((f"{name}.softmax_fp32", elems * FP32))
+        saved.append((f"{name}.softmax_fp32", (elems + (rows if sinks else 0.0)) * FP32))
         if not dropout:
             saved.append((f"{name}.probs", scores))
+        if window:
+            saved.append((f"{name}.window_mask", float(s * s)))
     if dropout:  # the mask (1 B) and the dropped probs, kept by PV
         saved += [(f"{name}.dropout_mask", scores / d.act_bytes), (f"{name}.probs_dropped", scores)]
     return Op(
@@ -289,4 +308,5 @@ def math_attention(
         input=(q, k, v),
         fwd_transient=scores if fused_softmax else elems * FP32,
         bwd_transient=2 * scores if fused_softmax else 2 * elems * FP32,
+        params=a if sinks else 0,  # the heads' softmax offsets (this rank's heads)
     )

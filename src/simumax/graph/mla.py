@@ -137,7 +137,7 @@ def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
     out = (f"{P}.attn.out", d.act(heads * v_dim))
     if st.use_math_sdp:
         core = attention.math_attention(f"{P}.attn", layer, d, query, key, value, qk_dim=q_dim, v_dim=v_dim, dropout=st.enable_dropout,
-                                        fused_softmax=st.masked_softmax_fusion)
+                                        fused_softmax=attention.softmax_kernel_available(d, st.masked_softmax_fusion))
     else:
         core = attention.flash_attention(f"{P}.attn", layer, d, query, key, value, out, qk_dim=q_dim, v_dim=v_dim, kv_heads=heads)
     ops.append(core.with_(output=out))
