@@ -29,6 +29,7 @@ from simumax.graph.params import ParamCount, count_params_of
 from simumax.graph import fp8
 from simumax.memory.activation_walk import WalkResult
 from simumax.memory.result import memory_result
+from simumax.report.megatron_flops import megatron_logged_flops
 from simumax.report.results import CostResult, MemResult, StageCost
 from simumax.memory.schedule_walk import RankActivations, walk_schedule
 from simumax.profiles import LayerProfiles, ProfileCache
@@ -313,6 +314,7 @@ class Estimate(DataParallelStep):
             mfu=mfu,
             mfu_6nd_with_attn=self.flops_6nd_with_attn() / (total * world * peak),
             tflops_per_gpu=flops / (total * world) / 1e12,
+            tflops_per_gpu_megatron=megatron_logged_flops(self.model, st) / (total * world) / 1e12,
             throughput_per_accelerator=tput,
             flops_per_iter=flops,
             tokens_per_iter=tokens,

@@ -156,6 +156,7 @@ def summary_table(cost: CostResult, mem: MemResult) -> Table:
     t.add_row("MFU (causal attention)", f"{cost.mfu:.1%}" + band(cost.mfu_interval, lambda x: f"{x:.1%}"))
     t.add_row("MFU (SimuMax 6ND + attn)", f"{cost.mfu_6nd_with_attn:.1%}")
     t.add_row("TFLOP/s per GPU", f"{cost.tflops_per_gpu:.1f}")
+    t.add_row("TFLOP/s per GPU (Megatron-LM's log)", f"{cost.tflops_per_gpu_megatron:.1f}")
     t.add_row("tokens/s per GPU", f"{cost.throughput_per_accelerator:.0f}" + band(cost.throughput_interval, lambda x: f"{x:.0f}"))
     t.add_row("peak allocated (GiB, max stage)",
               f"{gib(mem.peak_mem)} (stage {mem.peak_stage})" + band(mem.peak_mem_interval, gib))

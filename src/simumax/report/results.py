@@ -52,6 +52,7 @@ class CostResult(_ToDict):
     mfu: float  # model FLOPs (causal attention halved) / (time * peak * GPUs)
     mfu_6nd_with_attn: float  # SimuMax convention: 6*N*D + full (non-causal) attention
     tflops_per_gpu: float  # model FLOP/s per GPU / 1e12
+    tflops_per_gpu_megatron: float  # what Megatron-LM's log prints for this time (report/megatron_flops.py)
     throughput_per_accelerator: float  # tokens / s / GPU
     flops_per_iter: float  # model FLOPs over all GPUs
     tokens_per_iter: int
