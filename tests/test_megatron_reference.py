@@ -34,7 +34,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-from tests.reference.compare import cpu_adjustment, predict  # noqa: E402
+from tests.reference.compare import cpu_adjustment, cpu_adjustment_outside_layers, predict  # noqa: E402
 from tests.reference.specs import world1, world2  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,6 +113,21 @@ def test_layer_saved_bytes(measured, sid: str) -> None:
         expected = pred["layer_saved"][k] + cpu_adjustment(spec, mtp=True)
         print(f"{sid} MTP depth {k - spec['layers']}: real {real:.0f} B, simumax {expected:.0f} B")
         assert real - expected == residual, f"{sid} MTP depth {k - spec['layers']}: real {real:.0f} B vs simumax {expected:.0f} B"
+
+
+@pytest.mark.parametrize("sid", sorted(SPECS))
+def test_bytes_saved_outside_the_layers(measured, sid: str) -> None:
+    """What the embedding (ids, the out-of-shard mask, position ids, dropout mask), the final
+    norm, the output head and each loss (Megatron's vocab-parallel cross-entropy: the fp32
+    softmax, the target mask and targets; MTP's rolled labels, loss mask and token count)
+    keep, exact on every configuration (the causal mask, which layer 0 keeps for every layer,
+    aside: it is in the layers' count)."""
+    spec, ranks = SPECS[sid], measured[sid]
+    real = ranks[0]["other_saved"]
+    expected = predict(spec)["other_saved"] + cpu_adjustment_outside_layers(spec)
+    print(f"{sid}: outside the layers real {real} B, simumax {expected:.0f} B")
+    assert all(r["other_saved"] == real for r in ranks)
+    assert real == expected
 
 
 def test_korthikanti_formula_vs_measured(measured) -> None:

@@ -114,9 +114,21 @@ def cpu_adjustment(spec: dict, mtp: bool = False) -> int:
     if spec.get("mla"):  # (the MLA specs use RMSNorm)
         extra += tokens * (spec["q_lora_rank"] + spec["kv_lora_rank"]) * (4 + 4 - 2)
     if spec.get("dropout"):
-        extra += 2 * tokens * spec["hidden"]
+        extra += (3 if mtp else 2) * tokens * spec["hidden"]  # an MTP depth's embedding drops out too
         if spec.get("recompute") != "selective":
             extra += spec["batch"] * (spec["heads"] // spec["tp"]) * spec["seq"] ** 2
+    return extra
+
+
+def cpu_adjustment_outside_layers(spec: dict) -> int:
+    """The same CPU differences in what the embedding, the final norm and the loss keep (the
+    harness's ``other_saved``): the final norm (as the layers'; sequence-sharded under SP) and
+    the embedding's dropout mask."""
+    tokens = spec["seq"] * spec["batch"] // (spec["tp"] if spec.get("sp") else 1)
+    h = spec["hidden"]
+    extra = tokens * h * (4 + 4 - 2) if spec.get("norm", "rmsnorm") == "rmsnorm" else -tokens * 2 * (4 - 2)
+    if spec.get("dropout"):
+        extra += tokens * h
     return extra
 
 
@@ -143,5 +155,7 @@ def predict(spec: dict) -> dict:
         out["layer_saved"] = [walk([o for o in ops if k * n <= o.layer < (k + 1) * n]).stored if k * n < layers else 0
                               for k in range(layers)]
     out["params"] = sum(o.params for o in ops)
+    # the embedding, the final norm, the output head and the losses (MTP's too)
+    out["other_saved"] = walk([o for o in ops if o.layer < 0 or o.layer >= model.layer_num + model.mtp_num_layers]).stored
     out["total_saved"] = sum(walk(chunk.ops).stored for chunk in est.chunks)
     return out

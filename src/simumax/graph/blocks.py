@@ -170,7 +170,7 @@ def _table_wgrad(name: str, d: Dims, rows: int, main_grad_bytes: int) -> MemBoun
 
 
 def embedding(d: Dims, vocab_local: int, position_rows: int = 0, *, main_grad_bytes: int = FP32,
-              shares_head_weight: bool = False) -> Op:
+              shares_head_weight: bool = False, dropout: bool = False) -> Op:
     """Vocab-parallel embedding: lookup, then all-reduce (or reduce-scatter with SP) over TP.
 
     Learned absolute positions (Megatron's ``LanguageModelEmbedding``, replicated over TP):
@@ -180,7 +180,8 @@ def embedding(d: Dims, vocab_local: int, position_rows: int = 0, *, main_grad_by
     pipeline stage): Megatron sets ``zero_out_wgrad``, so the head's weight-gradient GEMM,
     accumulating into the main gradient itself, hands autograd a zero-filled dummy that
     autograd adds to the embedding's gradient (``language_module.py``,
-    ``tensor_parallel/layers.py``)."""
+    ``tensor_parallel/layers.py``). ``dropout``: ``LanguageModelEmbedding`` drops out its
+    output (hidden dropout) on the rank's sequence shard, keeping the 1-byte mask."""
     full = d.act(d.h)
     table = float(vocab_local * d.h * d.act_bytes)
     fwd: list = [MemBound("embedding.fwd", 2 * full)]
@@ -196,11 +197,20 @@ def embedding(d: Dims, vocab_local: int, position_rows: int = 0, *, main_grad_by
         bwd_in.append(Collective("all_gather", full, "tp"))
     elif d.tp > 1:
         fwd.append(Collective("all_reduce", full, "tp"))
+    local = d.act(d.h, local=True)
+    mask = local / d.act_bytes
+    if dropout:
+        fwd.append(MemBound("embedding.dropout", 2 * local + mask))
+        bwd_in.insert(0, MemBound("embedding.dropout_bwd", 2 * local + mask))
     # the int64 ids (with TP, the shifted copy the lookup indexes with) and, with TP, the
     # bool mask of the ids outside this rank's vocabulary shard, kept by the masked zero-fill
     # (tensor_parallel.layers.VocabParallelEmbedding.forward)
     ids = ("embedding.ids", float(d.tokens * 8))
     saved = (ids, ("embedding.vocab_mask", float(d.tokens))) if d.tp > 1 else (ids,)
+    if position_rows:  # the position ids the position lookup indexes with (int64, one sequence's)
+        saved += (("embedding.position_ids", float(d.s * 8)),)
+    if dropout:
+        saved += (("embedding.dropout_mask", mask),)
     return Op(
         name="embedding",
         module="embedding",
@@ -251,8 +261,11 @@ def cross_entropy(d: Dims, logits: Tensor, *, fused: bool, impl: str = "te") -> 
         (fwd_b, fwd_k), (bwd_b, bwd_k) = megatron_ce_traffic(d.act_bytes)
     fwd = (MemBound("loss.fwd", n * fwd_b, family=family, table_bytes=n * table_fwd, launches=fwd_k), *stats)
     bwd = (MemBound("loss.bwd", n * bwd_b, family=family, table_bytes=table_bwd, launches=bwd_k),)
+    # the unfused chain (tensor_parallel/cross_entropy.py) also keeps the target mask (bool)
+    # and the shifted targets (int64), one per token
+    extra = () if fused else (("loss.target_mask", float(d.tokens)), ("loss.masked_target", float(d.tokens * 8)))
     return Op(
         name="loss", module="loss", layer=-1, fwd=fwd, bwd_input=bwd,
-        saved=(("loss.softmax_fp32", f32),), input=(logits,),
+        saved=(("loss.softmax_fp32", f32), *extra), input=(logits,),
         fwd_transient=bf16, bwd_transient=bf16,
     )

@@ -241,7 +241,8 @@ class OpSource:
     def embedding(self) -> Op:
         if self._embedding is None:
             self._embedding = blocks.embedding(self.dims, self.dims.vocab, self.model.position_rows(self.st.seq_len),
-                                               main_grad_bytes=self.st.main_grad_bytes, shares_head_weight=self._tied_here)
+                                               main_grad_bytes=self.st.main_grad_bytes, shares_head_weight=self._tied_here,
+                                               dropout=self.st.enable_dropout)
         return self._embedding
 
     @property

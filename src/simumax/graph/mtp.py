@@ -80,7 +80,7 @@ def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable
     for depth in range(model.mtp_num_layers):
         p = f"mtp{depth}."
         k = model.layer_num + depth * per_depth
-        emb = blocks.embedding(d, d.vocab, main_grad_bytes=st.main_grad_bytes)
+        emb = blocks.embedding(d, d.vocab, main_grad_bytes=st.main_grad_bytes, dropout=st.enable_dropout)
         emb_out: Tensor = (p + "emb", act)
         out.append(emb.with_(name=p + "embedding", module=MODULE_EMBEDDING, layer=k, output=emb_out,
                              params=0 if embedding_on_this_rank else emb.params))
@@ -106,7 +106,11 @@ def mtp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer_ops: Callable
         ends = [
             blocks.norm(p + "final_norm", "mtp_norm", k, d, hidden, rms=rms).with_(output=ln),
             head.with_(output=logits, params=0),  # the shared output head (the main head's weight)
-            loss.with_(name=p + "loss", saved=tuple((p + n if n.startswith("loss.") else n, b) for n, b in loss.saved)),
+            # process_mtp_loss also keeps the rolled labels (int64), the rolled loss mask (fp32)
+            # and the token count it divides by
+            loss.with_(name=p + "loss", saved=(*((p + n if n.startswith("loss.") else n, b) for n, b in loss.saved),
+                                               (p + "labels", float(d.tokens * 8)), (p + "loss_mask", float(d.tokens * 4)),
+                                               (p + "num_tokens", 8.0))),
         ]
         if part == "all":
             out += ends
