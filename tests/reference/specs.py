@@ -68,6 +68,10 @@ def world1() -> list[dict]:
         _spec("llama_window", dict(LLAMA, window=16)),
         _spec("llama_sinks", dict(LLAMA, sinks=True)),
         _spec("llama_window_sinks_selective", dict(LLAMA, window=16, sinks=True), recompute="selective"),
+        # MLA's up-projection recompute (CheckpointWithoutOutput over the up-projections and RoPE)
+        _spec("mla_modules_mla_up_proj", MLA, modules=["mla_up_proj"]),
+        _spec("mla_modules_layernorm_mla_up_proj", MLA, modules=["layernorm", "mla_up_proj"]),
+        _spec("mla_modules_mla_up_proj_core_attn", MLA, modules=["mla_up_proj", "core_attn"]),
     ]
     return out
 
@@ -98,5 +102,6 @@ def world2() -> list[dict]:
         _spec("llama_modules_layernorm_mlp_tp2_sp", LLAMA, world=2, tp=2, sp=True, modules=["layernorm", "mlp"]),
         _spec("llama_window_sinks_tp2_sp", dict(LLAMA, window=16, sinks=True), world=2, tp=2, sp=True),
         _spec("moe_tp2_sp_ep2_etp1", MOE, world=2, tp=2, sp=True, ep=2, etp=1),
+        _spec("mla_modules_layernorm_mla_up_proj_tp2_sp", MLA, world=2, tp=2, sp=True, modules=["layernorm", "mla_up_proj"]),
     ]
     return out

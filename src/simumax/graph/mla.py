@@ -112,11 +112,16 @@ def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
             _down_projection(f"{P}.q_down", "q_down", layer, d, ln_out, q_rank).with_(output=q_c),
             blocks.norm(f"{P}.q_norm", "mla_q_norm", layer, d, q_c, rms=rms, save_rstd=save_rstd, width=q_rank).with_(output=q_c_norm),
         ]
-    kv_comb = (f"{P}.kv_down.out", d.act(kv_rank + rope_dim, local=True))
+    # the local spec's kv down-projection output is gathered over TP: every token's (k_pe a view of it)
+    kv_comb = (f"{P}.kv_down.out", d.act(kv_rank + rope_dim, local=not (d.local and d.tp > 1)))
+    # the unfused RoPE's frequency table, which MLASelfAttention computes in every layer
+    # (fp32 [s, 1, 1, rope_dim]): a checkpoint of the up-projections (mla_up_proj) keeps it
+    # as an input; the fused kernels take megatron-core's cached cos / sin instead
+    table = () if st.apply_rope_fusion else ((f"{P}.rope_table", float(d.s * rope_dim * 4)),)
     kv_c = (f"{P}.kv_c", d.act(kv_rank, local=True))  # contiguous copy of the split for the norm
     kv_c_norm = (f"{P}.kv_norm.out", d.act(kv_rank, local=True))
     ops += [
-        _down_projection(f"{P}.kv_down", "kv_down", layer, d, ln_out, kv_rank + rope_dim).with_(output=kv_comb),
+        _down_projection(f"{P}.kv_down", "kv_down", layer, d, ln_out, kv_rank + rope_dim).with_(output=kv_comb, also_outputs=table),
         blocks.norm(f"{P}.kv_norm", "mla_kv_norm", layer, d, kv_c, rms=rms, save_rstd=save_rstd, width=kv_rank).with_(
             input=(kv_comb,), output=kv_c_norm
         ),
@@ -131,8 +136,9 @@ def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
     query = (f"{P}.query", d.act(heads * q_dim))
     key = (f"{P}.key", d.act(heads * q_dim))
     value = (f"{P}.value", d.act(heads * v_dim))
-    ops.append(_rope_concat(f"{P}.rope", layer, d, q_full, kv_full, kv_comb, (heads * rope_dim, rope_dim), (query, key, value),
-                            fused=st.apply_rope_fusion).with_(output=query, also_outputs=(key, value)))
+    rope = _rope_concat(f"{P}.rope", layer, d, q_full, kv_full, kv_comb, (heads * rope_dim, rope_dim), (query, key, value),
+                        fused=st.apply_rope_fusion)
+    ops.append(rope.with_(output=query, also_outputs=(key, value), input=(*rope.input, *table)))
 
     out = (f"{P}.attn.out", d.act(heads * v_dim))
     if st.use_math_sdp:

@@ -80,8 +80,9 @@ def walk(ops: list[Op]) -> WalkResult:
         last_out = ops[idx[-1]].output
         if last_out is not None and not gid.endswith(WITHOUT_OUTPUT):
             keep.add(last_out[0])
-        elif last_out is not None:
+        elif last_out is not None:  # all of the checkpointed function's outputs (MLA's q, k and v)
             discarded.add(last_out[0])
+            discarded.update(t[0] for t in ops[idx[-1]].also_outputs)
         kept_names |= keep
         dropped[gid] = {n: b for n, b in tensors.items() if n not in keep}
     # a discarded output stays discarded where another checkpoint starts from it (Megatron's
