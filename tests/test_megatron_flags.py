@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import typing
-import warnings
 
 import pytest
 
@@ -20,23 +18,8 @@ from simumax.importers.megatron_args import parse_megatron_args
 
 
 @pytest.fixture(scope="module")
-def megatron_parser() -> argparse.ArgumentParser:
-    pytest.importorskip("megatron.core")
-    added = not hasattr(typing, "override")
-    if added:  # megatron.training imports typing.override (Python 3.12); a no-op decorator before it
-        typing.override = lambda f: f  # type: ignore[attr-defined]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
-            from megatron.training.arguments import add_megatron_arguments
-    except ImportError as exc:
-        pytest.skip(f"megatron.training does not import here: {exc}")
-    finally:
-        if added:
-            del typing.override  # type: ignore[attr-defined]
-    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
-    add_megatron_arguments(parser)
-    return parser
+def megatron_parser(megatron_training) -> argparse.ArgumentParser:
+    return megatron_training.parser
 
 
 CASES = {

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import typing
-import warnings
 
 import pytest
 
@@ -15,27 +13,6 @@ from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.estimate import Estimate
 from simumax.export.megatron_flags import megatron_flags, model_flags
 from simumax.report.megatron_flops import megatron_logged_flops
-
-
-@pytest.fixture(scope="module")
-def megatron():
-    pytest.importorskip("megatron.core")
-    added = not hasattr(typing, "override")
-    if added:  # megatron.training imports typing.override (Python 3.12); a no-op decorator before it
-        typing.override = lambda f: f  # type: ignore[attr-defined]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from megatron.training.arguments import add_megatron_arguments
-            from megatron.training.training import num_floating_point_operations
-    except ImportError as exc:
-        pytest.skip(f"megatron.training does not import here: {exc}")
-    finally:
-        if added:
-            del typing.override  # type: ignore[attr-defined]
-    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
-    add_megatron_arguments(parser)
-    return parser, num_floating_point_operations
 
 
 CASES = {
@@ -71,8 +48,8 @@ def _megatron_args(parser: argparse.ArgumentParser, m, st):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_flops_as_megatron_counts_them(megatron, name: str) -> None:
-    parser, num_floating_point_operations = megatron
+def test_flops_as_megatron_counts_them(megatron_training, name: str) -> None:
+    parser, num_floating_point_operations = megatron_training.parser, megatron_training.num_floating_point_operations
     model, upd, model_upd = CASES[name]
     m = load_model(model).with_updates(model_upd) if model_upd else load_model(model)
     st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"seq_len": 4096, **upd})
