@@ -1,7 +1,7 @@
 """simumax against Megatron-Core itself, layer by layer, on CPU.
 
 tests/reference/mcore_harness.py builds Megatron-Core's GPTModel with the local layer spec
-for each configuration of tests/reference/specs.py (85: GPT/Llama, MHA/GQA, SwiGLU/GeLU,
+for each configuration of tests/reference/specs.py (85 + 6 pipeline-stage: GPT/Llama, MHA/GQA, SwiGLU/GeLU,
 RMSNorm/LayerNorm, TP 1/2 with and without SP, recompute none/selective/full (per layer or
 in uniform groups), dropout,
 MoE top-1/top-2 with EP 1/2 and TP 2, routing options (sigmoid, expert bias, groups, aux,
@@ -35,7 +35,7 @@ pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from tests.reference.compare import cpu_adjustment, cpu_adjustment_outside_layers, predict  # noqa: E402
-from tests.reference.specs import world1, world2  # noqa: E402
+from tests.reference.specs import pipeline, world1, world2  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = {s["id"]: s for s in world1() + world2()}
@@ -49,7 +49,7 @@ def measured(tmp_path_factory) -> dict[str, list[dict]]:
     """Run the harness once per world size; results per spec id (one entry per rank)."""
     tmp = tmp_path_factory.mktemp("mcore")
     out: dict[str, list[dict]] = {}
-    for name, specs in (("world1", world1()), ("world2", world2())):
+    for name, specs in (("world1", world1()), ("world2", world2()), ("pipeline", pipeline())):
         (tmp / f"{name}.json").write_text(json.dumps(specs))
         r = subprocess.run(
             [sys.executable, "-m", "tests.reference.mcore_harness", str(tmp / f"{name}.json"), str(tmp / f"{name}_out.json")],
@@ -128,6 +128,21 @@ def test_bytes_saved_outside_the_layers(measured, sid: str) -> None:
     print(f"{sid}: outside the layers real {real} B, simumax {expected:.0f} B")
     assert all(r["other_saved"] == real for r in ranks)
     assert real == expected
+
+
+@pytest.mark.parametrize("sid", [s["id"] for s in pipeline()])
+def test_pipeline_stage_parameters_exact(measured, sid: str) -> None:
+    """Per pipeline stage, what Megatron-Core builds on each rank: the first the embedding (and
+    learned positions), the last the head (its own copy of a tied embedding), the MTP block
+    and the embedding copy it looks its tokens up in."""
+    from simumax.config.loader import load_system
+    from simumax.estimate import Estimate
+    from tests.reference.compare import configs
+
+    spec = next(s for s in pipeline() if s["id"] == sid)
+    model, strategy = configs(spec)
+    stages = Estimate(model, strategy, load_system("a100_pcie")).memory().stages
+    assert [r["params"] for r in measured[sid]] == [s.params for s in stages]
 
 
 def test_korthikanti_formula_vs_measured(measured) -> None:

@@ -56,7 +56,7 @@ def configs(spec: dict) -> tuple[ModelConfig, StrategyConfig]:
     rec = spec.get("recompute", "none")
     strategy = {
         "seq_len": spec["seq"], "micro_batch_size": spec["batch"], "micro_batch_num": 1, "world_size": spec["world"],
-        "tp_size": spec["tp"], "ep_size": spec.get("ep", 1), "etp_size": spec.get("etp", spec["tp"]) if spec.get("experts") else 1, "enable_sequence_parallel": bool(spec.get("sp")),
+        "tp_size": spec["tp"], "pp_size": spec.get("pp", 1), "ep_size": spec.get("ep", 1), "etp_size": spec.get("etp", spec["tp"]) if spec.get("experts") else 1, "enable_sequence_parallel": bool(spec.get("sp")),
         "zero_state": 0, "enable_dropout": bool(spec.get("dropout")), "use_flash_sdp": False, "use_math_sdp": True,
         "use_fused_norm": False, "use_fused_swiglu": bool(spec.get("act_fusion")), "cross_entropy_loss_fusion": False,
         "transformer_impl": "local", "masked_softmax_fusion": False, "apply_rope_fusion": False,

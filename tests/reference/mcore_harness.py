@@ -130,6 +130,9 @@ def _config(spec: dict):
     )
     if spec.get("mtp"):
         kw.update(mtp_num_layers=spec["mtp"])
+    if spec.get("pp", 1) > 1:
+        # built on the meta device: only its parameter counts are read (the tied copy is not synced)
+        kw.update(pipeline_model_parallel_size=spec["pp"], pipeline_dtype=torch.bfloat16, init_model_with_meta_device=True)
     if spec.get("qk_norm"):
         kw.update(qk_layernorm=True)
     if spec.get("qkv_bias"):
@@ -201,8 +204,10 @@ def measure(spec: dict) -> dict:
 
     MTPLossLoggingHelper.tracker.clear()  # sized by the first MTP model's depth: each spec starts it afresh
     parallel_state.destroy_model_parallel()
+    pp = spec.get("pp", 1)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=spec["tp"], expert_model_parallel_size=spec.get("ep", 1),
-                                             expert_tensor_parallel_size=spec.get("etp", spec["tp"]) if spec.get("experts") else None)
+                                             expert_tensor_parallel_size=spec.get("etp", spec["tp"]) if spec.get("experts") else None,
+                                             pipeline_model_parallel_size=pp)
     model_parallel_cuda_manual_seed(1234)
     cfg = _config(spec)
     layer_spec = get_gpt_layer_local_spec(num_experts=spec.get("experts"), normalization=cfg.normalization,
@@ -210,10 +215,13 @@ def measure(spec: dict) -> dict:
                                           qk_layernorm=bool(spec.get("mla") or spec.get("qk_norm")))
     if spec.get("mla"):
         _mla_core_attention(layer_spec)
-    mtp_spec = get_gpt_mtp_block_spec(cfg, layer_spec, use_transformer_engine=False) if spec.get("mtp") else None
+    first, last = parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage()
+    mtp_spec = get_gpt_mtp_block_spec(cfg, layer_spec, use_transformer_engine=False) if spec.get("mtp") and last else None
     model = GPTModel(cfg, layer_spec, vocab_size=spec["vocab"], max_sequence_length=spec["seq"],
                      position_embedding_type="rope" if spec.get("rope", True) else "learned_absolute", share_embeddings_and_output_weights=not spec.get("untie", True),
-                     mtp_block_spec=mtp_spec)
+                     mtp_block_spec=mtp_spec, pre_process=first, post_process=last)
+    if pp > 1:  # a pipeline stage's parameters (the embedding on the first, the head on the last)
+        return {"id": spec["id"], "rank": torch.distributed.get_rank(), "params": sum(p.numel() for p in model.parameters())}
     # the decoder's layers, then the multi-token-prediction depths' (each one "layer" here)
     layers = list(model.decoder.layers) + (list(model.mtp.layers) if mtp_spec is not None else [])
     names = [f"decoder.layers.{i}" for i in range(len(model.decoder.layers))] + [f"mtp.layers.{j}" for j in range(len(layers) - len(model.decoder.layers))]

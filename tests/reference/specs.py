@@ -105,3 +105,17 @@ def world2() -> list[dict]:
         _spec("mla_modules_layernorm_mla_up_proj_tp2_sp", MLA, world=2, tp=2, sp=True, modules=["layernorm", "mla_up_proj"]),
     ]
     return out
+
+
+def pipeline() -> list[dict]:
+    """Two pipeline stages (world 2): each rank's parameters only (the model is built on the meta
+    device and not run): the embedding on the first, the head on the last, a tied head's copy,
+    learned positions, the MTP block and its embedding copy."""
+    return [
+        _spec("llama_pp2", LLAMA, world=2, pp=2, layers=4),
+        _spec("llama_tied_pp2", dict(LLAMA, untie=False), world=2, pp=2, layers=4),
+        _spec("gpt_learned_positions_pp2", dict(GPT, rope=False), world=2, pp=2, layers=4),
+        _spec("llama_mtp_pp2", dict(LLAMA, mtp=1), world=2, pp=2, layers=4),
+        _spec("moe_pp2", MOE, world=2, pp=2, layers=4),
+        _spec("mla_pp2", MLA, world=2, pp=2, layers=4),
+    ]
