@@ -92,6 +92,17 @@ def test_layer_forward_flops_exact(measured, sid: str) -> None:
 
 
 @pytest.mark.parametrize("sid", sorted(SPECS))
+def test_model_forward_and_backward_flops_exact(measured, sid: str) -> None:
+    """The whole model's products (embedding to loss), forward, and backward with every
+    recomputed forward (full, selective, --recompute-modules, MTP's), as FlopCounterMode counts
+    them (with EP, the mean over ranks)."""
+    spec, ranks = SPECS[sid], measured[sid]
+    pred = predict(spec)
+    assert sum(r["fwd_flops"] for r in ranks) / len(ranks) == pred["fwd_flops"], sid
+    assert sum(r["bwd_flops"] for r in ranks) / len(ranks) == pred["bwd_flops"], sid
+
+
+@pytest.mark.parametrize("sid", sorted(SPECS))
 def test_layer_saved_bytes(measured, sid: str) -> None:
     spec, ranks = SPECS[sid], measured[sid]
     pred = predict(spec)

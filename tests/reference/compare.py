@@ -132,6 +132,14 @@ def cpu_adjustment_outside_layers(spec: dict) -> int:
     return extra
 
 
+def _flops(k) -> float:
+    """FLOPs as FlopCounterMode counts them: GEMMs, and the unfused attention's products over
+    the whole score matrix (Attention.table_flops)."""
+    if isinstance(k, Attention):
+        return k.table_flops()
+    return k.flops if isinstance(k, (Gemm, GroupGemm)) else 0.0
+
+
 def predict(spec: dict) -> dict:
     model, strategy = configs(spec)
     est = Estimate(model, strategy, load_system("a100_pcie"))
@@ -140,14 +148,7 @@ def predict(spec: dict) -> dict:
     for i in range(model.layer_num + model.mtp_num_layers):  # an MTP depth's block is layer layer_num + depth
         mine = [o for o in ops if o.layer == i]
         out["layer_saved"].append(walk(mine).stored)
-        fl = 0.0
-        for o in mine:
-            for k in o.fwd:
-                if isinstance(k, Attention):
-                    fl += k.table_flops()  # the math path multiplies the whole score matrix
-                elif isinstance(k, (Gemm, GroupGemm)):
-                    fl += k.flops
-        out["layer_fwd_flops"].append(fl)
+        out["layer_fwd_flops"].append(sum(_flops(k) for o in mine for k in o.fwd))
         out["layer_params"].append(sum(o.params for o in mine))
     n = spec.get("recompute_group", 1)
     if n > 1:  # what each checkpoint keeps, by checkpoint (the harness counts them so): a group's input
@@ -155,6 +156,9 @@ def predict(spec: dict) -> dict:
         out["layer_saved"] = [walk([o for o in ops if k * n <= o.layer < (k + 1) * n]).stored if k * n < layers else 0
                               for k in range(layers)]
     out["params"] = sum(o.params for o in ops)
+    # the whole model's products, forward and backward (recomputed forwards included)
+    out["fwd_flops"] = sum(_flops(k) for o in ops for k in o.fwd)
+    out["bwd_flops"] = sum(_flops(k) for o in ops for ph in ("bwd_input", "bwd_weight", "recompute") for k in o.kernels(ph))
     # the embedding, the final norm, the output head and the losses (MTP's too)
     out["other_saved"] = walk([o for o in ops if o.layer < 0 or o.layer >= model.layer_num + model.mtp_num_layers]).stored
     out["total_saved"] = sum(walk(chunk.ops).stored for chunk in est.chunks)

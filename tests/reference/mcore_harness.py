@@ -312,10 +312,14 @@ def measure(spec: dict) -> dict:
         key = next((k for k in counts if k.endswith(name)), None)
         layer_flops.append(int(sum(counts[key].values())) if key else 0)
     total_fwd = int(sum(counts.get("Global", {}).values()))
-    loss.sum().backward()  # the step must run: saved tensors are valid, recompute works
+    bwd_flops = FlopCounterMode(display=False)
+    with bwd_flops:  # the step must run: saved tensors are valid, recompute works
+        loss.sum().backward()
     kept.clear()
+    total_bwd = int(sum(bwd_flops.get_flop_counts().get("Global", {}).values()))  # recomputed forwards included
     return {"id": spec["id"], "rank": torch.distributed.get_rank(), "params": params, "layer_params": layer_params,
-            "layer_saved": per_layer, "other_saved": other, "layer_fwd_flops": layer_flops, "fwd_flops": total_fwd}
+            "layer_saved": per_layer, "other_saved": other, "layer_fwd_flops": layer_flops, "fwd_flops": total_fwd,
+            "bwd_flops": total_bwd}
 
 
 def _worker(rank: int, world: int, specs: list[dict], out: str, port: int) -> None:
