@@ -74,3 +74,39 @@ def test_perf_reports_it_over_the_predicted_time() -> None:
     expected = megatron_logged_flops(m, st) / (cost.duration_time_per_iter * st.world_size) / 1e12
     assert cost.tflops_per_gpu_megatron == pytest.approx(expected, rel=1e-12)
     assert cost.tflops_per_gpu_megatron == pytest.approx(cost.tflops_per_gpu, rel=0.01)
+
+
+def test_random_models_count_as_megatron_does(megatron_training) -> None:
+    """Random dense and MoE transformers (GQA, SwiGLU or GeLU, MoE frequency, shared experts,
+    MTP, the output gate, packed documents) give Megatron's own count."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as hs
+
+    parser, count = megatron_training.parser, megatron_training.num_floating_point_operations
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(heads=hs.sampled_from([4, 8, 16]), kv=hs.sampled_from([1, 2, 4]), head=hs.sampled_from([32, 64, 128]),
+           layers=hs.integers(2, 6), ffn=hs.sampled_from([512, 1024, 2816]), swiglu=hs.booleans(),
+           experts=hs.sampled_from([0, 4, 8]), topk=hs.sampled_from([1, 2]), shared=hs.sampled_from([0, 256]),
+           freq=hs.sampled_from([1, 2]), mtp=hs.sampled_from([0, 1]), gate=hs.booleans(), docs=hs.booleans())
+    def check(heads, kv, head, layers, ffn, swiglu, experts, topk, shared, freq, mtp, gate, docs):
+        h = heads * head
+        fields = {"hidden_size": h, "head_num": heads, "kv_head_num": min(kv, heads), "head_size": head, "layer_num": layers,
+                  "intermediate_size": ffn, "use_swiglu": swiglu, "vocab_size": 32000, "attention_output_gate": gate,
+                  "mtp_num_layers": mtp, "model_type": "dense", "expert_num": None}
+        if experts:
+            fields.update(model_type="moe", expert_num=experts, topk=topk, moe_ffn_hidden_size=ffn // 2,
+                          moe_shared_expert_intermediate_size=shared or None, moe_layer_freq=freq)
+        m = load_model("llama3.1-8b").with_updates(fields)
+        upd = {"seq_len": 2048, **({"ep_size": 8 if experts == 8 else 4} if experts else {})}
+        if docs:
+            upd["document_lengths"] = [1024, 512, 512]
+        st = load_strategy("tp1_pp1_dp8_mbs1").with_updates(upd)
+        args = _megatron_args(parser, m, st)
+        kw = {}
+        if docs:
+            kw = dict(seqlen_squared_sum_in_batch=st.global_batch_size * (1024**2 + 2 * 512**2),
+                      total_real_tokens_in_batch=st.global_batch_size * st.seq_len)
+        assert megatron_logged_flops(m, st) == pytest.approx(count(args, st.global_batch_size, **kw), rel=1e-12)
+
+    check()
