@@ -155,7 +155,7 @@ def _config(spec: dict):
                   v_head_dim=spec["v_head_dim"], rope_type="rope", qk_layernorm=True, kv_channels=spec["v_head_dim"])
     if spec.get("experts"):
         kw.update(num_moe_experts=spec["experts"], moe_router_topk=spec["topk"], moe_ffn_hidden_size=spec.get("moe_ffn") or spec["ffn"],
-                  moe_token_dispatcher_type="alltoall", expert_model_parallel_size=spec.get("ep", 1),
+                  moe_token_dispatcher_type=spec.get("dispatcher", "alltoall"), expert_model_parallel_size=spec.get("ep", 1),
                   moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_grouped_gemm=False,
                   moe_router_pre_softmax=spec["topk"] == 1 and spec.get("score", "softmax") == "softmax",
                   moe_shared_expert_intermediate_size=spec.get("shared_ffn"), moe_shared_expert_gate=bool(spec.get("shared_gate")),

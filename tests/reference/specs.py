@@ -72,6 +72,7 @@ def world1() -> list[dict]:
         _spec("mla_modules_mla_up_proj", MLA, modules=["mla_up_proj"]),
         _spec("mla_modules_layernorm_mla_up_proj", MLA, modules=["layernorm", "mla_up_proj"]),
         _spec("mla_modules_mla_up_proj_core_attn", MLA, modules=["mla_up_proj", "core_attn"]),
+        _spec("moe_allgather", dict(MOE, dispatcher="allgather")),
     ]
     return out
 
@@ -103,6 +104,8 @@ def world2() -> list[dict]:
         _spec("llama_window_sinks_tp2_sp", dict(LLAMA, window=16, sinks=True), world=2, tp=2, sp=True),
         _spec("moe_tp2_sp_ep2_etp1", MOE, world=2, tp=2, sp=True, ep=2, etp=1),
         _spec("mla_modules_layernorm_mla_up_proj_tp2_sp", MLA, world=2, tp=2, sp=True, modules=["layernorm", "mla_up_proj"]),
+        _spec("moe_allgather_ep2", dict(MOE, dispatcher="allgather"), world=2, ep=2),
+        _spec("moe_allgather_tp2_sp", dict(MOE, dispatcher="allgather"), world=2, tp=2, sp=True),
     ]
     return out
 

@@ -225,31 +225,38 @@ def _combine(
     )
 
 
-def _allgather_dispatch(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int) -> tuple[Op, Op]:
+def _allgather_dispatch(P: str, layer: int, d: Dims, md: MoeDims, x: Tensor, out: Tensor, h: int, fused: bool,
+                        ab: int) -> tuple[Op, Op]:
     """Megatron's all-gather dispatcher: every rank gathers all tokens (and the routing map)
     of its EP x ETP group, picks the rows of its local experts with a local permute, and
     after the experts scatters them back and reduce-scatters the full output. Its tokens per
     local expert go to the host (``.cpu()`` in ``token_permutation``), which waits for them,
-    padded or not."""
+    padded or not. Kept for backward (``MoEAllGatherTokenDispatcher.dispatch_postprocess``):
+    the permutation's index (int64 sorted ids unfused, TE's int32 row map fused; the
+    un-permutation's scatter reuses it) and ``masked_select``'s mask and input, the local
+    experts' routing map and probs over the gathered tokens, transposed (``ab``: the probs'
+    bytes); the probs weight the experts' output."""
     row = h * d.act_bytes
     group = md.ep * md.etp
     gathered = float(md.tokens * group * row)
     local = float(md.expert_rows * row)
+    picked = float(md.local_experts * md.tokens * group)  # [local experts, gathered tokens]
+    index = ((f"{P}.dispatch.row_map", float(md.expert_rows * INDEX)) if fused
+             else (f"{P}.dispatch.sorted_ids", float(md.expert_rows * 8)))
     ag = Collective("all_gather", gathered, "ep")
     rs = Collective("reduce_scatter", gathered, "ep")
     dispatch = Op(
         name=f"{P}.dispatch", module="dispatch", layer=layer,
         fwd=(ag, host_wait("dispatch.host_wait"), MemBound("permute", gathered + local, family="permute_fwd")),
         bwd_input=(MemBound("permute_bwd", gathered + local, family="permute_bwd"), rs),
-        saved=((f"{P}.dispatch.row_map", float(md.expert_rows * INDEX)),),
+        saved=(index, (f"{P}.dispatch.local_map", picked), (f"{P}.dispatch.local_probs", picked * ab)),
         input=(x,), output=out, fwd_transient=gathered, bwd_transient=2 * gathered,
     )
     combine = Op(
         name=f"{P}.combine", module="combine", layer=layer,
         fwd=(MemBound("unpermute", gathered + local, family="permute_fwd"), rs),
         bwd_input=(ag, MemBound("unpermute_bwd", gathered + local, family="permute_bwd")),
-        saved=((f"{P}.combine.rows", local),), input=(x,), output=out,
-        fwd_transient=gathered, bwd_transient=2 * gathered,
+        input=(x,), output=out, fwd_transient=gathered, bwd_transient=2 * gathered,
     )
     return dispatch, combine
 
@@ -333,7 +340,7 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         saved=tuple(act_saved), input=(fc1_out,), output=act_out, bwd_transient=fc1_out[1] + act_out[1],
     )
     if st.moe_dispatcher_policy == "all_gather":
-        dispatch, combine = _allgather_dispatch(P, layer, d, md, disp_in, tokens, w)
+        dispatch, combine = _allgather_dispatch(P, layer, d, md, disp_in, tokens, w, st.moe_permute_fusion and not local, ab)
         combine = combine.with_(input=(fc2_out,), output=combined)
     else:
         fused = st.moe_permute_fusion and not local  # TE's fused permute kernels
