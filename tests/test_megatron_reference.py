@@ -1,10 +1,10 @@
 """simumax against Megatron-Core itself, layer by layer, on CPU.
 
 tests/reference/mcore_harness.py builds Megatron-Core's GPTModel with the local layer spec
-for each configuration of tests/reference/specs.py (88 + 6 pipeline-stage: GPT/Llama, MHA/GQA, SwiGLU/GeLU,
+for each configuration of tests/reference/specs.py (91 + 6 pipeline-stage: GPT/Llama, MHA/GQA, SwiGLU/GeLU,
 RMSNorm/LayerNorm, TP 1/2 with and without SP, recompute none/selective/full (per layer or
 in uniform groups), dropout,
-MoE top-1/top-2 with EP 1/2 and TP 2, the all-to-all and all-gather dispatchers, routing options (sigmoid, expert bias, groups, aux,
+MoE top-1/top-2 with EP 1/2 and TP 2, the all-to-all and all-gather dispatchers, routing options (fp32 router, sigmoid, expert bias, groups, aux,
 seq-aux and z losses), shared experts with and without their gate, q / k norms, QKV bias,
 the attention output gate, sliding windows and sinks, --recompute-modules (layernorm, mlp,
 core_attn, moe, shared_experts, mla_up_proj), expert TP 1 under TP 2,

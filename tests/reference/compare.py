@@ -61,6 +61,7 @@ def configs(spec: dict) -> tuple[ModelConfig, StrategyConfig]:
         "use_fused_norm": False, "use_fused_swiglu": bool(spec.get("act_fusion")), "cross_entropy_loss_fusion": False,
         "transformer_impl": "local", "masked_softmax_fusion": False, "apply_rope_fusion": False,
         "moe_dispatcher_policy": {"alltoall": "all2all", "allgather": "all_gather"}[spec.get("dispatcher", "alltoall")],
+        "moe_router_dtype": "fp32" if spec.get("router_fp32") else None,
     }
     if spec.get("modules"):
         strategy.update(enable_recompute=True, megatron_recompute=True, megatron_recompute_modules=list(spec["modules"]))

@@ -164,6 +164,8 @@ def _config(spec: dict):
             kw.update(moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True, moe_router_bias_update_rate=1e-3,
                       moe_router_num_groups=spec.get("groups"), moe_router_group_topk=spec.get("group_topk"),
                       moe_router_topk_scaling_factor=2.5)
+        if spec.get("router_fp32"):  # --moe-router-dtype fp32
+            kw.update(moe_router_dtype="fp32")
         if spec.get("balance"):  # the auxiliary load-balancing loss
             kw.update(moe_router_load_balancing_type=spec["balance"], moe_aux_loss_coeff=1e-3)
         if spec.get("z_loss"):

@@ -73,6 +73,8 @@ def world1() -> list[dict]:
         _spec("mla_modules_layernorm_mla_up_proj", MLA, modules=["layernorm", "mla_up_proj"]),
         _spec("mla_modules_mla_up_proj_core_attn", MLA, modules=["mla_up_proj", "core_attn"]),
         _spec("moe_allgather", dict(MOE, dispatcher="allgather")),
+        _spec("moe_router_fp32", dict(MOE, router_fp32=True)),
+        _spec("moe_router_fp32_z_aux", dict(MOE, router_fp32=True, z_loss=True, balance="aux_loss")),
     ]
     return out
 
@@ -106,6 +108,7 @@ def world2() -> list[dict]:
         _spec("mla_modules_layernorm_mla_up_proj_tp2_sp", MLA, world=2, tp=2, sp=True, modules=["layernorm", "mla_up_proj"]),
         _spec("moe_allgather_ep2", dict(MOE, dispatcher="allgather"), world=2, ep=2),
         _spec("moe_allgather_tp2_sp", dict(MOE, dispatcher="allgather"), world=2, tp=2, sp=True),
+        _spec("moe_router_fp32_ep2", dict(MOE, router_fp32=True), world=2, ep=2),
     ]
     return out
 

@@ -329,8 +329,9 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         unit = float(rows * md.ffn * ab)
         if swiglu:
             act_saved += [(f"{P}.moe_act.silu_out", unit), (f"{P}.moe_act.up", unit)]
-        if probs_in_experts:
-            act_saved += [(f"{P}.moe_act.unweighted", unit), (f"{P}.moe_act.probs", float(rows * ab))]
+        if probs_in_experts:  # the probs in the router's dtype (the logits': fp32 with moe_router_dtype fp32)
+            probs_bytes = FP32 if st.moe_router_dtype == "fp32" else ab
+            act_saved += [(f"{P}.moe_act.unweighted", unit), (f"{P}.moe_act.probs", float(rows * probs_bytes))]
     elif probs_in_experts:  # weighted activation: prob * act(x); keeps the probs for their grad
         act_saved.append((f"{P}.moe_act.probs", float(rows * FP32)))
     act = Op(
