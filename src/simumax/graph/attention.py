@@ -253,7 +253,7 @@ def math_attention(
     the head's logit as one more key (a copy of the scores) and keeps that softmax, one column
     wider; the offsets are parameters (one per head). ``window`` (sliding-window attention): the
     torch path builds the [s, s] window mask in each layer (``get_sliding_window_causal_mask``),
-    which the masked fill keeps; the products stay dense."""
+    which the masked fill keeps (the fused kernel applies no window); the products stay dense."""
     b, a, s = d.b, d.heads, d.s
     elems = float(b * a * s * s)
     scores = elems * d.act_bytes

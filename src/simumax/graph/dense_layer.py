@@ -68,7 +68,7 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
         fused = attention.softmax_kernel_available(d, st.masked_softmax_fusion, model.attention_sinks)
         core = attention.math_attention(
             f"{P}.attn", layer, d, q, k, v, qk_dim=hd, v_dim=hd, dropout=st.enable_dropout, fused_softmax=fused,
-            sinks=model.attention_sinks, window=model.attention_window(layer) is not None and not fused,
+            sinks=model.attention_sinks, window=model.attention_window(layer) is not None,
         )
     else:
         # GPT-OSS's attention sinks: one learned logit per head in the softmax denominator

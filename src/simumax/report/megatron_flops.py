@@ -23,11 +23,8 @@ def _token_counts(st: StrategyConfig) -> tuple[float, float]:
     """(real tokens, sum of squared (sub-)sequence lengths) of the global batch: BSHD
     sequences, or packed documents as the THD path passes them."""
     gbs, s = st.global_batch_size, st.seq_len
-    docs = st.document_lengths
-    if docs is None:
-        return float(gbs * s), float(gbs * s * s)
-    lengths = docs if isinstance(docs, list) else [docs] * (s // docs)
-    return float(gbs * s), float(gbs * sum(x * x for x in lengths))
+    squares = sum(n * length * length for length, n in st.document_groups) or s * s
+    return float(gbs * s), float(gbs * squares)
 
 
 def _attention_terms(m: ModelConfig) -> tuple[float, float]:
@@ -48,14 +45,13 @@ def _attention_terms(m: ModelConfig) -> tuple[float, float]:
     return linear, core
 
 
-def _gdn_term(m: ModelConfig) -> float:
-    """Token-linear FLOPs of one Gated DeltaNet layer (Megatron's formula)."""
+def _gdn_per_token(m: ModelConfig) -> float:
+    """One Gated DeltaNet layer's multiply-adds per token, forward (Megatron's formula: in_proj,
+    conv1d, the delta rule's four products, out_proj)."""
     qk = m.linear_key_head_dim * m.linear_num_key_heads
     v = m.linear_value_head_dim * m.linear_num_value_heads
-    return FWD_BWD * FMA * (m.hidden_size * (2 * qk + 2 * v + 2 * m.linear_num_value_heads)
-                            + m.linear_conv_kernel_dim * (2 * qk + v)
-                            + m.linear_num_value_heads * m.linear_value_head_dim ** 2 * 4
-                            + m.hidden_size * v)
+    return (m.hidden_size * (2 * qk + 2 * v + 2 * m.linear_num_value_heads) + m.linear_conv_kernel_dim * (2 * qk + v)
+            + m.linear_num_value_heads * m.linear_value_head_dim ** 2 * 4 + m.hidden_size * v)
 
 
 def _transformer(m: ModelConfig, st: StrategyConfig, tokens: float, sq_sum: float) -> float:
@@ -79,7 +75,7 @@ def _transformer(m: ModelConfig, st: StrategyConfig, tokens: float, sq_sum: floa
         freq = m.linear_attention_freq
         pattern = list(freq) if isinstance(freq, list) else [0 if (i + 1) % freq == 0 else 1 for i in range(layers)]  # type: ignore[operator]
         linear_layers = sum(pattern)
-        gdn = _gdn_term(m)
+        gdn = FWD_BWD * FMA * _gdn_per_token(m)
     else:
         linear_layers, gdn = 0, 0.0
     standard = layers - linear_layers
@@ -116,7 +112,7 @@ def _hybrid(m: ModelConfig, st: StrategyConfig, tokens: float, sq_sum: float) ->
     heads = m.mamba_num_heads or d_in // m.mamba_head_dim
     mamba = (2 * tokens * h * (2 * d_in + 2 * m.mamba_num_groups * m.mamba_state_dim + heads)
              + 7 * tokens * d_in * m.mamba_state_dim + 2 * tokens * d_in * h)
-    gdn = _gdn_term(m) / (FWD_BWD * FMA) * 2 * tokens if count("G") else 0.0
+    gdn = FMA * tokens * _gdn_per_token(m) if count("G") else 0.0
     fwd = (count("*") * attn + count("-") * mlp + count("M") * mamba + count("E") * moe + count("G") * gdn
            + 2 * tokens * h * m.padded_vocab(st.tp_size) * (1 + mtp))
     return fwd * 3
