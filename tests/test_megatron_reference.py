@@ -1,7 +1,7 @@
 """simumax against Megatron-Core itself, layer by layer, on CPU.
 
 tests/reference/mcore_harness.py builds Megatron-Core's GPTModel with the local layer spec
-for each configuration of tests/reference/specs.py (91 + 6 pipeline-stage: GPT/Llama, MHA/GQA, SwiGLU/GeLU,
+for each configuration of tests/reference/specs.py (92 + 6 pipeline-stage: GPT/Llama, MHA/GQA, SwiGLU/GeLU,
 RMSNorm/LayerNorm, TP 1/2 with and without SP, recompute none/selective/full (per layer or
 in uniform groups), dropout,
 MoE top-1/top-2 with EP 1/2 and TP 2, the all-to-all and all-gather dispatchers, routing options (fp32 router, sigmoid, expert bias, groups, aux,

@@ -75,6 +75,7 @@ def world1() -> list[dict]:
         _spec("moe_allgather", dict(MOE, dispatcher="allgather")),
         _spec("moe_router_fp32", dict(MOE, router_fp32=True)),
         _spec("moe_router_fp32_z_aux", dict(MOE, router_fp32=True, z_loss=True, balance="aux_loss")),
+        _spec("moe_allgather_router_fp32", dict(MOE, dispatcher="allgather", router_fp32=True)),
     ]
     return out
 

@@ -24,7 +24,7 @@ from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective, Gemm, GroupGemm, Kernel, MemBound, host_wait
 from simumax.graph.moe_rows import MoeDims
 from simumax.graph.ops import Op, Tensor
-from simumax.graph.router import fp32_gemm_kernels, router_kernels, router_saved
+from simumax.graph.router import fp32_gemm_kernels, router_kernels, router_saved, routing_bytes
 from simumax.graph.shared_experts import shared_expert_ops
 
 FP32 = 4
@@ -37,7 +37,7 @@ def _router(P: str, layer: int, model: ModelConfig, st: StrategyConfig, d: Dims,
     t, E = md.tokens, md.experts
     te = float(t * E)
     fp32 = st.moe_router_dtype == "fp32"
-    ab = FP32 if fp32 else d.act_bytes  # the logits' dtype
+    ab = routing_bytes(st, d)  # the logits' dtype
     fwd, bwd = router_kernels(model, d, P, t, h, model.capacity is not None, st.dp_size > 1, st.moe_router_fusion, fp32)
     wgrad = Gemm(E, t, h, "NT", accumulate=True, out_dtype="fp32")
     bwd_weight: tuple[Kernel, ...] = (wgrad,)
@@ -329,9 +329,8 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         unit = float(rows * md.ffn * ab)
         if swiglu:
             act_saved += [(f"{P}.moe_act.silu_out", unit), (f"{P}.moe_act.up", unit)]
-        if probs_in_experts:  # the probs in the router's dtype (the logits': fp32 with moe_router_dtype fp32)
-            probs_bytes = FP32 if st.moe_router_dtype == "fp32" else ab
-            act_saved += [(f"{P}.moe_act.unweighted", unit), (f"{P}.moe_act.probs", float(rows * probs_bytes))]
+        if probs_in_experts:  # the probs in the router's dtype
+            act_saved += [(f"{P}.moe_act.unweighted", unit), (f"{P}.moe_act.probs", float(rows * routing_bytes(st, d)))]
     elif probs_in_experts:  # weighted activation: prob * act(x); keeps the probs for their grad
         act_saved.append((f"{P}.moe_act.probs", float(rows * FP32)))
     act = Op(
@@ -341,7 +340,8 @@ def moe_mlp_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_m
         saved=tuple(act_saved), input=(fc1_out,), output=act_out, bwd_transient=fc1_out[1] + act_out[1],
     )
     if st.moe_dispatcher_policy == "all_gather":
-        dispatch, combine = _allgather_dispatch(P, layer, d, md, disp_in, tokens, w, st.moe_permute_fusion and not local, ab)
+        dispatch, combine = _allgather_dispatch(P, layer, d, md, disp_in, tokens, w, st.moe_permute_fusion and not local,
+                                                routing_bytes(st, d))
         combine = combine.with_(input=(fc2_out,), output=combined)
     else:
         fused = st.moe_permute_fusion and not local  # TE's fused permute kernels

@@ -32,6 +32,7 @@ mask, the aux and z losses, the sum of the logit gradients, then the data-gradie
 from __future__ import annotations
 
 from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import TF32_PREFIX, Collective, Gemm, Kernel, MemBound
 
@@ -156,6 +157,12 @@ def router_kernels(model: ModelConfig, d: Dims, P: str, tokens: int, h: int, cap
     fwd: list[Kernel] = [gating, *(MemBound(f"router.{n}", b) for n, b in chain), *comm]
     bwd: list[Kernel] = [*(MemBound(f"router.{n}", b) for n, b in back), *dgrad]
     return fwd, bwd
+
+
+def routing_bytes(st: StrategyConfig, d: Dims) -> int:
+    """Bytes per element of the router's logits and of the routing probabilities made from them
+    (``probs.type_as(logits)``): fp32 with ``moe_router_dtype`` fp32, else the activation dtype."""
+    return FP32 if st.moe_router_dtype == "fp32" else d.act_bytes
 
 
 def router_saved(model: ModelConfig, P: str, tokens: int, batch: int, ab: int) -> tuple[tuple[str, float], ...]:
