@@ -310,8 +310,8 @@ def test_qwen3_5_configs_by_hand() -> None:
 
 def test_megatron_flags_of_the_variant() -> None:
     """--linear-attention-freq takes Megatron's list expressions; without the variant flag it has
-    no effect (megatron-core reads it only for gated_delta_net), said in a note; DSA is read past
-    with a note that it is costed as the model's attention."""
+    no effect (megatron-core reads it only for gated_delta_net), said in a note; DSA needs MLA
+    (tests/test_dsa.py reads it on an MLA model), an unknown variant is refused."""
     from simumax.importers.megatron_args import parse_megatron_args
 
     base = "--num-layers 8 --hidden-size 512 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 16 --vocab-size 100"
@@ -320,8 +320,10 @@ def test_megatron_flags_of_the_variant() -> None:
     assert m.linear_attention_freq == [1, 1, 1, 0] * 2 and m.linear_num_key_heads == 4 and m.softmax_attention_layers == 2
     m, _, notes = parse_megatron_args(base + " --linear-attention-freq 4", world_size=1)
     assert m.experimental_attention_variant is None and any("no effect, as in Megatron" in n for n in notes)
-    m, _, notes = parse_megatron_args(base + " --experimental-attention-variant dsa", world_size=1)
-    assert m.experimental_attention_variant is None and any("DeepSeek sparse attention" in n for n in notes)
+    with pytest.raises(ConfigError, match="dsa needs MLA"):
+        parse_megatron_args(base + " --experimental-attention-variant dsa", world_size=1)
+    with pytest.raises(ConfigError, match="experimental-attention-variant"):
+        parse_megatron_args(base + " --experimental-attention-variant linear", world_size=1)
 
 
 def test_scan_traffic_is_its_kernels_reads_and_writes() -> None:

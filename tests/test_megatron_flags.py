@@ -59,6 +59,8 @@ CASES = {
     "hybrid-gdn": ("llama3.1-8b", {"pp_size": 1, "world_size": 8}, {"layer_num": 6, "hybrid_layer_pattern": "G-G*M-"}),
     "hybrid-mtp": ("qwen3-30b-a3b", {"pp_size": 2, "ep_size": 8, "world_size": 16},
                    {"layer_num": 4, "hybrid_layer_pattern": "M*|ME/*E/*E"}),
+    "dsa-index-share": ("deepseek-v3.2", {"pp_size": 2, "ep_size": 8, "world_size": 16, "dsa_kernel_backend": "tilelang"},
+                        {"layer_num": 4, "dsa_indexer_topk_freq": 2, "dsa_indexer_rotate_activation": False}),
 }
 
 
@@ -103,6 +105,12 @@ def test_megatron_019_parses_every_exported_flag(megatron_parser: argparse.Argum
     assert (m2.linear_num_key_heads, m2.linear_key_head_dim) == (m.linear_num_key_heads, m.linear_key_head_dim)
     assert args.recompute_modules == (st.megatron_recompute_modules if st.megatron_recompute else args.recompute_modules)
     assert (args.mtp_num_layers or 0) == m.mtp_num_layers == m2.mtp_num_layers and m2.layer_num == m.layer_num
+    # DeepSeek sparse attention: the indexer's sizes, index sharing and the kernels both ways
+    for field in ("dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk", "dsa_indexer_topk_freq",
+                  "dsa_indexer_rotate_activation"):
+        assert getattr(args, field) == getattr(m, field) == getattr(m2, field), field
+    assert args.dsa_kernel_backend == s2.dsa_kernel_backend == (st.dsa_kernel_backend if m.experimental_attention_variant
+                                                                 else "none")
 
 
 def test_import_takes_megatron_019_defaults() -> None:

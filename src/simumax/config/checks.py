@@ -6,6 +6,7 @@ import logging
 import re
 from typing import Any
 
+from simumax.config.dsa_rules import check_dsa
 from simumax.config.hardware import datasheet
 from simumax.config.layout import virtual_stage_layers
 from simumax.config.model import ModelConfig
@@ -150,6 +151,10 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
         _check_hybrid(model, st)
     if model.has_linear_attention:
         _check_linear_attention(model, st)
+    if model.experimental_attention_variant == "dsa":
+        counts = vstage_layer_counts(model, st)
+        starts = [sum(counts[:i]) for i in range(len(counts))]
+        check_dsa(model, st, [list(range(a, a + n)) for a, n in zip(starts, counts)])
     if model.attention_type == "mha":
         if model.head_num % tp:
             raise ConfigError("tp_size", f"head_num ({model.head_num}) must be divisible by tp ({tp})")

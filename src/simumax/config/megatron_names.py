@@ -44,6 +44,13 @@ VALUED: dict[str, tuple[str, str, type]] = {
     "--qk-head-dim": ("m", "qk_head_dim", int),
     "--qk-pos-emb-head-dim": ("m", "qk_pos_emb_head_dim", int),
     "--v-head-dim": ("m", "v_head_dim", int),
+    "--dsa-indexer-n-heads": ("m", "dsa_indexer_n_heads", int),
+    "--dsa-indexer-head-dim": ("m", "dsa_indexer_head_dim", int),
+    "--dsa-indexer-topk": ("m", "dsa_indexer_topk", int),
+    "--dsa-indexer-topk-freq": ("m", "dsa_indexer_topk_freq", int),
+    "--dsa-indexer-skip-topk-offset": ("m", "dsa_indexer_skip_topk_offset", int),
+    "--dsa-indexer-loss-coeff": ("m", "dsa_indexer_loss_coeff", float),
+    "--dsa-kernel-backend": ("s", "dsa_kernel_backend", str),
     "--seq-length": ("s", "seq_len", int),
     "--cross-entropy-fusion-impl": ("s", "cross_entropy_fusion_impl", str),
     "--micro-batch-size": ("s", "micro_batch_size", int),
@@ -84,6 +91,8 @@ VALUED: dict[str, tuple[str, str, type]] = {
 # flag -> (target, field, the value the flag sets)
 SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--swiglu": ("m", "use_swiglu", True),
+    "--disable-dsa-indexer-rotate-activation": ("m", "dsa_indexer_rotate_activation", False),  # 0.19's two spellings
+    "--no-dsa-indexer-rotate-activation": ("m", "dsa_indexer_rotate_activation", False),
     "--untie-embeddings-and-output-weights": ("m", "untie_embeddings_and_output_weights", True),
     "--disable-bias-linear": ("m", "add_bias_linear", False),
     "--add-bias-linear": ("m", "add_bias_linear", True),

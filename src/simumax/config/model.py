@@ -160,10 +160,29 @@ class ModelConfig(SimuMaxModelMethods, LayerBlocks, ConfigBase):
         "(the mixer's expand 2).",
     )
     # Gated DeltaNet linear attention (megatron-core ssm/gated_delta_net; Qwen3-Next, Qwen3.5)
-    experimental_attention_variant: Literal["gated_delta_net"] | None = Field(
+    experimental_attention_variant: Literal["gated_delta_net", "dsa"] | None = Field(
         None, description="Megatron --experimental-attention-variant: gated_delta_net replaces the attention of the "
-        "layers linear_attention_freq marks by a Gated DeltaNet (Qwen3-Next); null: every layer's attention as usual.",
+        "layers linear_attention_freq marks by a Gated DeltaNet (Qwen3-Next); dsa makes every MLA layer DeepSeek "
+        "sparse attention (DeepSeek-V3.2: a lightning indexer picks dsa_indexer_topk keys per query, absorbed MLA "
+        "attends to them); null: every layer's attention as usual.",
     )
+    # DeepSeek sparse attention (megatron-core transformer/experimental_attention_variant/dsa.py)
+    dsa_indexer_n_heads: PositiveInt | None = Field(None, le=4096, description="DSA indexer heads (Megatron "
+                                                    "--dsa-indexer-n-heads; DeepSeek-V3.2: 64).")
+    dsa_indexer_head_dim: PositiveInt | None = Field(None, le=4096, description="DSA indexer head dim (Megatron "
+                                                     "--dsa-indexer-head-dim; DeepSeek-V3.2: 128).")
+    dsa_indexer_topk: PositiveInt | None = Field(None, description="Keys each query attends under DSA (Megatron "
+                                                 "--dsa-indexer-topk; DeepSeek-V3.2: 2048).")
+    dsa_indexer_topk_freq: PositiveInt = Field(1, le=100_000, description="DSA index sharing (Megatron "
+                                               "--dsa-indexer-topk-freq): one layer in N runs the indexer and the "
+                                               "next N - 1 reuse its top-k keys.")
+    dsa_indexer_skip_topk_offset: int = Field(0, ge=0, description="DSA index sharing: the first layers that all run "
+                                              "the indexer before sharing starts (Megatron --dsa-indexer-skip-topk-offset).")
+    dsa_indexer_loss_coeff: float | None = Field(None, ge=0, description="DSA indexer KL loss coefficient (Megatron "
+                                                 "--dsa-indexer-loss-coeff); null or 0: no indexer loss, the indexer "
+                                                 "runs without gradients.")
+    dsa_indexer_rotate_activation: bool = Field(True, description="DSA indexer: Hadamard transform of its q and k "
+                                                "before scoring (Megatron --dsa-indexer-rotate-activation).")
     linear_attention_freq: int | list[int] | None = Field(
         None, description="Megatron --linear-attention-freq: N, every N-th layer (layer i when (i + 1) % N == 0) keeps "
         "softmax attention and the others are Gated DeltaNet (Qwen3-Next: 4); or a 0/1 list, 1 for Gated DeltaNet.",

@@ -33,6 +33,14 @@ class LayerBlocks:
         mamba_num_heads: int | None
         hidden_size: int
         is_moe: bool
+        add_bias_linear: bool
+        dsa_indexer_n_heads: int | None
+        dsa_indexer_head_dim: int | None
+        dsa_indexer_topk: int | None
+        dsa_indexer_topk_freq: int
+        dsa_indexer_skip_topk_offset: int
+        dsa_indexer_loss_coeff: float | None
+        qk_pos_emb_head_dim: int | None
 
         def _check_layer_list(self, field: str, value: object) -> None: ...
 
@@ -53,9 +61,54 @@ class LayerBlocks:
                 raise ConfigError("experimental_attention_variant", "Gated DeltaNet beside MLA attention is not modelled")
         elif freq is not None:
             raise ConfigError("linear_attention_freq", "needs experimental_attention_variant gated_delta_net")
+        if self.experimental_attention_variant == "dsa":
+            self._check_dsa()
         if self.has_linear_attention and self.linear_num_value_heads % self.linear_num_key_heads:
             raise ConfigError("linear_num_value_heads", f"must be a multiple of linear_num_key_heads "
                               f"({self.linear_num_key_heads}), as Megatron asserts")
+
+    def _check_dsa(self) -> None:
+        """DeepSeek sparse attention's model rules as megatron-core asserts them
+        (transformer_config.py; experimental_attention_variant_module_specs.py: MLA only, on
+        AbsorbedMLASelfAttention, which takes no linear biases); what is not modelled is named."""
+        if self.attention_type != "mla":
+            raise ConfigError("experimental_attention_variant", "dsa needs MLA attention (attention_type mla), as "
+                              "Megatron asserts")
+        if self.hybrid_layer_pattern is not None:
+            raise ConfigError("hybrid_layer_pattern", "D (DSA) blocks of a hybrid stack are not modelled")
+        for name in ("dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk"):
+            if getattr(self, name) is None:
+                raise ConfigError(name, "required with experimental_attention_variant dsa")
+        if self.add_bias_linear:
+            raise ConfigError("add_bias_linear", "dsa runs AbsorbedMLASelfAttention, which takes no linear biases, as "
+                              "Megatron asserts")
+        if self.dsa_indexer_head_dim < (self.qk_pos_emb_head_dim or 0):  # type: ignore[operator]
+            raise ConfigError("dsa_indexer_head_dim", f"must be at least qk_pos_emb_head_dim ({self.qk_pos_emb_head_dim}): "
+                              "the indexer's RoPE part is that wide")
+        if self.dsa_indexer_loss_coeff:
+            raise ConfigError("dsa_indexer_loss_coeff", "the indexer's KL loss (its gradients, the attention target it "
+                              "is fitted to) is not modelled yet; use 0 or null (the indexer then runs without "
+                              "gradients, as in DeepSeek-V3.2's sparse stage with a frozen indexer)")
+        if self.mtp_num_layers and self.dsa_indexer_topk_freq > 1:
+            raise ConfigError("dsa_indexer_topk_freq", "index sharing with MTP layers is not modelled")
+
+    def dsa_computes_topk(self, layer: int) -> bool:
+        """Whether DSA layer ``layer`` (0-based) runs its own indexer, not reusing an earlier
+        layer's top-k keys (megatron-core ``is_dsa_skip_topk_layer``: 1-based layer n computes
+        when (max(n - max(offset, 1), 0)) % freq == 0). MTP layers always compute."""
+        if layer >= self.layer_num or self.dsa_indexer_topk_freq == 1:
+            return True
+        offset = max(self.dsa_indexer_skip_topk_offset, 1)
+        return max(layer + 1 - offset, 0) % self.dsa_indexer_topk_freq == 0
+
+    def dsa_source_layer(self, layer: int) -> int:
+        """The 0-based layer whose top-k keys DSA layer ``layer`` uses (itself when it computes;
+        megatron-core ``source_dsa_compute_layer``)."""
+        if self.dsa_computes_topk(layer):
+            return layer
+        offset = max(self.dsa_indexer_skip_topk_offset, 1)
+        n = layer + 1
+        return n - (n - offset) % self.dsa_indexer_topk_freq - 1
 
     def _check_hybrid(self) -> None:
         """The hybrid stack's pattern and Mamba sizes as megatron-core asserts them

@@ -278,6 +278,9 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
     masked_softmax_fusion: bool = Field(
         True, description="Unfused attention: fused scale-mask-softmax kernel (bf16 probs) instead of torch softmax in fp32."
     )
+    dsa_kernel_backend: Literal["none", "tilelang", "cudnn"] = Field(
+        "none", description="DeepSeek sparse attention's kernels (Megatron --dsa-kernel-backend): tilelang (the fused "
+        "indexer and SparseMLA kernels, modelled); none (its default: dense fp32 reference path) and cudnn are not.")
     te_version: str | None = Field(None, description="TransformerEngine version, e.g. '2.11.0' (memory buffers).")
     # recompute
     enable_recompute: bool = Field(False, description="Master switch for the recompute fields below.")

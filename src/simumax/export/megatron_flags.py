@@ -186,6 +186,8 @@ def _kernel_flags(st: StrategyConfig, model: ModelConfig | None) -> list[str]:
     f += [f"--attention-dropout {p}", f"--hidden-dropout {p}"]
     if st.cross_entropy_loss_fusion:
         f += [switch_flag("s", "cross_entropy_loss_fusion"), _s("cross_entropy_fusion_impl", st.cross_entropy_fusion_impl)]
+    if model is not None and model.experimental_attention_variant == "dsa":
+        f.append(_s("dsa_kernel_backend", st.dsa_kernel_backend))
     return f
 
 
@@ -318,6 +320,14 @@ def model_flags(model: ModelConfig) -> list[str]:
             f.append(switch_flag("m", name))
     if model.mtp_num_layers:
         f.append(_m("mtp_num_layers", model.mtp_num_layers))
+    if model.experimental_attention_variant == "dsa":
+        f.append("--experimental-attention-variant dsa")
+        f += [_m(field, getattr(model, field)) for field in ("dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk",
+                                                              "dsa_indexer_topk_freq", "dsa_indexer_skip_topk_offset")]
+        if model.dsa_indexer_loss_coeff is not None:
+            f.append(_m("dsa_indexer_loss_coeff", model.dsa_indexer_loss_coeff))
+        if not model.dsa_indexer_rotate_activation:
+            f.append(switch_flag("m", "dsa_indexer_rotate_activation", False))
     if model.experimental_attention_variant == "gated_delta_net":
         f.append(f"--experimental-attention-variant {model.experimental_attention_variant}")
         freq = model.linear_attention_freq

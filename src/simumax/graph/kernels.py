@@ -147,6 +147,9 @@ class Attention(NamedTuple):
     qkv_contiguous: bool = True
     kv_seq_len: int | None = None  # keys per query when not seq_len (context-parallel blocks)
     window: int | None = None  # sliding window: keys each query attends at most, itself included
+    # the forward kernel run again inside a backward for its output (DSA's SparseMLA): its time
+    # counts, its FLOPs are a recomputation, not the model's
+    rerun: bool = False
 
     @property
     def fwd_table_flops(self) -> float:
@@ -165,6 +168,8 @@ class Attention(NamedTuple):
 
     @property
     def flops(self) -> float:
+        if self.rerun:
+            return 0.0
         s = self.seq_len
         if self.window is not None:  # table FLOPs already cover the band's (query, key) pairs only
             kv = self.kv_seq_len or s

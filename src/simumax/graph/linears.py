@@ -182,3 +182,13 @@ def gathered_column_linear(name: str, module: str, layer: int, d: Dims, x: Tenso
     bwd = (Collective("all_gather", full, "tp"),) if d.sp else ()
     return op.with_(fwd=(*op.fwd, Collective("all_gather", full, "tp")), bwd_input=(*bwd, *op.bwd_input),
                     fwd_transient=op.fwd_transient + full)
+
+
+def no_grad_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int) -> Op:
+    """A "duplicated" TE linear (the whole weight on every TP rank) run under ``torch.no_grad``
+    on the gathered tokens (DSA's indexer without its loss): its forward only, keeping nothing."""
+    op = _linear(
+        name, module, layer, d, x, k, n, fwd_before=[], fwd_after=[], bwd_before=[], bwd_after=[],
+        fwd_transient=0.0, bwd_transient=0.0, bias=False, te=True,
+    )
+    return op.with_(bwd_input=(), bwd_weight=(), saved=(), tp_replicated_params=op.params)

@@ -13,6 +13,8 @@ SimuMax asserts tp == 1 for MLA; this module does not need to.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph import attention, blocks, linears
@@ -92,19 +94,28 @@ def _down_projection(name: str, module: str, layer: int, d: Dims, x: Tensor, n: 
     return linears.gathered_column_linear(name, module, layer, d, x, d.h, n, te=False)
 
 
-def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_in: Tensor) -> list[Op]:
+class Latents(NamedTuple):
+    """The tensors MLA's down-projections leave for the up-projections and attention."""
+
+    ln_out: Tensor  # the input norm's output (the hidden state attention reads)
+    q_c_norm: Tensor | None  # the normed q latent (None: full-rank query)
+    kv_comb: Tensor  # the kv down-projection's output: the kv latent and k_pe
+    kv_c_norm: Tensor  # the normed kv latent
+    table: tuple[Tensor, ...]  # the unfused RoPE's frequency table, () with the fused kernels
+
+
+def latent_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_in: Tensor) -> tuple[list[Op], Latents]:
+    """Input norm, q / kv down-projections and their norms (MLASelfAttention and
+    AbsorbedMLASelfAttention alike)."""
     P = f"L{layer}"
     rms = model.norm_type == "rmsnorm"
-    heads = d.heads
-    nope, rope_dim, v_dim = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
-    q_dim = nope + rope_dim
+    rope_dim = model.qk_pos_emb_head_dim
     kv_rank, q_rank = model.kv_lora_rank, model.q_lora_rank
     save_rstd = not st.recompute_variance
 
     ln_out = (f"{P}.attn_norm.out", d.act(d.h, local=True))
     ops = [blocks.norm(f"{P}.attn_norm", "attn_norm", layer, d, x_in, rms=rms, save_rstd=save_rstd, residual=True).with_(output=ln_out)]
-
-    q_full = (f"{P}.q_up.out", d.act(heads * q_dim))
+    q_c_norm = None
     if q_rank:
         q_c = (f"{P}.q_down.out", d.act(q_rank, local=True))
         q_c_norm = (f"{P}.q_norm.out", d.act(q_rank, local=True))
@@ -126,6 +137,18 @@ def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
             input=(kv_comb,), output=kv_c_norm
         ),
     ]
+    return ops, Latents(ln_out, q_c_norm, kv_comb, kv_c_norm, table)
+
+
+def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_in: Tensor) -> list[Op]:
+    P = f"L{layer}"
+    heads = d.heads
+    nope, rope_dim, v_dim = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+    q_dim = nope + rope_dim
+    kv_rank, q_rank = model.kv_lora_rank, model.q_lora_rank
+    ops, (ln_out, q_c_norm, kv_comb, kv_c_norm, table) = latent_ops(model, st, d, layer, x_in)
+
+    q_full = (f"{P}.q_up.out", d.act(heads * q_dim))
     if q_rank:
         ops.append(linears.column_linear(f"{P}.q_up", "mla_up_proj", layer, d, q_c_norm, q_rank, heads * q_dim).with_(output=q_full))
     else:  # DeepSeek-V2-Lite: full-rank query projection on the hidden state

@@ -12,6 +12,7 @@ from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks, fp8, linears
 from simumax.graph.dense_layer import attention_ops, mlp_ops
 from simumax.graph.dims import Dims
+from simumax.graph.dsa import dsa_attention_ops
 from simumax.graph.gdn_layer import gdn_ops
 from simumax.graph.kernels import Collective, host_wait
 from simumax.graph.mamba_layer import mamba_ops
@@ -60,7 +61,12 @@ def layer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int) -> li
         ops[-1] = ops[-1].with_(output=(f"L{layer + 1}.x", x_in[1]))
         return ops
     x_mid = (f"L{layer}.x_mid", d.act(d.h, local=True))
-    attn = gdn_ops if model.linear_attention(layer) else mla_attention_ops if model.attention_type == "mla" else attention_ops
+    if model.linear_attention(layer):
+        attn = gdn_ops
+    elif model.attention_type == "mla":
+        attn = dsa_attention_ops if model.experimental_attention_variant == "dsa" else mla_attention_ops
+    else:
+        attn = attention_ops
     mlp = moe_mlp_ops if model.is_moe_layer(layer) else mlp_ops
     a, m = attn(model, st, d, layer, x_in), mlp(model, st, d, layer, x_mid)
     # the residual adds produce the next block's input (named, so checkpoints see it)
@@ -84,8 +90,8 @@ def _fp8_amax_reduction(st: StrategyConfig, linears: int, vstage: int) -> Op | N
     return Op(name=f"fp8.amax_reduce.v{vstage}", module="fp8_amax", layer=-1, fwd=(reduce,), bwd_input=(reduce,))
 
 
-LayerKind = tuple[bool, bool, bool, int | None, bool, str, bool]  # OpSource.kind
-CostKind = tuple[bool, bool, bool, bool, int | None, bool, str, bool]  # OpSource.cost_kind: recomputed, then the LayerKind
+LayerKind = tuple[bool, bool, bool, int | None, bool, str, bool, bool]  # OpSource.kind
+CostKind = tuple[bool, bool, bool, bool, int | None, bool, str, bool, bool]  # OpSource.cost_kind: recomputed, then the LayerKind
 
 
 @dataclass
@@ -143,13 +149,14 @@ class OpSource:
         not, offloaded by TE's layer offload or not, the attention window (gpt-oss
         alternates sliding-window and full-attention layers), RoPE or NoPE (Llama 4), the hybrid
         block (Mamba, Gated DeltaNet, attention, MLP, MoE), Gated DeltaNet or softmax attention
-        (Qwen3-Next). Kept
+        (Qwen3-Next), a DSA layer running its indexer or sharing an earlier one's top-k. Kept
         per layer: a search builds the chunks of many layouts from one source."""
         got = self._kinds.get(layer)
         if got is None:
             got = self._kinds[layer] = (self.model.is_moe_layer(layer), self.bf16_layer(layer), self.te_offloaded(layer),
                                         self.model.attention_window(layer), self.model.uses_rope(layer),
-                                        self.model.layer_symbol(layer), self.model.linear_attention(layer))
+                                        self.model.layer_symbol(layer), self.model.linear_attention(layer),
+                                        self.model.dsa_computes_topk(layer))
         return got
 
     def cost_kind(self, layer: int, recomputed: bool) -> CostKind:

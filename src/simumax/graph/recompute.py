@@ -41,8 +41,8 @@ MEGATRON_MODULES = {
 }
 
 SUB_BLOCKS = {
-    "attn_only": [("attn", {"attn_norm", "qkv", "q_down", "mla_q_norm", "kv_down", "mla_kv_norm", "mla_up_proj",
-                            "mla_rope", "qkv_split", "rope", "core_attn", "attn_proj", "attn_post_norm",
+    "attn_only": [("attn", {"attn_norm", "qkv", "q_down", "mla_q_norm", "kv_down", "mla_kv_norm", "mla_kv_gather",
+                            "mla_up_proj", "mla_rope", "qkv_split", "rope", "core_attn", "attn_proj", "attn_post_norm",
                             *GDN_MODULES[:-1]})],  # a Gated DeltaNet's, but for its residual add
     "mlp_only": [("mlp", {"mlp_norm", "fc1", "act", "fc2", "mlp_post_norm", "router", "moe_latent_proj", "dispatch", "expert_fc1",
                           "moe_act", "expert_fc2", "combine", "moe_sum", *SHARED_EXPERT_MODULES})],

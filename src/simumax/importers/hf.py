@@ -3,7 +3,8 @@
 Architectures: Llama, Mistral, Qwen2, Qwen3, Phi-3, OLMo 2 / 3, Seed-OSS, Gemma 1 / 2 / 3 (dense; Gemma 2 /
 3 with their sandwich norms and local / global attention layers), Mixtral, Qwen2-MoE, Qwen3-MoE, MiniMax-M2, OLMoE,
 ERNIE 4.5 MoE, dots.llm1,
-GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3, Kimi K2.5 (its text model) and
+GPT-OSS (MoE with sliding-window layers and attention sinks), DeepSeek-V2 / V3 / V3.2 (sparse attention), Kimi K2.5
+(its text model) and
 GLM-4.7-Flash (MLA + MoE),
 GLM-4.5 (GQA + DeepSeek-V3-style MoE), Llama 4 (its text model: interleaved top-1 MoE with a
 shared expert), Qwen3-Next and Qwen3.5 (Gated DeltaNet and gated attention layers, Qwen3.5 dense
@@ -22,9 +23,9 @@ from simumax.config.base import read_json
 from simumax.config.model import ModelConfig
 from simumax.errors import ConfigError
 from simumax.importers.hf_families import (
-    DENSE, DOTS1, ERNIE45_MOE, GATED_DELTANET, GEMMA, GEMMA3_TEXT_DEFAULTS, GLM4_MOE, GRANITE_HYBRID, KIMI_K25, LLAMA4, MLA, MOE,
-    NEMOTRON_H, QWEN3_5, deepseek_moe, deepseek_routing, dots1, ernie45_moe, gemma, glm4_moe, glm4_moe_lite, granite_hybrid,
-    llama4, nemotron_h, qwen3_next, req, sliding_window,
+    DENSE, DOTS1, DSA, ERNIE45_MOE, GATED_DELTANET, GEMMA, GEMMA3_TEXT_DEFAULTS, GLM4_MOE, GRANITE_HYBRID, KIMI_K25, LLAMA4, MLA,
+    MOE, NEMOTRON_H, QWEN3_5, deepseek_moe, deepseek_routing, deepseek_sparse_attention, dots1, ernie45_moe, gemma, glm4_moe,
+    glm4_moe_lite, granite_hybrid, llama4, nemotron_h, qwen3_next, req, sliding_window,
 )
 
 
@@ -149,6 +150,8 @@ def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "c
         out.update(glm4_moe_lite(cfg, source) if arch == "Glm4MoeLiteForCausalLM" else deepseek_routing(cfg))
         if cfg.get("num_nextn_predict_layers"):
             out["mtp_num_layers"] = cfg["num_nextn_predict_layers"]
+        if arch in DSA:
+            out.update(deepseek_sparse_attention(cfg, source))
     if arch in LLAMA4:
         out.update(llama4(cfg, source, notes))
     if arch in GLM4_MOE:

@@ -33,6 +33,8 @@ QWEN3_5 = {"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5MoeF
            "Qwen3_5MoeForCausalLM"}
 GATED_DELTANET = QWEN3_5 | {"Qwen3NextForCausalLM"}
 MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM"}  # GLM-4.7-Flash: MLA + GLM's MoE
+DSA = {"DeepseekV32ForCausalLM"}  # DeepSeek-V3.2: DeepSeek-V3 with sparse attention (its indexer's index_* keys)
+MLA |= DSA
 # Kimi K2.5: a DeepSeek-V3 text model (its text_config) under a vision tower
 KIMI_K25 = {"Kimi_K25ForConditionalGeneration", "KimiK25ForConditionalGeneration"}
 MLA |= KIMI_K25
@@ -391,3 +393,11 @@ def deepseek_routing(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+
+
+def deepseek_sparse_attention(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """DeepSeek-V3.2's sparse attention (Megatron's --experimental-attention-variant dsa): the
+    lightning indexer's heads, head dim and top-k (config.json index_n_heads, index_head_dim,
+    index_topk)."""
+    return {"experimental_attention_variant": "dsa", "dsa_indexer_n_heads": req(cfg, "index_n_heads", source),
+            "dsa_indexer_head_dim": req(cfg, "index_head_dim", source), "dsa_indexer_topk": req(cfg, "index_topk", source)}

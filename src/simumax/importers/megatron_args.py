@@ -151,11 +151,9 @@ def _read_flags(tokens: list[str], m: dict[str, Any], s: dict[str, Any], extra: 
         elif flag == "--linear-attention-freq" and value is not None:  # la_freq_type: an int or a list
             m["linear_attention_freq"] = int_or_layer_list(flag, value)
         elif flag == "--experimental-attention-variant" and value is not None:
-            if value == "gated_delta_net":
-                m["experimental_attention_variant"] = value
-            else:
-                not_modelled.setdefault("DeepSeek sparse attention (its indexer and top-k selection): costed as the "
-                                        "model's attention", []).append(f"{flag} {value}")
+            if value not in ("gated_delta_net", "dsa"):
+                raise ConfigError(flag, f"expected gated_delta_net or dsa, got {value!r}")
+            m["experimental_attention_variant"] = value
         elif flag == "--attention-backend" and value is not None:  # Megatron-Core's AttnBackend
             if value not in ("auto", "flash", "fused", "unfused", "local"):
                 raise ConfigError(flag, f"expected auto, flash, fused, unfused or local, got {value!r}")

@@ -74,6 +74,9 @@ NO_EFFECT = frozenset({
     # megatron-core 0.19's GPTModel stores it and never reads it: vocab_parallel_cross_entropy
     # upcasts the logits whatever it says (tensor_parallel/cross_entropy.py)
     "--fp16-lm-cross-entropy",
+    # DSA indexer details inside its kernels: the ReLU on the scores, RoPE's layout, the norm's epsilon
+    "--no-dsa-indexer-scoring-relu", "--disable-dsa-indexer-scoring-relu", "--dsa-indexer-rope-interleaved",
+    "--dsa-indexer-k-norm-epsilon",
     "--apply-wd-to-qk-layernorm", "--head-lr-mult",  # weight-decay groups, the output layer's learning rate
     "--sft-tokenizer-prompt-format", "--tiktoken-pattern", "--tiktoken-num-special-tokens",  # tokenizer details
 })
@@ -107,6 +110,8 @@ NOT_MODELLED = {
     "--empty-unused-memory-level": "torch.cuda.empty_cache between steps: the allocator's time and its cache",
     "--tp-comm-overlap-cfg": "userbuffers settings from a file: TransformerEngine's defaults are modelled",
     "--moe-input-jitter-eps": "one element-wise pass over the router's input",
+    "--dsa-indexer-k-norm-fp32": "the DSA indexer's key norm in fp32: two casts of a [tokens, head dim] tensor",
+    "--dsa-indexer-use-sparse-loss": "the DSA indexer loss's sparse form (the indexer loss is not modelled)",
     "--fp32-residual-connection": "the residual stream in fp32: its activations and element-wise passes at 4 bytes",
     "--deterministic-mode": "deterministic kernels (slower attention backward and reductions)",
     "--mlp-chunks-for-training": "the MLP run in sequence chunks (its transient memory)",

@@ -1,0 +1,220 @@
+"""DeepSeek sparse attention (megatron-core experimental_attention_variant dsa, DeepSeek-V3.2)
+with the TileLang kernels: absorbed MLA, the lightning indexer without its loss, SparseMLA over
+the top-k keys; sizes, FLOPs and kept bytes by hand from the megatron-core 0.19 sources
+(graph/dsa.py's docstring names them)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.errors import ConfigError
+from simumax.estimate import Estimate
+from simumax.graph.dims import Dims
+from simumax.graph.kernels import Attention, Collective, Gemm, MemBound
+from simumax.graph.model_graph import layer_ops
+from simumax.importers.hf import load_hf_config
+from simumax.importers.megatron_args import parse_megatron_args
+
+SYSTEM = load_system("h100-sxm-80gb")
+V32 = load_model("deepseek-v3.2")
+
+
+def _model(**fields):
+    return V32.with_updates({"layer_num": 4, "dense_layers": 1, **fields})
+
+
+def _strategy(**fields):
+    base = {"seq_len": 4096, "dsa_kernel_backend": "tilelang", "world_size": 8, "ep_size": 8}
+    return load_strategy("ep8_pp1_dp8_mbs1").with_updates({**base, **fields})
+
+
+def _ops(m, st, layer=1):
+    return {o.name.split(".", 1)[1]: o for o in layer_ops(m, st, Dims.of(m, st), layer)}
+
+
+def _gemm_flops(kernels) -> float:
+    return sum(k.flops for k in kernels if isinstance(k, Gemm))
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_dsa_layer_sizes_and_flops_by_hand(tp) -> None:
+    """Per TP rank at s = 4096, b = 1: the indexer duplicated (whole weights, every token: it
+    runs on the sequence gathered over TP), the attention split over heads. Sparse attention
+    forward 2·s·k·H·(576 + 512) over max(H, 16) heads; its backward twice that (the forward
+    kernel run again counts no model FLOPs); the indexer's scores 2·Hi·Di over the causal
+    (query, key) pairs; the absorption and the V up-projection 2·s·H·128·512 each."""
+    m = _model()
+    st = _strategy(tp_size=tp, enable_sequence_parallel=tp > 1, world_size=8 * tp)
+    ops = _ops(m, st)
+    s, H = 4096, 128 // tp
+    Hi, Di, k, q_rank, h = 64, 128, 2048, 1536, 7168
+    # parameters: the indexer's (wq_b, wk with k's LayerNorm, weights_proj) whole on every rank
+    assert ops["dsa.wq_b"].params == q_rank * Hi * Di == ops["dsa.wq_b"].tp_replicated_params
+    assert ops["dsa.wk"].params == h * Di + 2 * Di == ops["dsa.wk"].tp_replicated_params
+    assert ops["dsa.weights_proj"].params == h * Hi
+    assert ops["v_up"].params == 512 * H * (128 + 128)  # the kv up-projection, never run as a linear
+    assert ops["q_absorb"].params == 0
+    # FLOPs
+    assert _gemm_flops(ops["dsa.wq_b"].fwd) == 2 * s * q_rank * Hi * Di
+    assert _gemm_flops(ops["dsa.scores"].fwd) == 2 * Hi * Di * s * ((s + 1) // 2)
+    hk = max(H, 16)
+    fwd = 2 * s * k * hk * (576 + 512)
+    sparse = ops["sparse_attn"]
+    assert sum(x.flops for x in sparse.fwd) == fwd
+    assert sum(x.flops for x in sparse.bwd_input) == 2 * fwd
+    assert sum(1 for x in sparse.bwd_input if isinstance(x, Attention) and x.phase == "fwd" and x.rerun) == 1
+    assert _gemm_flops(ops["q_absorb"].fwd) == _gemm_flops(ops["v_up"].fwd) == 2 * s * H * 128 * 512
+    # without its loss the indexer has no backward and keeps nothing
+    for name in ("dsa.wq_b", "dsa.wk", "dsa.weights_proj", "dsa.scores", "dsa.topk"):
+        assert not ops[name].bwd_input and not ops[name].bwd_weight and not ops[name].saved, name
+    # with SP, the indexer's inputs (hidden state and q latent) are all-gathered over TP
+    gathers = [c.bytes for c in ops["dsa.gather"].fwd] if tp > 1 else []
+    assert gathers == ([2.0 * s * h, 2.0 * s * q_rank] if tp > 1 else [])
+
+
+def test_dsa_kept_bytes_by_hand() -> None:
+    """What one DSA layer keeps at TP1, s = 4096, b = 1 (bf16): the absorption q_nope's buffer
+    (the q up-projection's output, s·H·192), SparseMLA its q [s, H, 576], kv [s, 576], the int32
+    indices [s, 2048] and the valid-head mask, the V up-projection the latent output
+    [s, H, 512]; a layer sharing an earlier layer's top-k keeps no indices of its own."""
+    m = _model(dsa_indexer_topk_freq=2)
+    st = _strategy()
+    s, H = 4096, 128
+    ops = _ops(m, st, layer=2)  # layers 1 and 3 (1-based) run the indexer, 2 and 4 reuse their top-k
+    assert ops["q_absorb"].saved_bytes == 2 * s * H * 192
+    assert ops["sparse_attn"].saved_bytes == 2 * s * H * 576 + 2 * s * 576 + 4 * s * 2048 + s * H
+    assert ops["v_up"].saved_bytes == 2 * s * H * 512
+    shared = _ops(m, st, layer=3)
+    assert "dsa.scores" not in shared and "dsa.wq_b" not in shared
+    assert shared["sparse_attn"].saved_bytes == 2 * s * H * 576 + 2 * s * 576 + s * H
+
+
+def test_index_sharing_follows_megatron() -> None:
+    """Which layers run the indexer and whose top-k the others take: megatron-core's own
+    is_dsa_skip_topk_layer / source_dsa_compute_layer over frequencies and offsets."""
+    dsa = pytest.importorskip("megatron.core.transformer.experimental_attention_variant.dsa")
+    for freq in (1, 2, 3, 4):
+        for offset in (0, 1, 2, 5):
+            m = _model(layer_num=12, dsa_indexer_topk_freq=freq, dsa_indexer_skip_topk_offset=offset)
+            for i in range(12):
+                assert m.dsa_computes_topk(i) == (not dsa.is_dsa_skip_topk_layer(i + 1, offset, freq)), (freq, offset, i)
+                assert m.dsa_source_layer(i) + 1 == dsa.source_dsa_compute_layer(i + 1, offset, freq), (freq, offset, i)
+
+
+def test_index_sharing_cuts_indexer_time_and_pipeline_split_is_checked() -> None:
+    st = _strategy(seq_len=16384)
+    every = Estimate(_model(), st, SYSTEM).cost().duration_time_per_iter
+    shared = Estimate(_model(dsa_indexer_topk_freq=2), st, SYSTEM).cost().duration_time_per_iter
+    assert shared < every
+    # pp 2 over 4 layers: the second stage starts on layer 3 (1-based), which runs its indexer at
+    # freq 2 but at freq 3 reuses layer 1's top-k, on the other stage
+    with pytest.raises(ConfigError, match="dsa_indexer_topk_freq"):
+        Estimate(_model(dsa_indexer_topk_freq=3), _strategy(pp_size=2, world_size=16), SYSTEM).cost()
+    Estimate(_model(dsa_indexer_topk_freq=2), _strategy(pp_size=2, world_size=16), SYSTEM).cost()
+
+
+def test_sparse_attention_beats_dense_mla_only_at_long_context() -> None:
+    """Absorbed sparse attention does 576 + 512 per (query, key) pair over 2048 keys, dense MLA
+    192 + 128 over the causal half: at TP1 DSA costs more at 4K and much less at 64K. The
+    indexer (64 heads of 128 over the causal pairs) runs whole on every TP rank while attention
+    splits over heads, so at TP8 most of the long-context gain is gone."""
+    dense = load_model("deepseek-v3").with_updates({"layer_num": 4, "dense_layers": 1})
+    ratio = {}
+    for tp in (1, 8):
+        for seq in (4096, 65536):
+            st = _strategy(seq_len=seq, micro_batch_num=1, tp_size=tp, enable_sequence_parallel=tp > 1, world_size=8 * tp)
+            mla, sparse = (Estimate(mm, st, SYSTEM).cost().duration_time_per_iter for mm in (dense, _model()))
+            ratio[tp, seq] = sparse / mla
+    assert ratio[1, 4096] > 1 and ratio[1, 65536] < 0.7
+    assert ratio[8, 65536] > ratio[1, 65536] + 0.2
+
+
+def test_core_attention_recompute_reruns_the_indexer() -> None:
+    st = _strategy(megatron_recompute=True, megatron_recompute_modules=["core_attn"])
+    est = Estimate(_model(), st, SYSTEM)
+    ops = {o.name.split(".", 1)[1]: o for o in est.chunks[0].ops if o.layer == 1}
+    assert ops["dsa.scores"].recompute_group == ops["sparse_attn"].recompute_group == "L1.attn"
+    assert est.cost().breakdown["recompute"] > 0
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"dsa_kernel_backend": "none"}, "dsa_kernel_backend"),
+    ({"dsa_kernel_backend": "cudnn"}, "dsa_kernel_backend"),
+    ({"use_math_sdp": True}, "use_math_sdp"),
+    ({"cp_size": 2, "world_size": 16}, "cp_size"),
+    ({"tp_size": 2, "enable_sequence_parallel": False, "world_size": 16}, "enable_sequence_parallel"),
+    ({"seq_len": 2000}, "dsa_indexer_topk"),  # all 2000 keys are the top-k: not whole blocks of 64
+])
+def test_dsa_strategy_rules(fields, field) -> None:
+    with pytest.raises(ConfigError, match=field):
+        Estimate(_model(), _strategy(**fields), SYSTEM).cost()
+
+
+def test_sparse_mla_head_and_topk_limits() -> None:
+    """TileLang's SparseMLA pads a rank's query heads to 16 and needs a power of two
+    (ops/tilelang_dsa.py): 128 heads over TP16 (8, padded) run; 96 over TP2 (48) do not. The
+    top-k is min(topk, keys): 2048 of 4000 keys runs."""
+    tp16 = _strategy(tp_size=16, enable_sequence_parallel=True, world_size=128)
+    Estimate(_model(), tp16, SYSTEM).cost()
+    sparse = _ops(_model(), tp16)["sparse_attn"]
+    assert {k.head_num for k in sparse.fwd if isinstance(k, Attention)} == {16}
+    with pytest.raises(ConfigError, match="tp_size"):
+        Estimate(_model(head_num=96), _strategy(tp_size=2, enable_sequence_parallel=True, world_size=16), SYSTEM).cost()
+    Estimate(_model(), _strategy(seq_len=4000), SYSTEM).cost()
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"attention_type": "mha", "dense_layers": 0, "model_type": "dense"}, "experimental_attention_variant"),
+    ({"dsa_indexer_topk": None}, "dsa_indexer_topk"),
+    ({"add_bias_linear": True}, "add_bias_linear"),
+    ({"dsa_indexer_loss_coeff": 0.01}, "dsa_indexer_loss_coeff"),
+    ({"kv_lora_rank": 256}, "kv_lora_rank"),
+])
+def test_dsa_model_rules(fields, field) -> None:
+    with pytest.raises(ConfigError, match=field):
+        Estimate(_model(**fields), _strategy(), SYSTEM).cost()
+
+
+def test_megatron_and_hf_imports(tmp_path) -> None:
+    base = ("--num-layers 4 --hidden-size 7168 --num-attention-heads 128 --ffn-hidden-size 18432 --seq-length 4096 "
+            "--micro-batch-size 1 --global-batch-size 8 --multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 "
+            "--qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 --disable-bias-linear --vocab-size 129280 "
+            "--experimental-attention-variant dsa --dsa-indexer-n-heads 64 --dsa-indexer-head-dim 128 "
+            "--dsa-indexer-topk 2048 --dsa-indexer-topk-freq 2 --dsa-kernel-backend tilelang")
+    m, s, notes = parse_megatron_args(base + " --dsa-indexer-k-norm-fp32", world_size=8)
+    assert (m.experimental_attention_variant, m.dsa_indexer_topk, m.dsa_indexer_topk_freq) == ("dsa", 2048, 2)
+    assert s.dsa_kernel_backend == "tilelang"
+    assert any("k-norm-fp32" in n for n in notes)
+    Estimate(m, s, SYSTEM).cost()
+    with pytest.raises(ConfigError, match="experimental-attention-variant"):
+        parse_megatron_args(base.replace("variant dsa", "variant sparse"), world_size=8)
+    cfg = {"architectures": ["DeepseekV32ForCausalLM"], "hidden_size": 7168, "num_attention_heads": 128,
+           "num_key_value_heads": 128, "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+           "first_k_dense_replace": 3, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+           "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+           "vocab_size": 129280, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+           "topk_method": "noaux_tc", "num_nextn_predict_layers": 1, "hidden_act": "silu",
+           "index_n_heads": 64, "index_head_dim": 128, "index_topk": 2048}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    hf, _ = load_hf_config(path)
+    assert (hf.experimental_attention_variant, hf.dsa_indexer_n_heads, hf.dsa_indexer_head_dim, hf.dsa_indexer_topk) == (
+        "dsa", 64, 128, 2048)
+    assert hf.mtp_num_layers == 1
+    est = Estimate(hf.with_updates({"layer_num": 4}), _strategy(), SYSTEM)
+    est.cost()  # the MTP layer runs its own indexer
+    assert any(o.name.endswith("dsa.scores") and o.layer >= 4 for c in est.chunks for o in c.ops)
+
+
+def test_dsa_kernels_are_all_costed() -> None:
+    """Every kernel of a DSA layer has a time: the indexer's fused score GEMM moves no HBM bytes
+    of its own (its logits are the next kernels'), SparseMLA's attention kernels read the table."""
+    ops = _ops(_model(), _strategy())
+    kinds = {type(k) for o in ops.values() for k in o.fwd + o.bwd_input + o.bwd_weight}
+    assert {Gemm, MemBound, Attention} <= kinds
+    scores = [k for k in ops["dsa.scores"].fwd if isinstance(k, Gemm)]
+    assert len(scores) == 1 and scores[0].fused and scores[0].bytes == 0
+    assert not any(isinstance(k, Collective) for k in ops["sparse_attn"].fwd)
