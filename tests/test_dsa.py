@@ -172,6 +172,7 @@ def test_sparse_mla_head_and_topk_limits() -> None:
     ({"add_bias_linear": True}, "add_bias_linear"),
     ({"dsa_indexer_loss_coeff": 0.01}, "dsa_indexer_loss_coeff"),
     ({"kv_lora_rank": 256}, "kv_lora_rank"),
+    ({"q_lora_rank": None}, "q_lora_rank"),
 ])
 def test_dsa_model_rules(fields, field) -> None:
     with pytest.raises(ConfigError, match=field):
@@ -218,3 +219,51 @@ def test_dsa_kernels_are_all_costed() -> None:
     scores = [k for k in ops["dsa.scores"].fwd if isinstance(k, Gemm)]
     assert len(scores) == 1 and scores[0].fused and scores[0].bytes == 0
     assert not any(isinstance(k, Collective) for k in ops["sparse_attn"].fwd)
+
+
+DSA_SPECS = [
+    dict(id="dsa", layers=4, hidden=256, heads=4, ffn=512, q_lora_rank=64, kv_lora_rank=32, qk_head_dim=16, rope=8,
+         v_head_dim=16, index_heads=4, index_dim=32, topk=64, vocab=1024, seq=128),
+    dict(id="dsa-share-offset", layers=6, hidden=256, heads=8, ffn=384, q_lora_rank=96, kv_lora_rank=64, qk_head_dim=32,
+         rope=16, v_head_dim=24, index_heads=2, index_dim=48, topk=64, vocab=1024, seq=128, freq=3, offset=2),
+    dict(id="dsa-share", layers=2, hidden=128, heads=4, ffn=256, q_lora_rank=48, kv_lora_rank=32, qk_head_dim=16,
+         rope=8, v_head_dim=16, index_heads=4, index_dim=16, topk=64, vocab=1024, seq=128, freq=2),
+]
+
+
+def _ours(spec: dict):
+    m = load_model("deepseek-v3.2").with_updates({
+        "model_type": "dense", "layer_num": spec["layers"], "hidden_size": spec["hidden"], "head_num": spec["heads"],
+        "kv_head_num": spec["heads"], "head_size": spec["v_head_dim"], "intermediate_size": spec["ffn"], "dense_layers": 0,
+        "expert_num": None, "topk": None, "moe_ffn_hidden_size": None, "moe_shared_expert_intermediate_size": None,
+        "q_lora_rank": spec["q_lora_rank"], "kv_lora_rank": spec["kv_lora_rank"], "qk_head_dim": spec["qk_head_dim"],
+        "qk_pos_emb_head_dim": spec["rope"], "v_head_dim": spec["v_head_dim"], "vocab_size": spec["vocab"],
+        "dsa_indexer_n_heads": spec["index_heads"], "dsa_indexer_head_dim": spec["index_dim"], "dsa_indexer_topk": spec["topk"],
+        "dsa_indexer_topk_freq": spec.get("freq", 1), "dsa_indexer_skip_topk_offset": spec.get("offset", 0),
+        "untie_embeddings_and_output_weights": True})
+    st = _strategy(seq_len=spec["seq"], ep_size=1, world_size=1)
+    return m, st
+
+
+def test_parameters_exact_against_megatron_core(tmp_path) -> None:
+    """Per decoder layer, the parameters of megatron-core 0.19's own AbsorbedMLASelfAttention /
+    DSAttention / DSAIndexer modules (tests/reference/mcore_dsa.py: built on the meta device,
+    TP1): absorbed MLA's weights and norms, the indexer's wq_b, wk, its key LayerNorm (weight and
+    bias) and weights_proj, and no indexer in a layer that shares an earlier one's top-k."""
+    pytest.importorskip("megatron.core")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "specs.json").write_text(json.dumps(DSA_SPECS))
+    r = subprocess.run([sys.executable, "-m", "tests.reference.mcore_dsa", str(tmp_path / "specs.json"),
+                        str(tmp_path / "out.json")], cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for spec, got in zip(DSA_SPECS, json.loads((tmp_path / "out.json").read_text())):
+        m, st = _ours(spec)
+        d = Dims.of(m, st)
+        ours = [sum(o.params for o in layer_ops(m, st, d, i)) for i in range(m.layer_num)]
+        assert ours == got["layer_params"], spec["id"]
+        outside = 2 * spec["vocab"] * spec["hidden"] + spec["hidden"]  # embedding, output layer, final norm
+        assert sum(ours) + outside == got["params"], spec["id"]

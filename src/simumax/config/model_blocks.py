@@ -41,6 +41,7 @@ class LayerBlocks:
         dsa_indexer_skip_topk_offset: int
         dsa_indexer_loss_coeff: float | None
         qk_pos_emb_head_dim: int | None
+        q_lora_rank: int | None
 
         def _check_layer_list(self, field: str, value: object) -> None: ...
 
@@ -79,6 +80,9 @@ class LayerBlocks:
         for name in ("dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk"):
             if getattr(self, name) is None:
                 raise ConfigError(name, "required with experimental_attention_variant dsa")
+        if self.q_lora_rank is None:
+            raise ConfigError("q_lora_rank", "required with dsa: megatron-core refuses DSA with a full-rank query "
+                              "(its indexer reads the normed q latent; mla_qk_norm_config)")
         if self.add_bias_linear:
             raise ConfigError("add_bias_linear", "dsa runs AbsorbedMLASelfAttention, which takes no linear biases, as "
                               "Megatron asserts")

@@ -52,12 +52,10 @@ def dsa_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
     ab = d.act_bytes
 
     q_full = (f"{P}.q_up.out", d.act(H * (nope + rope)))
-    if model.q_lora_rank:
-        ops.append(linears.column_linear(f"{P}.q_up", "mla_up_proj", layer, d, lat.q_c_norm, model.q_lora_rank,
-                                         H * (nope + rope)).with_(output=q_full))
-    else:
-        ops.append(linears.column_linear(f"{P}.q_proj", "mla_up_proj", layer, d, lat.ln_out, d.h,
-                                         H * (nope + rope)).with_(output=q_full))
+    q_rank = model.q_lora_rank  # DSA has a q latent (ModelConfig's check, as megatron-core)
+    assert q_rank and lat.q_c_norm is not None
+    ops.append(linears.column_linear(f"{P}.q_up", "mla_up_proj", layer, d, lat.q_c_norm, q_rank,
+                                     H * (nope + rope)).with_(output=q_full))
     query = (f"{P}.query", float(T * H * qk * ab))
     key = (f"{P}.key", float(T * qk * ab))
     kv = lat.kv_c_norm
@@ -70,8 +68,7 @@ def dsa_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
     ops.append(_absorb(P, layer, d, st, q_full, kv, (query, key), (nope, rope, C), lat.table))
 
     if model.dsa_computes_topk(layer):
-        qr = lat.q_c_norm or lat.ln_out
-        ops += _indexer(model, st, d, layer, lat.ln_out, qr, model.q_lora_rank or d.h)
+        ops += _indexer(model, st, d, layer, lat.ln_out, lat.q_c_norm, q_rank)
     topk = (f"{P}.dsa.topk", float(d.b * d.s * dsa_topk(model, d.s) * INT32))
     latent_out = (f"{P}.attn.latent", float(T * H * C * ab))
     ops.append(_sparse_mla(P, layer, d, model, query, key, topk if model.dsa_computes_topk(layer) else None, latent_out))
@@ -135,14 +132,14 @@ def _indexer(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: Ten
     Hi, Di, rope = model.dsa_indexer_n_heads, model.dsa_indexer_head_dim, model.qk_pos_emb_head_dim
     T, ab, b, s = d.tokens, d.act_bytes, d.b, d.s
     k = dsa_topk(model, s)
-    gathered = (f"{name}.x", d.act(d.h)), (f"{name}.qr", d.act(q_in))
+    xg, qg = (f"{name}.x", d.act(d.h)), (f"{name}.qr", d.act(q_in))
     ops: list[Op] = []
     if d.sp:
-        parts = [gathered[0][1]] + ([gathered[1][1]] if qr is not x else [])
         ops.append(Op(name=f"{name}.gather", module="core_attn", layer=layer,
-                      fwd=tuple(Collective("all_gather", p, "tp") for p in parts), input=(x, qr),
-                      fwd_transient=sum(parts)))
-    xg, qg = (gathered[0], gathered[1] if qr is not x else gathered[0]) if d.sp else (x, qr)
+                      fwd=(Collective("all_gather", xg[1], "tp"), Collective("all_gather", qg[1], "tp")), input=(x, qr),
+                      fwd_transient=xg[1] + qg[1]))
+    else:
+        xg, qg = x, qr
     q_elems, k_elems = T * Hi * Di, T * Di
     for lin_name, src, k_in, n in (("wq_b", qg, q_in, Hi * Di), ("wk", xg, d.h, Di), ("weights_proj", xg, d.h, Hi)):
         ops.append(linears.no_grad_linear(f"{name}.{lin_name}", "core_attn", layer, d, src, k_in, n))
