@@ -267,3 +267,54 @@ def test_parameters_exact_against_megatron_core(tmp_path) -> None:
         assert ours == got["layer_params"], spec["id"]
         outside = 2 * spec["vocab"] * spec["hidden"] + spec["hidden"]  # embedding, output layer, final norm
         assert sum(ours) + outside == got["params"], spec["id"]
+
+
+RUN_SPEC = dict(id="dsa-run", layers=2, hidden=256, heads=16, ffn=512, q_lora_rank=64, kv_lora_rank=512, qk_head_dim=16,
+                rope=64, v_head_dim=16, index_heads=4, index_dim=96, topk=64, vocab=1024, seq=128, batch=1, freq=2,
+                run=True, rotate=False)
+
+
+def test_matmul_flops_exact_against_megatron_core(tmp_path) -> None:
+    """One micro-batch through megatron-core's DSA layers on CPU (tests/reference/mcore_dsa.py):
+    DeepSeek's attention widths (kv 512 + RoPE 64, 16 heads), index sharing. On the CPU the
+    dense reference path runs, so the prediction is compared after swapping the TileLang
+    kernels' FLOPs for that path's: the indexer's scores over every key (2·s²·Hi·Di, not the
+    causal pairs) in the layers that run it, attention over every key (2·H·s²·(576 + 512),
+    not the top-k; backward twice that). Every GEMM else — down / up projections, the
+    absorption, the V up-projection, the indexer's three projections, the output projection,
+    the MLP, the head — is compared as it is, per layer in forward and over the whole model
+    both ways."""
+    pytest.importorskip("megatron.core")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "specs.json").write_text(json.dumps([RUN_SPEC]))
+    r = subprocess.run([sys.executable, "-m", "tests.reference.mcore_dsa", str(tmp_path / "specs.json"),
+                        str(tmp_path / "out.json")], cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads((tmp_path / "out.json").read_text())[0]
+    m, st = _ours(RUN_SPEC)
+    m = m.with_updates({"dsa_indexer_rotate_activation": False})
+    est = Estimate(m, st, SYSTEM)
+    ops = [o for c in est.chunks for o in c.ops]
+    s, H, qk, C = RUN_SPEC["seq"], RUN_SPEC["heads"], 512 + 64, 512
+    dense_attn = 2 * H * s * s * (qk + C)
+    fused_fwd = bwd_ours = 0.0
+    for i in range(m.layer_num):
+        mine = [o for o in ops if o.layer == i]
+        fwd = sum(k.flops for o in mine for k in o.fwd if isinstance(k, (Gemm, Attention)))
+        scores = sum(k.flops for o in mine if o.name.endswith("dsa.scores") for k in o.fwd if isinstance(k, Gemm))
+        sparse = sum(k.flops for o in mine if o.name.endswith("sparse_attn") for k in o.fwd)
+        dense_scores = 2 * s * s * RUN_SPEC["index_heads"] * RUN_SPEC["index_dim"] if m.dsa_computes_topk(i) else 0
+        assert fwd - scores - sparse + dense_scores + dense_attn == got["layer_fwd_flops"][i], i
+        fused_fwd += scores + sparse - dense_scores - dense_attn
+    all_fwd = sum(k.flops for o in ops for k in o.fwd if isinstance(k, (Gemm, Attention)))
+    assert all_fwd - fused_fwd == got["fwd_flops"]
+    for o in ops:
+        for k in o.bwd_input + o.bwd_weight:
+            if isinstance(k, (Gemm, Attention)):
+                bwd_ours += k.flops
+    sparse_bwd = sum(k.flops for o in ops if o.name.endswith("sparse_attn") for k in o.bwd_input)
+    assert bwd_ours - sparse_bwd + m.layer_num * 2 * dense_attn == got["bwd_flops"]

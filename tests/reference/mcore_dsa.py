@@ -1,14 +1,18 @@
-"""Megatron-Core 0.19's DeepSeek-sparse-attention layers, built on the meta device on CPU:
-parameters per decoder layer.
+"""Megatron-Core 0.19's DeepSeek-sparse-attention layers on CPU: parameters per decoder layer
+(built on the meta device), and for a spec with ``run`` one micro-batch's matmul FLOPs.
 
 megatron-core builds DSA only from its TransformerEngine spec
 (``experimental_attention_variant_module_specs.get_dsa_module_spec_for_backend``), whose
 modules need TE; here the same modules (AbsorbedMLASelfAttention, DSAttention, DSAIndexer)
 get the local spec's linears at TP1 — ColumnParallelLinear keeps the whole weight there, as
 TE's duplicated linear does — and the indexer's "duplicated" linears a stand-in that only
-allocates the [out, in] weight megatron-core asks for. Parameters are what is compared: the
+allocates the [out, in] weight megatron-core asks for (and runs it as ``F.linear``). The
 modules decide every shape (absorbed MLA's, the indexer's and its key LayerNorm's, and which
-layers share an earlier layer's top-k and build no indexer).
+layers share an earlier layer's top-k and build no indexer). A run takes DSAttention's dense
+reference path (the TileLang kernels need a GPU) without the Hadamard rotation
+(fast_hadamard_transform needs CUDA): its FLOPs differ from the fused kernels' only in the
+indexer's scores (every key, not the causal ones) and the attention (every key, not the
+top-k), which the test accounts for.
 
 Usage: python -m tests.reference.mcore_dsa SPECS.json OUT.json (one process, gloo world 1)."""
 
@@ -42,6 +46,11 @@ def build(spec: dict):
             super().__init__()
             assert parallel_mode == "duplicated" and not bias
             self.weight = torch.nn.Parameter(torch.empty(output_size, input_size, dtype=config.params_dtype))
+            if not config.init_model_with_meta_device:
+                torch.nn.init.normal_(self.weight, std=0.02)
+
+        def forward(self, x):
+            return F.linear(x, self.weight), None
 
     cfg = MLATransformerConfig(
         num_layers=spec["layers"], hidden_size=spec["hidden"], num_attention_heads=spec["heads"],
@@ -51,7 +60,8 @@ def build(spec: dict):
         qk_pos_emb_head_dim=spec["rope"], v_head_dim=spec["v_head_dim"], rope_type="rope", qk_layernorm=True,
         kv_channels=spec["v_head_dim"], experimental_attention_variant="dsa", dsa_indexer_n_heads=spec["index_heads"],
         dsa_indexer_head_dim=spec["index_dim"], dsa_indexer_topk=spec["topk"], dsa_indexer_topk_freq=spec.get("freq", 1),
-        dsa_indexer_skip_topk_offset=spec.get("offset", 0), init_model_with_meta_device=True,
+        dsa_indexer_skip_topk_offset=spec.get("offset", 0), init_model_with_meta_device=not spec.get("run"),
+        dsa_indexer_rotate_activation=spec.get("rotate", True),
         use_cpu_initialization=True, gradient_accumulation_fusion=False, persist_layer_norm=False,
         masked_softmax_fusion=False, apply_rope_fusion=False,
     )
@@ -73,6 +83,37 @@ def build(spec: dict):
                     position_embedding_type="rope", share_embeddings_and_output_weights=False)
 
 
+def run(model, spec: dict) -> dict:
+    """One micro-batch forward and backward under FlopCounterMode: matmul FLOPs per decoder
+    layer in forward, and the whole model's forward and backward. On the CPU DSAttention takes
+    its dense reference path (kernel backend none): the indexer's scores over every key and
+    attention over every key, masked to the top-k."""
+    import torch
+    from megatron.core.transformer.module import Float16Module
+    from torch.utils.flop_counter import FlopCounterMode
+
+    net = Float16Module(model.config, model)
+    s, b = spec["seq"], spec["batch"]
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, spec["vocab"], (b, s), generator=g)
+    labels = torch.randint(0, spec["vocab"], (b, s), generator=g)
+    pos = torch.arange(s).unsqueeze(0).expand(b, s)
+    mask = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1)
+    fwd = FlopCounterMode(display=False)
+    with fwd:
+        loss = net(tokens, pos, mask, labels=labels)
+    counts = fwd.get_flop_counts()
+    layers = []
+    for i in range(spec["layers"]):
+        key = next(k for k in counts if k.endswith(f"decoder.layers.{i}"))
+        layers.append(int(sum(counts[key].values())))
+    bwd = FlopCounterMode(display=False)
+    with bwd:
+        loss.sum().backward()
+    return {"layer_fwd_flops": layers, "fwd_flops": int(sum(counts["Global"].values())),
+            "bwd_flops": int(sum(bwd.get_flop_counts()["Global"].values()))}
+
+
 def main() -> None:
     warnings.filterwarnings("ignore")
     import torch.distributed as dist
@@ -91,8 +132,11 @@ def main() -> None:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
         model_parallel_cuda_manual_seed(1234)
         model = build(spec)
-        out.append({"id": spec["id"], "params": sum(p.numel() for p in model.parameters()),
-                    "layer_params": [sum(p.numel() for p in layer.parameters()) for layer in model.decoder.layers]})
+        res = {"id": spec["id"], "params": sum(p.numel() for p in model.parameters()),
+               "layer_params": [sum(p.numel() for p in layer.parameters()) for layer in model.decoder.layers]}
+        if spec.get("run"):
+            res.update(run(model, spec))
+        out.append(res)
     with open(sys.argv[2], "w") as f:
         json.dump(out, f)
     dist.destroy_process_group()
