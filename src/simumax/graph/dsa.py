@@ -39,6 +39,8 @@ from simumax.graph.ops import Op, Tensor
 FP32, INT32, INT64 = 4, 4, 8
 # DSAttention runs the indexer's logits for this many query rows at a time (fused_indexer_block_size)
 INDEXER_BLOCK_ROWS = 8192
+SCORES_APPROXIMATE = ("the indexer kernel (q·k with K = the indexer head dim, ReLU and the weighted head sum in "
+                      "registers) costed at the GEMM rate of its shape; no measurement of the kernel exists")
 TOPK_APPROXIMATE = ("torch.topk over each row of indexer logits: its radix-select passes are taken as one read of the "
                     "row and the gather of the result")
 
@@ -176,7 +178,8 @@ def _indexer(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: Ten
     ]
     block_logits = float(rows * s * FP32)
     ops.append(Op(name=f"{name}.scores", module="core_attn", layer=layer, fwd=(*elementwise, *scores),
-                  input=(xg, qg), fwd_transient=float((q_elems + k_elems) * ab * 2) + block_logits))
+                  input=(xg, qg), fwd_transient=float((q_elems + k_elems) * ab * 2) + block_logits,
+                  approximate=SCORES_APPROXIMATE))
     ops.append(Op(name=f"{name}.topk", module="core_attn", layer=layer, fwd=tuple(topk),
                   output=(f"L{layer}.dsa.topk", float(b * s * k * INT32)),
                   fwd_transient=block_logits + rows * k * (FP32 + INT64 + INT32), approximate=TOPK_APPROXIMATE))
