@@ -318,3 +318,11 @@ def test_matmul_flops_exact_against_megatron_core(tmp_path) -> None:
                 bwd_ours += k.flops
     sparse_bwd = sum(k.flops for o in ops if o.name.endswith("sparse_attn") for k in o.bwd_input)
     assert bwd_ours - sparse_bwd + m.layer_num * 2 * dense_attn == got["bwd_flops"]
+
+
+def test_perf_says_which_layers_run_the_indexer() -> None:
+    from simumax.report.format import layer_mix
+
+    assert layer_mix(_model(layer_num=8, dsa_indexer_topk_freq=4)) == (
+        "8 DeepSeek sparse attention layers (top-2048 keys): 2 run the indexer, 6 reuse an earlier layer's top-k")
+    assert layer_mix(_model()) == "4 DeepSeek sparse attention layers (top-2048 keys): 4 run the indexer"

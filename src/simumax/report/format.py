@@ -31,8 +31,9 @@ def zero_label(zero_state: int, fsdp_impl: str) -> str:
 
 def layer_mix(model: ModelConfig) -> str | None:
     """One line saying what the layers are, for a model whose layers differ in kind: a hybrid
-    stack's blocks per symbol (and its MTP depths' blocks), or Gated DeltaNet beside softmax
-    attention; None for a model of one layer kind."""
+    stack's blocks per symbol (and its MTP depths' blocks), Gated DeltaNet beside softmax
+    attention, or DSA layers that run their indexer beside those that share one; None for a
+    model of one layer kind."""
     if model.hybrid_layer_pattern is not None:
         syms = model.hybrid_symbols
         counts = ", ".join(f"{syms.count(c)} {name}" for c, name in HYBRID_BLOCKS.items() if c in syms)
@@ -42,6 +43,11 @@ def layer_mix(model: ModelConfig) -> str | None:
     if model.experimental_attention_variant == "gated_delta_net":
         soft = model.softmax_attention_layers
         return f"{model.layer_num} layers: {model.layer_num - soft} Gated DeltaNet, {soft} softmax attention"
+    if model.experimental_attention_variant == "dsa":
+        n = model.layer_num
+        own = sum(model.dsa_computes_topk(i) for i in range(n))
+        shared = f", {n - own} reuse an earlier layer's top-k" if own < n else ""
+        return f"{n} DeepSeek sparse attention layers (top-{model.dsa_indexer_topk} keys): {own} run the indexer{shared}"
     return None
 
 
