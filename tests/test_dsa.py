@@ -326,3 +326,13 @@ def test_perf_says_which_layers_run_the_indexer() -> None:
     assert layer_mix(_model(layer_num=8, dsa_indexer_topk_freq=4)) == (
         "8 DeepSeek sparse attention layers (top-2048 keys): 2 run the indexer, 6 reuse an earlier layer's top-k")
     assert layer_mix(_model()) == "4 DeepSeek sparse attention layers (top-2048 keys): 4 run the indexer"
+
+
+def test_v32_preset_is_v3_plus_one_indexer_per_layer() -> None:
+    """DeepSeek-V3.2 = DeepSeek-V3 (671 B without its MTP layer) + per layer the indexer's
+    wq_b (1536 x 64·128), wk (7168 x 128) with its LayerNorm (2 x 128) and weights_proj
+    (7168 x 64): 671.9 B."""
+    st = load_strategy({"seq_len": 4096, "world_size": 8, "ep_size": 8, "dsa_kernel_backend": "tilelang"})
+    v3, v32 = (Estimate(load_model(n), st, SYSTEM).params.total for n in ("deepseek-v3", "deepseek-v3.2"))
+    assert v32 - v3 == 61 * (1536 * 64 * 128 + 7168 * 128 + 2 * 128 + 7168 * 64)
+    assert round(v32 / 1e9, 1) == 671.9
