@@ -170,7 +170,7 @@ def test_sparse_mla_head_and_topk_limits() -> None:
     ({"attention_type": "mha", "dense_layers": 0, "model_type": "dense"}, "experimental_attention_variant"),
     ({"dsa_indexer_topk": None}, "dsa_indexer_topk"),
     ({"add_bias_linear": True}, "add_bias_linear"),
-    ({"dsa_indexer_loss_coeff": 0.01}, "dsa_indexer_loss_coeff"),
+    ({"dsa_indexer_loss_coeff": 0.01}, "dsa_indexer_use_sparse_loss"),  # the dense loss
     ({"kv_lora_rank": 256}, "kv_lora_rank"),
     ({"q_lora_rank": None}, "q_lora_rank"),
 ])
@@ -336,3 +336,42 @@ def test_v32_preset_is_v3_plus_one_indexer_per_layer() -> None:
     v3, v32 = (Estimate(load_model(n), st, SYSTEM).params.total for n in ("deepseek-v3", "deepseek-v3.2"))
     assert v32 - v3 == 61 * (1536 * 64 * 128 + 7168 * 128 + 2 * 128 + 7168 * 64)
     assert round(v32 / 1e9, 1) == 671.9
+
+
+@pytest.mark.parametrize("tp", [1, 8])
+def test_sparse_indexer_loss_by_hand(tp) -> None:
+    """The indexer under its sparse KL loss (TileLang's streaming loss), per TP rank at
+    s = 16384: its projections' weight gradients only (their inputs are detached), the indexer
+    backward's three products over the top-k pairs (6·s·k·max(Hi, 16)·Di), the target's
+    attention logits over the top-k keys on the rank's heads (2·s·H·576·k); kept: k's norm input
+    and statistics, q, k, the fp32 weights and the block's indices (IndexerFunction), the logits'
+    gradient (the KL kernel), and with SP the gathered hidden state and q latent the projections
+    read (at TP1 those are the layer's own input norm output and q latent, kept already)."""
+    m = _model(dsa_indexer_loss_coeff=0.01, dsa_indexer_use_sparse_loss=True)
+    st = _strategy(seq_len=16384, tp_size=tp, enable_sequence_parallel=tp > 1, world_size=8 * tp)
+    ops = _ops(m, st)
+    s, H, Hi, Di, k, h, q = 16384, 128 // tp, 64, 128, 2048, 7168, 1536
+    for name, k_in, n in (("dsa.wq_b", q, Hi * Di), ("dsa.wk", h, Di), ("dsa.weights_proj", h, Hi)):
+        assert _gemm_flops(ops[name].bwd_weight) == 2 * s * k_in * n and not _gemm_flops(ops[name].bwd_input)
+    assert _gemm_flops(ops["dsa.scores"].bwd_input) == 6 * s * k * Hi * Di
+    assert _gemm_flops(ops["dsa.loss"].fwd) == 2 * s * H * 576 * k
+    assert ops["dsa.scores"].saved_bytes == 2 * s * Di + 8 * s + 2 * s * Hi * Di + 2 * s * Di + 4 * s * Hi + 4 * s * k
+    assert ops["dsa.loss"].saved_bytes == 4 * s * k
+    gathered = {n for name in ("dsa.wq_b", "dsa.wk") for n, _ in ops[name].saved}
+    assert gathered == ({"L1.dsa.qr", "L1.dsa.x"} if tp > 1 else {"L1.q_norm.out", "L1.attn_norm.out"})
+    assert any(isinstance(c, Collective) and c.op == "all_reduce" for c in ops["dsa.loss"].fwd) == (tp > 1)
+    # the loss makes the step slower and keeps more; layers sharing a top-k run no loss
+    plain = _model()
+    shared = _ops(_model(dsa_indexer_loss_coeff=0.01, dsa_indexer_use_sparse_loss=True, dsa_indexer_topk_freq=2), st, layer=1)
+    assert "dsa.loss" not in shared
+    with_loss, without = (Estimate(mm, st, SYSTEM) for mm in (m, plain))
+    assert with_loss.cost().duration_time_per_iter > without.cost().duration_time_per_iter
+    assert with_loss.memory().peak_mem > without.memory().peak_mem
+
+
+def test_indexer_loss_rules() -> None:
+    """The loss's TileLang backward takes at most 64 indexer heads, a multiple of 8."""
+    with pytest.raises(ConfigError, match="dsa_indexer_n_heads"):
+        Estimate(_model(dsa_indexer_loss_coeff=0.01, dsa_indexer_use_sparse_loss=True, dsa_indexer_n_heads=96),
+                 _strategy(), SYSTEM).cost()
+    Estimate(_model(dsa_indexer_n_heads=96), _strategy(), SYSTEM).cost()  # without the loss: fine

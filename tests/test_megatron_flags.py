@@ -60,7 +60,8 @@ CASES = {
     "hybrid-mtp": ("qwen3-30b-a3b", {"pp_size": 2, "ep_size": 8, "world_size": 16},
                    {"layer_num": 4, "hybrid_layer_pattern": "M*|ME/*E/*E"}),
     "dsa-index-share": ("deepseek-v3.2", {"pp_size": 2, "ep_size": 8, "world_size": 16, "dsa_kernel_backend": "tilelang"},
-                        {"layer_num": 4, "dsa_indexer_topk_freq": 2, "dsa_indexer_rotate_activation": False}),
+                        {"layer_num": 4, "dsa_indexer_topk_freq": 2, "dsa_indexer_rotate_activation": False,
+                         "dsa_indexer_loss_coeff": 0.001, "dsa_indexer_use_sparse_loss": True}),
 }
 
 
@@ -107,7 +108,7 @@ def test_megatron_019_parses_every_exported_flag(megatron_parser: argparse.Argum
     assert (args.mtp_num_layers or 0) == m.mtp_num_layers == m2.mtp_num_layers and m2.layer_num == m.layer_num
     # DeepSeek sparse attention: the indexer's sizes, index sharing and the kernels both ways
     for field in ("dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk", "dsa_indexer_topk_freq",
-                  "dsa_indexer_rotate_activation"):
+                  "dsa_indexer_rotate_activation", "dsa_indexer_loss_coeff", "dsa_indexer_use_sparse_loss"):
         assert getattr(args, field) == getattr(m, field) == getattr(m2, field), field
     assert args.dsa_kernel_backend == s2.dsa_kernel_backend == (st.dsa_kernel_backend if m.experimental_attention_variant
                                                                  else "none")

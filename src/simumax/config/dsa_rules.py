@@ -52,6 +52,11 @@ def check_dsa(model: ModelConfig, st: StrategyConfig, chunk_layers: list[list[in
         raise ConfigError("megatron_recompute_modules", "mla_up_proj recompute with fp8 / fp4 is refused by "
                           "AbsorbedMLASelfAttention, as Megatron asserts")
     _check_kernel_shapes(model, st)
+    heads = model.dsa_indexer_n_heads or 0
+    if model.dsa_indexer_loss_coeff and (heads > 64 or heads % 8):
+        # ops/tilelang_indexer_bwd.is_supported_indexer_bwd_head_count
+        raise ConfigError("dsa_indexer_n_heads", f"the indexer loss's TileLang backward takes at most 64 heads, a "
+                          f"multiple of 8 (got {heads}); others run the dense reference path, not modelled")
     if model.dsa_indexer_topk_freq > 1:
         for layers in chunk_layers:
             for layer in layers:

@@ -93,6 +93,7 @@ SWITCHES: dict[str, tuple[str, str, Any]] = {
     "--swiglu": ("m", "use_swiglu", True),
     "--disable-dsa-indexer-rotate-activation": ("m", "dsa_indexer_rotate_activation", False),  # 0.19's two spellings
     "--no-dsa-indexer-rotate-activation": ("m", "dsa_indexer_rotate_activation", False),
+    "--dsa-indexer-use-sparse-loss": ("m", "dsa_indexer_use_sparse_loss", True),
     "--untie-embeddings-and-output-weights": ("m", "untie_embeddings_and_output_weights", True),
     "--disable-bias-linear": ("m", "add_bias_linear", False),
     "--add-bias-linear": ("m", "add_bias_linear", True),

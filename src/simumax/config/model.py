@@ -179,8 +179,11 @@ class ModelConfig(SimuMaxModelMethods, LayerBlocks, ConfigBase):
     dsa_indexer_skip_topk_offset: int = Field(0, ge=0, description="DSA index sharing: the first layers that all run "
                                               "the indexer before sharing starts (Megatron --dsa-indexer-skip-topk-offset).")
     dsa_indexer_loss_coeff: float | None = Field(None, ge=0, description="DSA indexer KL loss coefficient (Megatron "
-                                                 "--dsa-indexer-loss-coeff); null or 0: no indexer loss, the indexer "
-                                                 "runs without gradients.")
+                                                 "--dsa-indexer-loss-coeff): the indexer trains towards attention's "
+                                                 "distribution; null or 0: no indexer loss, it runs without gradients.")
+    dsa_indexer_use_sparse_loss: bool = Field(False, description="DSA indexer loss over the top-k keys only (Megatron "
+                                              "--dsa-indexer-use-sparse-loss: TileLang's fused streaming KL, modelled); "
+                                              "false: the dense loss over every key (not modelled).")
     dsa_indexer_rotate_activation: bool = Field(True, description="DSA indexer: Hadamard transform of its q and k "
                                                 "before scoring (Megatron --dsa-indexer-rotate-activation).")
     linear_attention_freq: int | list[int] | None = Field(

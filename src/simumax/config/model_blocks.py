@@ -40,6 +40,7 @@ class LayerBlocks:
         dsa_indexer_topk_freq: int
         dsa_indexer_skip_topk_offset: int
         dsa_indexer_loss_coeff: float | None
+        dsa_indexer_use_sparse_loss: bool
         qk_pos_emb_head_dim: int | None
         q_lora_rank: int | None
 
@@ -89,10 +90,10 @@ class LayerBlocks:
         if self.dsa_indexer_head_dim < (self.qk_pos_emb_head_dim or 0):  # type: ignore[operator]
             raise ConfigError("dsa_indexer_head_dim", f"must be at least qk_pos_emb_head_dim ({self.qk_pos_emb_head_dim}): "
                               "the indexer's RoPE part is that wide")
-        if self.dsa_indexer_loss_coeff:
-            raise ConfigError("dsa_indexer_loss_coeff", "the indexer's KL loss (its gradients, the attention target it "
-                              "is fitted to) is not modelled yet; use 0 or null (the indexer then runs without "
-                              "gradients, as in DeepSeek-V3.2's sparse stage with a frozen indexer)")
+        if self.dsa_indexer_loss_coeff and not self.dsa_indexer_use_sparse_loss:
+            raise ConfigError("dsa_indexer_use_sparse_loss", "the dense indexer loss (the attention distribution over "
+                              "every key, megatron-core's reference path) is not modelled; the sparse loss over the "
+                              "top-k keys is (true)")
         if self.mtp_num_layers and self.dsa_indexer_topk_freq > 1:
             raise ConfigError("dsa_indexer_topk_freq", "index sharing with MTP layers is not modelled")
 

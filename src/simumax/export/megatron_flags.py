@@ -326,6 +326,8 @@ def model_flags(model: ModelConfig) -> list[str]:
                                                               "dsa_indexer_topk_freq", "dsa_indexer_skip_topk_offset")]
         if model.dsa_indexer_loss_coeff is not None:
             f.append(_m("dsa_indexer_loss_coeff", model.dsa_indexer_loss_coeff))
+        if model.dsa_indexer_use_sparse_loss:
+            f.append(switch_flag("m", "dsa_indexer_use_sparse_loss"))
         if not model.dsa_indexer_rotate_activation:
             f.append(switch_flag("m", "dsa_indexer_rotate_activation", False))
     if model.experimental_attention_variant == "gated_delta_net":

@@ -12,14 +12,8 @@ around ``DSAttention`` (dsa.py):
   query is [q_absorbed, q_pe] (kv_lora + rope wide), the key the single latent kv head
   [kv, k_pe] (MQA). Both weights' gradients are written into the kv up-projection's grad and
   DDP's hook adds it to the main grad (no gradient-accumulation fusion: no TE linear runs).
-* The lightning indexer (``DSAIndexer``) on the detached hidden state and q latent, all-gathered
-  over TP first: every TP rank runs it on the whole sequence. Without its KL loss it runs under
-  ``torch.no_grad``: forward only, nothing kept. Its projections wq_b, wk and weights_proj,
-  RoPE and the concatenation on q and k, k's LayerNorm, the Hadamard rotation, then TileLang's
-  indexer kernel (``ops/tilelang_indexer_fwd.py``: q·k over the causal keys, ReLU, weighted sum
-  over the indexer heads, fp32 logits of [rows, all keys], the rest set to -inf by its
-  clean_logits kernel) and ``torch.topk`` over each row. A layer that shares an earlier
-  layer's top-k (``dsa_indexer_topk_freq``) runs none of it.
+* The lightning indexer (``DSAIndexer``), and its loss when on: graph/dsa_indexer.py. A layer
+  that shares an earlier layer's top-k (``dsa_indexer_topk_freq``) runs neither.
 * SparseMLA (``ops/sparse_mla.py``): flash attention over the top-k keys of each query, heads
   padded to 16; it keeps q, kv, the indices and a valid-head mask, and its backward runs the
   forward kernel again for the output and log-sum-exp before the delta and backward kernels.
@@ -32,17 +26,11 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks, linears
 from simumax.graph.dims import Dims
+from simumax.graph.dsa_indexer import FP32, INT32, indexer_ops
 from simumax.graph.kernels import Attention, Collective, Gemm, MemBound, op_label
 from simumax.graph.mla import TORCH_ROPE_PASSES, latent_ops
 from simumax.graph.ops import Op, Tensor
 
-FP32, INT32, INT64 = 4, 4, 8
-# DSAttention runs the indexer's logits for this many query rows at a time (fused_indexer_block_size)
-INDEXER_BLOCK_ROWS = 8192
-SCORES_APPROXIMATE = ("the indexer kernel (q·k with K = the indexer head dim, ReLU and the weighted head sum in "
-                      "registers) costed at the GEMM rate of its shape; no measurement of the kernel exists")
-TOPK_APPROXIMATE = ("torch.topk over each row of indexer logits: its radix-select passes are taken as one read of the "
-                    "row and the gather of the result")
 
 
 def dsa_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_in: Tensor) -> list[Op]:
@@ -70,7 +58,7 @@ def dsa_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
     ops.append(_absorb(P, layer, d, st, q_full, kv, (query, key), (nope, rope, C), lat.table))
 
     if model.dsa_computes_topk(layer):
-        ops += _indexer(model, st, d, layer, lat.ln_out, lat.q_c_norm, q_rank)
+        ops += indexer_ops(model, st, d, layer, lat.ln_out, lat.q_c_norm, query, key)
     topk = (f"{P}.dsa.topk", float(d.b * d.s * dsa_topk(model, d.s) * INT32))
     latent_out = (f"{P}.attn.latent", float(T * H * C * ab))
     ops.append(_sparse_mla(P, layer, d, model, query, key, topk if model.dsa_computes_topk(layer) else None, latent_out))
@@ -122,68 +110,6 @@ def _absorb(P: str, layer: int, d: Dims, st: StrategyConfig, q_full: Tensor, kv_
 def qk_width(heads: int, kv_rank: int, rope: int) -> int:
     """Elements per token of the absorbed query and the latent key together."""
     return (heads + 1) * (kv_rank + rope)
-
-
-def _indexer(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: Tensor, qr: Tensor, q_in: int) -> list[Op]:
-    """The lightning indexer of one layer under ``torch.no_grad`` (forward only, nothing kept):
-    the gathered inputs, its three duplicated projections on every token, RoPE and the
-    concatenation on q and k, k's LayerNorm, the Hadamard rotation, the weights' scaling, the
-    indexer kernel, clean_logits, and the top-k with its int32 copy."""
-    name = f"L{layer}.dsa"
-    label = op_label(name)
-    Hi, Di, rope = model.dsa_indexer_n_heads, model.dsa_indexer_head_dim, model.qk_pos_emb_head_dim
-    T, ab, b, s = d.tokens, d.act_bytes, d.b, d.s
-    k = dsa_topk(model, s)
-    xg, qg = (f"{name}.x", d.act(d.h)), (f"{name}.qr", d.act(q_in))
-    ops: list[Op] = []
-    if d.sp:
-        ops.append(Op(name=f"{name}.gather", module="core_attn", layer=layer,
-                      fwd=(Collective("all_gather", xg[1], "tp"), Collective("all_gather", qg[1], "tp")), input=(x, qr),
-                      fwd_transient=xg[1] + qg[1]))
-    else:
-        xg, qg = x, qr
-    q_elems, k_elems = T * Hi * Di, T * Di
-    for lin_name, src, k_in, n in (("wq_b", qg, q_in, Hi * Di), ("wk", xg, d.h, Di), ("weights_proj", xg, d.h, Hi)):
-        ops.append(linears.no_grad_linear(f"{name}.{lin_name}", "core_attn", layer, d, src, k_in, n))
-    # k's LayerNorm: weight and bias, duplicated over TP like the projections
-    ops[-2] = ops[-2].with_(params=ops[-2].params + 2 * Di, tp_replicated_params=ops[-2].tp_replicated_params + 2 * Di)
-    rope_passes = 2 if st.apply_rope_fusion else 2 * TORCH_ROPE_PASSES
-    elementwise = [
-        MemBound(f"{label}.rope_q", rope_passes * T * Hi * rope * ab), MemBound(f"{label}.cat_q", 2 * q_elems * ab),
-        MemBound(f"{label}.k_norm", 2 * k_elems * ab), MemBound(f"{label}.rope_k", rope_passes * T * rope * ab),
-        MemBound(f"{label}.cat_k", 2 * k_elems * ab),
-        # weights * n_heads^-0.5 * softmax_scale (two products), then the fp32 copies the kernel takes
-        MemBound(f"{label}.weights_scale", 4 * T * Hi * ab + 2 * T * Hi * (ab + FP32), launches=4),
-    ]
-    if model.dsa_indexer_rotate_activation:  # fast Hadamard transform of q and k (read and write each)
-        elementwise.append(MemBound(f"{label}.rotate", 2 * (q_elems + k_elems) * ab, launches=2))
-    if b > 1:  # q[:, bi].contiguous(), k[:, bi].contiguous() per sequence of the micro-batch
-        elementwise.append(MemBound(f"{label}.per_sequence", 2 * (q_elems + k_elems) * ab, launches=2 * b))
-    causal_keys = (s + 1) // 2
-    rows = min(s, INDEXER_BLOCK_ROWS)
-    blocks_n = b * -(-s // INDEXER_BLOCK_ROWS)
-    logits = float(b * s * s * FP32)
-    scores = [
-        # q·k over the causal keys per indexer head, ReLU and the weighted head sum in one kernel:
-        # its products as a GEMM of the tensor cores (the fp32 logits it writes are the next kernel's)
-        Gemm(s * Hi, Di, causal_keys, "TN", b=b, out_dtype="fp32", fused=True),
-        MemBound(f"{label}.logits_write", logits / 2, launches=blocks_n),  # the kernel's causal half
-        MemBound(f"{label}.clean_logits", logits / 2, launches=blocks_n),  # the other half set to -inf
-    ]
-    topk = [
-        MemBound(f"{label}.topk", logits + b * s * k * (FP32 + INT64), launches=blocks_n),
-        MemBound(f"{label}.topk_int32", b * s * k * (INT64 + INT32), launches=blocks_n),
-        MemBound(f"{label}.topk_sanitize", 2 * b * s * k * INT32, launches=blocks_n),  # bounds check of the indices
-        MemBound(f"{label}.topk_copy", 2 * b * s * k * INT32, launches=blocks_n),  # into topk_out
-    ]
-    block_logits = float(rows * s * FP32)
-    ops.append(Op(name=f"{name}.scores", module="core_attn", layer=layer, fwd=(*elementwise, *scores),
-                  input=(xg, qg), fwd_transient=float((q_elems + k_elems) * ab * 2) + block_logits,
-                  approximate=SCORES_APPROXIMATE))
-    ops.append(Op(name=f"{name}.topk", module="core_attn", layer=layer, fwd=tuple(topk),
-                  output=(f"L{layer}.dsa.topk", float(b * s * k * INT32)),
-                  fwd_transient=block_logits + rows * k * (FP32 + INT64 + INT32), approximate=TOPK_APPROXIMATE))
-    return ops
 
 
 def _sparse_mla(P: str, layer: int, d: Dims, model: ModelConfig, query: Tensor, key: Tensor, topk: Tensor | None,

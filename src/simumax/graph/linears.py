@@ -192,3 +192,15 @@ def no_grad_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: in
         fwd_transient=0.0, bwd_transient=0.0, bias=False, te=True,
     )
     return op.with_(bwd_input=(), bwd_weight=(), saved=(), tp_replicated_params=op.params)
+
+
+def wgrad_only_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int) -> Op:
+    """A "duplicated" TE linear on the gathered tokens whose input is detached (DSA's indexer
+    under its loss): its forward, and in backward only the weight gradient (no data gradient
+    for an input that takes none); it keeps its input for that."""
+    op = _linear(
+        name, module, layer, d, x, k, n, fwd_before=[], fwd_after=[], bwd_before=[], bwd_after=[],
+        fwd_transient=0.0, bwd_transient=d.act(n), bias=False, te=True,
+    )
+    casts = tuple(kern for kern in op.bwd_input if not isinstance(kern, Gemm))
+    return op.with_(bwd_input=casts, tp_replicated_params=op.params)

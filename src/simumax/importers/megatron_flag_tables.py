@@ -111,7 +111,6 @@ NOT_MODELLED = {
     "--tp-comm-overlap-cfg": "userbuffers settings from a file: TransformerEngine's defaults are modelled",
     "--moe-input-jitter-eps": "one element-wise pass over the router's input",
     "--dsa-indexer-k-norm-fp32": "the DSA indexer's key norm in fp32: two casts of a [tokens, head dim] tensor",
-    "--dsa-indexer-use-sparse-loss": "the DSA indexer loss's sparse form (the indexer loss is not modelled)",
     "--fp32-residual-connection": "the residual stream in fp32: its activations and element-wise passes at 4 bytes",
     "--deterministic-mode": "deterministic kernels (slower attention backward and reductions)",
     "--mlp-chunks-for-training": "the MLP run in sequence chunks (its transient memory)",
