@@ -144,7 +144,7 @@ def test_core_attention_recompute_reruns_the_indexer() -> None:
     ({"dsa_kernel_backend": "none"}, "dsa_kernel_backend"),
     ({"dsa_kernel_backend": "cudnn"}, "dsa_kernel_backend"),
     ({"use_math_sdp": True}, "use_math_sdp"),
-    ({"cp_size": 2, "world_size": 16}, "cp_size"),
+    ({"cp_size": 2, "world_size": 16, "cp_comm_type": "p2p"}, "cp_comm_type"),
     ({"tp_size": 2, "enable_sequence_parallel": False, "world_size": 16}, "enable_sequence_parallel"),
     ({"seq_len": 2000}, "dsa_indexer_topk"),  # all 2000 keys are the top-k: not whole blocks of 64
 ])
@@ -375,3 +375,24 @@ def test_indexer_loss_rules() -> None:
         Estimate(_model(dsa_indexer_loss_coeff=0.01, dsa_indexer_use_sparse_loss=True, dsa_indexer_n_heads=96),
                  _strategy(), SYSTEM).cost()
     Estimate(_model(dsa_indexer_n_heads=96), _strategy(), SYSTEM).cost()  # without the loss: fine
+
+
+def test_context_parallel_all_gather_by_hand() -> None:
+    """CP 2 (DSAttention's all-gather scheme) at S = 16384: each rank's 8192 query rows (two
+    load-balanced chunks) score the causal half of all S keys on average, so the indexer's and
+    the sparse attention's FLOPs halve; the latent key [S, 576] and the indexer's k [S, 128] are
+    all-gathered over CP (the key's gradient reduce-scattered back), and the rank keeps the
+    gathered key for SparseMLA's backward."""
+    S = 16384
+    one, two = (_ops(_model(), _strategy(seq_len=S, cp_size=cp, cp_comm_type="all_gather", world_size=8 * cp))
+                for cp in (1, 2))
+    assert _gemm_flops(two["dsa.scores"].fwd) == 2 * 64 * 128 * (S // 2) * ((S + 1) // 2)
+    assert _gemm_flops(two["dsa.scores"].fwd) * 2 == _gemm_flops(one["dsa.scores"].fwd)
+    assert sum(k.flops for k in two["sparse_attn"].fwd) * 2 == sum(k.flops for k in one["sparse_attn"].fwd)
+    gathers = sorted(c.bytes for o in ("dsa.scores", "sparse_attn") for c in two[o].fwd
+                     if isinstance(c, Collective) and c.group == "cp" and c.bytes > 64)
+    assert gathers == [2.0 * S * 128, 2.0 * S * 576]
+    assert [c.op for c in two["sparse_attn"].bwd_input if isinstance(c, Collective)] == ["reduce_scatter"]
+    assert ("L1.sparse_attn.kv_gathered", 2.0 * S * 576) in two["sparse_attn"].saved
+    Estimate(_model(dsa_indexer_loss_coeff=0.01, dsa_indexer_use_sparse_loss=True),
+             _strategy(seq_len=S, cp_size=2, cp_comm_type="all_gather", world_size=16), SYSTEM).cost()

@@ -41,8 +41,9 @@ def check_dsa(model: ModelConfig, st: StrategyConfig, chunk_layers: list[list[in
         raise ConfigError("use_math_sdp" if st.use_math_sdp else "transformer_impl",
                           "DSA runs the TransformerEngine spec with fused attention (the unfused attention backend "
                           "turns its fused kernels off, dsa_kernels.use_fused_dsa_kernels)")
-    if st.cp_size > 1:
-        raise ConfigError("cp_size", "DSA with context parallelism (its all-gather scheme) is not modelled")
+    if st.cp_size > 1 and st.cp_comm_type != "all_gather":
+        raise ConfigError("cp_comm_type", "DSA's context parallelism is the all-gather scheme (DSAttention asserts "
+                          f"cp_comm_type allgather; got {st.cp_comm_type})")
     if st.document_groups:
         raise ConfigError("document_lengths", "DSA over packed documents (THD) is not modelled")
     if st.tp_size > 1 and not st.sp:

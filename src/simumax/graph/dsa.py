@@ -59,7 +59,7 @@ def dsa_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
 
     if model.dsa_computes_topk(layer):
         ops += indexer_ops(model, st, d, layer, lat.ln_out, lat.q_c_norm, query, key)
-    topk = (f"{P}.dsa.topk", float(d.b * d.s * dsa_topk(model, d.s) * INT32))
+    topk = (f"{P}.dsa.topk", float(d.b * d.s * dsa_topk(model, d.s * d.cp) * INT32))
     latent_out = (f"{P}.attn.latent", float(T * H * C * ab))
     ops.append(_sparse_mla(P, layer, d, model, query, key, topk if model.dsa_computes_topk(layer) else None, latent_out))
     out = (f"{P}.attn.out", d.act(H * v_dim))
@@ -120,11 +120,13 @@ def _sparse_mla(P: str, layer: int, d: Dims, model: ModelConfig, query: Tensor, 
     sliced back to the rank's heads and made contiguous. Keeps q (its padded copy), kv, the
     indices (a layer that shares them keeps the computing layer's tensor, counted there) and
     the mask. Backward: dO made contiguous and masked, the forward kernel again (output and
-    log-sum-exp), the masked output, the delta kernel, the backward kernel, dq masked."""
+    log-sum-exp), the masked output, the delta kernel, the backward kernel, dq masked. With
+    context parallelism (all-gather only: DSAttention asserts it) the rank's query rows (two
+    load-balanced chunks) attend the key gathered over CP, which it keeps."""
     H, T, ab, b, s = d.heads, d.tokens, d.act_bytes, d.b, d.s
     C, qk = model.kv_lora_rank, model.kv_lora_rank + model.qk_pos_emb_head_dim
     Hk = sparse_mla_heads(H)
-    k = dsa_topk(model, s)
+    k = dsa_topk(model, s * d.cp)
     label = op_label(f"{P}.sparse_attn")
     shape = dict(batch=b, seq_len=s, kv_seq_len=k, head_num=Hk, kv_head_num=1, qk_head_dim=qk, v_head_dim=C, causal=False)
     padded_q = float(T * Hk * qk * ab)
@@ -132,6 +134,16 @@ def _sparse_mla(P: str, layer: int, d: Dims, model: ModelConfig, query: Tensor, 
     lse = float(T * Hk * FP32)
     mask = float(T * Hk)  # valid_heads, bool
     fwd: list = []
+    bwd_cp: list = []
+    local_key = key
+    if d.cp > 1:
+        # all-gather CP: the key (the one latent head) gathered over CP and put back in sequence
+        # order (index_select); backward its gradient re-ordered (index_add) and reduce-scattered
+        gathered = key[1] * d.cp
+        fwd += [Collective("all_gather", 8.0 * d.cp, "cp"),  # _validate_nonpacked_cp_uniform_length
+                Collective("all_gather", gathered, "cp"), MemBound(f"{label}.kv_reorder", 2 * gathered)]
+        bwd_cp = [MemBound(f"{label}.dkv_reorder", 3 * gathered, launches=2), Collective("reduce_scatter", gathered, "cp")]
+        key = (f"{P}.sparse_attn.kv_gathered", gathered)
     saved_q = query
     if b > 1 or Hk > H:  # the [s, b] -> [b, s] permute is a copy for b > 1; the head pad writes a new tensor
         saved_q = (f"{P}.sparse_attn.q", padded_q)
@@ -152,10 +164,11 @@ def _sparse_mla(P: str, layer: int, d: Dims, model: ModelConfig, query: Tensor, 
            MemBound(f"{label}.zero_invalid_dq", 2 * padded_q + mask)]
     if b > 1 or Hk > H:
         bwd.append(MemBound(f"{label}.dq_layout", padded_q + query[1]))
+    bwd += bwd_cp
     saved = (saved_q, saved_kv, *((topk,) if topk else ()), (f"{P}.sparse_attn.valid_heads", mask))
     return Op(
         name=f"{P}.sparse_attn", module="core_attn", layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd),
-        saved=saved, input=(query, key, *((topk,) if topk else ())), output=latent_out,
+        saved=saved, input=(query, local_key, *((topk,) if topk else ())), output=latent_out,
         fwd_transient=out_k + lse + (padded_q if saved_q is not query else 0.0),
         bwd_transient=2 * out_k + lse + T * Hk * FP32 + padded_q + key[1],
     )

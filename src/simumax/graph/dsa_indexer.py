@@ -63,7 +63,8 @@ def indexer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: 
     Hi, Di, rope = model.dsa_indexer_n_heads, model.dsa_indexer_head_dim, model.qk_pos_emb_head_dim
     q_in = model.q_lora_rank
     T, ab, b, s = d.tokens, d.act_bytes, d.b, d.s
-    k = dsa_topk(model, s)
+    full = s * d.cp  # keys: the whole sequence (gathered over CP)
+    k = dsa_topk(model, full)
     xg, qg = (f"{name}.x", d.act(d.h)), (f"{name}.qr", d.act(q_in))
     ops: list[Op] = []
     if d.sp:  # detached inputs: no gradient goes back through these gathers
@@ -89,15 +90,19 @@ def indexer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: 
     ]
     if model.dsa_indexer_rotate_activation:  # fast Hadamard transform of q and k (read and write each)
         elementwise.append(MemBound(f"{label}.rotate", 2 * (q_elems + k_elems) * ab, launches=2))
+    if d.cp > 1:  # k gathered over CP and put back in sequence order (index_select)
+        gathered = float(b * full * Di * ab)
+        elementwise += [Collective("all_gather", gathered, "cp"), MemBound(f"{label}.k_reorder", 2 * gathered)]
     if b > 1:  # q[:, bi].contiguous(), k[:, bi].contiguous() per sequence of the micro-batch
-        elementwise.append(MemBound(f"{label}.per_sequence", 2 * (q_elems + k_elems) * ab, launches=2 * b))
+        elementwise.append(MemBound(f"{label}.per_sequence", 2 * (q_elems + k_elems * d.cp) * ab, launches=2 * b))
     rows = min(s, INDEXER_BLOCK_ROWS)
     blocks_n = b * -(-s // INDEXER_BLOCK_ROWS)
-    logits = float(b * s * s * FP32)
+    logits = float(b * s * full * FP32)
     scores = [
         # q·k over the causal keys per indexer head, ReLU and the weighted head sum in one kernel:
-        # its products as a GEMM of the tensor cores (the fp32 logits it writes are the next kernel's)
-        Gemm(s * Hi, Di, (s + 1) // 2, "TN", b=b, out_dtype="fp32", fused=True),
+        # its products as a GEMM of the tensor cores (the fp32 logits it writes are the next
+        # kernel's); with CP the rank's two load-balanced chunks see half the keys on average
+        Gemm(s * Hi, Di, (full + 1) // 2, "TN", b=b, out_dtype="fp32", fused=True),
         MemBound(f"{label}.logits_write", logits / 2, launches=blocks_n),  # the kernel's causal half
         MemBound(f"{label}.clean_logits", logits / 2, launches=blocks_n),  # the other half set to -inf
     ]
@@ -107,7 +112,7 @@ def indexer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: 
         MemBound(f"{label}.topk_sanitize", 2 * b * s * k * INT32, launches=blocks_n),  # bounds check of the indices
         MemBound(f"{label}.topk_copy", 2 * b * s * k * INT32, launches=blocks_n),  # into topk_out
     ]
-    block_logits = float(rows * s * FP32)
+    block_logits = float(rows * full * FP32)
     scores_op = Op(name=f"{name}.scores", module="core_attn", layer=layer, fwd=(*elementwise, *scores),
                    input=(xg, qg), fwd_transient=float((q_elems + k_elems) * ab * 2) + block_logits,
                    approximate=SCORES_APPROXIMATE)
@@ -126,13 +131,13 @@ def _with_loss(model: ModelConfig, st: StrategyConfig, d: Dims, name: str, score
     label = op_label(name)
     Hi, Di, rope = model.dsa_indexer_n_heads, model.dsa_indexer_head_dim, model.qk_pos_emb_head_dim
     T, ab, b, s, H = d.tokens, d.act_bytes, d.b, d.s, d.heads
-    k = dsa_topk(model, s)
+    k = dsa_topk(model, s * d.cp)
     k_pad = 1 << (k - 1).bit_length()  # the backward kernel takes a power of two (_canonical_topk)
     q_elems, k_elems = T * Hi * Di, T * Di
     scored = float(T * k * FP32)  # one fp32 per (query, chosen key)
     saved: list[Tensor] = [
         (f"{name}.k_norm_in", float(k_elems * ab)), (f"{name}.k_norm_stats", float(2 * T * FP32)),
-        (f"{name}.q", float(q_elems * ab)), (f"{name}.k", float(k_elems * ab)),
+        (f"{name}.q", float(q_elems * ab)), (f"{name}.k", float(k_elems * d.cp * ab)),  # k gathered over CP
         (f"{name}.weights_fp32", float(T * Hi * FP32)), (f"{name}.block_topk", float(T * k * INT32)),
     ]
     if not st.apply_rope_fusion:  # the torch RoPE's cos / sin, q's and k's
@@ -142,11 +147,11 @@ def _with_loss(model: ModelConfig, st: StrategyConfig, d: Dims, name: str, score
     if k_pad != k:  # top-k indices and score gradients padded to the power of two
         bwd.append(MemBound(f"{label}.topk_pad", 2 * T * k_pad * (INT32 + FP32), launches=4))
     bwd += [
-        MemBound(f"{label}.grad_k_zero", k_elems * FP32),
+        MemBound(f"{label}.grad_k_zero", k_elems * d.cp * FP32),
         # the scores at the chosen keys again, dq and dk: three products of 2·Hi'·Di per pair
         Gemm(T * max(Hi, 16), Di, k_pad, "NN", b=3, out_dtype="fp32", fused=True),
-        MemBound(f"{label}.bwd_out", q_elems * ab + T * Hi * FP32 + 2 * k_elems * FP32),  # dq, dw, dk (atomic)
-        MemBound(f"{label}.grad_casts", k_elems * (FP32 + ab) + T * Hi * (FP32 + ab), launches=2),
+        MemBound(f"{label}.bwd_out", q_elems * ab + T * Hi * FP32 + 2 * k_elems * d.cp * FP32),  # dq, dw, dk (atomic)
+        MemBound(f"{label}.grad_casts", k_elems * d.cp * (FP32 + ab) + T * Hi * (FP32 + ab), launches=2),
         MemBound(f"{label}.weights_scale_bwd", 4 * T * Hi * ab, launches=2),
     ]
     if model.dsa_indexer_rotate_activation:
@@ -156,6 +161,9 @@ def _with_loss(model: ModelConfig, st: StrategyConfig, d: Dims, name: str, score
         MemBound(f"{label}.grad_cat", 2 * (q_elems + k_elems) * ab, launches=2),  # [x_pe, x_nope] grads re-joined
         MemBound(f"{label}.k_norm_bwd", 3 * k_elems * ab + 2 * T * FP32),
     ]
+    if d.cp > 1:  # dk of the gathered k re-ordered (index_add) and reduce-scattered over CP
+        gathered = float(b * s * d.cp * Di * ab)
+        bwd += [MemBound(f"{label}.dk_reorder", 3 * gathered, launches=2), Collective("reduce_scatter", gathered, "cp")]
     scores_op = scores_op.with_(saved=tuple(saved), bwd_input=tuple(bwd),
                                 bwd_transient=float(q_elems * ab + 2 * k_elems * FP32 + T * Hi * FP32 + T * k_pad * FP32))
     tp_sort: list = []
