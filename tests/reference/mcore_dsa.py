@@ -88,17 +88,13 @@ def run(model, spec: dict) -> dict:
     layer in forward, and the whole model's forward and backward. On the CPU DSAttention takes
     its dense reference path (kernel backend none): the indexer's scores over every key and
     attention over every key, masked to the top-k."""
-    import torch
     from megatron.core.transformer.module import Float16Module
     from torch.utils.flop_counter import FlopCounterMode
 
+    from tests.reference.mcore_harness import batch
+
     net = Float16Module(model.config, model)
-    s, b = spec["seq"], spec["batch"]
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, spec["vocab"], (b, s), generator=g)
-    labels = torch.randint(0, spec["vocab"], (b, s), generator=g)
-    pos = torch.arange(s).unsqueeze(0).expand(b, s)
-    mask = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1)
+    tokens, pos, mask, labels = batch(spec)
     fwd = FlopCounterMode(display=False)
     with fwd:
         loss = net(tokens, pos, mask, labels=labels)

@@ -193,6 +193,18 @@ def _mla_core_attention(layer_spec) -> None:
     layer_spec.submodules.self_attention.submodules.core_attention = LocalMLACoreAttention
 
 
+def batch(spec: dict) -> tuple:
+    """(tokens, position ids, causal mask, labels) of one micro-batch, the same every run."""
+    import torch
+
+    s, b = spec["seq"], spec["batch"]
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, spec["vocab"], (b, s), generator=g)
+    labels = torch.randint(0, spec["vocab"], (b, s), generator=g)
+    pos = torch.arange(s).unsqueeze(0).expand(b, s)
+    return tokens, pos, torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1), labels
+
+
 def measure(spec: dict) -> dict:
     import torch
     from megatron.core import parallel_state
@@ -230,12 +242,7 @@ def measure(spec: dict) -> dict:
     params = sum(p.numel() for p in model.parameters())
     layer_params = [sum(p.numel() for p in layer.parameters()) for layer in layers]
     net = Float16Module(cfg, model)
-    s, b = spec["seq"], spec["batch"]
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, spec["vocab"], (b, s), generator=g)
-    labels = torch.randint(0, spec["vocab"], (b, s), generator=g)
-    pos = torch.arange(s).unsqueeze(0).expand(b, s)
-    mask = torch.triu(torch.ones(1, 1, s, s, dtype=torch.bool), diagonal=1)
+    tokens, pos, mask, labels = batch(spec)
 
     # storages are told apart by their StorageImpl (``_cdata``), not their address: a
     # storage a discarding checkpoint resized to 0 stays alive while its address is reused
