@@ -396,3 +396,36 @@ def test_context_parallel_all_gather_by_hand() -> None:
     assert ("L1.sparse_attn.kv_gathered", 2.0 * S * 576) in two["sparse_attn"].saved
     Estimate(_model(dsa_indexer_loss_coeff=0.01, dsa_indexer_use_sparse_loss=True),
              _strategy(seq_len=S, cp_size=2, cp_comm_type="all_gather", world_size=16), SYSTEM).cost()
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as hs  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(tp=hs.sampled_from([1, 2, 4, 8]), cp=hs.sampled_from([1, 2]), pp=hs.sampled_from([1, 2]),
+       freq=hs.sampled_from([1, 2]), loss=hs.booleans(), fp8=hs.booleans(), mbs=hs.sampled_from([1, 2]),
+       rec=hs.sampled_from(["none", "full", "core_attn", "mla_up_proj", "attn_only"]), overlap=hs.booleans())
+def test_dsa_estimates_hold_their_invariants(tp, cp, pp, freq, loss, fp8, mbs, rec, overlap) -> None:
+    """Any valid DSA strategy: the breakdown sums to the iteration time (with every overlap
+    option), the 80 % band holds the point estimate, the same configs give the same numbers;
+    an invalid one is a ConfigError, never another exception."""
+    recompute = {"none": {}, "full": {"enable_recompute": True, "recompute_granularity": "full_block", "recompute_layer_num": 1},
+                 "attn_only": {"enable_recompute": True, "recompute_granularity": "attn_only", "recompute_layer_num": 1}}.get(
+        rec, {"megatron_recompute": True, "megatron_recompute_modules": [rec]})
+    m = _model(dsa_indexer_topk_freq=freq, dsa_indexer_loss_coeff=0.01 if loss else None, dsa_indexer_use_sparse_loss=loss)
+    fields = dict(tp_size=tp, cp_size=cp, cp_comm_type="all_gather", pp_size=pp, enable_sequence_parallel=tp > 1,
+                  world_size=8 * tp * cp * pp, micro_batch_size=mbs, fp8=fp8, overlap_grad_reduce=overlap,
+                  overlap_param_gather=overlap, tp_comm_overlap=overlap and tp > 1, **recompute)
+    try:
+        st = _strategy(**fields)
+        runs = [Estimate(m, st, SYSTEM) for _ in range(2)]
+        costs = [e.cost() for e in runs]
+    except ConfigError:
+        return
+    c = costs[0]
+    assert sum(c.breakdown.values()) == pytest.approx(c.duration_time_per_iter, rel=1e-9)
+    low, high = c.duration_time_interval
+    assert low <= c.duration_time_per_iter <= high
+    assert costs[1].duration_time_per_iter == c.duration_time_per_iter
+    assert runs[0].memory().peak_mem == runs[1].memory().peak_mem > 0
