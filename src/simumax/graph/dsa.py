@@ -48,13 +48,14 @@ def dsa_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
                                      H * (nope + rope)).with_(output=q_full))
     query = (f"{P}.query", float(T * H * qk * ab))
     key = (f"{P}.key", float(T * qk * ab))
-    kv = lat.kv_c_norm
+    kv: tuple[Tensor, ...] = (lat.kv_c_norm, lat.kv_comb)  # k_pe a view of the kv down-projection's output
     if d.sp:  # the normed kv latent and k_pe gathered over TP before the up-projections' checkpoint
-        kv = (f"{P}.kv_gathered", d.act(C + rope))
+        gathered = (f"{P}.kv_gathered", d.act(C + rope))
         ops.append(Op(name=f"{P}.kv_gather", module="mla_kv_gather", layer=layer,
                       fwd=(Collective("all_gather", d.act(C), "tp"), Collective("all_gather", d.act(rope), "tp")),
                       bwd_input=(Collective("reduce_scatter", d.act(C), "tp"), Collective("reduce_scatter", d.act(rope), "tp")),
-                      input=(lat.kv_c_norm, lat.kv_comb), output=kv))
+                      input=kv, output=gathered))
+        kv = (gathered,)
     ops.append(_absorb(P, layer, d, st, q_full, kv, (query, key), (nope, rope, C), lat.table))
 
     if model.dsa_computes_topk(layer):
@@ -69,7 +70,7 @@ def dsa_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
     return ops
 
 
-def _absorb(P: str, layer: int, d: Dims, st: StrategyConfig, q_full: Tensor, kv_in: Tensor, outs: tuple[Tensor, Tensor],
+def _absorb(P: str, layer: int, d: Dims, st: StrategyConfig, q_full: Tensor, kv_in: tuple[Tensor, ...], outs: tuple[Tensor, Tensor],
             dims: tuple[int, int, int], table: tuple[Tensor, ...]) -> Op:
     """``qkv_up_proj_and_rope_apply`` after the q up-projection: each head's q_nope times the
     K part of the kv up-projection (batched GEMM, then ``.contiguous()``), the concatenations
@@ -101,7 +102,7 @@ def _absorb(P: str, layer: int, d: Dims, st: StrategyConfig, q_full: Tensor, kv_
     k_up_grad = Gemm(nope, T, C, "NT", b=H)
     return Op(
         name=f"{P}.q_absorb", module="mla_rope", layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd),
-        bwd_weight=(linears.written_wgrad(k_up_grad, ab),), saved=saved, input=(q_full, kv_in, *table),
+        bwd_weight=(linears.written_wgrad(k_up_grad, ab),), saved=saved, input=(q_full, *kv_in, *table),
         output=query, also_outputs=(key,), fwd_transient=absorbed,
         bwd_transient=absorbed + q_full[1] + float(T * qk_width(H, C, rope) * ab),
     )

@@ -74,8 +74,11 @@ def indexer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: 
     else:
         xg, qg = x, qr
     build = linears.wgrad_only_linear if loss else linears.no_grad_linear
+    # the gathered inputs live through the projections (kept by them under the loss)
+    alive = xg[1] + qg[1] if d.sp and not loss else 0.0
     for lin_name, src, k_in, n in (("wq_b", qg, q_in, Hi * Di), ("wk", xg, d.h, Di), ("weights_proj", xg, d.h, Hi)):
-        ops.append(build(f"{name}.{lin_name}", "core_attn", layer, d, src, k_in, n))
+        op = build(f"{name}.{lin_name}", "core_attn", layer, d, src, k_in, n)
+        ops.append(op.with_(fwd_transient=op.fwd_transient + alive))
     # k's LayerNorm: weight and bias, duplicated over TP like the projections
     ops[-2] = ops[-2].with_(params=ops[-2].params + 2 * Di, tp_replicated_params=ops[-2].tp_replicated_params + 2 * Di)
 
