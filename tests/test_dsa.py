@@ -429,3 +429,42 @@ def test_dsa_estimates_hold_their_invariants(tp, cp, pp, freq, loss, fp8, mbs, r
     assert low <= c.duration_time_per_iter <= high
     assert costs[1].duration_time_per_iter == c.duration_time_per_iter
     assert runs[0].memory().peak_mem == runs[1].memory().peak_mem > 0
+
+
+def _hybrid(pattern: str, **fields):
+    return V32.with_updates({"layer_num": len(pattern.split("/")[0].replace("|", "")), "hybrid_layer_pattern": pattern,
+                             "dense_layers": 0, "mamba_num_heads": 112,
+                             "experimental_attention_variant": "dsa" if "D" in pattern else None, **fields})
+
+
+def test_hybrid_stacks_take_mla_and_dsa_blocks() -> None:
+    """megatron-core's hybrid stack builds + blocks as MLA attention and D blocks as DSA
+    (HybridStack: mla_layer, dsa_layer), each with its norm and residual like *; a D block's
+    ops are a DSA layer's, a + block's an MLA layer's. Megatron refuses * beside + / D, and D
+    blocks make the variant dsa; a D block can share only another D block's top-k."""
+    from simumax.report.format import layer_mix
+
+    m = _hybrid("MD-+E")
+    st = _strategy()
+    d = Dims.of(m, st)
+    names = {i: {o.name.split(".", 1)[1] for o in layer_ops(m, st, d, i)} for i in range(5)}
+    assert {"dsa.scores", "sparse_attn", "v_up", "q_absorb"} <= names[1]
+    assert {"q_up", "kv_up", "attn"} <= names[3] and "sparse_attn" not in names[3]
+    assert layer_mix(m) == "5 blocks: 1 Mamba-2, 1 MLA attention, 1 DeepSeek sparse attention, 1 MLP, 1 MoE"
+    assert m.softmax_attention_layers == 2
+    Estimate(m, st, SYSTEM).cost()
+    with pytest.raises(ConfigError, match="hybrid_layer_pattern"):
+        _hybrid("M*D-E")
+    with pytest.raises(ConfigError, match="experimental_attention_variant"):
+        _hybrid("M+-E", experimental_attention_variant="dsa")
+    with pytest.raises(ConfigError, match="attention_type"):
+        _hybrid("M*-E", attention_type="mla")
+    with pytest.raises(ConfigError, match="no D block"):
+        Estimate(_hybrid("-DD-DE", dsa_indexer_topk_freq=2), st, SYSTEM).cost()
+    hm, _, _ = parse_megatron_args(
+        "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --ffn-hidden-size 2048 --seq-length 4096 "
+        "--micro-batch-size 1 --multi-latent-attention --q-lora-rank 256 --kv-lora-rank 512 --qk-head-dim 64 "
+        "--qk-pos-emb-head-dim 64 --v-head-dim 64 --disable-bias-linear --dsa-indexer-n-heads 16 "
+        "--dsa-indexer-head-dim 128 --dsa-indexer-topk 2048 --hybrid-layer-pattern MDMD --mamba-num-heads 32 --vocab-size 32000",
+        world_size=1)
+    assert hm.experimental_attention_variant == "dsa"  # Megatron sets it from the pattern's D blocks

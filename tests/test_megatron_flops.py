@@ -30,6 +30,14 @@ CASES = {
     "hybrid-moe-gdn-mtp": ("qwen3-30b-a3b", {"ep_size": 8, "pp_size": 2, "world_size": 16},
                            {"layer_num": 4, "hybrid_layer_pattern": "M*|GE/*E/*E"}),
     "packed-documents": ("llama3.1-8b", {"document_lengths": [2048, 1024, 1024]}, {}),
+    # DeepSeek sparse attention: Megatron counts its layers as dense MLA, and a hybrid stack's
+    # + (MLA) and D (DSA) blocks not at all
+    "dsa-index-share": ("deepseek-v3.2", {"ep_size": 8, "dsa_kernel_backend": "tilelang"},
+                        {"layer_num": 6, "dsa_indexer_topk_freq": 2}),
+    "hybrid-mla-dsa": ("deepseek-v3.2", {"ep_size": 8, "dsa_kernel_backend": "tilelang"},
+                       {"layer_num": 6, "dense_layers": 0, "hybrid_layer_pattern": "MD-DME", "mamba_num_heads": 112}),
+    "hybrid-mla": ("deepseek-v3", {"ep_size": 8}, {"layer_num": 5, "dense_layers": 0, "hybrid_layer_pattern": "M+M-E",
+                                                   "mamba_num_heads": 112}),
 }
 
 

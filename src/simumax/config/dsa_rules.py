@@ -59,8 +59,15 @@ def check_dsa(model: ModelConfig, st: StrategyConfig, chunk_layers: list[list[in
         raise ConfigError("dsa_indexer_n_heads", f"the indexer loss's TileLang backward takes at most 64 heads, a "
                           f"multiple of 8 (got {heads}); others run the dense reference path, not modelled")
     if model.dsa_indexer_topk_freq > 1:
+        hybrid = model.hybrid_layer_pattern is not None
         for layers in chunk_layers:
             for layer in layers:
+                if hybrid and model.layer_symbol(layer) != "D":
+                    continue
+                if hybrid and model.layer_symbol(model.dsa_source_layer(layer)) != "D":
+                    raise ConfigError("dsa_indexer_topk_freq", f"block {layer + 1} reuses the top-k keys of block "
+                                      f"{model.dsa_source_layer(layer) + 1}, which is no D block (Megatron would find "
+                                      "no top-k to reuse)")
                 if model.dsa_source_layer(layer) not in layers:
                     raise ConfigError("dsa_indexer_topk_freq", f"layer {layer + 1} reuses the top-k keys of layer "
                                       f"{model.dsa_source_layer(layer) + 1}, which is not earlier in its pipeline "

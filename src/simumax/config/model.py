@@ -147,7 +147,8 @@ class ModelConfig(SimuMaxModelMethods, LayerBlocks, ConfigBase):
     # Megatron's hybrid stack (megatron/core/models/hybrid, pretrain_mamba.py)
     hybrid_layer_pattern: str | None = Field(
         None, max_length=100_000, description="Megatron --hybrid-layer-pattern (--hybrid-override-pattern): one symbol "
-        "per layer, each its own residual block — M a Mamba-2 mixer, G a Gated DeltaNet, * self-attention, - an MLP, "
+        "per layer, each its own residual block — M a Mamba-2 mixer, G a Gated DeltaNet, * self-attention, + MLA "
+        "attention, D DeepSeek sparse attention (+ and D with attention_type mla, not beside *), - an MLP, "
         "E a MoE MLP (Nemotron-H: 'M-M-M-M*-...'); '|' between pipeline segments sets each virtual stage's blocks "
         "(interleaving_size: segments / pp_size); '/' then each MTP depth's blocks ('...M*-/*E/*E': two depths; "
         "mtp_num_layers follows); layer_num is the decoder's block count. Null: transformer layers.",

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING
 from simumax.errors import ConfigError
 
 # Megatron hybrid-stack symbols modelled, and what each block is
-HYBRID_BLOCKS = {"M": "Mamba-2", "G": "Gated DeltaNet", "*": "attention", "-": "MLP", "E": "MoE"}
+HYBRID_BLOCKS = {"M": "Mamba-2", "G": "Gated DeltaNet", "*": "attention", "+": "MLA attention",
+                 "D": "DeepSeek sparse attention", "-": "MLP", "E": "MoE"}
+LATENT_BLOCKS = "+D"  # MLA and DSA blocks: the model's MLA attention (megatron-core's mla_layer / dsa_layer)
 HYBRID_SYMBOLS = "".join(HYBRID_BLOCKS)
 
 
@@ -76,8 +78,6 @@ class LayerBlocks:
         if self.attention_type != "mla":
             raise ConfigError("experimental_attention_variant", "dsa needs MLA attention (attention_type mla), as "
                               "Megatron asserts")
-        if self.hybrid_layer_pattern is not None:
-            raise ConfigError("hybrid_layer_pattern", "D (DSA) blocks of a hybrid stack are not modelled")
         for name in ("dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk"):
             if getattr(self, name) is None:
                 raise ConfigError(name, "required with experimental_attention_variant dsa")
@@ -124,8 +124,7 @@ class LayerBlocks:
         every = pattern + "".join(mtp)
         unknown = sorted(set(every) - set(HYBRID_SYMBOLS + "|"))
         if not pattern or unknown:
-            why = ("D (DSA) and + (MLA) layers are not modelled" if set(unknown) <= set("D+")
-                   else "symbols are M, G, *, - and E, | between pipeline segments, / before each MTP depth's blocks")
+            why = "symbols are M, G, *, +, D, - and E, | between pipeline segments, / before each MTP depth's blocks"
             raise ConfigError("hybrid_layer_pattern", f"{why} (got {''.join(unknown) or 'an empty pattern'})")
         if "|" in main and not all(main.split("|")):
             raise ConfigError("hybrid_layer_pattern", "an empty pipeline segment between '|' (every virtual stage "
@@ -144,8 +143,19 @@ class LayerBlocks:
             raise ConfigError("hybrid_layer_pattern", "E layers need a MoE model (model_type moe, expert_num, topk)")
         if self.is_moe and "E" not in every:
             raise ConfigError("model_type", "a hybrid MoE model has E layers in its pattern")
-        if self.attention_type == "mla" or self.post_sublayer_norm:
-            raise ConfigError("hybrid_layer_pattern", "hybrid layers with MLA attention or sandwich norms are not modelled")
+        latent = set(every) & set(LATENT_BLOCKS)
+        if latent and "*" in every:
+            raise ConfigError("hybrid_layer_pattern", "attention (*) beside MLA / DSA blocks (+, D) in one model, which "
+                              "Megatron refuses")
+        if (self.attention_type == "mla") != bool(latent) and ("*" in every or latent):
+            raise ConfigError("attention_type", "a hybrid stack's attention blocks are * with attention_type mha, "
+                              "+ (MLA) or D (DSA) with attention_type mla")
+        if ("D" in every) != (self.experimental_attention_variant == "dsa"):
+            raise ConfigError("experimental_attention_variant", "a hybrid stack's D blocks are DeepSeek sparse "
+                              "attention: experimental_attention_variant dsa, with D blocks only (Megatron sets it "
+                              "from the pattern)")
+        if self.post_sublayer_norm:
+            raise ConfigError("hybrid_layer_pattern", "hybrid layers with sandwich norms are not modelled")
         if self.mamba_inner % self.mamba_head_dim:
             raise ConfigError("mamba_head_dim", f"must divide the mixer's inner width ({self.mamba_inner})")
         if self.mamba_heads % self.mamba_num_groups:
@@ -201,9 +211,9 @@ class LayerBlocks:
 
     @property
     def softmax_attention_layers(self) -> int:
-        """Layers with softmax attention: all but Gated DeltaNet layers, or a hybrid stack's * blocks."""
+        """Layers with softmax attention: all but Gated DeltaNet layers, or a hybrid stack's *, + and D blocks."""
         if self.hybrid_layer_pattern is not None:
-            return self.hybrid_symbols.count("*")
+            return sum(self.hybrid_symbols.count(c) for c in "*" + LATENT_BLOCKS)
         return sum(not self.linear_attention(i) for i in range(self.layer_num))
 
     def linear_attention(self, layer: int) -> bool:

@@ -49,14 +49,15 @@ def _head_ops(model: ModelConfig, st: StrategyConfig, d: Dims, same_rank_as_embe
 
 
 def layer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int) -> list[Op]:
-    """One transformer layer: MHA/GQA, MLA or Gated DeltaNet attention, then a dense or MoE
+    """One transformer layer: MHA/GQA, MLA, DSA or Gated DeltaNet attention, then a dense or MoE
     MLP; in a hybrid stack (``hybrid_layer_pattern``) one block per layer: a Mamba-2 mixer, a
-    Gated DeltaNet, attention, an MLP or a MoE MLP, each with its own norm and residual add
-    (megatron-core's HybridStack)."""
+    Gated DeltaNet, attention (MHA/GQA, MLA or DSA), an MLP or a MoE MLP, each with its own norm
+    and residual add (megatron-core's HybridStack)."""
     x_in = (f"L{layer}.x", d.act(d.h, local=True))
     symbol = model.layer_symbol(layer)
     if symbol != "T":
-        block = {"M": mamba_ops, "G": gdn_ops, "*": attention_ops, "-": mlp_ops, "E": moe_mlp_ops}[symbol]
+        block = {"M": mamba_ops, "G": gdn_ops, "*": attention_ops, "+": mla_attention_ops, "D": dsa_attention_ops,
+                 "-": mlp_ops, "E": moe_mlp_ops}[symbol]
         ops = block(model, st, d, layer, x_in)
         ops[-1] = ops[-1].with_(output=(f"L{layer + 1}.x", x_in[1]))
         return ops

@@ -254,6 +254,8 @@ def _megatron_defaults(m: dict[str, Any], s: dict[str, Any], extra: dict[str, st
     if legacy_mtp and m.get("mtp_num_layers") and "/" not in (m.get("hybrid_layer_pattern") or ""):
         # Megatron's old MTP flag becomes the unified pattern's depths (arguments.py)
         m["hybrid_layer_pattern"] = (m.get("hybrid_layer_pattern") or "") + "/" + "/".join([legacy_mtp] * m["mtp_num_layers"])
+    if "D" in (m.get("hybrid_layer_pattern") or ""):  # argument_utils: D blocks make the variant dsa
+        m.setdefault("experimental_attention_variant", "dsa")
     pattern = m.get("hybrid_layer_pattern")
     if pattern:  # the pattern's blocks are the layers, whatever --num-layers says (arguments.py)
         main, *mtp = pattern.split("/")
