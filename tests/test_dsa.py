@@ -468,3 +468,19 @@ def test_hybrid_stacks_take_mla_and_dsa_blocks() -> None:
         "--dsa-indexer-head-dim 128 --dsa-indexer-topk 2048 --hybrid-layer-pattern MDMD --mamba-num-heads 32 --vocab-size 32000",
         world_size=1)
     assert hm.experimental_attention_variant == "dsa"  # Megatron sets it from the pattern's D blocks
+
+
+def test_packed_documents_bound_the_indexer_scores() -> None:
+    """THD (packed documents, no CP): the indexer kernel scores each row against the causal part
+    of its own document (its per-row bounds), 2·Hi·Di·Σ l(l+1)/2; its logits and top-k still
+    span the sequence, and SparseMLA still runs every top-k slot (the rest masked -1)."""
+    docs = [8192, 4096, 4096]
+    s = sum(docs)
+    ops = _ops(_model(), _strategy(seq_len=s, document_lengths=docs))
+    pairs = sum(l * (l + 1) // 2 for l in docs)
+    assert _gemm_flops(ops["dsa.scores"].fwd) == 2 * 64 * 128 * s * (pairs // s)
+    plain = _ops(_model(), _strategy(seq_len=s))
+    assert sum(k.flops for k in ops["sparse_attn"].fwd) == sum(k.flops for k in plain["sparse_attn"].fwd)
+    with pytest.raises(ConfigError, match="document_lengths"):
+        Estimate(_model(), _strategy(seq_len=s, document_lengths=docs, cp_size=2, cp_comm_type="all_gather",
+                                     world_size=16), SYSTEM).cost()

@@ -44,8 +44,8 @@ def check_dsa(model: ModelConfig, st: StrategyConfig, chunk_layers: list[list[in
     if st.cp_size > 1 and st.cp_comm_type != "all_gather":
         raise ConfigError("cp_comm_type", "DSA's context parallelism is the all-gather scheme (DSAttention asserts "
                           f"cp_comm_type allgather; got {st.cp_comm_type})")
-    if st.document_groups:
-        raise ConfigError("document_lengths", "DSA over packed documents (THD) is not modelled")
+    if st.document_groups and st.cp_size > 1:
+        raise ConfigError("document_lengths", "DSA over packed documents (THD) with context parallelism is not modelled")
     if st.tp_size > 1 and not st.sp:
         raise ConfigError("enable_sequence_parallel", "AbsorbedMLASelfAttention needs sequence parallelism with tp > 1, "
                           "as Megatron asserts")

@@ -101,11 +101,14 @@ def indexer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: 
     rows = min(s, INDEXER_BLOCK_ROWS)
     blocks_n = b * -(-s // INDEXER_BLOCK_ROWS)
     logits = float(b * s * full * FP32)
+    # keys per query row on average: the causal half of the sequence (with CP the rank's two
+    # load-balanced chunks), or with packed documents the causal part of each row's document
+    # (the kernel reads each row's [start, end) bounds; its logits still span the sequence)
+    keys = sum(n * l * (l + 1) // 2 for l, n in d.docs) // s if d.docs else (full + 1) // 2
     scores = [
-        # q·k over the causal keys per indexer head, ReLU and the weighted head sum in one kernel:
-        # its products as a GEMM of the tensor cores (the fp32 logits it writes are the next
-        # kernel's); with CP the rank's two load-balanced chunks see half the keys on average
-        Gemm(s * Hi, Di, (full + 1) // 2, "TN", b=b, out_dtype="fp32", fused=True),
+        # q·k over those keys per indexer head, ReLU and the weighted head sum in one kernel:
+        # its products as a GEMM of the tensor cores (the fp32 logits it writes are the next kernel's)
+        Gemm(s * Hi, Di, keys, "TN", b=b, out_dtype="fp32", fused=True),
         MemBound(f"{label}.logits_write", logits / 2, launches=blocks_n),  # the kernel's causal half
         MemBound(f"{label}.clean_logits", logits / 2, launches=blocks_n),  # the other half set to -inf
     ]
