@@ -287,3 +287,19 @@ def test_imported_options_default_as_megatron_019s(megatron_parser: argparse.Arg
                                   "--vocab-size 32000 --bf16 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512", world_size=1)
     assert {arg: getattr(d, arg) for arg in SAME_DEFAULT} == {arg: getattr(s, field) for arg, field in SAME_DEFAULT.items()}
     assert (d.moe_grouped_gemm, s.group_linear_mode) == (False, "serial") and d.use_distributed_optimizer == (s.zero_state > 0)
+
+
+def test_importer_says_what_it_does_with_newer_megatron_flags() -> None:
+    """Megatron-LM 0.19's flags for other training modes (RL, serving, vision, BERT) are read past
+    as without effect on a pretraining step; those with an effect the model leaves out (QK-clip,
+    CUDA graphs of modules, MLA's fused down-projection, paged stash) are said with their reason,
+    not as ignored."""
+    base = "--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --micro-batch-size 1 --vocab-size 1000"
+    _, _, notes = parse_megatron_args(base + " --rl-prompts-per-eval 4 --flash-decode --dino-teacher-temp 0.1 --qk-clip "
+                                      "--cuda-graph-modules attn --mla-down-proj-fusion --moe-paged-stash", world_size=1)
+    text = " ".join(notes)
+    assert "ignored" not in text
+    for flag in ("--rl-prompts-per-eval", "--flash-decode", "--dino-teacher-temp", "--qk-clip", "--cuda-graph-modules",
+                 "--mla-down-proj-fusion", "--moe-paged-stash"):
+        assert flag in text, flag
+    assert "QK-clip" in text and "paged buffers" in text

@@ -79,6 +79,17 @@ NO_EFFECT = frozenset({
     "--dsa-indexer-k-norm-epsilon",
     "--apply-wd-to-qk-layernorm", "--head-lr-mult",  # weight-decay groups, the output layer's learning rate
     "--sft-tokenizer-prompt-format", "--tiktoken-pattern", "--tiktoken-num-special-tokens",  # tokenizer details
+    # serving-time and other models' options a GPT pretraining step does not read
+    "--flash-decode", "--enable-chunked-prefill", "--decode-only-cuda-graphs", "--mlp-chunks-for-prefill",
+    "--nccl-all-reduce-for-prefill", "--use-legacy-static-engine", "--num-speculative-tokens", "--cache-mla-latents",
+    "--max-tokens-to-oom", "--refit-method", "--indexer-batch-size", "--indexer-log-interval", "--embedding-path",
+    "--evidence-data-path", "--titles-data-path", "--block-data-path", "--query-in-block-prob", "--use-one-sent-docs",
+    "--short-seq-prob", "--num-classes", "--num-channels", "--patch-dim", "--iter-per-epoch", "--classes-fraction",
+    "--data-per-class-fraction", "--vocab-extra-ids", "--encoder-num-layers", "--encoder-seq-length",
+    "--output-bert-embeddings", "--perform-rl-step", "--lion-beta1", "--lion-beta2", "--sgd-momentum",
+    "--no-barrier-with-level-1-timing", "--no-ckpt-fully-parallel-save", "--no-ckpt-load-validate-sharding-integrity",
+    "--disable-ckpt-load-validate-sharding-integrity", "--result-rejected-tracker-filename",
+    "--check-weight-hash-across-dp-replicas-interval", "--gpu-sniff-test-interval",
 })
 # whole families of 0.19 flags that no training step reads: checkpoint saving and loading,
 # logging and tracing, serving-time inference, fault tolerance and its test tooling
@@ -87,6 +98,10 @@ NO_EFFECT_FAMILIES = (
     "--no-flight-recorder-", "--disable-flight-recorder-", "--pytorch-profiler-", "--moe-routing-trace-", "--logits-save-",
     "--one-logger-", "--app-tag-", "--inprocess-", "--error-injection-", "--fault-injector-", "--adlr-autoresume",
     "--inference-", "--mamba-inference-", "--fim-",
+    # other training modes and models than GPT pretraining: reinforcement learning, distillation
+    # from saved logits, vision, BERT / T5 / retrieval
+    "--rl-", "--no-rl-", "--grpo-", "--langrl-", "--logits-load-", "--no-inference-", "--dino-", "--vision-", "--swin-",
+    "--img-", "--bert-", "--ict-", "--biencoder-", "--retriever-",
 )
 # the same for flags of Megatron-LM <= 2022 scripts that 0.19 no longer has
 OLDER_NO_EFFECT = frozenset({
@@ -136,7 +151,40 @@ NOT_MODELLED = {
                      "--no-align-grad-reduce", "--disable-align-grad-reduce", "--align-param-gather",
                      "--no-align-param-gather"), "DDP bucket layout and launch options: Megatron's defaults are modelled"),
     **dict.fromkeys(("--enable-cuda-graph", "--cuda-graph-scope", "--cuda-graph-impl", "--external-cuda-graph",
-                     "--cuda-graph-warmup-steps"), _GRAPHS),
+                     "--cuda-graph-warmup-steps", "--cuda-graph-modules", "--optimizer-cuda-graph",
+                     "--delay-offload-until-cuda-graph"), _GRAPHS),
+    **dict.fromkeys(("--qk-clip", "--qk-clip-alpha", "--qk-clip-threshold"),
+                    "Muon's QK-clip: the max attention logit per head kept in forward, q / k weights rescaled after each step"),
+    "--log-max-attention-logit": "the max attention logit per head kept in forward for logging",
+    "--mla-down-proj-fusion": "MLA's q and kv down-projections (and the input norm) in one fused GEMM: the same FLOPs, "
+                              "fewer launches",
+    **dict.fromkeys(("--use-grouped-gemm-for-shared-expert", "--use-grouped-gemm-for-dense-mlp"),
+                    "TransformerEngine's grouped SwiGLU fusion for a one-group MLP: its element-wise passes fused "
+                    "(the same GEMMs)"),
+    **dict.fromkeys(("--moe-paged-stash", "--moe-paged-stash-page-size", "--moe-paged-stash-buffer-size-factor-cpu",
+                     "--moe-paged-stash-buffer-size-factor-cuda"), "routed experts' saved activations in paged buffers"),
+    "--check-for-large-grads": "a check over the gradients on every step",
+    "--batch-invariant-mode": "batch-invariant (deterministic) kernels, slower than the default ones",
+    "--disable-bf16-reduced-precision-matmul": "bf16 GEMMs without reduced-precision accumulation",
+    "--ddp-reduce-scatter-with-fp32-accumulation": "the gradient reduce-scatter as an all-to-all with fp32 accumulation",
+    "--moe-router-force-biased": "a random bias on the router's logits (how evenly tokens spread)",
+    **dict.fromkeys(("--activation-offload-fraction", "--min-offloaded-tensor-size",
+                     "--fine-grained-offloading-max-inflight-offloads"),
+                    "a limit on fine-grained activation offload: every eligible tensor is modelled as offloaded"),
+    "--ep-overlap-early-attn-memory-release": "attention's activations released early under EP overlap (peak memory)",
+    "--overlap-dispatch-backward-with-experts-wgrad": "the experts' weight gradients on a stream of their own",
+    **dict.fromkeys(("--high-priority-a2a-comm-stream", "--high-priority-stream-groups"), "CUDA stream priorities"),
+    "--use-ring-exchange-p2p": "a custom ring_exchange kernel for pipeline P2P",
+    **dict.fromkeys(("--symmetric-ar-type", "--disable-symmetric-registration"), "NCCL symmetric-memory all-reduce"),
+    "--keep-fp8-transpose-cache": "Megatron-FSDP's fp8 transpose cache (memory)",
+    **dict.fromkeys(("--mamba-training-ssm-states-dtype", "--disable-mamba-mem-eff-path"),
+                    "Mamba's inter-chunk state dtype / its unfused path"),
+    "--fp8-output-proj": "the LM head in MXFP8 (it is costed in BF16)",
+    **dict.fromkeys(("--tensor-parallel-num-weight-shards", "--expert-tensor-parallel-num-weight-shards"),
+                    "weights sharded past TP and re-gathered for each use"),
+    **dict.fromkeys(("--glu-linear-offset", "--activation-func-clamp-value", "--use-fused-weighted-squared-relu"),
+                    "an offset, clamp or fusion inside the MLP's activation (element-wise)"),
+    "--apply-residual-connection-post-layernorm": "BERT's residual order (the residual taken after the norm)",
 }
 
 
