@@ -311,7 +311,7 @@ def test_qwen3_5_configs_by_hand() -> None:
 def test_megatron_flags_of_the_variant() -> None:
     """--linear-attention-freq takes Megatron's list expressions; without the variant flag it has
     no effect (megatron-core reads it only for gated_delta_net), said in a note; DSA needs MLA
-    (tests/test_dsa.py reads it on an MLA model), an unknown variant is refused."""
+    (tests/test_dsa_megatron.py reads it on an MLA model), an unknown variant is refused."""
     from simumax.importers.megatron_args import parse_megatron_args
 
     base = "--num-layers 8 --hidden-size 512 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 16 --vocab-size 100"
