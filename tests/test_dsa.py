@@ -299,3 +299,15 @@ def test_packed_documents_bound_the_indexer_scores() -> None:
     with pytest.raises(ConfigError, match="document_lengths"):
         Estimate(_model(), _strategy(seq_len=s, document_lengths=docs, cp_size=2, cp_comm_type="all_gather",
                                      world_size=16), SYSTEM).cost()
+
+
+def test_topk_reads_the_logits_five_times() -> None:
+    """torch.topk over the indexer's fp32 logits [s, s] as PyTorch's multi-block radix select runs
+    it: four counting passes (one per 8-bit digit) and the gather, then the values (fp32) and
+    indices (int64) of the top-k written; the kernel's logits themselves are written once (its
+    causal part, clean_logits the rest)."""
+    s, k = 4096, 2048
+    topk = _ops(_model(), _strategy(seq_len=s))["dsa.topk"]
+    assert next(x for x in topk.fwd if x.name == "dsa.topk").bytes == 5 * 4 * s * s + s * k * (4 + 8)
+    scores = _ops(_model(), _strategy(seq_len=s))["dsa.scores"]
+    assert sum(x.bytes for x in scores.fwd if x.name in ("dsa.logits_write", "dsa.clean_logits")) == 4 * s * s

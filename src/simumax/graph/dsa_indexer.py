@@ -41,8 +41,12 @@ LOSS_CHUNK_ROWS = 512  # the streaming loss's seq_chunk_size
 KL_FUSED_TOPK = 256  # the fused KL kernel takes top-k in multiples of this (else the torch chain)
 SCORES_APPROXIMATE = ("the indexer kernel (q·k with K = the indexer head dim, ReLU and the weighted head sum in "
                       "registers) costed at the GEMM rate of its shape; no measurement of the kernel exists")
-TOPK_APPROXIMATE = ("torch.topk over each row of indexer logits: its radix-select passes are taken as one read of the "
-                    "row and the gather of the result")
+# torch.topk over thousands of long rows takes PyTorch's multi-block radix select
+# (aten/src/ATen/native/cuda/TensorTopK.cu, should_use_multiblock; RADIX_BITS 8): one counting
+# pass over the rows per 8-bit digit of the fp32 key, then the pass that gathers the result
+TOPK_PASSES = 32 // 8 + 1
+TOPK_APPROXIMATE = ("torch.topk over each row of indexer logits: PyTorch's multi-block radix select taken as four "
+                    "counting passes and one gathering pass over the logits from HBM, no early exit, no L2 reuse")
 LOSS_APPROXIMATE = ("the indexer loss's TileLang kernels (target, KL, backward) costed at the GEMM rate of their "
                     "products and the least traffic of their tensors; the target's TP all-reduce taken as hidden "
                     "under the next chunk's kernel but for the last chunk's")
@@ -113,7 +117,7 @@ def indexer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: 
         MemBound(f"{label}.clean_logits", logits / 2, launches=blocks_n),  # the other half set to -inf
     ]
     topk_kernels = [
-        MemBound(f"{label}.topk", logits + b * s * k * (FP32 + INT64), launches=blocks_n),
+        MemBound(f"{label}.topk", TOPK_PASSES * logits + b * s * k * (FP32 + INT64), launches=TOPK_PASSES * blocks_n),
         MemBound(f"{label}.topk_int32", b * s * k * (INT64 + INT32), launches=blocks_n),
         MemBound(f"{label}.topk_sanitize", 2 * b * s * k * INT32, launches=blocks_n),  # bounds check of the indices
         MemBound(f"{label}.topk_copy", 2 * b * s * k * INT32, launches=blocks_n),  # into topk_out
