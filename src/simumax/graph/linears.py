@@ -25,10 +25,13 @@ from simumax.graph.ops import Op, Tensor
 def _linear(
     name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, fwd_before: list, fwd_after: list,
     bwd_before: list, bwd_after: list, fwd_transient: float, bwd_transient: float, bias: bool, te: bool,
-    rows: int | None = None,
+    rows: int | None = None, keep_original: bool = False,
 ) -> Op:
     """A linear on [rows, k] -> [rows, n] (this rank's shard; rows default to the gathered
-    tokens) with the TP collectives around its forward GEMM and its input-gradient GEMM."""
+    tokens) with the TP collectives around its forward GEMM and its input-gradient GEMM.
+    ``keep_original``: an fp8 linear that keeps its BF16 input rather than an FP8 copy (TE's
+    ``save_original_input``): the input cast row-wise only in forward, column-wise from the kept
+    input in backward."""
     t = d.tokens if rows is None else rows
     fam = wgrad_fam = "matmul"
     saved = x
@@ -46,6 +49,11 @@ def _linear(
         # else the weight gradient runs in BF16 on the BF16 input, which the op keeps
         fwd_cast, bwd_cast = fp8.linear_casts(r, name, x_elems, t * n, k * n, d.act_bytes, d.fp8_weight_caching,
                                               d.fp8_wgrad)
+        if keep_original and d.fp8_wgrad:
+            saved = x
+            fwd_cast[0] = fwd_cast[0]._replace(bytes=fp8.quantize_bytes(r, x_elems, d.act_bytes, layouts=1))
+            bwd_cast.insert(0, MemBound(f"{op_label(name)}.quantize_kept_input",
+                                        fp8.quantize_bytes(r, x_elems, d.act_bytes, layouts=1)))
     # the bias gradient: TE folds it into the weight-gradient GEMM's epilogue (or the fp8
     # cast-transpose); Megatron-Core's own linears reduce the output gradient over tokens
     # (grad_output.sum(0), or the autograd sum behind a fused bias-GeLU / bias-dropout-add)
@@ -139,8 +147,10 @@ def column_linear(
     )
 
 
-def row_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, bias: bool = False) -> Op:
-    """Row-parallel linear: k inputs on this rank -> n outputs (full, then reduced)."""
+def row_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, bias: bool = False,
+               keep_original: bool = False) -> Op:
+    """Row-parallel linear: k inputs on this rank -> n outputs (full, then reduced).
+    ``keep_original``: see ``_linear``."""
     full_out = d.act(n)
     grad_gathered = gathered_bytes(d, full_out, True) if d.sp else full_out
     if d.sp:
@@ -151,7 +161,7 @@ def row_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n
         reduce, gather = ([Collective("all_reduce", full_out, "tp")] if d.tp > 1 else []), []
     op = _linear(
         name, module, layer, d, x, k, n, fwd_before=[], fwd_after=reduce, bwd_before=gather, bwd_after=[],
-        fwd_transient=full_out, bwd_transient=grad_gathered + d.act(k), bias=bias, te=True,
+        fwd_transient=full_out, bwd_transient=grad_gathered + d.act(k), bias=bias, te=True, keep_original=keep_original,
     )
     # the bias is added after the reduction, so every TP rank holds all of it
     return op.with_(tp_replicated_params=n) if bias else op
