@@ -31,9 +31,55 @@ def test_output_projection_keeps_attentions_bf16_output_under_new_fp8(model) -> 
     old, new = (_ops(m, st.with_updates({"te_version": v})) for v in ("2.5.0", "2.6.0"))
     proj_old, proj_new = old["attn_proj"], new["attn_proj"]
     x = proj_new.input[0]
-    assert proj_new.saved == (x,) and proj_old.saved[0][0] == f"{x[0]}.fp8"
+    assert proj_new.saved == (x,) and proj_old.saved[0][0] == f"{x[0]}.fp8.attn_proj"
     assert proj_old.saved_bytes == x[1] / 2 * (1 + 4 / 128)  # 1 B, and an fp32 scale per 128 (blockwise)
     names = [k.name for k in proj_new.bwd_input if isinstance(k, MemBound)]
     assert names[0] == "attn_proj.quantize_kept_input"
     delayed = _ops(m, st.with_updates({"te_version": "2.6.0", "fp8_recipe": "delayed"}))["attn_proj"]
-    assert delayed.saved[0][0] == f"{x[0]}.fp8"
+    assert delayed.saved[0][0] == f"{x[0]}.fp8.attn_proj"
+
+
+def _layer(model, st, layer):
+    from simumax.estimate import Estimate
+    from simumax.config.loader import load_system
+
+    est = Estimate(model, st, load_system("h100-sxm-80gb"))
+    return {o.name.split(".", 1)[1]: o for c in est.chunks for o in c.ops if o.layer == layer}
+
+
+def test_layernorm_recompute_only_where_the_norm_is_a_module() -> None:
+    """Megatron's --recompute-modules layernorm recomputes input_layernorm / pre_mlp_layernorm
+    where they are modules (transformer_layer.py: not an IdentityOp). With TransformerEngine
+    (gpt_layer_specs.py) a dense attention's norm is fused into linear_qkv and a dense MLP's into
+    fc1 — nothing to recompute — while MLA's input norm and a MoE layer's pre-MLP norm are
+    modules; the local spec's norms all are."""
+    rec = {"megatron_recompute": True, "megatron_recompute_modules": ["layernorm"], "seq_len": 4096}
+    llama = load_model("llama3.1-8b").with_updates({"layer_num": 2})
+    te = _layer(llama, load_strategy("tp1_pp1_dp8_mbs1").with_updates(rec), 1)
+    local = _layer(llama, load_strategy("tp1_pp1_dp8_mbs1").with_updates({**rec, "transformer_impl": "local"}), 1)
+    assert te["attn_norm"].recompute_group is None and te["mlp_norm"].recompute_group is None
+    assert local["attn_norm"].recompute_group and local["mlp_norm"].recompute_group
+    v3 = load_model("deepseek-v3").with_updates({"layer_num": 3, "dense_layers": 1})
+    st = load_strategy("ep8_pp1_dp8_mbs1").with_updates(rec)
+    dense, moe = _layer(v3, st, 0), _layer(v3, st, 1)
+    assert dense["attn_norm"].recompute_group and dense["mlp_norm"].recompute_group is None
+    assert moe["attn_norm"].recompute_group and moe["mlp_norm"].recompute_group
+
+
+def test_fp8_linears_keep_a_recomputed_norms_output() -> None:
+    """Under fp8 each TE linear keeps its own FP8 copy of its input (MLA's q and kv
+    down-projections: two copies of the normed hidden state); with the norm recomputed
+    (set_for_recompute_input_layernorm / set_for_recompute_pre_mlp_layernorm) they and the shared
+    experts' FC1 keep the BF16 norm output instead — discarded with the norm and brought back with
+    it — and cast it column-wise in backward."""
+    v3 = load_model("deepseek-v3").with_updates({"layer_num": 2, "dense_layers": 0})
+    fp8 = {"seq_len": 4096, "fp8": True, "fp8_recipe": "blockwise"}
+    plain = _layer(v3, load_strategy("ep8_pp1_dp8_mbs1").with_updates(fp8), 1)
+    names = {t[0] for k in ("q_down", "kv_down") for t in plain[k].saved}
+    assert names == {"L1.attn_norm.out.fp8.q_down", "L1.attn_norm.out.fp8.kv_down"}
+    rec = load_strategy("ep8_pp1_dp8_mbs1").with_updates(
+        {**fp8, "megatron_recompute": True, "megatron_recompute_modules": ["layernorm"]})
+    ops = _layer(v3, rec, 1)
+    for k in ("q_down", "kv_down", "shared_fc1"):
+        assert ops[k].saved == (ops[k].input[0],), k
+        assert ops[k].bwd_input[0].name == f"{k}.quantize_kept_input"

@@ -45,21 +45,18 @@ def _linear(
         fam = f"{r.family}_matmul"
         x_elems = x[1] / d.act_bytes
         if d.fp8_wgrad:
-            wgrad_fam, saved = fam, (f"{x[0]}.fp8", fp8.saved_input_bytes(r, x_elems))
+            # each TE module quantizes its own input: two linears on one tensor (MLA's q and kv
+            # down-projections) keep two copies
+            wgrad_fam, saved = fam, (f"{x[0]}.fp8.{op_label(name)}", fp8.saved_input_bytes(r, x_elems))
         # else the weight gradient runs in BF16 on the BF16 input, which the op keeps
         fwd_cast, bwd_cast = fp8.linear_casts(r, name, x_elems, t * n, k * n, d.act_bytes, d.fp8_weight_caching,
                                               d.fp8_wgrad)
-        if keep_original and d.fp8_wgrad:
-            saved = x
-            fwd_cast[0] = fwd_cast[0]._replace(bytes=fp8.quantize_bytes(r, x_elems, d.act_bytes, layouts=1))
-            bwd_cast.insert(0, MemBound(f"{op_label(name)}.quantize_kept_input",
-                                        fp8.quantize_bytes(r, x_elems, d.act_bytes, layouts=1)))
     # the bias gradient: TE folds it into the weight-gradient GEMM's epilogue (or the fp8
     # cast-transpose); Megatron-Core's own linears reduce the output gradient over tokens
     # (grad_output.sum(0), or the autograd sum behind a fused bias-GeLU / bias-dropout-add)
     bias_grad = [MemBound(f"{op_label(name)}.bias_grad", t * n * d.act_bytes)] if bias and d.local else []
     wgrad, grad_buffer = weight_gradient(name, d, Gemm(n, t, k, "NT", accumulate=True, out_dtype="fp32", family=wgrad_fam))
-    return Op(
+    op = Op(
         name=name,
         module=module,
         layer=layer,
@@ -73,6 +70,25 @@ def _linear(
         params=k * n + (n if bias else 0),
         weight_shapes=((n, k),) if te else (),
     )
+    return keep_original_input(op, d.fp8_recipe, d.act_bytes) if keep_original and d.fp8 and te else op
+
+
+def keep_original_input(op: Op, recipe: str, act_bytes: int) -> Op:
+    """An fp8 linear told to keep its BF16 input instead of its FP8 copy (TransformerEngine's
+    ``save_original_input``, megatron-core's ``set_save_original_input``): forward casts the
+    input row-wise only, backward casts the kept input column-wise for the weight gradient. An
+    op that keeps no FP8 copy (BF16 weight gradient) is returned as it is."""
+    x = op.input[0]
+    copy = f"{x[0]}.fp8.{op_label(op.name)}"
+    if not any(t[0] == copy for t in op.saved):
+        return op
+    r = fp8.recipe(recipe)
+    one_layout = fp8.quantize_bytes(r, x[1] / act_bytes, act_bytes, layouts=1)
+    label = op_label(op.name)
+    fwd = tuple(k._replace(bytes=one_layout) if isinstance(k, MemBound) and k.name == f"{label}.quantize_input" else k
+                for k in op.fwd)
+    return op.with_(saved=tuple(x if t[0] == copy else t for t in op.saved), fwd=fwd,
+                    bwd_input=(MemBound(f"{label}.quantize_kept_input", one_layout), *op.bwd_input))
 
 
 def weight_gradient(name: str, d: Dims, fused: Gemm) -> tuple[tuple[Gemm | MemBound, ...], float]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from simumax.config.strategy import StrategyConfig
 from simumax.graph.gdn_layer import MODULES as GDN_MODULES
+from simumax.graph.linears import keep_original_input
 from simumax.graph.ops import Op
 from simumax.graph.shared_experts import SHARED_EXPERT_MODULES
 
@@ -85,6 +86,27 @@ def uniform_groups(ops: list[Op], first: int) -> list[Op]:
     return [o.with_(recompute_group=gid) if o.recompute_group and o.recompute_group != gid else o for o in ops]
 
 
+# the modules whose presence in a layer says its norm is a module of its own under
+# TransformerEngine (gpt_layer_specs.py): MLA's input norm (its down-projections are plain
+# TELinears), a MoE layer's pre-MLP norm; elsewhere TE fuses the norm into the next linear
+# (TELayerNormColumnParallelLinear / TELayerNormMLP) and Megatron's "layernorm" recompute finds
+# an IdentityOp, which it leaves alone
+SEPARATE_NORM = {"attn_norm": {"q_down", "kv_down"}, "mlp_norm": {"router"}}
+# what takes a recomputed norm's output and, under fp8 / fp4, keeps it rather than an FP8 copy
+# (the copy would outlive the discarded output): MLA's down-projections
+# (set_for_recompute_input_layernorm), the shared experts' FC1 (set_for_recompute_pre_mlp_layernorm)
+KEEPS_NORM_OUTPUT = {"attn_norm": {"q_down", "kv_down"}, "mlp_norm": {"shared_fc1"}}
+
+
+def _norm_groups(st: StrategyConfig, layer_ops: list[Op], groups: list[tuple[str, set[str]]]) -> list[tuple[str, set[str]]]:
+    """Megatron's "layernorm" recompute where the norm is a module: with TransformerEngine only
+    the norms SEPARATE_NORM names (the local spec's are all modules)."""
+    if st.transformer_impl != "transformer_engine":
+        return groups
+    present = {o.module for o in layer_ops}
+    return [(g, mods) for g, mods in groups if g not in SEPARATE_NORM or SEPARATE_NORM[g] & present]
+
+
 def tag_recompute(st: StrategyConfig, layer_ops: list[Op]) -> list[Op]:
     """The layer's ops with their recompute groups (for a layer that is recomputed)."""
     mode = st.recompute_mode
@@ -94,6 +116,15 @@ def tag_recompute(st: StrategyConfig, layer_ops: list[Op]) -> list[Op]:
     if mode == "full_block":
         return [o.with_(recompute_group=f"L{layer}.block") for o in layer_ops]
     groups = _groups(st)
+    if mode == "megatron" and "layernorm" in st.megatron_recompute_modules:
+        groups = _norm_groups(st, layer_ops, groups)
+        if st.low_precision:
+            recomputed = {g for g, _ in groups}
+            keep = set().union(*(KEEPS_NORM_OUTPUT[g] for g in KEEPS_NORM_OUTPUT if g in recomputed))
+            if "shared_experts" in st.megatron_recompute_modules:  # its checkpoint keeps the original input
+                keep.discard("shared_fc1")
+            layer_ops = [keep_original_input(o, st.lp_recipe, st.dtype_bytes) if o.module in keep else o
+                         for o in layer_ops]
     tagged = []
     for o in layer_ops:
         gid = next((f"L{layer}.{g}" for g, mods in groups if o.module in mods), None)
