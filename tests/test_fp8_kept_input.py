@@ -83,3 +83,14 @@ def test_fp8_linears_keep_a_recomputed_norms_output() -> None:
     for k in ("q_down", "kv_down", "shared_fc1"):
         assert ops[k].saved == (ops[k].input[0],), k
         assert ops[k].bwd_input[0].name == f"{k}.quantize_kept_input"
+
+
+def test_shared_experts_fc1_keeps_the_routers_input_under_new_fp8() -> None:
+    """SharedExpertMLP.__init__: with an fp8 recipe other than delayed on TE >= 2.6 the shared
+    experts' FC1 keeps the pre-MLP norm's BF16 output — the router keeps it anyway — not an FP8
+    copy."""
+    v3 = load_model("deepseek-v3").with_updates({"layer_num": 2, "dense_layers": 0})
+    st = load_strategy("ep8_pp1_dp8_mbs1").with_updates({"seq_len": 4096, "fp8": True, "fp8_recipe": "mxfp8"})
+    new, old = (_ops(v3, st.with_updates({"te_version": v}), 1)["shared_fc1"] for v in ("2.6.0", "2.5.0"))
+    assert new.saved == (new.input[0],) == (("L1.mlp_norm.out", new.input[0][1]),)
+    assert old.saved[0][0] == "L1.mlp_norm.out.fp8.shared_fc1"

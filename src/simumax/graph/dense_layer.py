@@ -81,7 +81,7 @@ def attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x
         proj_in = (f"{P}.attn.gated", d.act(q_w))
         ops.append(_output_gate(P, layer, out, mixed, proj_in))
     proj = linears.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, proj_in, q_w, d.h, bias=bias,
-                              keep_original=d.proj_keeps_original)
+                              keep_original=d.keeps_original_input)
     ops += _with_post_norm(proj, P, "attn", model, st, d, layer)
     ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))
     return ops

@@ -37,10 +37,11 @@ class Dims:
     # documents packed into one sequence, attention within each (THD): (length, count), longest
     # first; () for one document per sequence (StrategyConfig.document_groups)
     docs: tuple[tuple[int, int], ...] = ()
-    # attention's output projection keeps its BF16 input, which attention keeps anyway, not an
-    # FP8 copy (megatron-core's set_save_original_input: fp8 recipes but delayed with
-    # TransformerEngine >= 2.6, fp4 with >= 2.7; Attention / MLA / AbsorbedMLA.__init__)
-    proj_keeps_original: bool = False
+    # attention's output projection and the shared experts' FC1 keep their BF16 input, which
+    # attention / the router keep anyway, not an FP8 copy (megatron-core's
+    # set_save_original_input: fp8 recipes but delayed with TransformerEngine >= 2.6, fp4 with
+    # >= 2.7; Attention / MLA / AbsorbedMLA / SharedExpertMLP.__init__)
+    keeps_original_input: bool = False
 
     @classmethod
     def of(cls, model: ModelConfig, st: StrategyConfig) -> "Dims":
@@ -74,7 +75,7 @@ class Dims:
             main_grad_bytes=st.main_grad_bytes,
             wgrad_fused=st.gradient_accumulation_fusion,
             docs=st.document_groups,
-            proj_keeps_original=(st.fp4_on and st.te_at_least("2.7")) or (
+            keeps_original_input=(st.fp4_on and st.te_at_least("2.7")) or (
                 st.fp8_on and not st.fp4_on and st.fp8_recipe != "delayed" and st.te_at_least("2.6")),
         )
 

@@ -66,7 +66,7 @@ def dsa_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
     out = (f"{P}.attn.out", d.act(H * v_dim))
     ops.append(_v_up(P, layer, d, latent_out, (H, v_dim, nope, C)).with_(output=out))
     ops.append(linears.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, out, H * v_dim, d.h,
-                                  keep_original=d.proj_keeps_original))
+                                  keep_original=d.keeps_original_input))
     ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))
     return ops
 

@@ -140,7 +140,7 @@ def _current_scaling(d: Dims) -> bool:
 
 def column_linear(
     name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, *, bias: bool = False, te: bool = True,
-    bias_fused: bool = True,
+    bias_fused: bool = True, keep_original: bool = False,
 ) -> Op:
     """Column-parallel linear: k inputs (full) -> n outputs on this rank. ``bias_fused``
     False: the bias is added by its own kernel after the GEMM (Megatron-Core's local
@@ -159,7 +159,7 @@ def column_linear(
         reduce = [Collective("all_reduce", full_in, "tp")] if d.tp > 1 else []
     return _linear(
         name, module, layer, d, x, k, n, fwd_before=gather, fwd_after=add, bwd_before=gather, bwd_after=reduce,
-        fwd_transient=gathered, bwd_transient=d.act(n) + full_in + gathered, bias=bias, te=te,
+        fwd_transient=gathered, bwd_transient=d.act(n) + full_in + gathered, bias=bias, te=te, keep_original=keep_original,
     )
 
 

@@ -171,6 +171,6 @@ def mla_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
         core = attention.flash_attention(f"{P}.attn", layer, d, query, key, value, out, qk_dim=q_dim, v_dim=v_dim, kv_heads=heads)
     ops.append(core.with_(output=out))
     ops.append(linears.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, out, heads * v_dim, d.h, bias=model.add_bias_linear,
-                                  keep_original=d.proj_keeps_original))
+                                  keep_original=d.keeps_original_input))
     ops.append(blocks.dropout_add(f"{P}.attn_add", "attn_add", layer, d, dropout=st.enable_dropout))
     return ops

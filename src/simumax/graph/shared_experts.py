@@ -29,7 +29,8 @@ def shared_expert_ops(P: str, layer: int, model: ModelConfig, st: StrategyConfig
     else:
         s_act_op = blocks.gelu(f"{P}.shared_act", layer, d, s_fc1, ffn_s)
     ops = [
-        linears.column_linear(f"{P}.shared_fc1", "shared_fc1", layer, d, ln_out, h, s_n, bias=model.add_bias_linear).with_(output=s_fc1),
+        linears.column_linear(f"{P}.shared_fc1", "shared_fc1", layer, d, ln_out, h, s_n, bias=model.add_bias_linear,
+                              keep_original=d.keeps_original_input).with_(output=s_fc1),
         s_act_op.with_(module="shared_act", output=s_act),
         linears.row_linear(f"{P}.shared_fc2", "shared_fc2", layer, d, s_act, ffn_s, h, bias=model.add_bias_linear),
     ]
