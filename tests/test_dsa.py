@@ -312,3 +312,14 @@ def test_topk_reads_the_logits_five_times() -> None:
     scores = _ops(_model(), _strategy(seq_len=s))["dsa.scores"]
     assert sum(x.bytes for x in scores.fwd
                if isinstance(x, MemBound) and x.name in ("dsa.logits_write", "dsa.clean_logits")) == 4 * s * s
+
+
+def test_index_sharing_with_mtp_follows_megatrons_depth_numbering() -> None:
+    """MultiTokenPredictionLayer numbers its inner layer by depth (1, 2, ...): with sharing every
+    other layer, depth 1 runs its own indexer (DeepSeek-V3.2's one MTP layer), depth 2 would
+    reuse a top-k it has none of (refused)."""
+    m = _model(mtp_num_layers=1, dsa_indexer_topk_freq=2)
+    assert m.dsa_computes_topk(m.layer_num)
+    Estimate(m, _strategy(), SYSTEM).cost()
+    with pytest.raises(ConfigError, match="MTP depth 2"):
+        _model(mtp_num_layers=2, dsa_indexer_topk_freq=2)

@@ -94,17 +94,23 @@ class LayerBlocks:
             raise ConfigError("dsa_indexer_use_sparse_loss", "the dense indexer loss (the attention distribution over "
                               "every key, megatron-core's reference path) is not modelled; the sparse loss over the "
                               "top-k keys is (true)")
-        if self.mtp_num_layers and self.dsa_indexer_topk_freq > 1:
-            raise ConfigError("dsa_indexer_topk_freq", "index sharing with MTP layers is not modelled")
+        for depth in range(self.mtp_num_layers):
+            # MultiTokenPredictionLayer numbers its inner layer by depth (1, 2, ...): a depth that
+            # would reuse a top-k finds the decoder's holder, not one of its own
+            if not self._dsa_computes(depth + 1):
+                raise ConfigError("dsa_indexer_topk_freq", f"MTP depth {depth + 1} would reuse another layer's top-k "
+                                  "(megatron-core numbers MTP layers by depth); not modelled")
+
+    def _dsa_computes(self, number: int) -> bool:
+        """megatron-core ``is_dsa_skip_topk_layer`` negated: 1-based layer ``number`` runs its
+        indexer when (max(number - max(offset, 1), 0)) % freq == 0."""
+        offset = max(self.dsa_indexer_skip_topk_offset, 1)
+        return max(number - offset, 0) % self.dsa_indexer_topk_freq == 0
 
     def dsa_computes_topk(self, layer: int) -> bool:
         """Whether DSA layer ``layer`` (0-based) runs its own indexer, not reusing an earlier
-        layer's top-k keys (megatron-core ``is_dsa_skip_topk_layer``: 1-based layer n computes
-        when (max(n - max(offset, 1), 0)) % freq == 0). MTP layers always compute."""
-        if layer >= self.layer_num or self.dsa_indexer_topk_freq == 1:
-            return True
-        offset = max(self.dsa_indexer_skip_topk_offset, 1)
-        return max(layer + 1 - offset, 0) % self.dsa_indexer_topk_freq == 0
+        layer's top-k keys. MTP layers compute (ModelConfig's check refuses a depth that would not)."""
+        return layer >= self.layer_num or self._dsa_computes(layer + 1)
 
     def dsa_source_layer(self, layer: int) -> int:
         """The 0-based layer whose top-k keys DSA layer ``layer`` uses (itself when it computes;
