@@ -256,11 +256,12 @@ def test_context_parallel_all_gather_by_hand() -> None:
              _strategy(seq_len=S, cp_size=2, cp_comm_type="all_gather", world_size=16), SYSTEM).cost()
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(tp=hs.sampled_from([1, 2, 4, 8]), cp=hs.sampled_from([1, 2]), pp=hs.sampled_from([1, 2]),
        freq=hs.sampled_from([1, 2]), loss=hs.booleans(), fp8=hs.booleans(), mbs=hs.sampled_from([1, 2]),
-       rec=hs.sampled_from(["none", "full", "core_attn", "mla_up_proj", "attn_only"]), overlap=hs.booleans())
-def test_dsa_estimates_hold_their_invariants(tp, cp, pp, freq, loss, fp8, mbs, rec, overlap) -> None:
+       rec=hs.sampled_from(["none", "full", "core_attn", "mla_up_proj", "attn_only", "layernorm"]), overlap=hs.booleans(),
+       te=hs.sampled_from([None, "2.6.0"]))
+def test_dsa_estimates_hold_their_invariants(tp, cp, pp, freq, loss, fp8, mbs, rec, overlap, te) -> None:
     """Any valid DSA strategy: the breakdown sums to the iteration time (with every overlap
     option), the 80 % band holds the point estimate, the same configs give the same numbers;
     an invalid one is a ConfigError, never another exception."""
@@ -269,7 +270,8 @@ def test_dsa_estimates_hold_their_invariants(tp, cp, pp, freq, loss, fp8, mbs, r
         rec, {"megatron_recompute": True, "megatron_recompute_modules": [rec]})
     m = _model(dsa_indexer_topk_freq=freq, dsa_indexer_loss_coeff=0.01 if loss else None, dsa_indexer_use_sparse_loss=loss)
     fields = dict(tp_size=tp, cp_size=cp, cp_comm_type="all_gather", pp_size=pp, enable_sequence_parallel=tp > 1,
-                  world_size=8 * tp * cp * pp, micro_batch_size=mbs, fp8=fp8, overlap_grad_reduce=overlap,
+                  world_size=8 * tp * cp * pp, micro_batch_size=mbs, fp8=fp8, overlap_grad_reduce=overlap, te_version=te,
+                  fp8_recipe="blockwise" if fp8 else "delayed",
                   overlap_param_gather=overlap, tp_comm_overlap=overlap and tp > 1, **recompute)
     try:
         st = _strategy(**fields)
