@@ -99,12 +99,21 @@ KEEPS_NORM_OUTPUT = {"attn_norm": {"q_down", "kv_down"}, "mlp_norm": {"shared_fc
 
 
 def _norm_groups(st: StrategyConfig, layer_ops: list[Op], groups: list[tuple[str, set[str]]]) -> list[tuple[str, set[str]]]:
-    """Megatron's "layernorm" recompute where the norm is a module: with TransformerEngine only
-    the norms SEPARATE_NORM names (the local spec's are all modules)."""
+    """Megatron's recompute modules where TransformerEngine fuses a norm into the next linear
+    (the local spec's norms are all modules): "layernorm" recomputes only the norms
+    SEPARATE_NORM names, and "mlp" on a dense layer checkpoints TELayerNormMLP, its norm
+    inside (the checkpoint keeps the norm's input, not its output)."""
     if st.transformer_impl != "transformer_engine":
         return groups
     present = {o.module for o in layer_ops}
-    return [(g, mods) for g, mods in groups if g not in SEPARATE_NORM or SEPARATE_NORM[g] & present]
+    out = []
+    for g, mods in groups:
+        if g in SEPARATE_NORM and not SEPARATE_NORM[g] & present:
+            continue  # an IdentityOp
+        if g == "mlp" and not SEPARATE_NORM["mlp_norm"] & present:
+            mods = mods | {"mlp_norm"}
+        out.append((g, mods))
+    return out
 
 
 def tag_recompute(st: StrategyConfig, layer_ops: list[Op]) -> list[Op]:
@@ -116,8 +125,9 @@ def tag_recompute(st: StrategyConfig, layer_ops: list[Op]) -> list[Op]:
     if mode == "full_block":
         return [o.with_(recompute_group=f"L{layer}.block") for o in layer_ops]
     groups = _groups(st)
-    if mode == "megatron" and "layernorm" in st.megatron_recompute_modules:
+    if mode == "megatron":
         groups = _norm_groups(st, layer_ops, groups)
+    if mode == "megatron" and "layernorm" in st.megatron_recompute_modules:
         if st.low_precision:
             recomputed = {g for g, _ in groups}
             keep = set().union(*(KEEPS_NORM_OUTPUT[g] for g in KEEPS_NORM_OUTPUT if g in recomputed))

@@ -1,5 +1,6 @@
-"""FP8 linears that keep their BF16 input (TransformerEngine's ``save_original_input``, set by
-megatron-core on attention's output projection)."""
+"""What megatron-core 0.19's TransformerEngine spec changes in what a layer keeps: norms fused
+into the next linear (and so outside or inside a recompute module's checkpoint), and fp8 linears
+that keep their BF16 input (TransformerEngine's ``save_original_input``)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,16 @@ def test_shared_experts_fc1_keeps_the_routers_input_under_new_fp8() -> None:
     new, old = (_ops(v3, st.with_updates({"te_version": v}), 1)["shared_fc1"] for v in ("2.6.0", "2.5.0"))
     assert new.saved == (new.input[0],) == (("L1.mlp_norm.out", new.input[0][1]),)
     assert old.saved[0][0] == "L1.mlp_norm.out.fp8.shared_fc1"
+
+
+def test_mlp_recompute_checkpoints_the_fused_norm_too() -> None:
+    """--recompute-modules mlp checkpoints ``self.mlp``: with TransformerEngine a dense layer's
+    MLP is TELayerNormMLP-style (its pre-MLP norm fused into FC1, pre_mlp_layernorm an
+    IdentityOp), so the checkpoint holds the norm's input and the norm is recomputed with it;
+    the local spec's norm stays outside, its output the checkpoint's input."""
+    rec = {"megatron_recompute": True, "megatron_recompute_modules": ["mlp"], "seq_len": 4096}
+    llama = load_model("llama3.1-8b").with_updates({"layer_num": 2})
+    te = _layer(llama, load_strategy("tp1_pp1_dp8_mbs1").with_updates(rec), 1)
+    local = _layer(llama, load_strategy("tp1_pp1_dp8_mbs1").with_updates({**rec, "transformer_impl": "local"}), 1)
+    assert te["mlp_norm"].recompute_group == te["fc1"].recompute_group == "L1.mlp"
+    assert local["mlp_norm"].recompute_group is None and local["fc1"].recompute_group == "L1.mlp"
