@@ -108,3 +108,19 @@ def test_mlp_recompute_checkpoints_the_fused_norm_too() -> None:
     local = _layer(llama, load_strategy("tp1_pp1_dp8_mbs1").with_updates({**rec, "transformer_impl": "local"}), 1)
     assert te["mlp_norm"].recompute_group == te["fc1"].recompute_group == "L1.mlp"
     assert local["mlp_norm"].recompute_group is None and local["fc1"].recompute_group == "L1.mlp"
+
+
+def test_mla_up_proj_recompute_takes_the_fused_qk_norms() -> None:
+    """MLA's TransformerEngine spec fuses the q / kv norms into the up-projections
+    (TELayerNormColumnParallelLinear; q_layernorm / kv_layernorm IdentityOps), so the
+    mla_up_proj checkpoint starts from the un-normed latents and recomputes the norms; DSA's
+    absorbed MLA keeps its norms as modules outside it, and so does the local spec."""
+    rec = {"megatron_recompute": True, "megatron_recompute_modules": ["mla_up_proj"], "seq_len": 4096}
+    v3 = load_model("deepseek-v3").with_updates({"layer_num": 2, "dense_layers": 0})
+    te = _layer(v3, load_strategy("ep8_pp1_dp8_mbs1").with_updates(rec), 1)
+    local = _layer(v3, load_strategy("ep8_pp1_dp8_mbs1").with_updates({**rec, "transformer_impl": "local"}), 1)
+    assert te["q_norm"].recompute_group == te["kv_norm"].recompute_group == te["q_up"].recompute_group == "L1.mla_up"
+    assert local["q_norm"].recompute_group is None and local["q_up"].recompute_group == "L1.mla_up"
+    v32 = load_model("deepseek-v3.2").with_updates({"layer_num": 2, "dense_layers": 0})
+    dsa = _layer(v32, load_strategy("ep8_pp1_dp8_mbs1").with_updates({**rec, "dsa_kernel_backend": "tilelang"}), 1)
+    assert dsa["q_norm"].recompute_group is None and dsa["q_up"].recompute_group == "L1.mla_up"

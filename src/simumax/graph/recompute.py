@@ -101,8 +101,9 @@ KEEPS_NORM_OUTPUT = {"attn_norm": {"q_down", "kv_down"}, "mlp_norm": {"shared_fc
 def _norm_groups(st: StrategyConfig, layer_ops: list[Op], groups: list[tuple[str, set[str]]]) -> list[tuple[str, set[str]]]:
     """Megatron's recompute modules where TransformerEngine fuses a norm into the next linear
     (the local spec's norms are all modules): "layernorm" recomputes only the norms
-    SEPARATE_NORM names, and "mlp" on a dense layer checkpoints TELayerNormMLP, its norm
-    inside (the checkpoint keeps the norm's input, not its output)."""
+    SEPARATE_NORM names, "mlp" on a dense layer checkpoints TELayerNormMLP, its norm inside
+    (the checkpoint keeps the norm's input, not its output), and "mla_up_proj" MLA's up-
+    projections with their q / kv norms."""
     if st.transformer_impl != "transformer_engine":
         return groups
     present = {o.module for o in layer_ops}
@@ -112,6 +113,11 @@ def _norm_groups(st: StrategyConfig, layer_ops: list[Op], groups: list[tuple[str
             continue  # an IdentityOp
         if g == "mlp" and not SEPARATE_NORM["mlp_norm"] & present:
             mods = mods | {"mlp_norm"}
+        if g == "mla_up" and not any(o.name.endswith(".q_absorb") for o in layer_ops):
+            # MLA's q / kv norms are fused into its up-projections (TELayerNormColumnParallelLinear):
+            # the checkpoint keeps the un-normed latents and recomputes the norms (DSA's absorbed
+            # MLA keeps them as modules of their own, outside it)
+            mods = mods | {"mla_q_norm", "mla_kv_norm"}
         out.append((g, mods))
     return out
 
