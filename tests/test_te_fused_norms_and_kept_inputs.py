@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from simumax.config.loader import load_model, load_strategy
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.estimate import Estimate
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import MemBound
 from simumax.graph.model_graph import layer_ops
@@ -41,9 +42,6 @@ def test_output_projection_keeps_attentions_bf16_output_under_new_fp8(model) -> 
 
 
 def _layer(model, st, layer):
-    from simumax.estimate import Estimate
-    from simumax.config.loader import load_system
-
     est = Estimate(model, st, load_system("h100-sxm-80gb"))
     return {o.name.split(".", 1)[1]: o for c in est.chunks for o in c.ops if o.layer == layer}
 

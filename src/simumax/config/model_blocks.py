@@ -101,11 +101,14 @@ class LayerBlocks:
                 raise ConfigError("dsa_indexer_topk_freq", f"MTP depth {depth + 1} would reuse another layer's top-k "
                                   "(megatron-core numbers MTP layers by depth); not modelled")
 
+    def _dsa_since_source(self, number: int) -> int:
+        """Layers between 1-based layer ``number`` and the one whose top-k it uses (megatron-core
+        ``is_dsa_skip_topk_layer`` / ``source_dsa_compute_layer``: max(number - max(offset, 1), 0)
+        modulo the frequency); 0 for a layer that runs its indexer."""
+        return max(number - max(self.dsa_indexer_skip_topk_offset, 1), 0) % self.dsa_indexer_topk_freq
+
     def _dsa_computes(self, number: int) -> bool:
-        """megatron-core ``is_dsa_skip_topk_layer`` negated: 1-based layer ``number`` runs its
-        indexer when (max(number - max(offset, 1), 0)) % freq == 0."""
-        offset = max(self.dsa_indexer_skip_topk_offset, 1)
-        return max(number - offset, 0) % self.dsa_indexer_topk_freq == 0
+        return self._dsa_since_source(number) == 0
 
     def dsa_computes_topk(self, layer: int) -> bool:
         """Whether DSA layer ``layer`` (0-based) runs its own indexer, not reusing an earlier
@@ -115,11 +118,7 @@ class LayerBlocks:
     def dsa_source_layer(self, layer: int) -> int:
         """The 0-based layer whose top-k keys DSA layer ``layer`` uses (itself when it computes;
         megatron-core ``source_dsa_compute_layer``)."""
-        if self.dsa_computes_topk(layer):
-            return layer
-        offset = max(self.dsa_indexer_skip_topk_offset, 1)
-        n = layer + 1
-        return n - (n - offset) % self.dsa_indexer_topk_freq - 1
+        return layer if layer >= self.layer_num else layer - self._dsa_since_source(layer + 1)
 
     def _check_hybrid(self) -> None:
         """The hybrid stack's pattern and Mamba sizes as megatron-core asserts them

@@ -26,11 +26,10 @@ from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.graph import blocks, linears
 from simumax.graph.dims import Dims
-from simumax.graph.dsa_indexer import FP32, INT32, indexer_ops
+from simumax.graph.dsa_indexer import FP32, INT32, indexer_ops, topk_tensor
 from simumax.graph.kernels import Attention, Collective, Gemm, MemBound, op_label
-from simumax.graph.mla import TORCH_ROPE_PASSES, latent_ops
+from simumax.graph.mla import latent_ops, rope_passes
 from simumax.graph.ops import Op, Tensor
-
 
 
 def dsa_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x_in: Tensor) -> list[Op]:
@@ -58,11 +57,12 @@ def dsa_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
         kv = (gathered,)
     ops.append(_absorb(P, layer, d, st, q_full, kv, (query, key), (nope, rope, C), lat.table))
 
+    topk = None  # a layer sharing an earlier one's top-k keeps none of its own (kept by that layer)
     if model.dsa_computes_topk(layer):
         ops += indexer_ops(model, st, d, layer, lat.ln_out, lat.q_c_norm, query, key)
-    topk = (f"{P}.dsa.topk", float(d.b * d.s * dsa_topk(model, d.s * d.cp) * INT32))
+        topk = topk_tensor(model, d, layer)
     latent_out = (f"{P}.attn.latent", float(T * H * C * ab))
-    ops.append(_sparse_mla(P, layer, d, model, query, key, topk if model.dsa_computes_topk(layer) else None, latent_out))
+    ops.append(_sparse_mla(P, layer, d, model, query, key, topk, latent_out))
     out = (f"{P}.attn.out", d.act(H * v_dim))
     ops.append(_v_up(P, layer, d, latent_out, (H, v_dim, nope, C)).with_(output=out))
     ops.append(linears.row_linear(f"{P}.attn_proj", "attn_proj", layer, d, out, H * v_dim, d.h,
@@ -90,13 +90,14 @@ def _absorb(P: str, layer: int, d: Dims, st: StrategyConfig, q_full: Tensor, kv_
     fwd: list = [Gemm(T, nope, C, "TN", b=H), MemBound(f"{label}.contiguous", 2 * absorbed),
                  MemBound(f"{label}.cat_query", 2 * query[1]), MemBound(f"{label}.cat_key", 2 * key[1])]
     saved: tuple[Tensor, ...] = (q_full,)
-    if st.apply_rope_fusion:
-        fwd += [MemBound(f"{label}.rope_q", 2 * q_pe), MemBound(f"{label}.rope_kv", 2 * k_pe)]
-        rope_bwd = [MemBound(f"{label}.rope_q_bwd", 2 * q_pe), MemBound(f"{label}.rope_kv_bwd", 2 * k_pe)]
-    else:
-        passes = 2 * TORCH_ROPE_PASSES
-        fwd[-2:-2] = [MemBound(f"{label}.rope_q", passes * q_pe), MemBound(f"{label}.rope_k", passes * k_pe)]
-        rope_bwd = [MemBound(f"{label}.rope_q_bwd", passes * q_pe), MemBound(f"{label}.rope_k_bwd", passes * k_pe)]
+    passes = rope_passes(st.apply_rope_fusion)
+    k_part = "rope_kv" if st.apply_rope_fusion else "rope_k"  # the fused kernel runs on the whole key
+    rope_fwd = [MemBound(f"{label}.rope_q", passes * q_pe), MemBound(f"{label}.{k_part}", passes * k_pe)]
+    rope_bwd = [MemBound(f"{label}.rope_q_bwd", passes * q_pe), MemBound(f"{label}.{k_part}_bwd", passes * k_pe)]
+    if st.apply_rope_fusion:  # in place on the concatenated query and key
+        fwd += rope_fwd
+    else:  # on the positional parts, before the concatenations
+        fwd[-2:-2] = rope_fwd
         table_bytes = float(d.s * rope * ab)
         saved += tuple((f"{P}.q_absorb.{t}_{f}", table_bytes) for t in ("q", "k") for f in ("cos", "sin"))
     bwd = [*rope_bwd, Gemm(T, C, nope, "NN", b=H), MemBound(f"{label}.q_grad", 2 * q_full[1])]
@@ -105,13 +106,8 @@ def _absorb(P: str, layer: int, d: Dims, st: StrategyConfig, q_full: Tensor, kv_
         name=f"{P}.q_absorb", module="mla_rope", layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd),
         bwd_weight=(linears.written_wgrad(k_up_grad, ab),), saved=saved, input=(q_full, *kv_in, *table),
         output=query, also_outputs=(key,), fwd_transient=absorbed,
-        bwd_transient=absorbed + q_full[1] + float(T * qk_width(H, C, rope) * ab),
+        bwd_transient=absorbed + q_full[1] + query[1] + key[1],
     )
-
-
-def qk_width(heads: int, kv_rank: int, rope: int) -> int:
-    """Elements per token of the absorbed query and the latent key together."""
-    return (heads + 1) * (kv_rank + rope)
 
 
 def _sparse_mla(P: str, layer: int, d: Dims, model: ModelConfig, query: Tensor, key: Tensor, topk: Tensor | None,

@@ -32,7 +32,7 @@ from simumax.config.strategy import StrategyConfig
 from simumax.graph import linears
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective, Gemm, MemBound, op_label
-from simumax.graph.mla import TORCH_ROPE_PASSES
+from simumax.graph.mla import rope_passes
 from simumax.graph.ops import Op, Tensor
 
 FP32, INT32, INT64 = 4, 4, 8
@@ -52,8 +52,14 @@ LOSS_APPROXIMATE = ("the indexer loss's TileLang kernels (target, KL, backward) 
                     "under the next chunk's kernel but for the last chunk's")
 
 
-def indexer_loss_on(model: ModelConfig) -> bool:
-    return bool(model.dsa_indexer_loss_coeff)
+def topk_tensor(model: ModelConfig, d: Dims, layer: int) -> Tensor:
+    """The int32 top-k key indices [b, s, k] a layer's indexer writes (SparseMLA keeps them)."""
+    return (f"L{layer}.dsa.topk", float(d.b * d.s * dsa_topk(model, d.s * d.cp) * INT32))
+
+
+def _indexer_blocks(d: Dims) -> int:
+    """The blocks of query rows the indexer's logits and top-k run in."""
+    return d.b * -(-d.s // INDEXER_BLOCK_ROWS)
 
 
 def indexer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: Tensor, qr: Tensor,
@@ -63,7 +69,7 @@ def indexer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: 
     attention's, which the loss's target reads."""
     name = f"L{layer}.dsa"
     label = op_label(name)
-    loss = indexer_loss_on(model)
+    loss = bool(model.dsa_indexer_loss_coeff)
     Hi, Di, rope = model.dsa_indexer_n_heads, model.dsa_indexer_head_dim, model.qk_pos_emb_head_dim
     q_in = model.q_lora_rank
     T, ab, b, s = d.tokens, d.act_bytes, d.b, d.s
@@ -87,10 +93,10 @@ def indexer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: 
     ops[-2] = ops[-2].with_(params=ops[-2].params + 2 * Di, tp_replicated_params=ops[-2].tp_replicated_params + 2 * Di)
 
     q_elems, k_elems = T * Hi * Di, T * Di
-    rope_passes = 2 if st.apply_rope_fusion else 2 * TORCH_ROPE_PASSES
+    passes = rope_passes(st.apply_rope_fusion)
     elementwise = [
-        MemBound(f"{label}.rope_q", rope_passes * T * Hi * rope * ab), MemBound(f"{label}.cat_q", 2 * q_elems * ab),
-        MemBound(f"{label}.k_norm", 2 * k_elems * ab), MemBound(f"{label}.rope_k", rope_passes * T * rope * ab),
+        MemBound(f"{label}.rope_q", passes * T * Hi * rope * ab), MemBound(f"{label}.cat_q", 2 * q_elems * ab),
+        MemBound(f"{label}.k_norm", 2 * k_elems * ab), MemBound(f"{label}.rope_k", passes * T * rope * ab),
         MemBound(f"{label}.cat_k", 2 * k_elems * ab),
         # weights * n_heads^-0.5 * softmax_scale (two products), then the fp32 copies the kernel takes
         MemBound(f"{label}.weights_scale", 4 * T * Hi * ab + 2 * T * Hi * (ab + FP32), launches=4),
@@ -103,7 +109,7 @@ def indexer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: 
     if b > 1:  # q[:, bi].contiguous(), k[:, bi].contiguous() per sequence of the micro-batch
         elementwise.append(MemBound(f"{label}.per_sequence", 2 * (q_elems + k_elems * d.cp) * ab, launches=2 * b))
     rows = min(s, INDEXER_BLOCK_ROWS)
-    blocks_n = b * -(-s // INDEXER_BLOCK_ROWS)
+    blocks_n = _indexer_blocks(d)
     logits = float(b * s * full * FP32)
     # keys per query row on average: the causal half of the sequence (with CP the rank's two
     # load-balanced chunks), or with packed documents the causal part of each row's document
@@ -127,7 +133,7 @@ def indexer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: 
                    input=(xg, qg), fwd_transient=float((q_elems + k_elems) * ab * 2) + block_logits,
                    approximate=SCORES_APPROXIMATE)
     topk_op = Op(name=f"{name}.topk", module="core_attn", layer=layer, fwd=tuple(topk_kernels),
-                 output=(f"{name}.topk", float(b * s * k * INT32)),
+                 output=topk_tensor(model, d, layer),
                  fwd_transient=block_logits + rows * k * (FP32 + INT64 + INT32), approximate=TOPK_APPROXIMATE)
     if not loss:
         return [*ops, scores_op, topk_op]
@@ -152,7 +158,7 @@ def _with_loss(model: ModelConfig, st: StrategyConfig, d: Dims, name: str, score
     ]
     if not st.apply_rope_fusion:  # the torch RoPE's cos / sin, q's and k's
         saved += [(f"{name}.rope_{t}", float(d.s * rope * ab)) for t in ("q_cos", "q_sin", "k_cos", "k_sin")]
-    rope_passes = 2 if st.apply_rope_fusion else 2 * TORCH_ROPE_PASSES
+    passes = rope_passes(st.apply_rope_fusion)
     bwd: list = []
     if k_pad != k:  # top-k indices and score gradients padded to the power of two
         bwd.append(MemBound(f"{label}.topk_pad", 2 * T * k_pad * (INT32 + FP32), launches=4))
@@ -167,7 +173,7 @@ def _with_loss(model: ModelConfig, st: StrategyConfig, d: Dims, name: str, score
     if model.dsa_indexer_rotate_activation:
         bwd.append(MemBound(f"{label}.rotate_bwd", 2 * (q_elems + k_elems) * ab, launches=2))
     bwd += [
-        MemBound(f"{label}.rope_bwd", rope_passes * T * (Hi + 1) * rope * ab, launches=2),
+        MemBound(f"{label}.rope_bwd", passes * T * (Hi + 1) * rope * ab, launches=2),
         MemBound(f"{label}.grad_cat", 2 * (q_elems + k_elems) * ab, launches=2),  # [x_pe, x_nope] grads re-joined
         MemBound(f"{label}.k_norm_bwd", 3 * k_elems * ab + 2 * T * FP32),
     ]
@@ -178,17 +184,17 @@ def _with_loss(model: ModelConfig, st: StrategyConfig, d: Dims, name: str, score
                                 bwd_transient=float(q_elems * ab + 2 * k_elems * FP32 + T * Hi * FP32 + T * k_pad * FP32))
     tp_sort: list = []
     if d.tp > 1:  # _canonicalize_topk_scores_for_tp_reduce: each row's slots sorted by key index
-        tp_sort = [MemBound(f"{label}.topk_sort", 4 * T * k * (INT32 + FP32), launches=b * -(-s // INDEXER_BLOCK_ROWS))]
+        tp_sort = [MemBound(f"{label}.topk_sort", 4 * T * k * (INT32 + FP32), launches=_indexer_blocks(d))]
     topk_op = topk_op.with_(fwd=(*topk_op.fwd, *tp_sort), bwd_input=tuple(
         MemBound(f"{label}.topk_sort_bwd", 2 * scored) for _ in tp_sort))
 
     chunks = b * -(-s // LOSS_CHUNK_ROWS)
-    qk = query[1] / (T * H * ab)  # the absorbed query's width
+    qk = model.kv_lora_rank + model.qk_pos_emb_head_dim  # the absorbed query's width
     fwd: list = [
         MemBound(f"{label}.loss_indices", T * k * (2 * INT32 + 2), launches=2 * chunks),  # valid mask, masked copy
         MemBound(f"{label}.loss_query", 2 * query[1], launches=chunks),  # each chunk's query made contiguous
         # the target: attention logits at the chosen keys, softmax, summed over the rank's heads
-        Gemm(T * H, int(qk), k, "TN", out_dtype="fp32", fused=True),
+        Gemm(T * H, qk, k, "TN", out_dtype="fp32", fused=True),
         MemBound(f"{label}.loss_target", 3 * scored, launches=2 * chunks),  # written, copied to its scratch slot
     ]
     if d.tp > 1:  # each chunk's all-reduce runs under the next chunk's kernel: the last one's is exposed

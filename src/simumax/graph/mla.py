@@ -29,6 +29,12 @@ from simumax.graph.ops import Op, Tensor
 TORCH_ROPE_PASSES = 4
 
 
+def rope_passes(fused: bool) -> int:
+    """Bytes moved per byte of a positional part RoPE rotates, each way: one read and one write
+    with a fused kernel, the torch RoPE's passes otherwise."""
+    return 2 if fused else 2 * TORCH_ROPE_PASSES
+
+
 def _rope_concat(
     name: str, layer: int, d: Dims, q: Tensor, kv: Tensor, kv_comb: Tensor, rope_widths: tuple[int, int],
     outs: tuple[Tensor, Tensor, Tensor], fused: bool = True,
