@@ -122,6 +122,16 @@ def _norm_groups(st: StrategyConfig, layer_ops: list[Op], groups: list[tuple[str
     return out
 
 
+def _keep_recomputed_norm_outputs(st: StrategyConfig, layer_ops: list[Op], recomputed: set[str]) -> list[Op]:
+    """Under fp8 / fp4, the linears KEEPS_NORM_OUTPUT names for a recomputed norm keep its BF16
+    output instead of their FP8 copies (but the shared experts' FC1 under its own checkpoint,
+    which keeps the original input anyway)."""
+    keep = set().union(*(mods for g, mods in KEEPS_NORM_OUTPUT.items() if g in recomputed))
+    if "shared_experts" in st.megatron_recompute_modules:
+        keep.discard("shared_fc1")
+    return [keep_original_input(o, st.lp_recipe, st.dtype_bytes) if o.module in keep else o for o in layer_ops]
+
+
 def tag_recompute(st: StrategyConfig, layer_ops: list[Op]) -> list[Op]:
     """The layer's ops with their recompute groups (for a layer that is recomputed)."""
     mode = st.recompute_mode
@@ -133,14 +143,8 @@ def tag_recompute(st: StrategyConfig, layer_ops: list[Op]) -> list[Op]:
     groups = _groups(st)
     if mode == "megatron":
         groups = _norm_groups(st, layer_ops, groups)
-    if mode == "megatron" and "layernorm" in st.megatron_recompute_modules:
         if st.low_precision:
-            recomputed = {g for g, _ in groups}
-            keep = set().union(*(KEEPS_NORM_OUTPUT[g] for g in KEEPS_NORM_OUTPUT if g in recomputed))
-            if "shared_experts" in st.megatron_recompute_modules:  # its checkpoint keeps the original input
-                keep.discard("shared_fc1")
-            layer_ops = [keep_original_input(o, st.lp_recipe, st.dtype_bytes) if o.module in keep else o
-                         for o in layer_ops]
+            layer_ops = _keep_recomputed_norm_outputs(st, layer_ops, {g for g, _ in groups})
     tagged = []
     for o in layer_ops:
         gid = next((f"L{layer}.{g}" for g, mods in groups if o.module in mods), None)
