@@ -239,6 +239,37 @@ def test_compare_strategies_side_by_side(tmp_path: Path) -> None:
         assert x["cost"]["duration_time_per_iter"] == pytest.approx(ref.duration_time_per_iter, rel=1e-9)  # JSON keeps 12 digits
 
 
+def test_every_job_command_takes_the_job_size(tmp_path: Path) -> None:
+    """compare, simulate and export take --world-size and --gbs as perf does: the same
+    strategy as the one --set would give (DP from the world size, the count from the batch)."""
+    from simumax.config.loader import load_model, load_strategy, load_system
+    from simumax.estimate import Estimate
+    from tests.conftest import run_cli
+
+    r = run_cli("compare", "-m", "llama3-8b", "-y", "a100_pcie", "-s", "tp2_pp1_dp4_mbs1", "-s", "tp4_pp1_dp2_mbs1",
+                "--world-size", "32", "--gbs", "256", "--json")
+    assert r.returncode == 0, r.stderr
+    for row, (tp, dp) in zip(json.loads(r.stdout)["strategies"], ((2, 16), (4, 8))):
+        assert row["global_batch_size"] == 256
+        st = load_strategy("tp2_pp1_dp4_mbs1").with_updates({"tp_size": tp, "world_size": 32, "micro_batch_num": 256 // dp})
+        ref = Estimate(load_model("llama3-8b"), st, load_system("a100_pcie")).cost().duration_time_per_iter
+        assert row["cost"]["duration_time_per_iter"] == pytest.approx(ref, rel=1e-9)
+    both = run_cli("compare", "-m", "llama3-8b", "-y", "a100_pcie", "-s", "tp2_pp1_dp4_mbs1", "-s", "tp4_pp1_dp2_mbs1",
+                   "--gbs", "64", "--keep-micro-batches")
+    assert both.returncode == 2 and "--gbs" in both.stderr and "Traceback" not in both.stderr
+    sim = run_cli("simulate", "-m", "llama3-8b", "-y", "a100_pcie", "-s", "tp1_pp2_dp4_mbs1", "--world-size", "16",
+                  "--gbs", "64", "--no-ops", "--json", "--out", str(tmp_path))
+    assert sim.returncode == 0, sim.stderr
+    st = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"world_size": 16, "micro_batch_num": 8})
+    ref = Estimate(load_model("llama3-8b"), st, load_system("a100_pcie")).cost().duration_time_per_iter
+    assert json.loads(sim.stdout)["closed_form_time_per_iter"] == pytest.approx(ref, rel=1e-9)
+    flags = json.loads(run_cli("export", "-m", "llama3-8b", "-s", "tp2_pp1_dp4_mbs1", "--world-size", "64", "--gbs", "512",
+                               "--json").stdout)
+    assert "--global-batch-size 512" in flags
+    bad = run_cli("export", "-m", "llama3-8b", "-s", "tp2_pp1_dp4_mbs1", "--world-size", "64", "--gbs", "100")
+    assert bad.returncode == 2 and "--gbs" in bad.stderr
+
+
 def test_system_queries_by_hand() -> None:
     """SimuMax's SystemConfig.real_comm_bw / compute_op_accuracy_time / miss_efficiency,
     derived by hand from the preset's fields."""

@@ -120,6 +120,9 @@ def compare(
     strategy: list[str] = typer.Option([], "--strategy", "-s", help="A strategy to compare (repeat): preset or JSON."),
     vary: list[str] = typer.Option([], "--vary", help="A variant of the first strategy: key=value[,key=value] (repeat)."),
     set_: list[str] = SetOpt,
+    world_size: Optional[int] = WorldSizeOpt,
+    gbs: Optional[int] = typer.Option(None, "--gbs", help="Global batch in sequences for every strategy; each one's "
+                                      "micro-batch count follows (default: the first strategy's global batch)."),
     as_json: bool = typer.Option(False, "--json", help="Print every strategy's results and breakdown differences as JSON."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write compare.json and compare.png here."),
     keep_micro_batches: bool = typer.Option(False, "--keep-micro-batches", help="Keep each strategy's micro-batch count "
@@ -129,9 +132,12 @@ def compare(
 
     Time, MFU, tokens/s, memory per stage, and the difference of each breakdown part from the
     first ("what does TP4 instead of TP2 change", "what does a B200 instead of an H100
-    change"), at the first strategy's global batch."""
+    change"), at the first strategy's global batch (or --gbs) on each one's world size (or
+    --world-size)."""
     from simumax.report import compare as cmp
 
+    if gbs is not None and keep_micro_batches:
+        raise ConfigError("--gbs", "sets every strategy's micro-batch count: give it or --keep-micro-batches, not both")
     if not strategy:
         raise ConfigError("--strategy", "give at least one strategy (and more, or --vary, or several --system)")
     specs = [(s_, s_, []) for s_ in strategy] + [(strategy[0], v, [x for x in v.split(",") if x]) for v in vary]
@@ -140,8 +146,8 @@ def compare(
     rows = []
     for sys_spec in system:
         for spec, label, extra in specs:
-            gbs = rows[0].gbs if rows and not keep_micro_batches else None
-            m, st, sy = load_job(model, spec, sys_spec, [*set_, *extra], gbs=gbs)
+            batch = gbs if gbs is not None or keep_micro_batches or not rows else rows[0].gbs
+            m, st, sy = load_job(model, spec, sys_spec, [*set_, *extra], world_size=world_size, gbs=batch)
             p = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy)
             name = Path(label).stem if label.endswith(".json") else label
             if len(system) > 1:
@@ -201,6 +207,8 @@ def simulate(
     system: str = SystemOpt,
     schedule: Optional[str] = typer.Option(None, "--schedule", help="1f1b | interleaved | zb | dualpipev (default: the strategy's)."),
     set_: list[str] = SetOpt,
+    world_size: Optional[int] = WorldSizeOpt,
+    gbs: Optional[int] = GbsOpt,
     out: Path = typer.Option(Path("simumax_sim"), "--out", help="Folder for the trace, memory files and Gantt chart."),
     ops: Optional[bool] = typer.Option(None, "--ops/--no-ops", help="Per-op events in the trace (default: when not huge)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -208,7 +216,7 @@ def simulate(
     """Event-simulate one iteration: Chrome trace, memory timelines, memory_viz snapshot, Gantt PNG."""
     if schedule is not None:
         set_ = [*set_, f"strategy.pp_schedule={schedule}"]
-    m, st, sy = load_job(model, strategy, system, set_)
+    m, st, sy = load_job(model, strategy, system, set_, world_size=world_size, gbs=gbs)
     res = PerfLLM().configure(strategy_config=st, model_config=m, system_config=sy).simulate(out, ops=ops)
     if as_json:
         cli.out_console.print_json(dumps_finite(res.to_dict()))

@@ -11,9 +11,9 @@ import typer
 
 from simumax import cli  # the app and its consoles (cli.out_console is read at call time: tools swap it)
 from simumax.atomic import dumps_finite, write_json_atomic
-from simumax.cli.options import ModelOpt, SetOpt, StrategyOpt, apply_overrides
+from simumax.cli.options import GbsOpt, ModelOpt, SetOpt, StrategyOpt, WorldSizeOpt, load_job
 from simumax.config.base import check_readable_file
-from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.config.loader import load_strategy, load_system
 from simumax.errors import ConfigError
 
 import_app = typer.Typer(no_args_is_help=True, help="Configs from a Hugging Face config.json or a Megatron-LM command line.")
@@ -86,6 +86,8 @@ def export(
     model: str = ModelOpt,
     strategy: str = StrategyOpt,
     set_: list[str] = SetOpt,
+    world_size: Optional[int] = WorldSizeOpt,
+    gbs: Optional[int] = GbsOpt,
     out: Optional[Path] = typer.Option(None, "--out", help="Also write megatron_flags.txt (torchtitan.toml, ds_config.json) here."),
     as_json: bool = typer.Option(False, "--json", help="Print the flags as a JSON list."),
     fmt_: str = typer.Option("megatron", "--format", help="megatron (flags), torchtitan (a job-config TOML snippet) or "
@@ -101,7 +103,7 @@ def export(
 
     if fmt_ not in ("megatron", "torchtitan", "deepspeed"):
         raise ConfigError("--format", f"must be megatron, torchtitan or deepspeed (got {fmt_!r})")
-    m, st, _ = apply_overrides(load_model(model), load_strategy(strategy), load_system("a100_pcie"), set_)
+    m, st, _ = load_job(model, strategy, "a100_pcie", set_, world_size=world_size, gbs=gbs)  # flags need no system
     if fmt_ != "megatron":
         if fmt_ == "torchtitan":
             from simumax.export.torchtitan import torchtitan_toml
