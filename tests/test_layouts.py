@@ -22,6 +22,22 @@ def test_layout_strings_expand_as_megatron_writes_them() -> None:
     assert parse_layout("Et*3|(tttt|)*14ttmL", 16, 61, mtp_layers=1) == [3] + [4] * 14 + [2]
     assert expand("E|((tt|)*2)*2L") == ["E", "tt", "tt", "tt", "tt", "L"]  # nested groups; embedding- and loss-only stages
     assert expand(" E t | t L ") == ["Et", "tL"]  # spaces are ignored
+    # Megatron's own example (pipeline_parallel_layer_layout.py, parse_str_to_list): commas
+    # are cosmetic, and a trailing separator opens an empty stage as its split does
+    assert expand("Ettt|(tt|)*29,m|L") == ["Ettt"] + ["tt"] * 29 + ["m", "L"]
+    assert expand("E(tt|)*2") == ["Ett", "tt", ""]
+
+
+@pytest.mark.parametrize("layout", ["Et*3|(tttt|)*14ttmL", "Ettt|(tt|)*29,m|L", "E|t*3|(ttt|)*2,ttL", "Et*8|m||L",
+                                    "E(tt|)*2", "Ett|tt,|tt|ttL"])
+def test_layout_stages_as_megatron_parses_them(layout: str) -> None:
+    """The same virtual stages as Megatron-Core's own parser on every layout it accepts."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    letter = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}
+    theirs = ["".join(letter[x.name] for x in stage) for stage in PipelineParallelLayerLayout.parse_str_to_list(layout)]
+    assert expand(layout) == theirs
 
 
 @pytest.mark.parametrize("layout, rule", [

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from simumax import StrategyConfig
-from simumax.config.loader import load_model, load_system
+from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 from simumax.graph.kernels import Attention, Collective, GroupGemm
@@ -243,6 +243,25 @@ def test_shared_expert_overlap_by_hand() -> None:
         assert exc.value.field == "moe_shared_expert_overlap"
     with pytest.raises(ConfigError):
         Estimate(load_model("mixtral-8x7b").with_updates({"layer_num": 2}), st.with_updates({"moe_shared_expert_overlap": True}), sy).cost()
+
+
+def test_expert_all_to_all_overlap_refuses_what_megatron_asserts() -> None:
+    """megatron-core TransformerConfig with overlap_moe_expert_parallel_comm asserts: no
+    'moe' recompute module, a bf16 / fp16 model, at most one MTP layer (each a ConfigError
+    naming its field); one MTP layer and other recompute modules are fine."""
+    sy = load_system("h100-sxm-80gb")
+    m = load_model("deepseek-v3-mtp").with_updates({"layer_num": 4})
+    st = load_strategy("ep8_pp1_dp8_mbs1").with_updates({"overlap_moe_expert_parallel_comm": True})
+    assert Estimate(m, st, sy).cost().duration_time_per_iter > 0
+    assert Estimate(m, st.with_updates({"megatron_recompute": True, "megatron_recompute_modules": ["moe_act"]}), sy).cost()
+    for model, upd, field in (
+        (m, {"megatron_recompute": True, "megatron_recompute_modules": ["moe_act", "moe"]}, "megatron_recompute_modules"),
+        (m, {"dtype": "fp32"}, "overlap_moe_expert_parallel_comm"),
+        (m.with_updates({"mtp_num_layers": 2}), {}, "overlap_moe_expert_parallel_comm"),
+    ):
+        with pytest.raises(ConfigError) as exc:
+            Estimate(model, st.with_updates(upd), sy).cost()
+        assert exc.value.field == field and "Megatron" in exc.value.rule
 
 
 def test_hierarchical_context_parallelism_by_hand() -> None:

@@ -175,6 +175,9 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
                           f"{st.cp_a2a_size} CP ranks")
     if not model.padded_vocab_size and model.vocab_size % tp:
         raise ConfigError("vocab_size", f"{model.vocab_size} must be divisible by tp ({tp}) without padding (padded_vocab_size: false); Megatron refuses it")
+    if st.overlap_moe_expert_parallel_comm and (model.mtp_num_layers or 0) > 1:
+        raise ConfigError("overlap_moe_expert_parallel_comm", f"supports at most one MTP layer (mtp_num_layers "
+                          f"{model.mtp_num_layers}), as Megatron asserts")
     if model.mtp_num_layers and st.recompute_mode == "full_block" and st.recompute_group_layers > 1:
         raise ConfigError("recompute_layer_num", f"multi-token prediction with full recompute's uniform method takes one layer "
                           f"per checkpoint (got {st.recompute_group_layers}), as megatron-core asserts")
@@ -187,7 +190,8 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
         if st.moe_dispatcher_policy == "all_gather":
             raise ConfigError("moe_shared_expert_overlap", "needs the all-to-all or flex dispatcher, not all_gather")
         if st.overlap_moe_expert_parallel_comm:
-            raise ConfigError("moe_shared_expert_overlap", "with overlap_moe_expert_parallel_comm is not modelled")
+            raise ConfigError("moe_shared_expert_overlap", "cannot be combined with overlap_moe_expert_parallel_comm "
+                              "(Megatron asserts it)")
         if model.moe_latent_size:
             raise ConfigError("moe_shared_expert_overlap", "with moe_latent_size is not supported in training (Megatron)")
     if st.moe_apply_probs_on_input and not (model.is_moe and model.topk == 1):

@@ -12,7 +12,8 @@ Three ways to state it, as Megatron-Core does:
 * ``pipeline_model_parallel_layout``: Megatron's layout string
   (megatron/core/transformer/pipeline_parallel_layer_layout.py): ``E`` embedding, ``t``
   transformer layer, ``m`` MTP layer, ``L`` loss, ``|`` between virtual stages (forward
-  order), ``x*n`` and ``(...)*n`` repeat. ``Et*3|(tttt|)*14ttmL`` is DeepSeek-V3 on PP16.
+  order), ``x*n`` and ``(...)*n`` repeat, commas are cosmetic (Megatron removes them).
+  ``Et*3|(tttt|)*14ttmL`` (or ``Et*3|(tttt|)*14,ttmL``) is DeepSeek-V3 on PP16.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ _TOKEN = re.compile(r"([EtmL])\*(\d+)")
 
 
 def expand(layout: str) -> list[str]:
-    """The layout's virtual stages as strings of E / t / m / L, repetitions expanded."""
-    text = "".join(layout.split())
+    """The layout's virtual stages as strings of E / t / m / L, repetitions expanded; split on
+    ``|`` as Megatron's ``parse_str_to_list`` splits (a trailing ``|`` opens an empty stage)."""
+    text = "".join(layout.split()).replace(",", "")
     for _ in range(100):  # innermost groups first
         new = _GROUP.sub(lambda g: g.group(1) * int(g.group(2)), text)
         if new == text:
@@ -43,10 +45,7 @@ def expand(layout: str) -> list[str]:
     bad = set(text) - set("EtmL|")
     if bad:
         raise ConfigError(FIELD, f"unexpected {''.join(sorted(bad))!r} in {layout!r} (E, t, m, L, |, x*n, (...)*n)")
-    stages = text.split("|")
-    if stages and stages[-1] == "":  # "(tttt|)*4" ends with a separator
-        stages.pop()
-    return stages
+    return text.split("|")
 
 
 def parse_layout(layout: str, n_stages: int, layer_num: int, mtp_layers: int = 0, pp: int | None = None) -> list[int]:

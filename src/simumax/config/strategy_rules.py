@@ -51,8 +51,14 @@ def check_rules(st: "StrategyConfig") -> None:
             raise ConfigError(
                 "overlap_moe_expert_parallel_comm", "with pp_size > 1 needs the interleaved (or dualpipev) schedule, as Megatron"
             )
+        # megatron-core TransformerConfig.__post_init__ asserts each of these
         if st.recompute_mode == "full_block":
             raise ConfigError("overlap_moe_expert_parallel_comm", "cannot be combined with full recompute (Megatron)")
+        if st.recompute_mode == "megatron" and "moe" in st.megatron_recompute_modules:
+            raise ConfigError("megatron_recompute_modules", "'moe' cannot be recomputed with "
+                              "overlap_moe_expert_parallel_comm (Megatron)")
+        if st.dtype == "fp32":
+            raise ConfigError("overlap_moe_expert_parallel_comm", "needs a bf16 or fp16 model (dtype fp32), as Megatron")
     if st.delay_wgrad_compute and not st.overlap_moe_expert_parallel_comm:
         raise ConfigError("delay_wgrad_compute", "needs overlap_moe_expert_parallel_comm")
     if st.optimizer_cpu_offload and st.zero_state < 1:
