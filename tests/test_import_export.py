@@ -323,6 +323,29 @@ def test_megatron_flags_not_modelled_are_said_with_the_reason() -> None:
     assert not any(n.startswith("ignored") for n in notes)
 
 
+def test_megatron_world_size_from_the_launcher(tmp_path) -> None:
+    """torchrun's --nproc-per-node x --nnodes (as numbers, variables expanded) is the job's
+    world size unless --world-size says otherwise; its rendezvous flags are launcher flags,
+    not "ignored" ones; 'gpu' or an elastic range leave the smallest world, as before."""
+    args = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --ffn-hidden-size 4096 --vocab-size 32000 "
+            "--seq-length 2048 --micro-batch-size 1 --global-batch-size 256 --tensor-model-parallel-size 2 "
+            "--pipeline-model-parallel-size 2")
+    script = tmp_path / "train.sh"
+    script.write_text(f"GPUS_PER_NODE=8\nNNODES=4\ntorchrun --nproc_per_node $GPUS_PER_NODE --nnodes=${{NNODES}} "
+                      f"--node_rank $NODE_RANK --master_addr $MASTER_ADDR --master_port 6000 pretrain_gpt.py {args}\n")
+    r = run_cli("import", "megatron", "--file", str(script), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    st = json.loads((tmp_path / "out" / "strategy.json").read_text())
+    assert (st["world_size"], st["micro_batch_num"]) == (32, 32)  # DP 8: 256 / 8
+    assert "world size 32 from the launcher: --nproc-per-node 8 x --nnodes 4" in r.stderr and "ignored" not in r.stderr
+    r = run_cli("import", "megatron", "--file", str(script), "--world-size", "8", "--out", str(tmp_path / "out"))
+    assert json.loads((tmp_path / "out" / "strategy.json").read_text())["world_size"] == 8
+    for launcher, world in (("--nproc-per-node 8", 8), ("--nproc-per-node=gpu --nnodes 2", 4), ("--nproc-per-node 8 --nnodes 1:4", 4),
+                            ("--nproc-per-node 4 --nnodes 2:2", 8)):
+        _, st, _ = parse_megatron_args(f"{launcher} pretrain_gpt.py {args}")
+        assert st.world_size == world, launcher  # 4: TP 2 x PP 2 with DP 1, the smallest
+
+
 def test_megatron_script_with_unknown_flags_and_errors(tmp_path) -> None:
     script = tmp_path / "train.sh"
     script.write_text("#!/bin/bash\ntorchrun --nproc-per-node 8 pretrain_gpt.py \\\n  --num-layers 4 --hidden-size 1024 \\\n"

@@ -74,3 +74,29 @@ def megatron_words(text: str, environ: dict[str, str] | None = None) -> list[str
         i += 1
     first = next((j for j, w in enumerate(words) if w.startswith("--")), None)
     return words[first:] if first is not None else []
+
+
+# torchrun's (and torch.distributed.launch's) flags: the GPUs it starts and how it meets
+LAUNCHER_FLAGS = frozenset({
+    "--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank", "--node_rank", "--master-addr", "--master_addr",
+    "--master-port", "--master_port", "--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint",
+    "--rdzv-id", "--rdzv_id", "--max-restarts", "--max_restarts", "--standalone",
+})
+
+
+def launcher_world_size(words: list[str]) -> tuple[int | None, str | None]:
+    """(GPUs, how they were read) that torchrun's flags start: --nproc-per-node x --nnodes
+    (one node without --nnodes; an elastic MIN:MAX with MIN = MAX counts); (None, None)
+    without --nproc-per-node or where a value is not a number (``gpu``, ``auto``, ``1:4``)."""
+    values: dict[str, str] = {}
+    for i, word in enumerate(words):
+        flag, eq, inline = word.partition("=")
+        if flag in ("--nproc-per-node", "--nproc_per_node", "--nnodes"):
+            value = inline if eq else (words[i + 1] if i + 1 < len(words) else "")
+            values[flag.replace("_", "-")] = value
+    nproc = values.get("--nproc-per-node")
+    nodes = values.get("--nnodes", "1")
+    low, _, high = nodes.partition(":")
+    if nproc is None or not nproc.isdigit() or not low.isdigit() or (high and high != low) or int(nproc) * int(low) < 1:
+        return None, None
+    return int(nproc) * int(low), f"--nproc-per-node {nproc} x --nnodes {nodes}"

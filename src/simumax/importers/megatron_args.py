@@ -13,6 +13,7 @@ from simumax.config.megatron_names import SWITCHES, VALUED, flag_of
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
+from simumax.importers.launch_script import LAUNCHER_FLAGS, launcher_world_size
 from simumax.importers.megatron_flag_tables import (IGNORED_VALUED, MEGATRON_DEFAULTS, MUON_DEFAULT_ONLY, NO_EFFECT,
                                                     NO_EFFECT_FAMILIES, NOT_MODELLED, OLDER_NO_EFFECT, TOKENIZER_VOCAB)
 from simumax.importers.megatron_values import (int_or_layer_list, is_one, layer_pattern, skip_freq, typed, values_after,
@@ -22,8 +23,9 @@ SIZE_FIELDS = frozenset({"tp_size", "pp_size", "cp_size", "ep_size", "etp_size",
 
 
 def parse_megatron_args(text: str | list[str], world_size: int | None = None, name: str = "megatron") -> tuple[ModelConfig, StrategyConfig, list[str]]:
-    """(model, strategy, notes). ``world_size`` defaults to the smallest that holds the
-    parallel sizes with DP 1 (the launcher, not the arguments, decides it)."""
+    """(model, strategy, notes). ``world_size`` defaults to the GPUs a torchrun launcher in
+    the words starts, else the smallest that holds the parallel sizes with DP 1 (the
+    launcher, not the arguments, decides it)."""
     try:
         tokens = shlex.split(text if isinstance(text, str) else " ".join(text))
     except ValueError as exc:  # unbalanced quotes
@@ -34,6 +36,10 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     notes: list[str] = []
     extra: dict[str, str] = {}  # flags read now and applied after the walk, by name
     gbs = _read_flags(tokens, m, s, extra, notes)
+    if world_size is None:
+        world_size, read = launcher_world_size(tokens)
+        if read:
+            notes.append(f"world size {world_size} from the launcher: {read} (--world-size overrides it)")
     _megatron_defaults(m, s, extra, notes)
     _parallel_sizes(m, s, extra, notes, gbs, world_size)
     model = _by_flag("m", lambda: ModelConfig.init_from_dict(m, source="Megatron arguments"))
@@ -233,7 +239,7 @@ def _read_flags(tokens: list[str], m: dict[str, Any], s: dict[str, Any], extra: 
             not_modelled.setdefault(NOT_MODELLED[flag], []).append(flag)
         elif flag.startswith(NO_EFFECT_FAMILIES):
             no_effect.append(flag)
-        elif flag.startswith("--") and flag not in IGNORED_VALUED:
+        elif flag.startswith("--") and flag not in IGNORED_VALUED and flag not in LAUNCHER_FLAGS:
             notes.append(f"ignored {flag}")
         i += step
     if no_effect:
