@@ -227,6 +227,8 @@ def test_compare_strategies_side_by_side(tmp_path: Path) -> None:
     assert (tmp_path / "compare.png").stat().st_size > 0 and (tmp_path / "compare.json").exists()
     text = run_cli("compare", "-m", "llama3-8b", "-y", "a100_pcie", "-s", "tp2_pp1_dp4_mbs1", "-s", "tp1_pp2_dp4_mbs1").stdout
     assert "tp1_pp2_dp4_mbs1" in text and "iteration time" in text and "tp_comm (ms)" in text
+    bad = run_cli("compare", "-m", "llama3-8b", "-y", "a100_pcie", "-s", "tp2_pp1_dp4_mbs1", "--vary", "tp_size")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --vary: expected key=value")
     one = run_cli("compare", "-m", "llama3-8b", "-y", "a100_pcie", "-s", "tp2_pp1_dp4_mbs1")
     assert one.returncode == 2 and "--strategy" in one.stderr
     # one strategy on two systems: each row is that system's own estimate of the same job

@@ -140,6 +140,9 @@ def compare(
         raise ConfigError("--gbs", "sets every strategy's micro-batch count: give it or --keep-micro-batches, not both")
     if not strategy:
         raise ConfigError("--strategy", "give at least one strategy (and more, or --vary, or several --system)")
+    for v in vary:
+        if not v or any("=" not in x for x in v.split(",") if x):
+            raise ConfigError("--vary", f"expected key=value[,key=value], got {v!r}")
     specs = [(s_, s_, []) for s_ in strategy] + [(strategy[0], v, [x for x in v.split(",") if x]) for v in vary]
     if len(specs) * len(system) < 2:
         raise ConfigError("--strategy", "needs two or more strategies, --vary variants of the first, or two systems")
