@@ -25,7 +25,7 @@ def _model(**fields):
 
 
 def _strategy(**fields):
-    base = {"seq_len": 4096, "dsa_kernel_backend": "tilelang", "world_size": 8, "ep_size": 8}
+    base = {"seq_len": 4096, "dsa_kernel_backend": "tilelang", "apply_rope_fusion": False, "world_size": 8, "ep_size": 8}
     return load_strategy("ep8_pp1_dp8_mbs1").with_updates({**base, **fields})
 
 
@@ -77,12 +77,13 @@ def test_dsa_kept_bytes_by_hand() -> None:
     """What one DSA layer keeps at TP1, s = 4096, b = 1 (bf16): the absorption q_nope's buffer
     (the q up-projection's output, s·H·192), SparseMLA its q [s, H, 576], kv [s, 576], the int32
     indices [s, 2048] and the valid-head mask, the V up-projection the latent output
-    [s, H, 512]; a layer sharing an earlier layer's top-k keeps no indices of its own."""
+    [s, H, 512]; the unfused RoPE (Megatron refuses RoPE fusion with DSA) its cos / sin for q and k
+    (s·64 each); a layer sharing an earlier layer's top-k keeps no indices of its own."""
     m = _model(dsa_indexer_topk_freq=2)
     st = _strategy()
     s, H = 4096, 128
     ops = _ops(m, st, layer=2)  # layers 1 and 3 (1-based) run the indexer, 2 and 4 reuse their top-k
-    assert ops["q_absorb"].saved_bytes == 2 * s * H * 192
+    assert ops["q_absorb"].saved_bytes == 2 * s * H * 192 + 4 * 2 * s * 64
     assert ops["sparse_attn"].saved_bytes == 2 * s * H * 576 + 2 * s * 576 + 4 * s * 2048 + s * H
     assert ops["v_up"].saved_bytes == 2 * s * H * 512
     shared = _ops(m, st, layer=3)
@@ -203,8 +204,9 @@ def test_sparse_indexer_loss_by_hand(tp) -> None:
     backward's three products over the top-k pairs (6·s·k·max(Hi, 16)·Di), the target's
     attention logits over the top-k keys on the rank's heads (2·s·H·576·k); kept: k's norm input
     and statistics, q, k, the fp32 weights and the block's indices (IndexerFunction), the logits'
-    gradient (the KL kernel), and with SP the gathered hidden state and q latent the projections
-    read (at TP1 those are the layer's own input norm output and q latent, kept already)."""
+    gradient (the KL kernel), the unfused RoPE's cos / sin for q and k (s·64 each), and with SP
+    the gathered hidden state and q latent the projections read (at TP1 those are the layer's own
+    input norm output and q latent, kept already)."""
     m = _model(dsa_indexer_loss_coeff=0.01, dsa_indexer_use_sparse_loss=True)
     st = _strategy(seq_len=16384, tp_size=tp, enable_sequence_parallel=tp > 1, world_size=8 * tp)
     ops = _ops(m, st)
@@ -213,7 +215,8 @@ def test_sparse_indexer_loss_by_hand(tp) -> None:
         assert _gemm_flops(ops[name].bwd_weight) == 2 * s * k_in * n and not _gemm_flops(ops[name].bwd_input)
     assert _gemm_flops(ops["dsa.scores"].bwd_input) == 6 * s * k * Hi * Di
     assert _gemm_flops(ops["dsa.loss"].fwd) == 2 * s * H * 576 * k
-    assert ops["dsa.scores"].saved_bytes == 2 * s * Di + 8 * s + 2 * s * Hi * Di + 2 * s * Di + 4 * s * Hi + 4 * s * k
+    assert ops["dsa.scores"].saved_bytes == (2 * s * Di + 8 * s + 2 * s * Hi * Di + 2 * s * Di + 4 * s * Hi + 4 * s * k
+                                             + 4 * 2 * s * 64)
     assert ops["dsa.loss"].saved_bytes == 4 * s * k
     gathered = {n for name in ("dsa.wq_b", "dsa.wk") for n, _ in ops[name].saved}
     assert gathered == ({"L1.dsa.qr", "L1.dsa.x"} if tp > 1 else {"L1.q_norm.out", "L1.attn_norm.out"})

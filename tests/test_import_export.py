@@ -282,7 +282,7 @@ def test_megatron_flags_of_routing_limits_and_the_nan_check() -> None:
     drops the pass over the main grads before the reduce (a shorter step), and round-trips;
     flags with a real effect that is not modelled are said with the reason."""
     base = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --vocab-size 32000 "
-            "--num-experts 64 --moe-router-topk 6 --expert-model-parallel-size 8 ")
+            "--num-experts 64 --moe-router-topk 6 --expert-model-parallel-size 8 --bf16 ")
     m, st, notes = parse_megatron_args(base + "--moe-router-topk-limited-devices 3 --no-check-for-nan-in-loss-and-grad "
                                        "--log-params-norm --use-sharp --distributed-backend nccl", world_size=8)
     assert (m.moe_router_num_groups, m.moe_router_group_topk) == (8, 3) and st.check_for_nan_in_grad is False
@@ -789,13 +789,13 @@ OLMOE = {"architectures": ["OlmoeForCausalLM"], "vocab_size": 50304, "hidden_siz
 
 
 def test_hf_ernie45_moe_and_olmoe() -> None:
-    """ERNIE 4.5 MoE: softmax over all experts before the top-6 with the score-correction bias,
-    two shared experts, MoE from layer 1 (its moe_layer_* keys); 21 B / 3 B by its config. OLMoE: 64
+    """ERNIE 4.5 MoE: softmax over all experts before the top-6 (its score-correction bias left out:
+    Megatron's expert bias takes sigmoid scores only), two shared experts, MoE from layer 1 (its moe_layer_* keys); 21 B / 3 B by its config. OLMoE: 64
     experts of intermediate_size, top 8, q / k norms; 6.9 B total, 1.3 B active (AI2: "1B active,
     7B total")."""
     e, _ = model_from_hf(ERNIE45_MOE)
     assert (e.expert_num, e.topk, e.dense_layers, e.moe_shared_expert_intermediate_size) == (64, 6, 1, 3072)
-    assert e.moe_router_pre_softmax and e.moe_router_enable_expert_bias and not e.untie_embeddings_and_output_weights
+    assert e.moe_router_pre_softmax and not e.moe_router_enable_expert_bias and not e.untie_embeddings_and_output_weights
     total, active = _params(e)
     assert (int(total), int(active)) == (21, 3)  # 21.8 B, 3.35 B: the card's "21B total, 3B activated", truncated
     every_other, _ = model_from_hf({**ERNIE45_MOE, "moe_layer_interval": 2})

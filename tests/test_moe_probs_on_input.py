@@ -15,7 +15,7 @@ H = 4096  # Mixtral's hidden size
 
 
 def _est(topk: int = 1, **kw) -> Estimate:
-    m = load_model("mixtral-8x7b").with_updates({"layer_num": 2, "topk": topk})
+    m = load_model("mixtral-8x7b").with_updates({"layer_num": 2, "topk": topk, "moe_router_pre_softmax": topk == 1})
     st = load_strategy("ep4_pp2_dp4_mbs1").with_updates(
         {"pp_size": 1, "world_size": 8, "ep_size": 8, "seq_len": 4096, "enable_recompute": False, "dispatch_probs": True, **kw})
     return Estimate(m, st, load_system("h100-sxm-80gb"))

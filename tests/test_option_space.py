@@ -56,8 +56,9 @@ def jobs(draw):
         st.update(hierarchical_context_parallel_sizes=[a, cp // a])
     low = draw(hs.sampled_from(("none", "none", "fp8", "fp4")))
     if low == "fp8":
-        st.update(fp8=True, fp8_recipe=draw(hs.sampled_from(("delayed", "tensorwise", "blockwise", "mxfp8"))),
-                  fp8_weight_caching=draw(hs.booleans()), first_last_layers_bf16=draw(hs.booleans()))
+        recipe = draw(hs.sampled_from(("delayed", "tensorwise", "blockwise", "mxfp8")))
+        st.update(fp8=True, fp8_recipe=recipe, fp8_weight_caching=draw(hs.booleans()),
+                  first_last_layers_bf16=recipe != "delayed" and draw(hs.booleans()))  # Megatron: not with delayed
     elif low == "fp4":
         st.update(fp4=True, fp4_recipe="nvfp4")
     if st["zero_state"] and draw(hs.booleans()):

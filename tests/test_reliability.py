@@ -293,3 +293,27 @@ def test_host_issue_time_follows_the_kernels_not_their_size() -> None:
     deeper = stage0(m.with_updates({"layer_num": 8}))
     per_layer = (deeper.host_issue - base.host_issue) / 4
     assert per_layer > 0 and stage0(m.with_updates({"layer_num": 6})).host_issue == pytest.approx(base.host_issue + 2 * per_layer)
+
+
+def test_fp32_training_is_refused_not_costed_as_bf16(tmp_path: Path) -> None:
+    """dtype fp32 would cost every GEMM as a bf16 one: a ConfigError naming dtype from the API
+    and the CLI (exit 2, one line); a Megatron line without --bf16 still imports as fp32,
+    saying so, and its estimate is refused the same way."""
+    from simumax.config.loader import load_model, load_strategy, load_system
+    from simumax.errors import ConfigError
+    from simumax.estimate import Estimate
+    from tests.conftest import run_cli
+
+    st = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"dtype": "fp32"})
+    with pytest.raises(ConfigError) as exc:
+        Estimate(load_model("llama3-8b"), st, load_system("a100_pcie")).cost()
+    assert exc.value.field == "dtype" and "bf16" in exc.value.rule
+    for dtype in ("bf16", "fp16"):
+        assert Estimate(load_model("llama3-8b"), st.with_updates({"dtype": dtype}), load_system("a100_pcie")).cost()
+    r = run_cli("perf", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", "a100_pcie", "--set", "strategy.dtype=fp32")
+    assert r.returncode == 2 and r.stderr.startswith("error: dtype: fp32 training is not modelled") and "Traceback" not in r.stderr
+    r = run_cli("import", "megatron", "--world-size", "8", "--out", str(tmp_path), "--", "--num-layers", "2", "--hidden-size", "1024",
+                "--num-attention-heads", "16", "--seq-length", "2048", "--vocab-size", "50257")
+    assert r.returncode == 0 and "--bf16 / --fp16 not given" in r.stderr
+    r = run_cli("perf", "-m", str(tmp_path / "model.json"), "-s", str(tmp_path / "strategy.json"), "-y", "a100_pcie")
+    assert r.returncode == 2 and "error: dtype:" in r.stderr

@@ -90,7 +90,7 @@ def _preset_line(kind: str, name: str) -> str:
         shown = ", ".join(differ[:4]) + (" ..." if len(differ) > 4 else "")
         origin = f" (SimuMax's file as it ships it; the published model is {twin}, which differs in {shown})"
     if m.experimental_attention_variant == "dsa":
-        kind_text += f", DeepSeek sparse attention top-{m.dsa_indexer_topk} (dsa_kernel_backend tilelang)"
+        kind_text += f", DeepSeek sparse attention top-{m.dsa_indexer_topk} (dsa_kernel_backend tilelang, apply_rope_fusion false)"
     return f"{kind_text}, {m.layer_num} layers, hidden {m.hidden_size}, vocabulary {m.vocab_size}{origin}"
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from simumax.config.dsa_rules import check_dsa
 from simumax.config.hardware import datasheet
 from simumax.config.layout import virtual_stage_layers
+from simumax.config.megatron_rules import check_moe_rules
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
@@ -147,6 +148,12 @@ def _check_linear_attention(model: ModelConfig, st: StrategyConfig) -> None:
 def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfig) -> None:
     """Raise ConfigError for the first rule the three configs break together."""
     tp = st.tp_size
+    if st.dtype == "fp32":
+        # the kernels are described for 2-byte training: fp32 would cost every GEMM as a bf16
+        # one (Megatron runs fp32 operands, TE's GEMM in TF32 at half the rate) and attention as
+        # flash attention (TransformerEngine's fused backends take bf16 / fp16 only)
+        raise ConfigError("dtype", "fp32 training is not modelled (its GEMMs would be costed as bf16 ones and its "
+                          "attention as flash attention); estimate bf16 or fp16")
     if model.hybrid_layer_pattern is not None:
         _check_hybrid(model, st)
     if model.has_linear_attention:
@@ -206,6 +213,7 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
     if model.is_moe and st.moe_dispatcher_policy == "flex" and model.moe_pad_expert_input_to_capacity:
         raise ConfigError("moe_dispatcher_policy", "flex (DeepEP) does not pad expert inputs to capacity (Megatron); "
                           "set moe_pad_expert_input_to_capacity false")
+    check_moe_rules(model, st)
     if model.is_moe:
         if model.expert_num % st.ep_size:
             raise ConfigError("ep_size", f"expert_num ({model.expert_num}) must be divisible by ep ({st.ep_size})")

@@ -37,6 +37,9 @@ def check_dsa(model: ModelConfig, st: StrategyConfig, chunk_layers: list[list[in
         why = ("is Megatron's default: the dense reference path (an fp32 score matrix over every key per layer)"
                if st.dsa_kernel_backend == "none" else "fuses the indexer and attention in kernels not described here")
         raise ConfigError("dsa_kernel_backend", f"{st.dsa_kernel_backend} {why}, which is not modelled; tilelang is")
+    if st.apply_rope_fusion:
+        raise ConfigError("apply_rope_fusion", "RoPE fusion is not supported for DSAttention (Megatron asserts it): "
+                          "set it false (--no-rope-fusion)")
     if st.transformer_impl == "local" or st.use_math_sdp:
         raise ConfigError("use_math_sdp" if st.use_math_sdp else "transformer_impl",
                           "DSA runs the TransformerEngine spec with fused attention (the unfused attention backend "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from simumax.config.megatron_rules import check_precision_rules
 from simumax.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -57,8 +58,6 @@ def check_rules(st: "StrategyConfig") -> None:
         if st.recompute_mode == "megatron" and "moe" in st.megatron_recompute_modules:
             raise ConfigError("megatron_recompute_modules", "'moe' cannot be recomputed with "
                               "overlap_moe_expert_parallel_comm (Megatron)")
-        if st.dtype == "fp32":
-            raise ConfigError("overlap_moe_expert_parallel_comm", "needs a bf16 or fp16 model (dtype fp32), as Megatron")
     if st.delay_wgrad_compute and not st.overlap_moe_expert_parallel_comm:
         raise ConfigError("delay_wgrad_compute", "needs overlap_moe_expert_parallel_comm")
     if st.optimizer_cpu_offload and st.zero_state < 1:
@@ -89,6 +88,7 @@ def check_rules(st: "StrategyConfig") -> None:
                               "checkpointed group; Megatron: --recompute-num-layers)")
     if st.megatron_recompute and not st.megatron_recompute_modules:
         raise ConfigError("megatron_recompute_modules", "must name at least one module when megatron_recompute is true")
+    check_precision_rules(st)
 
 
 def _check_documents(st: "StrategyConfig") -> None:

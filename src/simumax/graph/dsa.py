@@ -89,17 +89,13 @@ def _absorb(P: str, layer: int, d: Dims, st: StrategyConfig, q_full: Tensor, kv_
     absorbed = float(T * H * C * ab)
     fwd: list = [Gemm(T, nope, C, "TN", b=H), MemBound(f"{label}.contiguous", 2 * absorbed),
                  MemBound(f"{label}.cat_query", 2 * query[1]), MemBound(f"{label}.cat_key", 2 * key[1])]
-    saved: tuple[Tensor, ...] = (q_full,)
-    passes = rope_passes(st.apply_rope_fusion)
-    k_part = "rope_kv" if st.apply_rope_fusion else "rope_k"  # the fused kernel runs on the whole key
-    rope_fwd = [MemBound(f"{label}.rope_q", passes * q_pe), MemBound(f"{label}.{k_part}", passes * k_pe)]
-    rope_bwd = [MemBound(f"{label}.rope_q_bwd", passes * q_pe), MemBound(f"{label}.{k_part}_bwd", passes * k_pe)]
-    if st.apply_rope_fusion:  # in place on the concatenated query and key
-        fwd += rope_fwd
-    else:  # on the positional parts, before the concatenations
-        fwd[-2:-2] = rope_fwd
-        table_bytes = float(d.s * rope * ab)
-        saved += tuple((f"{P}.q_absorb.{t}_{f}", table_bytes) for t in ("q", "k") for f in ("cos", "sin"))
+    # torch's RoPE on the positional parts, before the concatenations (Megatron refuses RoPE
+    # fusion with DSA: config/dsa_rules.py); it keeps its cos / sin tables for q and k
+    passes = rope_passes(fused=False)
+    fwd[-2:-2] = [MemBound(f"{label}.rope_q", passes * q_pe), MemBound(f"{label}.rope_k", passes * k_pe)]
+    rope_bwd = [MemBound(f"{label}.rope_q_bwd", passes * q_pe), MemBound(f"{label}.rope_k_bwd", passes * k_pe)]
+    table_bytes = float(d.s * rope * ab)
+    saved: tuple[Tensor, ...] = (q_full, *((f"{P}.q_absorb.{t}_{f}", table_bytes) for t in ("q", "k") for f in ("cos", "sin")))
     bwd = [*rope_bwd, Gemm(T, C, nope, "NN", b=H), MemBound(f"{label}.q_grad", 2 * q_full[1])]
     k_up_grad = Gemm(nope, T, C, "NT", b=H)
     return Op(

@@ -93,7 +93,7 @@ def indexer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: 
     ops[-2] = ops[-2].with_(params=ops[-2].params + 2 * Di, tp_replicated_params=ops[-2].tp_replicated_params + 2 * Di)
 
     q_elems, k_elems = T * Hi * Di, T * Di
-    passes = rope_passes(st.apply_rope_fusion)
+    passes = rope_passes(fused=False)  # torch's RoPE: Megatron refuses RoPE fusion with DSA
     elementwise = [
         MemBound(f"{label}.rope_q", passes * T * Hi * rope * ab), MemBound(f"{label}.cat_q", 2 * q_elems * ab),
         MemBound(f"{label}.k_norm", 2 * k_elems * ab), MemBound(f"{label}.rope_k", passes * T * rope * ab),
@@ -156,9 +156,9 @@ def _with_loss(model: ModelConfig, st: StrategyConfig, d: Dims, name: str, score
         (f"{name}.q", float(q_elems * ab)), (f"{name}.k", float(k_elems * d.cp * ab)),  # k gathered over CP
         (f"{name}.weights_fp32", float(T * Hi * FP32)), (f"{name}.block_topk", float(T * k * INT32)),
     ]
-    if not st.apply_rope_fusion:  # the torch RoPE's cos / sin, q's and k's
-        saved += [(f"{name}.rope_{t}", float(d.s * rope * ab)) for t in ("q_cos", "q_sin", "k_cos", "k_sin")]
-    passes = rope_passes(st.apply_rope_fusion)
+    # the torch RoPE's cos / sin, q's and k's (DSA runs without RoPE fusion: config/dsa_rules.py)
+    saved += [(f"{name}.rope_{t}", float(d.s * rope * ab)) for t in ("q_cos", "q_sin", "k_cos", "k_sin")]
+    passes = rope_passes(fused=False)
     bwd: list = []
     if k_pad != k:  # top-k indices and score gradients padded to the power of two
         bwd.append(MemBound(f"{label}.topk_pad", 2 * T * k_pad * (INT32 + FP32), launches=4))

@@ -354,8 +354,9 @@ def glm4_moe_lite(cfg: dict[str, Any], source: str) -> dict[str, Any]:
 
 def ernie45_moe(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     """transformers' Ernie4_5_Moe: softmax over all experts before the top-k
-    (Ernie4_5_MoeTopKRouter) with a score-correction bias on the choice (``moe_statics``: the
-    expert bias), ``moe_num_shared_experts`` shared experts of ``moe_intermediate_size``, MoE
+    (Ernie4_5_MoeTopKRouter; its score-correction bias on the choice, ``moe_statics``, is left out:
+    Megatron's aux-loss-free expert bias takes sigmoid scores only and TransformerConfig refuses
+    it with softmax), ``moe_num_shared_experts`` shared experts of ``moe_intermediate_size``, MoE
     layers where (i + 1) % ``moe_layer_interval`` == 0 between ``moe_layer_start_index`` and
     ``moe_layer_end_index`` (-1: the last), dense MLPs of ``intermediate_size`` elsewhere."""
     layers = req(cfg, "num_hidden_layers", source)
@@ -365,7 +366,6 @@ def ernie45_moe(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     out: dict[str, Any] = {
         "model_type": "moe", "expert_num": req(cfg, "moe_num_experts", source), "topk": req(cfg, "moe_k", source),
         "moe_ffn_hidden_size": req(cfg, "moe_intermediate_size", source), "moe_router_pre_softmax": True,
-        "moe_router_enable_expert_bias": True,
     }
     if cfg.get("moe_num_shared_experts"):
         out["moe_shared_expert_intermediate_size"] = cfg["moe_num_shared_experts"] * cfg["moe_intermediate_size"]
@@ -386,7 +386,7 @@ def deepseek_routing(cfg: dict[str, Any]) -> dict[str, Any]:
         out["moe_router_num_groups"], out["moe_router_group_topk"] = cfg["n_group"], cfg["topk_group"]
     if cfg.get("routed_scaling_factor") not in (None, 1, 1.0):
         out["moe_router_topk_scaling_factor"] = float(cfg["routed_scaling_factor"])
-    if method == "noaux_tc":
+    if method == "noaux_tc" and out.get("moe_router_score_function") == "sigmoid":  # Megatron: sigmoid only
         out["moe_router_enable_expert_bias"] = True
     if cfg.get("seq_aux", True):
         out["moe_router_load_balancing_type"] = "seq_aux_loss"

@@ -292,7 +292,7 @@ def _megatron_defaults(m: dict[str, Any], s: dict[str, Any], extra: dict[str, st
                 notes.append(f"{flag} not given: Megatron's default {text}")
     if "dtype" not in s:  # Megatron's params_dtype is fp32 unless --bf16 / --fp16 (arguments.py, validate_args)
         s["dtype"] = "fp32"
-        notes.append("--bf16 / --fp16 not given: Megatron trains in fp32")
+        notes.append("--bf16 / --fp16 not given: Megatron trains in fp32 (not modelled: an estimate needs bf16 or fp16)")
     dropout = [float(extra.get(f, "0.1")) for f in ("--attention-dropout", "--hidden-dropout")]
     s["enable_dropout"] = any(p > 0 for p in dropout)
     if "--attention-dropout" not in extra and "--hidden-dropout" not in extra:

@@ -1,0 +1,56 @@
+"""Combinations megatron-core 0.19 refuses at start-up (``TransformerConfig.__post_init__``,
+transformer/transformer_config.py), for the options modelled here: an estimate of a job that
+cannot be launched would be a number for nothing, so each is a ConfigError naming its field
+and quoting Megatron's rule."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from simumax.errors import ConfigError
+
+if TYPE_CHECKING:
+    from simumax.config.model import ModelConfig
+    from simumax.config.strategy import StrategyConfig
+
+
+def check_precision_rules(st: "StrategyConfig") -> None:
+    """The fp8 recipe's and the router padding's rules (strategy fields only)."""
+    recomputed = set(st.megatron_recompute_modules) if st.megatron_recompute else set()
+    if st.fp8_on and st.fp8_recipe == "delayed" and st.first_last_layers_bf16:
+        raise ConfigError("first_last_layers_bf16", "delayed scaling does not support first / last layers in BF16 (Megatron)")
+    if st.fp8_on and recomputed & {"moe_act", "layernorm"}:
+        if st.fp8_recipe == "delayed":
+            raise ConfigError("megatron_recompute_modules", "delayed scaling does not support moe_act and layernorm "
+                              "recompute for fp8 (Megatron)")
+        if st.te_version and not st.te_at_least("2.6"):
+            raise ConfigError("megatron_recompute_modules", f"moe_act and layernorm recompute for fp8 need "
+                              f"TransformerEngine 2.6 or later (te_version {st.te_version}), as Megatron")
+    if st.moe_router_padding_for_quantization:
+        if not (st.fp8_on or st.fp4_on):
+            raise ConfigError("moe_router_padding_for_quantization", "needs fp8 or fp4 (Megatron)")
+        if st.moe_dispatcher_policy == "all_gather":
+            raise ConfigError("moe_router_padding_for_quantization", "is not supported by the all_gather dispatcher (Megatron)")
+
+
+def check_moe_rules(model: "ModelConfig", st: "StrategyConfig") -> None:
+    """The router's, the capacity's and the MoE recompute modules' rules."""
+    if not model.is_moe:
+        return
+    if model.topk == 1 and model.moe_router_score_function == "softmax" and not model.moe_router_pre_softmax:
+        # a softmax over one selected logit has a zero gradient
+        raise ConfigError("moe_router_pre_softmax", "must be true with top-1 softmax routing (Megatron: 'Please use "
+                          "--moe-router-pre-softmax when topk is 1')")
+    if model.moe_router_enable_expert_bias and model.moe_router_score_function != "sigmoid":
+        raise ConfigError("moe_router_enable_expert_bias", "aux-loss-free expert bias needs the sigmoid score "
+                          "function (Megatron)")
+    if model.moe_pad_expert_input_to_capacity and model.capacity is None:
+        raise ConfigError("capacity", "must be set to pad expert inputs to capacity (Megatron: "
+                          "moe_expert_capacity_factor)")
+    recomputed = set(st.megatron_recompute_modules) if st.megatron_recompute else set()
+    if "moe_act" in recomputed and st.group_linear_mode == "serial":
+        raise ConfigError("megatron_recompute_modules", "moe_act recompute needs the grouped GEMM experts "
+                          "(group_linear_mode grouped; Megatron: --moe-grouped-gemm)")
+    if "shared_experts" in recomputed and model.moe_shared_expert_intermediate_size and st.moe_shared_expert_overlap:
+        raise ConfigError("megatron_recompute_modules", "shared_experts recompute cannot work with "
+                          "moe_shared_expert_overlap (Megatron)")

@@ -1,0 +1,96 @@
+"""What megatron-core refuses at start-up, refused here too (config/megatron_rules.py): each
+combination is estimated or refused as megatron-core 0.19's own TransformerConfig accepts or
+refuses it (constructed on CPU when megatron-core is installed), and the ConfigError names the
+field to change."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.errors import ConfigError
+from simumax.estimate import Estimate
+
+SYSTEM = load_system("h100-sxm-80gb")
+MOE = load_model("mixtral-8x7b").with_updates({"layer_num": 2})
+EP = load_strategy("ep8_pp1_dp8_mbs1")
+DENSE = load_model("llama3.1-8b").with_updates({"layer_num": 2})
+TP = load_strategy("tp2_pp1_dp4_mbs1")
+SELECTIVE = {"megatron_recompute": True}
+
+# (name, model, strategy updates, model updates, the field refused or None, megatron-core's TransformerConfig kwargs)
+CASES = [
+    ("top-1 softmax", MOE, {}, {"topk": 1}, "moe_router_pre_softmax", {"moe_router_topk": 1}),
+    ("top-1 pre-softmax", MOE, {}, {"topk": 1, "moe_router_pre_softmax": True}, None,
+     {"moe_router_topk": 1, "moe_router_pre_softmax": True}),
+    ("expert bias, softmax", MOE, {}, {"moe_router_enable_expert_bias": True}, "moe_router_enable_expert_bias",
+     {"moe_router_enable_expert_bias": True}),
+    ("expert bias, sigmoid", MOE, {}, {"moe_router_enable_expert_bias": True, "moe_router_score_function": "sigmoid"}, None,
+     {"moe_router_enable_expert_bias": True, "moe_router_score_function": "sigmoid"}),
+    ("padding without a capacity", MOE, {}, {"moe_pad_expert_input_to_capacity": True, "capacity": None}, "capacity",
+     {"moe_pad_expert_input_to_capacity": True}),
+    ("padding to capacity 1", MOE, {}, {"moe_pad_expert_input_to_capacity": True, "capacity": 1.0}, None,
+     {"moe_pad_expert_input_to_capacity": True, "moe_expert_capacity_factor": 1.0}),
+    ("moe_act recompute, sequential experts", MOE, {**SELECTIVE, "megatron_recompute_modules": ["moe_act"],
+     "group_linear_mode": "serial"}, {}, "megatron_recompute_modules",
+     {"recompute_granularity": "selective", "recompute_modules": ["moe_act"]}),
+    ("moe_act recompute, grouped GEMM", MOE, {**SELECTIVE, "megatron_recompute_modules": ["moe_act"]}, {}, None,
+     {"recompute_granularity": "selective", "recompute_modules": ["moe_act"], "moe_grouped_gemm": True}),
+    ("delayed fp8, first / last layers bf16", DENSE, {"fp8": True, "fp8_recipe": "delayed", "first_last_layers_bf16": True},
+     {}, "first_last_layers_bf16", {"fp8": "e4m3", "fp8_recipe": "delayed", "first_last_layers_bf16": True}),
+    ("tensorwise fp8, first / last layers bf16", DENSE,
+     {"fp8": True, "fp8_recipe": "tensorwise", "first_last_layers_bf16": True}, {}, None,
+     {"fp8": "e4m3", "fp8_recipe": "tensorwise", "first_last_layers_bf16": True}),
+    ("delayed fp8, layernorm recompute", DENSE, {"fp8": True, "fp8_recipe": "delayed", **SELECTIVE,
+     "megatron_recompute_modules": ["layernorm"]}, {}, "megatron_recompute_modules",
+     {"fp8": "e4m3", "fp8_recipe": "delayed", "recompute_granularity": "selective", "recompute_modules": ["layernorm"]}),
+    ("router padding without fp8", MOE, {"moe_router_padding_for_quantization": True}, {},
+     "moe_router_padding_for_quantization", {"moe_router_padding_for_quantization": True}),
+]
+
+
+def _ours(model, st_upd, m_upd):
+    strategy = (TP if model is DENSE else EP).with_updates(st_upd)
+    return Estimate(model.with_updates(m_upd) if m_upd else model, strategy, SYSTEM).cost()
+
+
+@pytest.mark.parametrize("name, model, st_upd, m_upd, field, _", CASES, ids=[c[0] for c in CASES])
+def test_refused_as_megatron_refuses(name, model, st_upd, m_upd, field, _) -> None:
+    if field is None:
+        assert _ours(model, st_upd, m_upd).duration_time_per_iter > 0
+    else:
+        with pytest.raises(ConfigError) as exc:
+            _ours(model, st_upd, m_upd)
+        assert exc.value.field == field and "Megatron" in exc.value.rule, exc.value
+
+
+@pytest.mark.parametrize("name, model, st_upd, m_upd, field, kwargs", CASES, ids=[c[0] for c in CASES])
+def test_megatron_core_agrees(name, model, st_upd, m_upd, field, kwargs) -> None:
+    """The same combination handed to megatron-core's TransformerConfig: refused there exactly
+    where it is refused here."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    base = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "bf16": True, "params_dtype": torch.bfloat16}
+    if model is MOE:
+        base.update(num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if field is None:
+            TransformerConfig(**{**base, **kwargs})
+        else:
+            with pytest.raises(ValueError):
+                TransformerConfig(**{**base, **kwargs})
+
+
+def test_router_padding_needs_a_dispatcher_that_pads() -> None:
+    """--moe-router-padding-for-quantization with the all-gather dispatcher: Megatron refuses it
+    ('allgather and alltoall_seq dispatcher does not support ...'; its TransformerEngine version
+    check comes first on a machine without TE, so this one is checked here only)."""
+    with pytest.raises(ConfigError) as exc:
+        _ours(MOE, {"moe_router_padding_for_quantization": True, "fp8": True, "fp8_recipe": "blockwise",
+                    "moe_dispatcher_policy": "all_gather"}, {})
+    assert exc.value.field == "moe_router_padding_for_quantization"
