@@ -44,6 +44,9 @@ def check_moe_rules(model: "ModelConfig", st: "StrategyConfig") -> None:
     if model.moe_router_enable_expert_bias and model.moe_router_score_function != "sigmoid":
         raise ConfigError("moe_router_enable_expert_bias", "aux-loss-free expert bias needs the sigmoid score "
                           "function (Megatron)")
+    if model.add_bias_linear and st.etp_size > 1:
+        raise ConfigError("etp_size", "linear biases in MoE layers need etp_size 1 (Megatron: 'Bias in Moe is only "
+                          "supported when ETP==1')")
     if model.moe_pad_expert_input_to_capacity and model.capacity is None:
         raise ConfigError("capacity", "must be set to pad expert inputs to capacity (Megatron: "
                           "moe_expert_capacity_factor)")
