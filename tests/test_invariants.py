@@ -315,6 +315,9 @@ def test_breakdown_sums_to_the_iteration_time(case, overlaps, ep_overlap, schedu
         extra["overlap_moe_expert_parallel_comm"] = True
     if overlaps["overlap_p2p_comm"] and st.pp_size == 1:
         extra["overlap_p2p_comm"] = False
+    # as Megatron allows them: the gather's overlap with the reduce's and a sharded optimizer, TP's with SP
+    extra["overlap_param_gather"] &= overlaps["overlap_grad_reduce"] and st.zero_state >= 1
+    extra["tp_comm_overlap"] &= st.tp_size > 1 and st.enable_sequence_parallel
     if schedule != "1f1b":
         extra["pp_schedule"] = schedule
     try:

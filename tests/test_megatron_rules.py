@@ -98,3 +98,23 @@ def test_router_padding_needs_a_dispatcher_that_pads() -> None:
         _ours(MOE, {"moe_router_padding_for_quantization": True, "fp8": True, "fp8_recipe": "blockwise",
                     "moe_dispatcher_policy": "all_gather"}, {})
     assert exc.value.field == "moe_router_padding_for_quantization"
+
+
+@pytest.mark.parametrize("updates, field", [
+    ({"overlap_param_gather": True, "overlap_grad_reduce": False}, "overlap_param_gather"),
+    ({"overlap_param_gather": True, "overlap_grad_reduce": True, "zero_state": 0}, "overlap_param_gather"),
+    ({"tp_comm_overlap": True, "enable_sequence_parallel": False}, "tp_comm_overlap"),
+    ({"tp_comm_overlap": True, "tp_size": 1, "enable_sequence_parallel": False}, "tp_comm_overlap"),
+    ({"overlap_param_gather": True, "overlap_grad_reduce": True, "tp_comm_overlap": True}, None),
+])
+def test_overlap_options_as_megatron_validates_them(updates, field) -> None:
+    """Megatron-LM's validate_args: --overlap-param-gather needs --overlap-grad-reduce and the
+    distributed optimizer (or an FSDP), --tp-comm-overlap sequence parallelism (which Megatron
+    turns off at TP 1)."""
+    st = TP.with_updates({"enable_sequence_parallel": True})
+    if field is None:
+        assert Estimate(DENSE, st.with_updates(updates), SYSTEM).cost().duration_time_per_iter > 0
+        return
+    with pytest.raises(ConfigError) as exc:
+        st.with_updates(updates)
+    assert exc.value.field == field and "Megatron" in exc.value.rule

@@ -49,6 +49,9 @@ def jobs(draw):
               ddp_bucket_size=draw(hs.sampled_from((None, 1_000_000))), pp_schedule=draw(hs.sampled_from((None, "zb", "dualpipev"))),
               **{f: draw(hs.booleans()) for f in FLAGS})
     st.update(rank_order=draw(hs.sampled_from(("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"))))
+    # as Megatron allows them: the gather's overlap with the reduce's and a sharded optimizer, TP's with SP
+    st["overlap_param_gather"] &= st["overlap_grad_reduce"] and st["zero_state"] >= 1
+    st["tp_comm_overlap"] &= tp > 1
     if st["overlap_param_gather"] and st["zero_state"] == 1 and vp > 1:
         st.update(overlap_param_gather_with_optimizer_step=draw(hs.booleans()))
     if st["cp_comm_type"] == "a2a+p2p":

@@ -147,7 +147,8 @@ def test_estimates_without_a_cache_share_the_one_kept_with_the_system() -> None:
 
 @pytest.mark.parametrize("case", [
     ("llama3-8b", "tp1_pp2_dp4_mbs1", "a100_pcie", {}),
-    ("deepseek-v2-lite", "tp1_pp2_dp4_mbs1", "h100-sxm-80gb", {"world_size": 64, "ep_size": 8, "fp8": True, "tp_comm_overlap": True,
+    ("deepseek-v2-lite", "tp1_pp2_dp4_mbs1", "h100-sxm-80gb", {"world_size": 64, "ep_size": 8, "fp8": True, "tp_size": 2,
+                                                                "enable_sequence_parallel": True, "tp_comm_overlap": True,
                                                                 "overlap_grad_reduce": True}),
 ])
 def test_a_dropped_estimate_is_freed_without_the_cyclic_gc(case) -> None:

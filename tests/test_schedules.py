@@ -169,7 +169,7 @@ def test_dualpipev_puts_embedding_and_loss_on_rank_0() -> None:
     "option, extra",
     [
         ("overlap_grad_reduce", {}),
-        ("overlap_param_gather", {}),
+        ("overlap_param_gather", {"overlap_grad_reduce": True}),  # Megatron: only with the reduce's overlap
         ("tp_comm_overlap", {"tp_size": 2, "pp_size": 2}),
         ("overlap_p2p_comm", {"pp_size": 4}),
         ("defer_embedding_wgrad_compute", {}),

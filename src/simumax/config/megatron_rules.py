@@ -14,6 +14,22 @@ if TYPE_CHECKING:
     from simumax.config.strategy import StrategyConfig
 
 
+def check_overlap_rules(st: "StrategyConfig") -> None:
+    """Megatron-LM's validate_args (training/arguments.py) on the overlap options: the
+    parameter gather overlaps only with the gradient reduce and a sharded optimizer, TP's
+    communication only with sequence parallelism (Megatron turns SP off at TP 1)."""
+    if st.overlap_param_gather:
+        if not st.overlap_grad_reduce:
+            raise ConfigError("overlap_param_gather", "needs overlap_grad_reduce (Megatron: 'Must use "
+                              "--overlap-param-gather with --overlap-grad-reduce')")
+        if st.zero_state == 0:
+            raise ConfigError("overlap_param_gather", "needs the distributed optimizer or FSDP (zero_state >= 1), "
+                              "as Megatron")
+    if st.tp_comm_overlap and not (st.tp_size > 1 and st.enable_sequence_parallel):
+        raise ConfigError("tp_comm_overlap", "needs TP > 1 with sequence parallelism (Megatron: 'Tensor parallel "
+                          "communication/GEMM overlap can happen only when sequence parallelism is enabled')")
+
+
 def check_precision_rules(st: "StrategyConfig") -> None:
     """The fp8 recipe's and the router padding's rules (strategy fields only)."""
     recomputed = set(st.megatron_recompute_modules) if st.megatron_recompute else set()

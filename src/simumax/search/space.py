@@ -188,6 +188,10 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
                     "microbatch_group_size_per_vp_stage": None, **split, **NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc], **offload,
                     **({"fsdp_replicate_size": rep} if space.replicas != (1,) else {}),
                     **({"fsdp_impl": impl} if impl else {}),
+                    # the base's overlaps where Megatron allows them: TP's with TP (and SP), the
+                    # parameter gather's with a sharded optimizer
+                    "tp_comm_overlap": bool(base_fields.get("tp_comm_overlap")) and tp > 1,
+                    "overlap_param_gather": bool(base_fields.get("overlap_param_gather")) and zero >= 1,
                     **_hierarchical_cp(base_fields, cp),
                     **_cp_scheme(model, base_fields, cp),
                 })
