@@ -55,7 +55,7 @@ def dsa_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
                       bwd_input=(Collective("reduce_scatter", d.act(C), "tp"), Collective("reduce_scatter", d.act(rope), "tp")),
                       input=kv, output=gathered))
         kv = (gathered,)
-    ops.append(_absorb(P, layer, d, st, q_full, kv, (query, key), (nope, rope, C), lat.table))
+    ops.append(_absorb(P, layer, d, q_full, kv, (query, key), (nope, rope, C), lat.table))
 
     topk = None  # a layer sharing an earlier one's top-k keeps none of its own (kept by that layer)
     if model.dsa_computes_topk(layer):
@@ -71,7 +71,7 @@ def dsa_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
     return ops
 
 
-def _absorb(P: str, layer: int, d: Dims, st: StrategyConfig, q_full: Tensor, kv_in: tuple[Tensor, ...], outs: tuple[Tensor, Tensor],
+def _absorb(P: str, layer: int, d: Dims, q_full: Tensor, kv_in: tuple[Tensor, ...], outs: tuple[Tensor, Tensor],
             dims: tuple[int, int, int], table: tuple[Tensor, ...]) -> Op:
     """``qkv_up_proj_and_rope_apply`` after the q up-projection: each head's q_nope times the
     K part of the kv up-projection (batched GEMM, then ``.contiguous()``), the concatenations
