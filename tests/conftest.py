@@ -13,8 +13,8 @@ import pytest
 
 from hypothesis import settings
 
-# The same examples on every run (the suite is what CI lands on: a property a rare draw breaks
-# must fail here, not on one CI run in fifty); `--hypothesis-profile explore` draws new ones.
+# The same examples on every run, so CI's verdict does not hang on the draw (a rare draw broke a
+# property about once in a hundred runs); `--hypothesis-profile explore` draws new ones.
 settings.register_profile("repeatable", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
