@@ -52,7 +52,7 @@ def check_dsa(model: ModelConfig, st: StrategyConfig, chunk_layers: list[list[in
     if st.tp_size > 1 and not st.sp:
         raise ConfigError("enable_sequence_parallel", "AbsorbedMLASelfAttention needs sequence parallelism with tp > 1, "
                           "as Megatron asserts")
-    if st.low_precision and st.recompute_mode == "megatron" and "mla_up_proj" in st.megatron_recompute_modules:
+    if st.low_precision and "mla_up_proj" in st.recomputed_modules:
         raise ConfigError("megatron_recompute_modules", "mla_up_proj recompute with fp8 / fp4 is refused by "
                           "AbsorbedMLASelfAttention, as Megatron asserts")
     _check_kernel_shapes(model, st)

@@ -32,10 +32,9 @@ def check_overlap_rules(st: "StrategyConfig") -> None:
 
 def check_precision_rules(st: "StrategyConfig") -> None:
     """The fp8 recipe's and the router padding's rules (strategy fields only)."""
-    recomputed = set(st.megatron_recompute_modules) if st.megatron_recompute else set()
     if st.fp8_on and st.fp8_recipe == "delayed" and st.first_last_layers_bf16:
         raise ConfigError("first_last_layers_bf16", "delayed scaling does not support first / last layers in BF16 (Megatron)")
-    if st.fp8_on and recomputed & {"moe_act", "layernorm"}:
+    if st.fp8_on and st.recomputed_modules & {"moe_act", "layernorm"}:
         if st.fp8_recipe == "delayed":
             raise ConfigError("megatron_recompute_modules", "delayed scaling does not support moe_act and layernorm "
                               "recompute for fp8 (Megatron)")
@@ -66,10 +65,9 @@ def check_moe_rules(model: "ModelConfig", st: "StrategyConfig") -> None:
     if model.moe_pad_expert_input_to_capacity and model.capacity is None:
         raise ConfigError("capacity", "must be set to pad expert inputs to capacity (Megatron: "
                           "moe_expert_capacity_factor)")
-    recomputed = set(st.megatron_recompute_modules) if st.megatron_recompute else set()
-    if "moe_act" in recomputed and st.group_linear_mode == "serial":
+    if "moe_act" in st.recomputed_modules and st.group_linear_mode == "serial":
         raise ConfigError("megatron_recompute_modules", "moe_act recompute needs the grouped GEMM experts "
                           "(group_linear_mode grouped; Megatron: --moe-grouped-gemm)")
-    if "shared_experts" in recomputed and model.moe_shared_expert_intermediate_size and st.moe_shared_expert_overlap:
+    if "shared_experts" in st.recomputed_modules and model.moe_shared_expert_intermediate_size and st.moe_shared_expert_overlap:
         raise ConfigError("megatron_recompute_modules", "shared_experts recompute cannot work with "
                           "moe_shared_expert_overlap (Megatron)")

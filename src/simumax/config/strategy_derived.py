@@ -186,6 +186,12 @@ class StrategyDerived:
         return "full_block" if self.recompute_granularity == "full_block" else "selective"
 
     @property
+    def recomputed_modules(self) -> frozenset[str]:
+        """Megatron's recompute modules in force (``--recompute-modules``; none unless
+        megatron_recompute)."""
+        return frozenset(self.megatron_recompute_modules) if self.recompute_mode == "megatron" else frozenset()
+
+    @property
     def ds_overlap(self) -> bool:
         """DeepSpeed's overlap_comm as it resolves: true at stage 3 unless set."""
         return self.zero_state == 3 if self.ds_overlap_comm is None else self.ds_overlap_comm

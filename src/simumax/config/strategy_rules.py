@@ -55,7 +55,7 @@ def check_rules(st: "StrategyConfig") -> None:
         # megatron-core TransformerConfig.__post_init__ asserts each of these
         if st.recompute_mode == "full_block":
             raise ConfigError("overlap_moe_expert_parallel_comm", "cannot be combined with full recompute (Megatron)")
-        if st.recompute_mode == "megatron" and "moe" in st.megatron_recompute_modules:
+        if "moe" in st.recomputed_modules:
             raise ConfigError("megatron_recompute_modules", "'moe' cannot be recomputed with "
                               "overlap_moe_expert_parallel_comm (Megatron)")
     if st.delay_wgrad_compute and not st.overlap_moe_expert_parallel_comm:

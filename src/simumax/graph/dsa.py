@@ -59,7 +59,7 @@ def dsa_attention_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: in
 
     topk = None  # a layer sharing an earlier one's top-k keeps none of its own (kept by that layer)
     if model.dsa_computes_topk(layer):
-        ops += indexer_ops(model, st, d, layer, lat.ln_out, lat.q_c_norm, query, key)
+        ops += indexer_ops(model, d, layer, lat.ln_out, lat.q_c_norm, query, key)
         topk = topk_tensor(model, d, layer)
     latent_out = (f"{P}.attn.latent", float(T * H * C * ab))
     ops.append(_sparse_mla(P, layer, d, model, query, key, topk, latent_out))
@@ -75,9 +75,9 @@ def _absorb(P: str, layer: int, d: Dims, q_full: Tensor, kv_in: tuple[Tensor, ..
             dims: tuple[int, int, int], table: tuple[Tensor, ...]) -> Op:
     """``qkv_up_proj_and_rope_apply`` after the q up-projection: each head's q_nope times the
     K part of the kv up-projection (batched GEMM, then ``.contiguous()``), the concatenations
-    into query [q_absorbed, q_pe] and key [kv, k_pe]; RoPE on the positional parts (fused:
-    megatron-core's ``fused_apply_mla_rope_for_q`` on both in place; unfused: the torch RoPE,
-    which keeps its cos / sin). Backward: the RoPE backward, the data and weight gradients of
+    into query [q_absorbed, q_pe] and key [kv, k_pe]; torch's RoPE on the positional parts
+    before the concatenations (Megatron refuses RoPE fusion with DSA: config/dsa_rules.py),
+    which keeps its cos / sin tables for q and k. Backward: the RoPE backward, the data and weight gradients of
     the absorption (the weight's written, as the einsum's autograd does), and q's gradient
     re-assembled from its two parts. The absorption keeps q_nope, i.e. the q up-projection's
     output it is a view of."""
@@ -87,19 +87,17 @@ def _absorb(P: str, layer: int, d: Dims, q_full: Tensor, kv_in: tuple[Tensor, ..
     query, key = outs
     q_pe, k_pe = float(T * H * rope * ab), float(T * rope * ab)
     absorbed = float(T * H * C * ab)
-    fwd: list = [Gemm(T, nope, C, "TN", b=H), MemBound(f"{label}.contiguous", 2 * absorbed),
-                 MemBound(f"{label}.cat_query", 2 * query[1]), MemBound(f"{label}.cat_key", 2 * key[1])]
-    # torch's RoPE on the positional parts, before the concatenations (Megatron refuses RoPE
-    # fusion with DSA: config/dsa_rules.py); it keeps its cos / sin tables for q and k
     passes = rope_passes(fused=False)
-    fwd[-2:-2] = [MemBound(f"{label}.rope_q", passes * q_pe), MemBound(f"{label}.rope_k", passes * k_pe)]
+    fwd = (Gemm(T, nope, C, "TN", b=H), MemBound(f"{label}.contiguous", 2 * absorbed),
+           MemBound(f"{label}.rope_q", passes * q_pe), MemBound(f"{label}.rope_k", passes * k_pe),
+           MemBound(f"{label}.cat_query", 2 * query[1]), MemBound(f"{label}.cat_key", 2 * key[1]))
     rope_bwd = [MemBound(f"{label}.rope_q_bwd", passes * q_pe), MemBound(f"{label}.rope_k_bwd", passes * k_pe)]
     table_bytes = float(d.s * rope * ab)
     saved: tuple[Tensor, ...] = (q_full, *((f"{P}.q_absorb.{t}_{f}", table_bytes) for t in ("q", "k") for f in ("cos", "sin")))
     bwd = [*rope_bwd, Gemm(T, C, nope, "NN", b=H), MemBound(f"{label}.q_grad", 2 * q_full[1])]
     k_up_grad = Gemm(nope, T, C, "NT", b=H)
     return Op(
-        name=f"{P}.q_absorb", module="mla_rope", layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd),
+        name=f"{P}.q_absorb", module="mla_rope", layer=layer, fwd=fwd, bwd_input=tuple(bwd),
         bwd_weight=(linears.written_wgrad(k_up_grad, ab),), saved=saved, input=(q_full, *kv_in, *table),
         output=query, also_outputs=(key,), fwd_transient=absorbed,
         bwd_transient=absorbed + q_full[1] + query[1] + key[1],

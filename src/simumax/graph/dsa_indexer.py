@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from simumax.config.dsa_rules import dsa_topk
 from simumax.config.model import ModelConfig
-from simumax.config.strategy import StrategyConfig
 from simumax.graph import linears
 from simumax.graph.dims import Dims
 from simumax.graph.kernels import Collective, Gemm, MemBound, op_label
@@ -62,7 +61,7 @@ def _indexer_blocks(d: Dims) -> int:
     return d.b * -(-d.s // INDEXER_BLOCK_ROWS)
 
 
-def indexer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: Tensor, qr: Tensor,
+def indexer_ops(model: ModelConfig, d: Dims, layer: int, x: Tensor, qr: Tensor,
                 query: Tensor, key: Tensor) -> list[Op]:
     """The indexer of one layer that runs it (module docstring), and its loss when on; ``x``
     and ``qr`` the hidden state and the normed q latent it reads, ``query`` / ``key``
@@ -137,10 +136,10 @@ def indexer_ops(model: ModelConfig, st: StrategyConfig, d: Dims, layer: int, x: 
                  fwd_transient=block_logits + rows * k * (FP32 + INT64 + INT32), approximate=TOPK_APPROXIMATE)
     if not loss:
         return [*ops, scores_op, topk_op]
-    return [*ops, *_with_loss(model, st, d, name, scores_op, topk_op, query, key)]
+    return [*ops, *_with_loss(model, d, name, scores_op, topk_op, query, key)]
 
 
-def _with_loss(model: ModelConfig, st: StrategyConfig, d: Dims, name: str, scores_op: Op, topk_op: Op,
+def _with_loss(model: ModelConfig, d: Dims, name: str, scores_op: Op, topk_op: Op,
                query: Tensor, key: Tensor) -> list[Op]:
     """The scores and top-k ops with what the indexer keeps and runs backward under the sparse
     loss, and the loss op itself (module docstring)."""

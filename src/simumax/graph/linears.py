@@ -47,7 +47,7 @@ def _linear(
         if d.fp8_wgrad:
             # each TE module quantizes its own input: two linears on one tensor (MLA's q and kv
             # down-projections) keep two copies
-            wgrad_fam, saved = fam, (f"{x[0]}.fp8.{op_label(name)}", fp8.saved_input_bytes(r, x_elems))
+            wgrad_fam, saved = fam, (fp8_copy_name(x[0], name), fp8.saved_input_bytes(r, x_elems))
         # else the weight gradient runs in BF16 on the BF16 input, which the op keeps
         fwd_cast, bwd_cast = fp8.linear_casts(r, name, x_elems, t * n, k * n, d.act_bytes, d.fp8_weight_caching,
                                               d.fp8_wgrad)
@@ -73,13 +73,18 @@ def _linear(
     return keep_original_input(op, d.fp8_recipe, d.act_bytes) if keep_original and d.fp8 and te else op
 
 
+def fp8_copy_name(tensor: str, op_name: str) -> str:
+    """The FP8 copy of ``tensor`` that the TE linear ``op_name`` keeps for its weight gradient."""
+    return f"{tensor}.fp8.{op_label(op_name)}"
+
+
 def keep_original_input(op: Op, recipe: str, act_bytes: int) -> Op:
     """An fp8 linear told to keep its BF16 input instead of its FP8 copy (TransformerEngine's
     ``save_original_input``, megatron-core's ``set_save_original_input``): forward casts the
     input row-wise only, backward casts the kept input column-wise for the weight gradient. An
     op that keeps no FP8 copy (BF16 weight gradient) is returned as it is."""
     x = op.input[0]
-    copy = f"{x[0]}.fp8.{op_label(op.name)}"
+    copy = fp8_copy_name(x[0], op.name)
     if not any(t[0] == copy for t in op.saved):
         return op
     r = fp8.recipe(recipe)
@@ -210,23 +215,26 @@ def gathered_column_linear(name: str, module: str, layer: int, d: Dims, x: Tenso
                     fwd_transient=op.fwd_transient + full)
 
 
-def no_grad_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int) -> Op:
-    """A "duplicated" TE linear (the whole weight on every TP rank) run under ``torch.no_grad``
-    on the gathered tokens (DSA's indexer without its loss): its forward only, keeping nothing."""
+def _duplicated_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int, bwd_transient: float) -> Op:
+    """A "duplicated" TE linear: the whole weight on every TP rank, on the gathered tokens, no
+    TP collective."""
     op = _linear(
         name, module, layer, d, x, k, n, fwd_before=[], fwd_after=[], bwd_before=[], bwd_after=[],
-        fwd_transient=0.0, bwd_transient=0.0, bias=False, te=True,
+        fwd_transient=0.0, bwd_transient=bwd_transient, bias=False, te=True,
     )
-    return op.with_(bwd_input=(), bwd_weight=(), saved=(), tp_replicated_params=op.params)
+    return op.with_(tp_replicated_params=op.params)
+
+
+def no_grad_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int) -> Op:
+    """A duplicated linear run under ``torch.no_grad`` (DSA's indexer without its loss): its
+    forward only, keeping nothing."""
+    op = _duplicated_linear(name, module, layer, d, x, k, n, 0.0)
+    return op.with_(bwd_input=(), bwd_weight=(), saved=())
 
 
 def wgrad_only_linear(name: str, module: str, layer: int, d: Dims, x: Tensor, k: int, n: int) -> Op:
-    """A "duplicated" TE linear on the gathered tokens whose input is detached (DSA's indexer
-    under its loss): its forward, and in backward only the weight gradient (no data gradient
-    for an input that takes none); it keeps its input for that."""
-    op = _linear(
-        name, module, layer, d, x, k, n, fwd_before=[], fwd_after=[], bwd_before=[], bwd_after=[],
-        fwd_transient=0.0, bwd_transient=d.act(n), bias=False, te=True,
-    )
-    casts = tuple(kern for kern in op.bwd_input if not isinstance(kern, Gemm))
-    return op.with_(bwd_input=casts, tp_replicated_params=op.params)
+    """A duplicated linear whose input is detached (DSA's indexer under its loss): its forward,
+    and in backward only the weight gradient (no data gradient for an input that takes none);
+    it keeps its input for that."""
+    op = _duplicated_linear(name, module, layer, d, x, k, n, d.act(n))
+    return op.with_(bwd_input=tuple(kern for kern in op.bwd_input if not isinstance(kern, Gemm)))

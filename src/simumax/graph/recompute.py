@@ -127,7 +127,7 @@ def _keep_recomputed_norm_outputs(st: StrategyConfig, layer_ops: list[Op], recom
     output instead of their FP8 copies (but the shared experts' FC1 under its own checkpoint,
     which keeps the original input anyway)."""
     keep = set().union(*(mods for g, mods in KEEPS_NORM_OUTPUT.items() if g in recomputed))
-    if "shared_experts" in st.megatron_recompute_modules:
+    if "shared_experts" in st.recomputed_modules:
         keep.discard("shared_fc1")
     return [keep_original_input(o, st.lp_recipe, st.dtype_bytes) if o.module in keep else o for o in layer_ops]
 
