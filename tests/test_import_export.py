@@ -532,7 +532,10 @@ def test_megatron_defaults_for_flags_left_out() -> None:
     {"use_precision_aware_optimizer": True, "main_params_dtype": "fp16", "store_param_remainders": False},
     {"fp8": True, "fp8_param_gather": True, "zero_state": 1},
     {"use_math_sdp": True, "use_flash_sdp": False},
-    {"fsdp_impl": "torch_fsdp2", "zero_state": 3, "fsdp_reshard_after_forward": "always", "pp_size": 1},
+    {"fsdp_impl": "torch_fsdp2", "zero_state": 3, "fsdp_reshard_after_forward": "always", "pp_size": 1,
+     "gradient_accumulation_fusion": False},
+    {"fsdp_impl": "torch_fsdp2", "zero_state": 3, "fsdp_reshard_after_forward": "never", "pp_size": 1,
+     "gradient_accumulation_fusion": False},
     {"cp_size": 4, "pp_size": 1, "cp_comm_type": "a2a+p2p", "hierarchical_context_parallel_sizes": [2, 2]},
     {"rank_order": "tp-cp-ep-pp-dp"},
     {"interleaving_size": 2, "micro_batch_num": 8, "overlap_grad_reduce": True, "overlap_param_gather": True,
@@ -542,7 +545,7 @@ def test_megatron_defaults_for_flags_left_out() -> None:
 ], ids=["deepspeed-z1", "deepspeed-z3", "te-offload", "dropout", "megatron-fsdp-z3", "average-in-collective",
         "no-wgrad-fusion", "uniform-recompute", "overlap-p2p", "grad-reduce-bf16", "ddp-bucket-size",
         "precision-aware-optimizer", "precision-aware-fp16-master", "fp8-param-gather",
-        "unfused-attention", "megatron-torch-fsdp2", "hierarchical-cp", "tp-pp-dp-mapping",
+        "unfused-attention", "megatron-torch-fsdp2", "megatron-torch-fsdp2-no-reshard", "hierarchical-cp", "tp-pp-dp-mapping",
         "param-gather-with-optimizer-step", "selective-without-modules", "no-fp8-wgrad"])
 def test_new_options_round_trip_through_the_flags(upd) -> None:
     """DeepSpeed ZeRO (Megatron-DeepSpeed's flags), TE layer offload, dropout,
@@ -555,6 +558,37 @@ def test_new_options_round_trip_through_the_flags(upd) -> None:
     a, b = Estimate(m, s, h100), Estimate(m0, s0, h100)
     assert a.cost().duration_time_per_iter == pytest.approx(b.cost().duration_time_per_iter, rel=1e-12)
     assert a.memory().peak_mem == pytest.approx(b.memory().peak_mem, rel=1e-12)
+
+
+def test_megatron_torch_fsdp2_as_megatron_validates_it() -> None:
+    """Megatron-LM's --use-torch-fsdp2 (validate_args) refuses pipeline and expert
+    parallelism, the distributed optimizer, gradient-accumulation fusion, tied embeddings
+    and fp16: an imported line breaking one is a ConfigError naming the flag, and a
+    torchtitan FSDP2 strategy that breaks one does not export as Megatron flags."""
+    gpt = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --micro-batch-size 1 "
+           "--global-batch-size 16 --vocab-size 32000 --bf16 --use-torch-fsdp2")
+    ok = gpt + " --untie-embeddings-and-output-weights --no-gradient-accumulation-fusion"
+    _, s, _ = parse_megatron_args(ok, world_size=8)
+    assert (s.fsdp_impl, s.zero_state, s.fsdp_reshard_after_forward) == ("torch_fsdp2", 3, "always")
+    _, s, _ = parse_megatron_args(ok + " --torch-fsdp2-no-reshard-after-forward", world_size=8)
+    assert s.fsdp_reshard_after_forward == "never"
+    for extra, flag in (("", "--no-gradient-accumulation-fusion"), (" --no-gradient-accumulation-fusion",
+                                                                     "--untie-embeddings-and-output-weights"),
+                        (" --pipeline-model-parallel-size 2", "--pipeline-model-parallel-size"),
+                        (" --use-distributed-optimizer", "--use-distributed-optimizer")):
+        line = (ok if "pipeline" in extra or "distributed" in extra else gpt) + extra
+        with pytest.raises(ConfigError) as exc:
+            parse_megatron_args(line, world_size=8)
+        assert exc.value.field == flag and "torch-fsdp2" in exc.value.rule
+    fsdp2 = load_strategy({"seq_len": 4096, "world_size": 8, "zero_state": 3, "fsdp_impl": "torch_fsdp2",
+                           "gradient_accumulation_fusion": False})
+    assert "--use-torch-fsdp2" in megatron_flags(fsdp2, load_model("llama3.1-8b"))
+    with pytest.raises(ConfigError, match="gradient_accumulation_fusion"):
+        megatron_flags(fsdp2.with_updates({"gradient_accumulation_fusion": True}), load_model("llama3.1-8b"))
+    with pytest.raises(ConfigError, match="untie"):
+        megatron_flags(fsdp2, load_model("gemma-2-9b"))
+    with pytest.raises(ConfigError, match="pp_size"):
+        megatron_flags(fsdp2.with_updates({"pp_size": 2, "fsdp_reshard_after_forward": "never"}), load_model("llama3.1-8b"))
 
 
 def test_flag_of_names_every_switch_of_a_field() -> None:

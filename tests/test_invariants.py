@@ -95,6 +95,11 @@ def pairs(draw):
             and "fsdp_replicate_size" not in st \
             and draw(hs.integers(0, 3)) == 0:
         st["fsdp_impl"] = "deepspeed"  # DeepSpeed runs ZeRO-2/3 without PP, and ZeRO-3 without EP
+    if st.get("optimizer_cpu_offload"):  # torchtitan has no optimizer-only offload; Megatron's needs its precision-aware path
+        if st.get("fsdp_impl") == "torch_fsdp2":
+            st.update(optimizer_cpu_offload=False, optimizer_offload_fraction=1.0)
+        elif st.get("fsdp_impl") != "deepspeed":
+            st["use_precision_aware_optimizer"] = True
     if pp > 1 and vp == 1 and draw(hs.booleans()):
         fields["layer_num"] += 1  # one stage takes the extra layer (Megatron's uneven first / last stage)
         per = (fields["layer_num"] - 1) // pp
@@ -251,7 +256,8 @@ def test_invariants_hold_on_random_pairs(case, extra_mb, selective) -> None:
         assert total == dense_param_formula(model)
 
     # ZeRO-1 shards the optimizer over dp x cp (dense) and edp (experts)
-    plain = {"optimizer_cpu_offload": False, "fsdp_replicate_size": 1, "fsdp_impl": "megatron_fsdp"}
+    plain = {"optimizer_cpu_offload": False, "use_precision_aware_optimizer": False, "fsdp_replicate_size": 1,
+             "fsdp_impl": "megatron_fsdp"}
     z1 = Estimate(model, st.with_updates({**plain, "zero_state": 1}), sy).memory()
     z0 = Estimate(model, st.with_updates({**plain, "zero_state": 0}), sy).memory()
     per_param = optimizer_bytes_per_param(st)

@@ -42,7 +42,8 @@ CASES = {
     "gpt-oss-sliding-window-sinks": ("gpt-oss-20b", {"pp_size": 1, "ep_size": 8, "world_size": 8}, {"layer_num": 4}),
     "megatron-fsdp": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "zero_state": 3, "overlap_grad_reduce": True,
                                       "overlap_param_gather": True}, {}),
-    "torch-fsdp2": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "zero_state": 3, "fsdp_impl": "torch_fsdp2"}, {}),
+    "torch-fsdp2": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "zero_state": 3, "fsdp_impl": "torch_fsdp2",
+                                   "gradient_accumulation_fusion": False}, {}),
     "fp8-bf16-wgrad": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "fp8": True, "fp8_wgrad": False}, {}),
     "qkv-bias": ("qwen2.5-7b", {"pp_size": 1, "tp_size": 4, "world_size": 8, "enable_sequence_parallel": True}, {}),
     "moe-shared-expert-gate": ("deepseek-v2-lite", {"pp_size": 1, "ep_size": 8, "world_size": 8},
@@ -210,6 +211,7 @@ def test_megatron_019_parses_the_flags_of_random_strategies(megatron_parser: arg
         opts["delay_wgrad_compute"] &= opts["overlap_moe_expert_parallel_comm"]
         opts["cpu_offloading"] &= pp == 1 and not opts["enable_recompute"]
         opts["optimizer_cpu_offload"] &= zero == 1
+        opts["use_precision_aware_optimizer"] |= opts["optimizer_cpu_offload"]  # Megatron offloads only on its path
         d = {"tp_size": tp, "pp_size": pp, "world_size": tp * pp * 2, "interleaving_size": vp if pp > 2 else 1, "micro_batch_num": 8,
              "enable_sequence_parallel": tp > 1, "zero_state": zero, **opts}
         if m.is_moe:

@@ -118,3 +118,27 @@ def test_overlap_options_as_megatron_validates_them(updates, field) -> None:
     with pytest.raises(ConfigError) as exc:
         st.with_updates(updates)
     assert exc.value.field == field and "Megatron" in exc.value.rule
+
+
+@pytest.mark.parametrize("updates, field", [
+    ({"optimizer_cpu_offload": True}, "optimizer_cpu_offload"),
+    ({"optimizer_cpu_offload": True, "use_precision_aware_optimizer": True, "fp8": True, "fp8_recipe": "tensorwise",
+      "fp8_param_gather": True}, "fp8_param_gather"),
+    ({"optimizer_cpu_offload": True, "use_precision_aware_optimizer": True, "exp_avg_sq_dtype": "bf16"}, "exp_avg_sq_dtype"),
+    ({"optimizer_cpu_offload": True, "zero_state": 3, "fsdp_impl": "torch_fsdp2"}, "optimizer_cpu_offload"),
+    ({"optimizer_cpu_offload": True, "use_precision_aware_optimizer": True, "fp8": True, "fp8_recipe": "delayed",
+      "fp8_param_gather": True}, None),
+    ({"optimizer_cpu_offload": True, "fsdp_impl": "deepspeed"}, None),
+])
+def test_optimizer_offload_as_megatron_validates_it(updates, field) -> None:
+    """Megatron-LM's validate_args: --optimizer-cpu-offload runs on the precision-aware
+    optimizer's path, with --fp8-param-gather only under delayed scaling; its
+    HybridDeviceOptimizer keeps fp32 states (a lower dtype would not be what runs). DeepSpeed's
+    ZeRO-Offload is its own; torchtitan has none for the optimizer alone."""
+    st = TP.with_updates({"zero_state": 1})
+    if field is None:
+        assert Estimate(DENSE, st.with_updates(updates), SYSTEM).cost().duration_time_per_iter > 0
+        return
+    with pytest.raises(ConfigError) as exc:
+        st.with_updates(updates)
+    assert exc.value.field == field

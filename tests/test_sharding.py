@@ -13,7 +13,8 @@ from simumax.export.megatron_flags import megatron_flags
 from simumax.graph.kernels import Collective
 from simumax.graph.sharding import MODULE
 from simumax.importers.megatron_args import parse_megatron_args
-from simumax.memory.model_states import model_states
+from simumax.errors import ConfigError
+from simumax.memory.model_states import model_states, optimizer_bytes_per_param
 
 from tests.conftest import run_cli
 
@@ -183,13 +184,22 @@ def test_hsdp_shards_inside_a_replica_and_all_reduces_across() -> None:
 def test_optimizer_cpu_offload_lowers_memory_and_raises_time() -> None:
     """Megatron's --optimizer-cpu-offload: the offloaded share of fp32 master, m and v leaves
     the GPU; its step costs the gradients' trip to the host (4 B / param), host Adam over
-    4 + 2 x 12 B / param at host-memory bandwidth, and the bf16 parameters back, by hand."""
+    4 + 2 x 12 B / param at host-memory bandwidth, and the bf16 parameters back, by hand.
+    Megatron runs it only on the precision-aware optimizer's path, whose HybridDeviceOptimizer
+    keeps fp32 masters and moments (torch's Adam on fp32 copies: no parameter remainders)."""
     m = load_model("llama3-70b")
     base = {**LLAMA70, "zero_state": 1}
-    on = Estimate(m, load_strategy({**base, "optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5}), H100)
+    with pytest.raises(ConfigError, match="use_precision_aware_optimizer"):
+        load_strategy({**base, "optimizer_cpu_offload": True})
+    for field in ("exp_avg_dtype", "main_params_dtype"):
+        with pytest.raises(ConfigError, match=f"{field}.*fp32"):
+            load_strategy({**base, "optimizer_cpu_offload": True, "use_precision_aware_optimizer": True, field: "fp16"})
+    on = Estimate(m, load_strategy({**base, "optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5,
+                                    "use_precision_aware_optimizer": True}), H100)
     off = Estimate(m, load_strategy(base), H100)
     a, b = off.memory().stages[0], on.memory().stages[0]
     assert b.optimizer == pytest.approx(a.optimizer / 2) and b.peak_mem < a.peak_mem
+    assert optimizer_bytes_per_param(on.strategy) == 12  # fp32 master, m, v whatever TE's FusedAdam would keep
     assert on.cost().duration_time_per_iter > off.cost().duration_time_per_iter
     shard = off.stages[0].params / 16 / 2  # dp 16, half offloaded
     host = shard * 4 / 50e9 + shard * (4 + 2 * 12) / 77e9 + shard * 2 / 50e9  # h100-sxm-80gb: Gen5 50, host 77 GB/s

@@ -62,6 +62,7 @@ def strategies(draw):
         st["fsdp_impl"] = "deepspeed"
     if st["zero_state"] >= 1 and draw(hs.integers(0, 3)) == 0:
         st["optimizer_cpu_offload"] = True
+        st["use_precision_aware_optimizer"] = st.get("fsdp_impl") != "deepspeed"  # Megatron offloads on its path
     if draw(hs.integers(0, 3)) == 0:
         st.update(fine_grained_activation_offloading=True, offload_modules=["core_attn", "attn_proj"])
     if moe:

@@ -31,7 +31,7 @@ CASES = [  # model, system, strategy preset, updates: dense / MoE, 1 to 256 GPUs
     ("mixtral-8x7b", "gb200-nvl72", "ep8_pp1_dp8_mbs1",
      {"world_size": 64, "tp_size": 2, "moe_dispatcher_policy": "all2all", "overlap_moe_expert_parallel_comm": True}),
     ("llama3-8b", "mi300x", "tp1_pp1_dp8_mbs1",
-     {"world_size": 16, "optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0, "overlap_grad_reduce": True,
+     {"world_size": 16, "optimizer_cpu_offload": True, "use_precision_aware_optimizer": True, "optimizer_offload_fraction": 1.0, "overlap_grad_reduce": True,
       "overlap_param_gather": True}),
 ]
 

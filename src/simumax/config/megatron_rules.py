@@ -30,6 +30,51 @@ def check_overlap_rules(st: "StrategyConfig") -> None:
                           "communication/GEMM overlap can happen only when sequence parallelism is enabled')")
 
 
+def check_optimizer_offload_rules(st: "StrategyConfig") -> None:
+    """Megatron's --optimizer-cpu-offload (training/arguments.py, validate_args): it runs on the
+    precision-aware optimizer's code path, and with fp8 parameter gathers only under delayed
+    scaling. Its HybridDeviceOptimizer (optimizer/cpu_offloading/hybrid_optimizer.py) steps
+    torch's Adam on fp32 copies of the parameters (``param_update_in_fp32``) on both devices,
+    so lower-precision masters or moments asked for are not what runs. DeepSpeed offloads
+    with its own engine; torchtitan has no optimizer-only offload (its CPUOffloadPolicy moves
+    the parameters and gradients too)."""
+    if not st.optimizer_cpu_offload:
+        return
+    if st.fsdp_impl == "torch_fsdp2":
+        raise ConfigError("optimizer_cpu_offload", "torchtitan has no optimizer-only offload (FSDP2's CPUOffloadPolicy "
+                          "moves parameters and gradients too, not modelled)")
+    if st.fsdp_impl == "deepspeed":
+        return
+    if not st.use_precision_aware_optimizer:
+        raise ConfigError("optimizer_cpu_offload", "needs use_precision_aware_optimizer (Megatron: 'The optimizer cpu "
+                          "offload must be used in conjunction with --use-precision-aware-optimizer')")
+    if st.fp8_param_gather and st.fp8_recipe != "delayed":
+        raise ConfigError("fp8_param_gather", "with optimizer_cpu_offload needs fp8_recipe delayed (Megatron)")
+    for field in ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        if getattr(st, field) != "fp32":
+            raise ConfigError(field, "must be fp32 with optimizer_cpu_offload: Megatron's HybridDeviceOptimizer steps "
+                              "torch's Adam on fp32 copies of the parameters whatever it says")
+
+
+def check_megatron_torch_fsdp2(st: "StrategyConfig", model: "ModelConfig | None" = None) -> None:
+    """Megatron-LM's own --use-torch-fsdp2 (validate_args): no pipeline or expert
+    parallelism, no gradient-accumulation fusion, untied embeddings, no fp16. ``fsdp_impl
+    torch_fsdp2`` models torchtitan's FSDP2, which runs these; a Megatron line with the flag
+    (imported or exported) must meet Megatron's rules."""
+    if st.pp_size > 1:
+        raise ConfigError("pp_size", "--use-torch-fsdp2 is not supported with pipeline parallelism (Megatron): pp_size 1")
+    if st.ep_size > 1:
+        raise ConfigError("ep_size", "--use-torch-fsdp2 is not supported with expert parallelism (Megatron): ep_size 1")
+    if st.gradient_accumulation_fusion:
+        raise ConfigError("gradient_accumulation_fusion", "--use-torch-fsdp2 is not supported with gradient accumulation "
+                          "fusion (Megatron)")
+    if st.dtype == "fp16":
+        raise ConfigError("dtype", "--use-torch-fsdp2 is not supported with fp16 (Megatron)")
+    if model is not None and not model.untie_embeddings_and_output_weights:
+        raise ConfigError("untie_embeddings_and_output_weights", "--use-torch-fsdp2 requires "
+                          "--untie-embeddings-and-output-weights (Megatron)")
+
+
 def check_precision_rules(st: "StrategyConfig") -> None:
     """The fp8 recipe's and the router padding's rules (strategy fields only)."""
     if st.fp8_on and st.fp8_recipe == "delayed" and st.first_last_layers_bf16:

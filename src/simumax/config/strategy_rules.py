@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from simumax.config.megatron_rules import check_overlap_rules, check_precision_rules
+from simumax.config.megatron_rules import check_optimizer_offload_rules, check_overlap_rules, check_precision_rules
 from simumax.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -90,6 +90,7 @@ def check_rules(st: "StrategyConfig") -> None:
         raise ConfigError("megatron_recompute_modules", "must name at least one module when megatron_recompute is true")
     check_precision_rules(st)
     check_overlap_rules(st)
+    check_optimizer_offload_rules(st)
 
 
 def _check_documents(st: "StrategyConfig") -> None:

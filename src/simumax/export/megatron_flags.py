@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from simumax.config.checks import vstage_layer_counts
 from simumax.config.megatron_names import switch_flag, valued_flag
+from simumax.config.megatron_rules import check_megatron_torch_fsdp2
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
@@ -35,6 +36,8 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     if st.pp_size > 1 and st.schedule in ("zb", "dualpipev"):  # a launch line would run 1F1B
         raise ConfigError("pp_schedule", f"Megatron-LM has no {st.schedule} schedule (its flags would run 1F1B): "
                           "export a 1f1b or interleaved strategy")
+    if st.fsdp_impl == "torch_fsdp2":  # torchtitan's FSDP2 runs more than Megatron's --use-torch-fsdp2 accepts
+        check_megatron_torch_fsdp2(st, model)
     return [*_parallel_flags(st, model), *_moe_flags(st, model), *_data_parallel_flags(st), *_precision_flags(st),
             *_kernel_flags(st, model), *_recompute_flags(st, model), *_overlap_and_offload_flags(st)]
 
@@ -119,8 +122,10 @@ def _data_parallel_flags(st: StrategyConfig) -> list[str]:
         f += [switch_flag("s", "optimizer_cpu_offload"), _s("optimizer_offload_fraction", st.optimizer_offload_fraction)]
     if st.fsdp_replicate_size > 1:
         f.append(_s("fsdp_replicate_size", st.fsdp_replicate_size))
-    if st.fsdp_impl == "torch_fsdp2":  # Megatron's wrapper reshards every unit (fsdp_reshard_after_forward always)
+    if st.fsdp_impl == "torch_fsdp2":  # Megatron's wrapper reshards every unit, or (the flag) none
         f.append("--use-torch-fsdp2")
+        if st.fsdp_reshard_after_forward == "never":
+            f.append("--torch-fsdp2-no-reshard-after-forward")
     elif st.zero_state >= 2 and not ds:
         f += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {'optim_grads' if st.zero_state == 2 else 'optim_grads_params'}"]
     if st.use_fp32_accum_grad and not st.grad_reduce_in_bf16 and not ds:

@@ -10,6 +10,7 @@ from typing import Any
 
 from simumax.config.layout import expand as expand_layout
 from simumax.config.megatron_names import SWITCHES, VALUED, flag_of
+from simumax.config.megatron_rules import check_megatron_torch_fsdp2
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
@@ -43,7 +44,13 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     _megatron_defaults(m, s, extra, notes)
     _parallel_sizes(m, s, extra, notes, gbs, world_size)
     model = _by_flag("m", lambda: ModelConfig.init_from_dict(m, source="Megatron arguments"))
-    strategy = _by_flag("s", lambda: StrategyConfig.init_from_dict(s, source="Megatron arguments"))
+    strategy = _by_flag("s", lambda: StrategyConfig.init_from_dict(s, source="Megatron arguments", checked=False))
+    if strategy.fsdp_impl == "torch_fsdp2":  # Megatron's refusals before the model's own
+        try:
+            check_megatron_torch_fsdp2(strategy, model)
+        except ConfigError as exc:
+            raise ConfigError(flag_of("m" if exc.field.startswith("untie") else "s", exc.field) or exc.field, exc.rule) from None
+    _by_flag("s", strategy.check)
     return model, strategy, notes
 
 
@@ -109,6 +116,8 @@ def _read_flags(tokens: list[str], m: dict[str, Any], s: dict[str, Any], extra: 
             step = 1 + len(words)
         elif flag == "--use-torch-fsdp2":
             extra["torch_fsdp2"] = "1"
+        elif flag == "--torch-fsdp2-no-reshard-after-forward":  # fully_shard(reshard_after_forward=False) on every unit
+            extra["torch_fsdp2_keep"] = "1"
         elif flag == "--data-parallel-sharding-strategy" and value is not None:
             levels = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
             if value not in levels:
@@ -332,11 +341,15 @@ def _megatron_defaults(m: dict[str, Any], s: dict[str, Any], extra: dict[str, st
         s["moe_dispatcher_policy"] = "all2all"
         notes.append("--moe-flex-dispatcher-backend ncclep: modelled as the all-to-all dispatcher (one copy per routed expert)")
     if "torch_fsdp2" in extra:
+        if s.get("zero_state") == 1:  # --use-distributed-optimizer, read before
+            raise ConfigError("--use-distributed-optimizer", "--use-torch-fsdp2 is not supported with MCore's "
+                              "distributed optimizer (Megatron)")
         # Megatron's TorchFullyShardedDataParallel: fully_shard on every TransformerLayer, the
         # embedding and the output layer, all resharded after forward (reshard_after_forward True)
-        s.update(fsdp_impl="torch_fsdp2", zero_state=3, fsdp_reshard_after_forward="always")
+        keep = "torch_fsdp2_keep" in extra
+        s.update(fsdp_impl="torch_fsdp2", zero_state=3, fsdp_reshard_after_forward="never" if keep else "always")
         notes.append("--use-torch-fsdp2: modelled as torchtitan's FSDP2 (fp32 sharded parameters, fp32 reduce-scatter) "
-                     "with every unit resharded; Megatron keeps bf16 shards with an fp32 master (the same 16 B per "
+                     f"with {'no unit resharded after forward' if keep else 'every unit resharded'}; Megatron keeps bf16 shards with an fp32 master (the same 16 B per "
                      "parameter) and reduce-scatters in bf16 (half the bytes)")
     if "deepspeed" in extra and int(extra.get("ds_zero", "0")) >= 1:  # ZeRO from the DeepSpeed config
         s.update(fsdp_impl="deepspeed", zero_state=int(extra["ds_zero"]))

@@ -43,11 +43,12 @@ def te_fused_adam_masters(st: StrategyConfig) -> bool:
     grads as they are (megatron-core optimizer_config.py,
     ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``): the precision-aware optimizer,
     unless a low-precision recipe other than delayed scaling with fp32 masters leaves them
-    to Megatron (which then copies as without it)."""
-    if not st.use_precision_aware_optimizer:
+    to Megatron (which then copies as without it). With the optimizer offloaded, Megatron's
+    HybridDeviceOptimizer holds them instead, as fp32 copies stepped by torch's Adam and
+    copied back into the parameters: the step and the bytes of the plain path."""
+    if not st.use_precision_aware_optimizer or st.optimizer_cpu_offload:
         return False
-    megatron_masters = st.low_precision and st.lp_recipe != "delayed" and st.main_params_dtype == "fp32"
-    return not megatron_masters or st.optimizer_cpu_offload
+    return not (st.low_precision and st.lp_recipe != "delayed" and st.main_params_dtype == "fp32")
 
 
 def keeps_param_remainders(st: StrategyConfig) -> bool:

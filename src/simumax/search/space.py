@@ -179,7 +179,7 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
                 continue
             splits = [_split_fields(first=f, last=la) for f, la in pp_layouts(L, pp)]
             splits += [_split_fields(emb=e == "E", loss=lo == "L") for e, lo in accounting_layouts(L, pp, vp)]
-            offload = {**NO_OFFLOAD, **OFFLOAD_VARIANTS[off]} if space.offload != ("none",) else {}
+            offload = _offload_fields(off, impl or base_fields.get("fsdp_impl")) if space.offload != ("none",) else {}
             for split in splits:
                 st = _candidate(model, system, refused, {
                     **base_fields, "world_size": space.world_size, "tp_size": tp, "pp_size": pp, "cp_size": cp,
@@ -197,6 +197,17 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
                 })
                 if st is not None:
                     yield rc, st
+
+
+def _offload_fields(name: str, impl: str | None) -> dict[str, Any]:
+    """An offload variant's strategy fields. Megatron offloads the optimizer on the
+    precision-aware optimizer's path (its HybridDeviceOptimizer keeps fp32 states), DeepSpeed
+    with its own engine (the precision-aware optimizer is Megatron's)."""
+    fields = {**NO_OFFLOAD, **OFFLOAD_VARIANTS[name]}
+    if fields["optimizer_cpu_offload"] and impl != "deepspeed":
+        fields.update(use_precision_aware_optimizer=True, main_params_dtype="fp32", exp_avg_dtype="fp32",
+                      exp_avg_sq_dtype="fp32")
+    return fields
 
 
 def _cp_scheme(model: ModelConfig, base: dict[str, Any], cp: int) -> dict[str, Any]:
