@@ -372,7 +372,7 @@ def test_megatron_hybrid_mtp_flags() -> None:
     from simumax.importers.megatron_args import parse_megatron_args
 
     base = ("--num-layers 4 --hidden-size 512 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 16 "
-            "--vocab-size 100 --num-experts 8 --moe-router-topk 2")
+            "--vocab-size 100 --num-experts 8 --moe-router-topk 2 --position-embedding-type none")  # MTP: rope or none
     m, _, _ = parse_megatron_args(base + " --hybrid-layer-pattern M*ME --mtp-num-layers 2 --mtp-hybrid-override-pattern '*E'",
                                   world_size=8)
     assert (m.hybrid_layer_pattern, m.mtp_num_layers, m.layer_num) == ("M*ME/*E/*E", 2, 4)

@@ -115,6 +115,45 @@ def test_megatron_019_parses_every_exported_flag(megatron_parser: argparse.Argum
                                                                  else "none")
 
 
+@pytest.fixture(scope="module")
+def megatron_validate(megatron_training):
+    """Megatron-LM 0.19's ``validate_args`` on CPU: its device queries (the GPU architecture,
+    for CUDA_DEVICE_MAX_CONNECTIONS advice and grouped GEMM) answer Hopper, and its argument
+    printout is swallowed."""
+    import contextlib
+    import io
+
+    import megatron.training.arguments as arguments
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(arguments, "get_device_arch_version", lambda: 9)
+    patch.setattr(arguments.torch.cuda, "get_device_capability", lambda *a: (9, 0))
+
+    def validate(tokens: list[str], world_size: int) -> argparse.Namespace:
+        args, rest = megatron_training.parser.parse_known_args(tokens)
+        assert not rest, rest
+        args.world_size, args.rank = world_size, 0
+        with contextlib.redirect_stdout(io.StringIO()):
+            arguments.validate_args(args)
+        return args
+    yield validate
+    patch.undo()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_megatron_019_validates_every_exported_job(megatron_validate, monkeypatch, name: str) -> None:
+    """Megatron-LM's own start-up checks (``validate_args``) accept every exported job: the
+    flags name a configuration Megatron runs, not only flags it parses."""
+    model_name, upd, model_upd = CASES[name]
+    m = load_model(model_name).with_updates(model_upd) if model_upd else load_model(model_name)
+    st = load_strategy("tp1_pp2_dp4_mbs1").with_updates(upd)
+    # Megatron asks for one connection with TP / CP / SP overlap, more with its FSDPs
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8" if st.zero_state >= 2 else "1")
+    args = megatron_validate(shlex.split(" ".join(model_flags(m, st.seq_len) + megatron_flags(st, m))), st.world_size)
+    assert (args.data_parallel_size, args.virtual_pipeline_model_parallel_size or 1) == (
+        st.dp_size, st.interleaving_size if model_upd.get("hybrid_layer_pattern") is None else args.virtual_pipeline_model_parallel_size or 1)
+
+
 def test_import_takes_megatron_019_defaults() -> None:
     """No P2P flag: overlapped with interleaving (said in a note), blocking in 1F1B even when
     the older --overlap-p2p-communication asks (Megatron turns it off there)."""
@@ -187,10 +226,12 @@ def test_importer_defaults_are_megatron_019s(megatron_parser: argparse.ArgumentP
     assert s.enable_dropout and s.moe_dispatcher_policy == "all_gather" and m.norm_type == "layernorm"
 
 
-def test_megatron_019_parses_the_flags_of_random_strategies(megatron_parser: argparse.ArgumentParser) -> None:
+def test_megatron_019_parses_the_flags_of_random_strategies(megatron_parser: argparse.ArgumentParser, megatron_validate) -> None:
     """Hypothesis over layouts and options: whatever the exporter writes (it may refuse, with
     a ConfigError naming the field), Megatron-LM 0.19's parser knows every flag and reads
-    the parallel sizes and overlap options back."""
+    the parallel sizes and overlap options back, and its ``validate_args`` accepts the job."""
+    import os
+
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as hs
 
@@ -222,7 +263,7 @@ def test_megatron_019_parses_the_flags_of_random_strategies(megatron_parser: arg
             d.update(recompute_granularity="full_block", recompute_layer_num=1)
         try:
             st = load_strategy("tp1_pp2_dp4_mbs1").with_updates(d)
-            tokens = shlex.split(" ".join(model_flags(m) + megatron_flags(st, m)))
+            tokens = shlex.split(" ".join(model_flags(m, st.seq_len) + megatron_flags(st, m)))
         except ConfigError:
             return
         args, rest = megatron_parser.parse_known_args(tokens)
@@ -233,6 +274,15 @@ def test_megatron_019_parses_the_flags_of_random_strategies(megatron_parser: arg
         if st.schedule == "interleaved":
             assert args.overlap_p2p_comm == st.p2p_overlapped
             assert args.overlap_p2p_comm_warmup_flush == (st.p2p_overlapped and st.overlap_p2p_comm_warmup_flush)
+        before = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "8" if st.zero_state >= 2 else "1"  # as Megatron asks
+        try:
+            megatron_validate(tokens, st.world_size)
+        finally:
+            if before is None:
+                del os.environ["CUDA_DEVICE_MAX_CONNECTIONS"]
+            else:
+                os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = before
 
     check()
 

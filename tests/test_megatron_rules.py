@@ -142,3 +142,31 @@ def test_optimizer_offload_as_megatron_validates_it(updates, field) -> None:
     with pytest.raises(ConfigError) as exc:
         st.with_updates(updates)
     assert exc.value.field == field
+
+
+def test_mtp_needs_rotary_or_no_positions() -> None:
+    """Megatron-LM's validate_args: Multi-Token Prediction with rope or none, not learned
+    absolute positions (Megatron's default when --position-embedding-type is left out)."""
+    mtp = load_model("deepseek-v3-mtp")
+    assert mtp.mtp_num_layers and mtp.with_updates({"position_embedding_type": "none"}).mtp_num_layers
+    with pytest.raises(ConfigError) as exc:
+        mtp.with_updates({"position_embedding_type": "learned_absolute"})
+    assert exc.value.field == "position_embedding_type" and "Megatron" in exc.value.rule
+
+
+def test_position_table_covers_the_sequence() -> None:
+    """Megatron asserts --max-position-embeddings >= --seq-length (and requires the flag): a
+    learned table shorter than the sequence is refused; exported flags state the sequence
+    length where a model has no value or a rotary one is shorter (no table to size)."""
+    from simumax.export.megatron_flags import model_flags
+
+    gpt = load_model("gpt3-175b").with_updates({"layer_num": 2, "max_position_embeddings": 2048,
+                                                "position_embedding_type": "learned_absolute"})
+    st = TP.with_updates({"seq_len": 4096})
+    with pytest.raises(ConfigError) as exc:
+        Estimate(gpt, st, SYSTEM).cost()
+    assert exc.value.field == "seq_len" and "2048" in exc.value.rule
+    assert "--max-position-embeddings 2048" in model_flags(gpt, 2048)
+    rope = DENSE.with_updates({"max_position_embeddings": 2048})
+    assert "--max-position-embeddings 4096" in model_flags(rope, 4096)
+    assert "--max-position-embeddings 8192" in model_flags(DENSE.with_updates({"max_position_embeddings": None}), 8192)

@@ -117,7 +117,7 @@ def export(
             write_text_atomic(out / name, text)
         sys.stdout.write(text)
         return
-    flags = model_flags(m) + megatron_flags(st, m)
+    flags = model_flags(m, st.seq_len) + megatron_flags(st, m)
     if out is not None:
         write_text_atomic(out / "megatron_flags.txt", " \\\n".join(flags) + "\n")
     if as_json:

@@ -154,6 +154,10 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
         # flash attention (TransformerEngine's fused backends take bf16 / fp16 only)
         raise ConfigError("dtype", "fp32 training is not modelled (its GEMMs would be costed as bf16 ones and its "
                           "attention as flash attention); estimate bf16 or fp16")
+    rows = model.position_rows(st.seq_len)
+    if rows and rows < st.seq_len:
+        raise ConfigError("seq_len", f"exceeds the learned position table (max_position_embeddings {rows}; Megatron "
+                          "asserts max_position_embeddings >= seq_length)")
     if model.hybrid_layer_pattern is not None:
         _check_hybrid(model, st)
     if model.has_linear_attention:

@@ -252,6 +252,9 @@ class ModelConfig(SimuMaxModelMethods, LayerBlocks, ConfigBase):
                     raise ConfigError("moe_router_group_topk", f"must be <= moe_router_num_groups ({groups})")
                 if self.topk > group_topk * (self.expert_num // groups):
                     raise ConfigError("topk", "must fit in the experts of the selected groups")
+        if self.mtp_num_layers and self.position_embedding_type == "learned_absolute":
+            raise ConfigError("position_embedding_type", "Multi-Token Prediction needs rope or none (Megatron: 'MTP is "
+                              "not supported with learned_absolute position embedding type')")
         if self.post_sublayer_norm and (self.is_moe or self.attention_type == "mla"):
             raise ConfigError("post_sublayer_norm", "is modelled for dense layers with GQA / MHA attention (Gemma 2 / 3), "
                               "not with MoE or MLA")

@@ -127,7 +127,8 @@ def _data_parallel_flags(st: StrategyConfig) -> list[str]:
         if st.fsdp_reshard_after_forward == "never":
             f.append("--torch-fsdp2-no-reshard-after-forward")
     elif st.zero_state >= 2 and not ds:
-        f += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {'optim_grads' if st.zero_state == 2 else 'optim_grads_params'}"]
+        f += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {'optim_grads' if st.zero_state == 2 else 'optim_grads_params'}",
+              "--ckpt-format fsdp_dtensor"]  # Megatron-FSDP's only checkpoint format (validate_args)
     if st.use_fp32_accum_grad and not st.grad_reduce_in_bf16 and not ds:
         f.append(switch_flag("s", "use_fp32_accum_grad"))
     if st.grad_reduce_in_bf16 and not ds:
@@ -263,8 +264,11 @@ def _max_chunk_layers(st: StrategyConfig, model: ModelConfig | None) -> int:
     return max(max(vstage_layer_counts(model, st)), 1)
 
 
-def model_flags(model: ModelConfig) -> list[str]:
-    """The model as Megatron-LM architecture flags (simumax import megatron reads them back)."""
+def model_flags(model: ModelConfig, seq_len: int | None = None) -> list[str]:
+    """The model as Megatron-LM architecture flags (simumax import megatron reads them back).
+    Megatron requires --max-position-embeddings >= --seq-length: given the job's ``seq_len``,
+    a model without the value, or a rotary / position-free one whose value is shorter (no
+    table to size), states the sequence length."""
     f = [
         *(_m(field, getattr(model, field)) for field in ("layer_num", "hidden_size", "intermediate_size", "head_num", "head_size",
                                                           "vocab_size", "make_vocab_size_divisible_by")),
@@ -273,8 +277,11 @@ def model_flags(model: ModelConfig) -> list[str]:
     ]
     if model.kv_head_num != model.head_num:
         f += ["--group-query-attention", _m("kv_head_num", model.kv_head_num)]
-    if model.max_position_embeddings:
-        f.append(_m("max_position_embeddings", model.max_position_embeddings))
+    positions = model.max_position_embeddings
+    if seq_len is not None and (not positions or (positions < seq_len and model.position_embedding_type != "learned_absolute")):
+        positions = seq_len
+    if positions:
+        f.append(_m("max_position_embeddings", positions))
     if model.rotary_base is not None and model.position_embedding_type == "rope":
         f.append(_m("rotary_base", model.rotary_base))
     if model.use_swiglu:
