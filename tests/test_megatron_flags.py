@@ -355,3 +355,20 @@ def test_importer_says_what_it_does_with_newer_megatron_flags() -> None:
                  "--mla-down-proj-fusion", "--moe-paged-stash"):
         assert flag in text, flag
     assert "QK-clip" in text and "paged buffers" in text
+
+
+def test_export_refuses_what_megatron_019_refuses_at_start_up() -> None:
+    """validate_args refuses the interleaved schedule over two pipeline stages without P2P
+    overlap and TransformerEngine's cross-entropy fusion: the exporter says so rather than
+    write a line that stops at start-up (both still estimate, as SimuMax files and older
+    Megatron lines ask)."""
+    m = load_model("llama3.1-8b").with_updates({"layer_num": 8})
+    st = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"interleaving_size": 2, "overlap_p2p_comm": False})
+    with pytest.raises(ConfigError) as exc:
+        megatron_flags(st, m)
+    assert exc.value.field == "overlap_p2p_comm" and "pp_size 2" in exc.value.rule
+    assert "--no-overlap-p2p-communication" in megatron_flags(st.with_updates({"pp_size": 4, "world_size": 16}), m)
+    te = load_strategy("tp1_pp2_dp4_mbs1").with_updates({"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te"})
+    with pytest.raises(ConfigError) as exc:
+        megatron_flags(te, m)
+    assert exc.value.field == "cross_entropy_fusion_impl"

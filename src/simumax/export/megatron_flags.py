@@ -191,6 +191,9 @@ def _kernel_flags(st: StrategyConfig, model: ModelConfig | None) -> list[str]:
     p = "0.1" if st.enable_dropout else "0.0"  # Megatron's defaults are 0.1: said either way
     f += [f"--attention-dropout {p}", f"--hidden-dropout {p}"]
     if st.cross_entropy_loss_fusion:
+        if st.cross_entropy_fusion_impl == "te":  # validate_args: "disabled due to stability issues"
+            raise ConfigError("cross_entropy_fusion_impl", "Megatron-LM 0.19 refuses TransformerEngine's cross-entropy "
+                              "fusion: export with native (or without cross_entropy_loss_fusion)")
         f += [switch_flag("s", "cross_entropy_loss_fusion"), _s("cross_entropy_fusion_impl", st.cross_entropy_fusion_impl)]
     if model is not None and model.experimental_attention_variant == "dsa":
         f.append(_s("dsa_kernel_backend", st.dsa_kernel_backend))
@@ -249,6 +252,9 @@ def _p2p_overlap_flags(st: StrategyConfig) -> list[str]:
         return []
     if st.schedule == "interleaved":
         if not st.p2p_overlapped:
+            if st.pp_size <= 2:  # validate_args: a rank would send and receive one tensor twice at once
+                raise ConfigError("overlap_p2p_comm", "Megatron-LM runs the interleaved schedule with pp_size 2 only with "
+                                  "P2P overlap: export with it on")
             return [switch_flag("s", "overlap_p2p_comm", False)]
         return [switch_flag("s", "overlap_p2p_comm_warmup_flush")] if st.overlap_p2p_comm_warmup_flush else []
     if st.p2p_overlapped:
