@@ -163,6 +163,24 @@ def test_search_keeps_a_hierarchical_cp_base_valid() -> None:
     assert got == {1: [1, 1], 2: [2, 1], 4: [4, 1], 8: [4, 2]}
 
 
+def test_search_candidates_are_what_megatron_runs() -> None:
+    """A base's overlap options go to the candidates Megatron accepts them on (validate_args):
+    TP's communication overlap to TP > 1, the parameter gather's to ZeRO >= 1; an interleaved
+    pipeline over two stages runs only with its P2P overlapped (over more, the base's choice)."""
+    from simumax.search.space import SearchSpace, candidates
+
+    m = load_model("llama3-8b").with_updates({"layer_num": 8})
+    base = load_strategy("tp1_pp2_dp4_mbs1").with_updates(
+        {"tp_size": 2, "world_size": 16, "tp_comm_overlap": True, "overlap_grad_reduce": True, "overlap_param_gather": True})
+    assert not base.overlap_p2p_comm
+    space = SearchSpace(world_size=16, global_batch_size=32, tp=(1, 2), pp=(2, 4), vp=(1, 2), zero=(0, 1), recompute=("none",))
+    got = [st for _, st in candidates(m, load_system("h100-sxm-80gb"), base, space)]
+    assert {(st.tp_size, st.tp_comm_overlap) for st in got} == {(1, False), (2, True)}
+    assert {(st.zero_state, st.overlap_param_gather) for st in got} == {(0, False), (1, True)}
+    assert {(st.pp_size, st.interleaving_size, st.overlap_p2p_comm) for st in got} == {
+        (2, 1, False), (2, 2, True), (4, 1, False), (4, 2, False)}
+
+
 def test_search_gives_windowed_and_sink_models_a_cp_scheme_te_runs() -> None:
     """TE refuses the default ring (p2p) for a sliding window and anything but a2a for
     attention sinks: the search tries those models' CP sizes under a2a, and keeps the base's

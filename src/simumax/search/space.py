@@ -189,9 +189,11 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
                     **({"fsdp_replicate_size": rep} if space.replicas != (1,) else {}),
                     **({"fsdp_impl": impl} if impl else {}),
                     # the base's overlaps where Megatron allows them: TP's with TP (and SP), the
-                    # parameter gather's with a sharded optimizer
+                    # parameter gather's with a sharded optimizer; an interleaved pipeline over
+                    # two stages runs only with its P2P overlapped
                     "tp_comm_overlap": bool(base_fields.get("tp_comm_overlap")) and tp > 1,
                     "overlap_param_gather": bool(base_fields.get("overlap_param_gather")) and zero >= 1,
+                    "overlap_p2p_comm": bool(base_fields.get("overlap_p2p_comm")) or (vp > 1 and pp == 2),
                     **_hierarchical_cp(base_fields, cp),
                     **_cp_scheme(model, base_fields, cp),
                 })
