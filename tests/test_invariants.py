@@ -287,22 +287,31 @@ def test_unequal_chunks_idle_in_the_interleaved_steady_state() -> None:
     the warm-up the critical rank's idle grows by the same amount per group of pp
     micro-batches, so its share of the iteration can creep up where little else grows (a random
     draw with optimizer offload: 5.116 % at 4 micro-batches, 5.127 % at 8). The breakdown
-    counts that wait in ``bubble``; the iteration time is the event engine's either way."""
+    counts that wait as ``stage_imbalance`` (the steady state's idle per micro-batch, times the
+    micro-batches) and keeps ``bubble`` for the fill and drain, which do not grow; the
+    iteration time is the event engine's either way, and so is the split after simulate()."""
     sy = SYSTEMS["a100_pcie"]
     model = ModelConfig.init_from_dict(dict(
         model_name="gdn", hidden_size=4096, head_num=32, kv_head_num=1, intermediate_size=256, layer_num=8, vocab_size=18432,
         use_swiglu=False, untie_embeddings_and_output_weights=False, experimental_attention_variant="gated_delta_net",
         linear_attention_freq=3, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=2))
-    idle = []
-    for m in (8, 12, 16, 20):
+    idle, bubble, imbalance = [], [], []
+    for m in (4, 8, 12, 16, 20, 40):
         st = StrategyConfig.init_from_dict(dict(seq_len=1024, micro_batch_num=m, world_size=8, pp_size=4, cp_size=2,
                                                 interleaving_size=2, zero_state=2))
         est = Estimate(model, st, sy)
         cost = est.cost()
         assert math.isclose(est.simulate().end_of_backward[0], est.iteration_times.end_of_backward[0], rel_tol=1e-9)
+        after = est.cost().breakdown  # the full recorded run now gives the times: the same split
+        assert math.isclose(after["stage_imbalance"], cost.breakdown["stage_imbalance"], rel_tol=1e-9, abs_tol=1e-12)
         idle.append(cost.breakdown["bubble"] + cost.breakdown["stage_imbalance"])
-    steps = [b - a for a, b in zip(idle, idle[1:])]
-    assert steps[0] > 1e-4 and all(math.isclose(s, steps[0], rel_tol=1e-6) for s in steps)
+        bubble.append(cost.breakdown["bubble"])
+        imbalance.append(cost.breakdown["stage_imbalance"])
+    counts = (4, 8, 12, 16, 20, 40)
+    steps = [(b - a) / (mb - ma) for a, b, ma, mb in zip(idle[1:], idle[2:], counts[1:], counts[2:])]  # per micro-batch
+    assert steps[0] > 1e-5 and all(math.isclose(s, steps[0], rel_tol=1e-6) for s in steps)
+    assert all(math.isclose(b, bubble[0], rel_tol=1e-6) for b in bubble)  # fill and drain
+    assert all(math.isclose(i / m, steps[0], rel_tol=1e-6) for i, m in zip(imbalance, counts))
 
 
 OVERLAPS = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_p2p_comm",

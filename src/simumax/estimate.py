@@ -37,7 +37,7 @@ from simumax.schedule import SPLIT_BACKWARD
 from simumax.schedule.one_f_one_b import pipeline_time
 from simumax.simulate.engine import PassCosts, PipelineOptions, PipelineRun
 from simumax.simulate.iteration import IterationRun, pass_costs, simulate_iteration
-from simumax.simulate.steady import steady_pipeline, steady_walk_counts
+from simumax.simulate.steady import steady_idle, steady_pipeline, steady_walk_counts
 from simumax.uncertainty import TIME_BAND, band_share
 
 
@@ -217,18 +217,26 @@ class Estimate(DataParallelStep):
         )
         return overlap or st.schedule == "dualpipev"
 
+    def _pipeline_options(self) -> PipelineOptions:
+        return PipelineOptions(p2p_overlapped=self.strategy.p2p_overlapped,
+                               p2p_blocks_warmup_flush=self.strategy.p2p_blocks_warmup_flush)
+
     def pipeline_run(self) -> PipelineRun:
         """Each rank's last pass end (and blocking-send seconds) with no overlap needing the
         simulator: the task order on the event engine without recording events."""
-        opts = PipelineOptions(p2p_overlapped=self.strategy.p2p_overlapped,
-                               p2p_blocks_warmup_flush=self.strategy.p2p_blocks_warmup_flush)
-        return self.steady_pipeline(pass_costs(self), opts)
+        return self.steady_pipeline(pass_costs(self), self._pipeline_options())
 
     def steady_pipeline(self, costs: PassCosts, opts: PipelineOptions,
                         params_ready: dict[int, tuple[float, float]] | None = None) -> PipelineRun:
         """The schedule's end / busy times from its steady state (simulate/steady.py)."""
         st = self.strategy
         return steady_pipeline(st, lambda m: self.profiles.orders(st, m), costs, opts, params_ready)
+
+    def steady_idle(self, costs: PassCosts, opts: PipelineOptions, params_ready: dict[int, tuple[float, float]] | None,
+                    run: PipelineRun) -> list[float]:
+        """Each rank's idle per micro-batch in the schedule's steady state (simulate/steady.py)."""
+        st = self.strategy
+        return steady_idle(st, lambda m: self.profiles.orders(st, m), costs, opts, params_ready, run)
 
     @cached_property
     def iteration(self) -> IterationRun:
@@ -260,21 +268,31 @@ class Estimate(DataParallelStep):
 
     def cost(self, band: bool = True) -> CostResult:
         """The iteration's time, MFU, throughput and breakdown; ``band``: with the 80 % bands
-        and the kernel-source attribution they come from (uncertainty.py), which a search,
-        ranking by the point estimate only, skips."""
+        and the kernel-source attribution they come from (uncertainty.py), and the split of
+        an interleaved schedule's idle into steady-state waits (``stage_imbalance``) and
+        fill / drain (``bubble``), which a search, ranking by the point estimate only, skips
+        (its breakdown counts idle past the gap between rank totals as ``bubble``)."""
         st = self.strategy
         per_stage = self.rank_pass_times()
         dp_t = [self.dp_comm_time(s) for s in self.stages]
         opt_t = [self.optimizer_time(s) for s in self.stages]
         run = None
         sent: list[float] = []
+        # an interleaved schedule's steady-state idle splits the breakdown's idle (one more
+        # pipeline run where the full run was taken; a search, reading no breakdown, skips it)
+        split_idle = band and st.interleaving_size > 1
+        stall: list[float] = []
         if not self.needs_simulation:
             pipe = self.pipeline_run()
             end_bwd, sent = pipe.end, pipe.sent
             ready, ends = self.step_ends_after(end_bwd)
+            if split_idle:
+                stall = self.steady_idle(pass_costs(self), self._pipeline_options(), None, pipe)
         else:
             run = self.iteration_times
             end_bwd, ends, ready = run.end_of_backward, run.end, run.norm_ready
+            if split_idle and run.steady_idle is not None:
+                stall = run.steady_idle()
         times = self.stage_times
         rates = stage_rates(self.chunk_times, [c.index for c in self.chunks], len(self.stages), self.system.accelerator.power_curve)
         stage_costs = []
@@ -293,7 +311,7 @@ class Estimate(DataParallelStep):
         total = max(ends)
         crit = max(range(len(ends)), key=lambda r: ends[r])
         breakdown = critical_rank_breakdown(self, crit, per_stage, end_bwd[crit], ends[crit], max(ready) - ready[crit], opt_t[crit], run,
-                                            sent)
+                                            sent, stall[crit] if stall and st.interleaving_size > 1 else None)
         flops = self.model_flops_per_iter()
         world = st.world_size
         tokens = st.global_batch_size * st.seq_len

@@ -19,7 +19,7 @@ CP_LEVELS = {"cp_a2a": "cp", "cp_p2p": "cp"}  # network groups that report as th
 
 def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[float, float]], end_bwd: float, end: float,
                             wait: float, optimizer: float, run: "IterationRun | None",
-                            sent: list[float] | None = None) -> dict[str, float]:
+                            sent: list[float] | None = None, stall: float | None = None) -> dict[str, float]:
     """Where the critical rank's iteration goes, in parts that add up to its end exactly.
 
     Until its last pass ends: compute (fwd, bwd, recompute) and the communication exposed
@@ -31,7 +31,11 @@ def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[fl
     reduce and parameter gathers not hidden (``dp_comm``), the step (``optimizer``) and
     the wait at its all-rank gradient-norm barrier (``optimizer_sync``). ``sent``: per rank,
     the blocking sends of a pipeline whose P2P overlaps but for its warm-up and flush, when
-    ``run`` (which carries them otherwise) is None."""
+    ``run`` (which carries them otherwise) is None. ``stall``: the rank's idle seconds per
+    micro-batch in an interleaved schedule's steady state — waiting on slower model chunks
+    (its own or other stages') in every period, which more micro-batches do not amortise:
+    ``stage_imbalance`` is then at least that wait over all micro-batches and ``bubble`` the
+    fill and drain left (the gap between rank totals misses chunks that differ on equal ranks)."""
     st = est.strategy
     m = st.micro_batch_num
     ct = est.stage_times[crit]
@@ -72,6 +76,8 @@ def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[fl
     idle = max(0.0, end_bwd - busy)
     busy_max = m * max(f + b for f, b in per_stage)
     imbalance = min(idle, max(0.0, busy_max - m * sum(per_stage[crit])))
+    if stall is not None:
+        imbalance = min(idle, max(imbalance, stall * m))
     # exposed inside passes on the data-parallel groups (ZeRO-2/3's per-layer collectives)
     # and after the last pass (gradient reduce, parameter gathers) are one part
     in_pass_dp = sum(comm.pop(g, 0.0) for g in ("dp", "edp", "dp_shard"))

@@ -70,6 +70,9 @@ class PipelineRun:
     # per rank, seconds of blocking sends (in busy) when P2P overlaps but for the warm-up and
     # flush (0 when every send overlaps; not counted when every send blocks)
     sent: list[float] = field(default_factory=list)
+    # per rank, seconds idle per micro-batch once the schedule repeats (runs extrapolated from
+    # their steady state only: simulate/steady.py): waiting on slower stages or model chunks
+    stall: list[float] = field(default_factory=list)
 
 
 class DeadlockError(RuntimeError):

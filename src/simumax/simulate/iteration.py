@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from simumax.dp.sharding_plan import ShardingPlan
 from simumax.schedule import SPLIT_BACKWARD
 from simumax.schedule.tasks import BACKWARD, FORWARD, WEIGHT, RankOrders
 from simumax.simulate.engine import Event, PassCosts, PipelineOptions, PipelineRun, run_pipeline
-from simumax.simulate.steady import first_count, period
+from simumax.simulate.steady import first_count, period, steady_idle as steady_idle_of
 from simumax.simulate.ep_overlap import layer_slots
 
 if TYPE_CHECKING:
@@ -46,6 +46,9 @@ class IterationRun:
     busy: list[float]  # per rank: seconds of pipeline passes (the rest until end_of_backward is bubble)
     norm_ready: list[float]  # per rank: ready for the step's gradient-norm all-reduce
     sent: list[float]  # per rank: seconds of blocking P2P sends (within busy)
+    # per rank, seconds idle per micro-batch in the schedule's steady state (waiting on slower
+    # stages or model chunks), found on demand: it may take one more pipeline run
+    steady_idle: Callable[[], list[float]] | None = None
 
     @property
     def total(self) -> float:
@@ -222,6 +225,12 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
         orders = est.profiles.orders(st)
         run = run_pipeline(orders, costs, opts, gate)
         spans = None
+    # the same steady state however the times were run; the closure keeps no reference to
+    # the estimate (which keeps this run: a cycle only the cyclic collector would free)
+    profiles, idle_run = est.profiles, run
+
+    def steady_idle() -> list[float]:
+        return steady_idle_of(st, lambda k: profiles.orders(st, k), costs, opts, gate, idle_run)
     deferred = head_wgrad * st.micro_batch_num
     events, end_bwd, end, busy = [], [], [], []
     grads_done: list[float] = []
@@ -287,7 +296,7 @@ def simulate_iteration(est: "Estimate", steady: bool = False) -> IterationRun:
             evs = sorted(evs + comm[r], key=lambda e: (e.start, e.stream))
         events.append(evs)
         end.append(t)
-    return IterationRun(orders, events, end_bwd, end, busy, norm_ready, run.sent)
+    return IterationRun(orders, events, end_bwd, end, busy, norm_ready, run.sent, steady_idle)
 
 
 def _steady_count(st: "StrategyConfig") -> int:

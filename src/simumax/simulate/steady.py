@@ -94,7 +94,8 @@ def steady_pipeline(
 ) -> PipelineRun:
     """The pipeline's end and busy time per rank and each chunk's last weight-gradient
     pass, as run_pipeline(record=False) gives for ``st.micro_batch_num`` micro-batches,
-    from three short runs when the schedule is periodic there (else the full run)."""
+    from three short runs when the schedule is periodic there (else the full run); the
+    short runs also give each rank's steady-state idle (``PipelineRun.stall``)."""
     m = st.micro_batch_num
     g = period(st)
     m0 = first_count(st, g) if g else m
@@ -118,10 +119,31 @@ def steady_pipeline(
                 log.debug("steps repeat over several micro-batches at %d (period %d): full run", m0, g)
                 break
         if line is not None:
-            return _from_vector(_at(line, (m - m0) / g), ranks, sorted(runs[0].last_weight_pass))
+            run = _from_vector(_at(line, (m - m0) / g), ranks, sorted(runs[0].last_weight_pass))
+            run.stall = _idle_per_micro_batch(line[1], ranks, g)
+            return run
         log.debug("no steady state at %d micro-batches (period %d); trying %d", m0, g, 2 * m0)
         m0 = m0 + g * max(1, m0 // g)  # double
     return run_pipeline(orders_for(m), costs, opts, params_ready, record=False)
+
+
+def steady_idle(st: StrategyConfig, orders_for: Callable[[int], RankOrders], costs: PassCosts, opts: PipelineOptions,
+                params_ready: dict[int, tuple[float, float]] | None, run: PipelineRun) -> list[float]:
+    """Each rank's idle per micro-batch once the schedule repeats (waiting on slower stages
+    or model chunks in every period): from the steady-state runs where ``run`` came from
+    them, else from one more run a period longer than ``run`` (the full run of the same
+    costs); none for a schedule without a period."""
+    g = period(st)
+    if run.stall or not g:
+        return run.stall
+    longer = run_pipeline(orders_for(st.micro_batch_num + g), costs, opts, params_ready, record=False)
+    return _idle_per_micro_batch([b - a for a, b in zip(_vector(run), _vector(longer))], st.pp_size, g)
+
+
+def _idle_per_micro_batch(step: list[float], ranks: int, g: int) -> list[float]:
+    """Each rank's idle per micro-batch from one period's step of the run vector: its end
+    moves by the period, its busy time by its work."""
+    return [max(0.0, step[r] - step[ranks + r]) / g for r in range(ranks)]
 
 
 def _shorter(st: StrategyConfig, plan: list[int], check: int | None) -> bool:
