@@ -118,21 +118,28 @@ def test_megatron_019_parses_every_exported_flag(megatron_parser: argparse.Argum
 @pytest.fixture(scope="module")
 def megatron_validate(megatron_training):
     """Megatron-LM 0.19's ``validate_args`` on CPU: its device queries (the GPU architecture,
-    for CUDA_DEVICE_MAX_CONNECTIONS advice and grouped GEMM) answer Hopper, and its argument
-    printout is swallowed."""
+    for CUDA_DEVICE_MAX_CONNECTIONS advice and grouped GEMM) answer Hopper, its
+    TransformerEngine version checks the job's ``te_version`` (a recent TE when it names
+    none), and its argument printout is swallowed."""
     import contextlib
     import io
 
     import megatron.training.arguments as arguments
+    from packaging.version import Version
 
     patch = pytest.MonkeyPatch()
     patch.setattr(arguments, "get_device_arch_version", lambda: 9)
     patch.setattr(arguments.torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    patch.setenv("NVTE_CPU_OFFLOAD_V1", "1")  # fine-grained offload under TE >= 2.10 asks for it
+    te = {"version": None}
+    patch.setattr(arguments, "is_te_min_version", lambda v, check_equality=True: te["version"] is None or (
+        Version(te["version"]) >= Version(v) if check_equality else Version(te["version"]) > Version(v)))
 
-    def validate(tokens: list[str], world_size: int) -> argparse.Namespace:
+    def validate(tokens: list[str], world_size: int, te_version: str | None = None) -> argparse.Namespace:
         args, rest = megatron_training.parser.parse_known_args(tokens)
         assert not rest, rest
         args.world_size, args.rank = world_size, 0
+        te["version"] = te_version
         with contextlib.redirect_stdout(io.StringIO()):
             arguments.validate_args(args)
         return args
@@ -149,7 +156,8 @@ def test_megatron_019_validates_every_exported_job(megatron_validate, monkeypatc
     st = load_strategy("tp1_pp2_dp4_mbs1").with_updates(upd)
     # Megatron asks for one connection with TP / CP / SP overlap, more with its FSDPs
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8" if st.zero_state >= 2 else "1")
-    args = megatron_validate(shlex.split(" ".join(model_flags(m, st.seq_len) + megatron_flags(st, m))), st.world_size)
+    args = megatron_validate(shlex.split(" ".join(model_flags(m, st.seq_len) + megatron_flags(st, m))), st.world_size,
+                             st.te_version)
     assert (args.data_parallel_size, args.virtual_pipeline_model_parallel_size or 1) == (
         st.dp_size, st.interleaving_size if model_upd.get("hybrid_layer_pattern") is None else args.virtual_pipeline_model_parallel_size or 1)
 
@@ -244,8 +252,8 @@ def test_megatron_019_parses_the_flags_of_random_strategies(megatron_parser: arg
     @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
     @given(hs.sampled_from(sorted(models)), hs.sampled_from([1, 2, 4]), hs.sampled_from([1, 2, 4]), hs.sampled_from([1, 2]),
            hs.sampled_from([0, 1, 2, 3]), hs.fixed_dictionaries({k: hs.booleans() for k in options}),
-           hs.sampled_from(["all2all", "all_gather", "flex"]))
-    def check(name, tp, pp, vp, zero, opts, dispatcher) -> None:
+           hs.sampled_from(["all2all", "all_gather", "flex"]), hs.sampled_from([None, "2.7", "2.11.0"]))
+    def check(name, tp, pp, vp, zero, opts, dispatcher, te_version) -> None:
         m = models[name]
         # the options' own rules (each refused otherwise, and covered by its tests): keep the draws legal
         opts["overlap_moe_expert_parallel_comm"] &= m.is_moe and pp == 1 and not opts["enable_recompute"]
@@ -254,7 +262,7 @@ def test_megatron_019_parses_the_flags_of_random_strategies(megatron_parser: arg
         opts["optimizer_cpu_offload"] &= zero == 1
         opts["use_precision_aware_optimizer"] |= opts["optimizer_cpu_offload"]  # Megatron offloads only on its path
         d = {"tp_size": tp, "pp_size": pp, "world_size": tp * pp * 2, "interleaving_size": vp if pp > 2 else 1, "micro_batch_num": 8,
-             "enable_sequence_parallel": tp > 1, "zero_state": zero, **opts}
+             "enable_sequence_parallel": tp > 1, "zero_state": zero, "te_version": te_version, **opts}
         if m.is_moe:
             d.update(ep_size=2, moe_dispatcher_policy=dispatcher)
         if opts["cpu_offloading"]:
@@ -277,7 +285,7 @@ def test_megatron_019_parses_the_flags_of_random_strategies(megatron_parser: arg
         before = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
         os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "8" if st.zero_state >= 2 else "1"  # as Megatron asks
         try:
-            megatron_validate(tokens, st.world_size)
+            megatron_validate(tokens, st.world_size, st.te_version)
         finally:
             if before is None:
                 del os.environ["CUDA_DEVICE_MAX_CONNECTIONS"]

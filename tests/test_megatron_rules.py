@@ -170,3 +170,26 @@ def test_position_table_covers_the_sequence() -> None:
     rope = DENSE.with_updates({"max_position_embeddings": 2048})
     assert "--max-position-embeddings 4096" in model_flags(rope, 4096)
     assert "--max-position-embeddings 8192" in model_flags(DENSE.with_updates({"max_position_embeddings": None}), 8192)
+
+
+@pytest.mark.parametrize("updates, field", [
+    ({"te_version": "2.7"}, "delay_wgrad_compute"),
+    ({"te_version": "2.8"}, None),
+    ({"te_version": None}, None),  # no version named: nothing to hold against it
+    ({"overlap_grad_reduce": False, "gradient_accumulation_fusion": False, "te_version": "2.6"}, "delay_wgrad_compute"),
+    ({"overlap_grad_reduce": False, "gradient_accumulation_fusion": False, "te_version": "2.7"}, None),
+])
+def test_delayed_weight_gradients_as_megatron_validates_them(updates, field) -> None:
+    """Megatron-LM's validate_args: --delay-wgrad-compute beside --overlap-grad-reduce needs
+    TransformerEngine 2.8, without gradient-accumulation fusion 2.7 (where the strategy says
+    its TE version); it and fine-grained activation offload need TE layers."""
+    base = {"delay_wgrad_compute": True, "overlap_moe_expert_parallel_comm": True, "overlap_grad_reduce": True}
+    if field is None:
+        assert Estimate(MOE, EP.with_updates({**base, **updates}), SYSTEM).cost().duration_time_per_iter > 0
+        return
+    with pytest.raises(ConfigError) as exc:
+        EP.with_updates({**base, **updates})
+    assert exc.value.field == field and "TransformerEngine" in exc.value.rule
+    with pytest.raises(ConfigError, match="TransformerEngine layers"):
+        EP.with_updates({"fine_grained_activation_offloading": True, "offload_modules": ["core_attn"],
+                         "transformer_impl": "local"})

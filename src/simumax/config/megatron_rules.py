@@ -17,7 +17,10 @@ if TYPE_CHECKING:
 def check_overlap_rules(st: "StrategyConfig") -> None:
     """Megatron-LM's validate_args (training/arguments.py) on the overlap options: the
     parameter gather overlaps only with the gradient reduce and a sharded optimizer, TP's
-    communication only with sequence parallelism (Megatron turns SP off at TP 1)."""
+    communication only with sequence parallelism (Megatron turns SP off at TP 1); delayed
+    weight gradients and fine-grained activation offload need TransformerEngine layers (and
+    the former, beside the overlapped gradient reduce or without gradient-accumulation
+    fusion, TE 2.8 / 2.7 where the strategy names its version)."""
     if st.overlap_param_gather:
         if not st.overlap_grad_reduce:
             raise ConfigError("overlap_param_gather", "needs overlap_grad_reduce (Megatron: 'Must use "
@@ -28,6 +31,18 @@ def check_overlap_rules(st: "StrategyConfig") -> None:
     if st.tp_comm_overlap and not (st.tp_size > 1 and st.enable_sequence_parallel):
         raise ConfigError("tp_comm_overlap", "needs TP > 1 with sequence parallelism (Megatron: 'Tensor parallel "
                           "communication/GEMM overlap can happen only when sequence parallelism is enabled')")
+    te = st.transformer_impl == "transformer_engine"
+    if st.delay_wgrad_compute:
+        if not te:
+            raise ConfigError("delay_wgrad_compute", "needs TransformerEngine layers (Megatron)")
+        if st.overlap_grad_reduce and st.te_version and not st.te_at_least("2.8"):
+            raise ConfigError("delay_wgrad_compute", f"with overlap_grad_reduce needs TransformerEngine 2.8 or later "
+                              f"(te_version {st.te_version}), as Megatron")
+        if not st.gradient_accumulation_fusion and st.te_version and not st.te_at_least("2.7"):
+            raise ConfigError("delay_wgrad_compute", f"without gradient_accumulation_fusion needs TransformerEngine 2.7 "
+                              f"or later (te_version {st.te_version}), as Megatron")
+    if st.fine_grained_activation_offloading and not te:
+        raise ConfigError("fine_grained_activation_offloading", "needs TransformerEngine layers (Megatron)")
 
 
 def check_optimizer_offload_rules(st: "StrategyConfig") -> None:
