@@ -311,7 +311,7 @@ class Estimate(DataParallelStep):
         total = max(ends)
         crit = max(range(len(ends)), key=lambda r: ends[r])
         breakdown = critical_rank_breakdown(self, crit, per_stage, end_bwd[crit], ends[crit], max(ready) - ready[crit], opt_t[crit], run,
-                                            sent, stall[crit] if stall and st.interleaving_size > 1 else None)
+                                            sent, stall[crit] if stall else None)
         flops = self.model_flops_per_iter()
         world = st.world_size
         tokens = st.global_batch_size * st.seq_len

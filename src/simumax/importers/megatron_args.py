@@ -19,6 +19,7 @@ from simumax.importers.megatron_flag_tables import (IGNORED_VALUED, MUON_DEFAULT
 from simumax.importers.megatron_values import (int_or_layer_list, is_one, layer_pattern, skip_freq, typed, values_after,
                                                window_keys)
 
+
 def parse_megatron_args(text: str | list[str], world_size: int | None = None, name: str = "megatron") -> tuple[ModelConfig, StrategyConfig, list[str]]:
     """(model, strategy, notes). ``world_size`` defaults to the GPUs a torchrun launcher in
     the words starts, else the smallest that holds the parallel sizes with DP 1 (the
