@@ -572,6 +572,8 @@ def test_megatron_torch_fsdp2_as_megatron_validates_it() -> None:
     assert (s.fsdp_impl, s.zero_state, s.fsdp_reshard_after_forward) == ("torch_fsdp2", 3, "always")
     _, s, _ = parse_megatron_args(ok + " --torch-fsdp2-no-reshard-after-forward", world_size=8)
     assert s.fsdp_reshard_after_forward == "never"
+    _, s, notes = parse_megatron_args(ok + " --fp8-format hybrid --fp8-param-gather", world_size=8)
+    assert s.fp8 and not s.fp8_param_gather and any("turns it off" in n for n in notes)  # as validate_args does
     for extra, flag in (("", "--no-gradient-accumulation-fusion"), (" --no-gradient-accumulation-fusion",
                                                                      "--untie-embeddings-and-output-weights"),
                         (" --pipeline-model-parallel-size 2", "--pipeline-model-parallel-size"),
