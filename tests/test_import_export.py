@@ -593,6 +593,25 @@ def test_megatron_torch_fsdp2_as_megatron_validates_it() -> None:
         megatron_flags(fsdp2.with_updates({"pp_size": 2, "fsdp_reshard_after_forward": "never"}), load_model("llama3.1-8b"))
 
 
+def test_import_says_or_refuses_what_megatron_refuses_at_start_up() -> None:
+    """Lines megatron-core / validate_args stop at start-up: the interleaved schedule over two
+    stages with P2P blocking is refused (naming the flag); full recompute without a method and
+    a method with selective recompute are read as before, with a note saying Megatron refuses them."""
+    gpt = ("--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
+           "--micro-batch-size 1 --global-batch-size 16 --vocab-size 32000 --bf16 ")
+    vpp = gpt + "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 "
+    with pytest.raises(ConfigError) as exc:
+        parse_megatron_args(vpp + "--no-overlap-p2p-communication", world_size=8)
+    assert exc.value.field == "--no-overlap-p2p-communication"
+    _, s, _ = parse_megatron_args(vpp.replace("size 2 ", "size 4 ").replace("stage 2", "stage 1") + "--no-overlap-p2p-communication",
+                                  world_size=8)
+    assert s.interleaving_size == 2 and not s.overlap_p2p_comm  # over 4 stages Megatron runs it blocking
+    _, s, notes = parse_megatron_args(gpt + "--recompute-granularity full", world_size=8)
+    assert s.recompute_granularity == "full_block" and any("Megatron refuses it" in n for n in notes)
+    _, s, notes = parse_megatron_args(gpt + "--recompute-activations --recompute-method uniform", world_size=8)
+    assert s.recompute_granularity == "selective_recompute" and any("selective: Megatron refuses" in n for n in notes)
+
+
 def test_flag_of_names_every_switch_of_a_field() -> None:
     """An error on a field that several Megatron switches set names them all."""
     from simumax.config.megatron_names import flag_of

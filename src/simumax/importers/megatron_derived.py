@@ -125,9 +125,14 @@ def megatron_defaults(m: dict[str, Any], s: dict[str, Any], extra: dict[str, str
     if gran == "full":
         # Megatron's --recompute-num-layers defaults to 1, which with the uniform method
         # (or no count) recomputes every layer
+        if "method" not in extra:  # megatron-core's TransformerConfig refuses full without one
+            notes.append("--recompute-granularity full without --recompute-method: Megatron refuses it (block or "
+                         "uniform); taken as block over every layer")
         s.update(enable_recompute=True, recompute_granularity="full_block", recompute_method=extra.get("method", "block"))
         s.setdefault("recompute_layer_num", None)
     elif gran == "selective":
+        if "method" in extra:  # validate_args: 'recompute method is not yet supported for selective'
+            notes.append("--recompute-method with --recompute-granularity selective: Megatron refuses it; read past")
         mods = extra.get("modules", "core_attn").split()
         if mods == ["core_attn"]:
             s.update(enable_recompute=True, recompute_granularity="selective_recompute", attn_recompute=True)
@@ -182,6 +187,9 @@ def _p2p_and_offload_defaults(s: dict[str, Any], pp: int, notes: list[str]) -> N
             s["overlap_p2p_comm"] = True
             notes.append("P2P overlap: Megatron-LM 0.19's default with the interleaved schedule (--no-overlap-p2p-communication turns "
                          "it off; older versions needed --overlap-p2p-communication)")
+        elif not s["overlap_p2p_comm"] and pp == 2:
+            raise ConfigError("--no-overlap-p2p-communication", "the interleaved schedule over 2 pipeline stages runs only "
+                              "with P2P overlap (Megatron: pipeline-model-parallel size should be greater than 2)")
     elif s.pop("overlap_p2p_comm", False) and pp > 1:
         notes.append("--overlap-p2p-communication: Megatron turns it off without the interleaved schedule (blocking P2P modelled)")
     if s.get("cpu_offloading_num_layers", 0) > 0:
