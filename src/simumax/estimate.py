@@ -217,26 +217,24 @@ class Estimate(DataParallelStep):
         )
         return overlap or st.schedule == "dualpipev"
 
-    def _pipeline_options(self) -> PipelineOptions:
-        return PipelineOptions(p2p_overlapped=self.strategy.p2p_overlapped,
-                               p2p_blocks_warmup_flush=self.strategy.p2p_blocks_warmup_flush)
-
-    def pipeline_run(self) -> PipelineRun:
+    def pipeline_run(self, with_steady_idle: bool = False) -> PipelineRun:
         """Each rank's last pass end (and blocking-send seconds) with no overlap needing the
-        simulator: the task order on the event engine without recording events."""
-        return self.steady_pipeline(pass_costs(self), self._pipeline_options())
+        simulator: the task order on the event engine without recording events.
+        ``with_steady_idle``: with each rank's idle per micro-batch in the steady state
+        (``PipelineRun.stall``; one more run where the full run was taken)."""
+        st = self.strategy
+        costs = pass_costs(self)
+        opts = PipelineOptions(p2p_overlapped=st.p2p_overlapped, p2p_blocks_warmup_flush=st.p2p_blocks_warmup_flush)
+        run = self.steady_pipeline(costs, opts)
+        if with_steady_idle:
+            run.stall = steady_idle(st, lambda m: self.profiles.orders(st, m), costs, opts, None, run)
+        return run
 
     def steady_pipeline(self, costs: PassCosts, opts: PipelineOptions,
                         params_ready: dict[int, tuple[float, float]] | None = None) -> PipelineRun:
         """The schedule's end / busy times from its steady state (simulate/steady.py)."""
         st = self.strategy
         return steady_pipeline(st, lambda m: self.profiles.orders(st, m), costs, opts, params_ready)
-
-    def steady_idle(self, costs: PassCosts, opts: PipelineOptions, params_ready: dict[int, tuple[float, float]] | None,
-                    run: PipelineRun) -> list[float]:
-        """Each rank's idle per micro-batch in the schedule's steady state (simulate/steady.py)."""
-        st = self.strategy
-        return steady_idle(st, lambda m: self.profiles.orders(st, m), costs, opts, params_ready, run)
 
     @cached_property
     def iteration(self) -> IterationRun:
@@ -283,11 +281,11 @@ class Estimate(DataParallelStep):
         split_idle = band and st.interleaving_size > 1
         stall: list[float] = []
         if not self.needs_simulation:
-            pipe = self.pipeline_run()
+            pipe = self.pipeline_run(with_steady_idle=split_idle)
             end_bwd, sent = pipe.end, pipe.sent
             ready, ends = self.step_ends_after(end_bwd)
             if split_idle:
-                stall = self.steady_idle(pass_costs(self), self._pipeline_options(), None, pipe)
+                stall = pipe.stall
         else:
             run = self.iteration_times
             end_bwd, ends, ready = run.end_of_backward, run.end, run.norm_ready
