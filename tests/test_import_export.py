@@ -532,9 +532,8 @@ def test_megatron_defaults_for_flags_left_out() -> None:
     {"use_precision_aware_optimizer": True, "main_params_dtype": "fp16", "store_param_remainders": False},
     {"fp8": True, "fp8_param_gather": True, "zero_state": 1},
     {"use_math_sdp": True, "use_flash_sdp": False},
-    {"fsdp_impl": "torch_fsdp2", "zero_state": 3, "fsdp_reshard_after_forward": "always", "pp_size": 1,
-     "gradient_accumulation_fusion": False},
-    {"fsdp_impl": "torch_fsdp2", "zero_state": 3, "fsdp_reshard_after_forward": "never", "pp_size": 1,
+    {"fsdp_impl": "megatron_torch_fsdp2", "zero_state": 3, "pp_size": 1, "gradient_accumulation_fusion": False},
+    {"fsdp_impl": "megatron_torch_fsdp2", "zero_state": 3, "fsdp_reshard_after_forward": "never", "pp_size": 1,
      "gradient_accumulation_fusion": False},
     {"cp_size": 4, "pp_size": 1, "cp_comm_type": "a2a+p2p", "hierarchical_context_parallel_sizes": [2, 2]},
     {"rank_order": "tp-cp-ep-pp-dp"},
@@ -564,12 +563,13 @@ def test_megatron_torch_fsdp2_as_megatron_validates_it() -> None:
     """Megatron-LM's --use-torch-fsdp2 (validate_args) refuses pipeline and expert
     parallelism, the distributed optimizer, gradient-accumulation fusion, tied embeddings
     and fp16: an imported line breaking one is a ConfigError naming the flag, and a
-    torchtitan FSDP2 strategy that breaks one does not export as Megatron flags."""
+    megatron_torch_fsdp2 strategy breaking one is refused at load or export. torchtitan's
+    FSDP2 (fp32 shards and reduce-scatters) does not export as that flag."""
     gpt = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --micro-batch-size 1 "
            "--global-batch-size 16 --vocab-size 32000 --bf16 --use-torch-fsdp2")
     ok = gpt + " --untie-embeddings-and-output-weights --no-gradient-accumulation-fusion"
     _, s, _ = parse_megatron_args(ok, world_size=8)
-    assert (s.fsdp_impl, s.zero_state, s.fsdp_reshard_after_forward) == ("torch_fsdp2", 3, "always")
+    assert (s.fsdp_impl, s.zero_state, s.fsdp_reshard_after_forward) == ("megatron_torch_fsdp2", 3, "default")
     _, s, _ = parse_megatron_args(ok + " --torch-fsdp2-no-reshard-after-forward", world_size=8)
     assert s.fsdp_reshard_after_forward == "never"
     _, s, notes = parse_megatron_args(ok + " --fp8-format hybrid --fp8-param-gather", world_size=8)
@@ -582,11 +582,13 @@ def test_megatron_torch_fsdp2_as_megatron_validates_it() -> None:
         with pytest.raises(ConfigError) as exc:
             parse_megatron_args(line, world_size=8)
         assert exc.value.field == flag and "torch-fsdp2" in exc.value.rule
-    fsdp2 = load_strategy({"seq_len": 4096, "world_size": 8, "zero_state": 3, "fsdp_impl": "torch_fsdp2",
+    fsdp2 = load_strategy({"seq_len": 4096, "world_size": 8, "zero_state": 3, "fsdp_impl": "megatron_torch_fsdp2",
                            "gradient_accumulation_fusion": False})
     assert "--use-torch-fsdp2" in megatron_flags(fsdp2, load_model("llama3.1-8b"))
+    with pytest.raises(ConfigError, match="megatron_torch_fsdp2"):
+        megatron_flags(fsdp2.with_updates({"fsdp_impl": "torch_fsdp2"}), load_model("llama3.1-8b"))
     with pytest.raises(ConfigError, match="gradient_accumulation_fusion"):
-        megatron_flags(fsdp2.with_updates({"gradient_accumulation_fusion": True}), load_model("llama3.1-8b"))
+        fsdp2.with_updates({"gradient_accumulation_fusion": True})
     with pytest.raises(ConfigError, match="untie"):
         megatron_flags(fsdp2, load_model("gemma-2-9b"))
     with pytest.raises(ConfigError, match="pp_size"):

@@ -42,7 +42,7 @@ CASES = {
     "gpt-oss-sliding-window-sinks": ("gpt-oss-20b", {"pp_size": 1, "ep_size": 8, "world_size": 8}, {"layer_num": 4}),
     "megatron-fsdp": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "zero_state": 3, "overlap_grad_reduce": True,
                                       "overlap_param_gather": True}, {}),
-    "torch-fsdp2": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "zero_state": 3, "fsdp_impl": "torch_fsdp2",
+    "torch-fsdp2": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "zero_state": 3, "fsdp_impl": "megatron_torch_fsdp2",
                                    "gradient_accumulation_fusion": False}, {}),
     "fp8-bf16-wgrad": ("llama3.1-8b", {"pp_size": 1, "world_size": 8, "fp8": True, "fp8_wgrad": False}, {}),
     "qkv-bias": ("qwen2.5-7b", {"pp_size": 1, "tp_size": 4, "world_size": 8, "enable_sequence_parallel": True}, {}),

@@ -349,3 +349,25 @@ def test_search_over_sharded_dp_implementations() -> None:
     bad = run_cli("search", "-m", "llama3-8b", "-s", "tp1_pp1_dp8_mbs1", "-y", "h100-sxm-80gb", "--world-size", "8",
                   "--fsdp", "zero_infinity")
     assert bad.returncode == 2 and "search.fsdp" in bad.stderr
+
+
+def test_fsdp2_optimizer_steps_by_hand() -> None:
+    """The optimizer step over a rank's shard S, bytes per kernel. Megatron's --use-torch-fsdp2
+    (Float16Optimizer over bf16 shards): bf16 gradients copied to fp32 (2 + 4), norm (4),
+    clip (8), Adam on the fp32 master (4 + 2 x 12), master copied into the bf16 parameter
+    (4 + 2). torchtitan (fp32 shards stepped in place): norm, clip and Adam only. Neither
+    runs DDP's bucketed nan check or zeroes a gradient buffer (set to None). Megatron's
+    gradients reduce-scatter in bf16, torchtitan's in fp32."""
+    from simumax.dp.optimizer_step import step_passes
+
+    m = load_model("llama3-8b").with_updates({"layer_num": 2})
+    base = {"seq_len": 4096, "world_size": 8, "zero_state": 3, "gradient_accumulation_fusion": False}
+    for impl, before_b, after_b, reduce_b in (("megatron_torch_fsdp2", 6 + 4, 8 + 28 + 6, 2), ("torch_fsdp2", 4, 8 + 28, 4)):
+        est = Estimate(m, load_strategy({**base, "fsdp_impl": impl}), H100)
+        stage = est.stages[0]
+        shard = stage.params / 8
+        before, after = step_passes(est.strategy, H100, stage, lambda k: k.bytes)
+        assert (before, after) == (pytest.approx(before_b * shard), pytest.approx(after_b * shard)), impl
+        scattered = sum(n * k.bytes for ops, n in stage.groups() for o in ops if o.module == MODULE
+                        for k in o.bwd_weight if isinstance(k, Collective))
+        assert scattered == pytest.approx(reduce_b * stage.params)

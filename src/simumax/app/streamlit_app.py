@@ -78,6 +78,8 @@ def _edit_strategy(base: StrategyConfig, model: ModelConfig) -> StrategyConfig:
            "num_layers_in_first_pipeline_stage": int(first) or None, "num_layers_in_last_pipeline_stage": int(last) or None,
            # a file's list of lengths stays while its sequence does
            "document_lengths": int(doc) or (given if isinstance(given, list) and int(seq) == base.seq_len else None)}
+    if impl == "megatron_torch_fsdp2":  # Megatron's --use-torch-fsdp2 runs without gradient-accumulation fusion
+        upd["gradient_accumulation_fusion"] = False
     if upd["interleaving_size"] == 1 and base.pp_schedule == "interleaved":
         upd["pp_schedule"] = None
     if rec == "none":

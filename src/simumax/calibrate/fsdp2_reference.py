@@ -1,6 +1,8 @@
-"""PyTorch FSDP2 itself, wrapped as torchtitan wraps a Llama, run on fake tensors: what its
-sharded-data-parallel state holds at the step's peak and which collectives it issues, to
-check ``fsdp_impl: torch_fsdp2`` against the implementation rather than a hand count.
+"""PyTorch FSDP2 itself, wrapped as torchtitan wraps a Llama (or as Megatron-LM's
+``--use-torch-fsdp2`` wraps its bf16 model, ``_wrap_like_megatron``), run on fake tensors:
+what its sharded-data-parallel state holds at the step's peak and which collectives it
+issues, to check ``fsdp_impl: torch_fsdp2`` (``megatron_torch_fsdp2``) against the
+implementation rather than a hand count.
 
 The model is check-step's plain-PyTorch Llama (``check_step.LlamaStyle``) built under
 ``FakeTensorMode`` (no memory is allocated, so an 8B model runs on a laptop), sharded over
@@ -71,6 +73,48 @@ def _wrap_like_torchtitan(net: LlamaStyle, mesh: object, policy: str) -> None:
     fully_shard(net, **cfg)
 
 
+def _wrap_like_megatron(net: LlamaStyle, mesh: object, policy: str) -> None:
+    """Megatron-LM's ``TorchFullyShardedDataParallel`` (megatron/core/distributed/
+    torch_fully_sharded_data_parallel.py): ``fully_shard`` with no mixed-precision policy over
+    the bf16 model on the embedding, each TransformerLayer and the output layer
+    (ColumnParallelLinear), then the root (the final norm); every unit resharded after
+    forward unless ``--torch-fsdp2-no-reshard-after-forward`` ("never")."""
+    from torch.distributed.fsdp import fully_shard
+
+    if net.head is None:
+        raise ValueError("Megatron's --use-torch-fsdp2 needs untied embeddings")
+    cfg = {"mesh": mesh, "reshard_after_forward": policy != "never"}
+    fully_shard(net.embed, **cfg)
+    for layer in net.layers:
+        fully_shard(layer, **cfg)
+    fully_shard(net.head, **cfg)
+    fully_shard(net, **cfg)
+
+
+class _Float16Optimizer:
+    """Megatron's Float16OptimizerWithFloat16Params over the bf16 shards (optimizer.py): an
+    fp32 master of each shard, Adam on the masters; the step copies each gradient to fp32
+    and frees it (``_copy_model_grads_to_main_grads``), steps, copies the masters back and
+    drops the fp32 gradients (``zero_grad``). The masters are filed with the Adam states
+    (FSDPMemTracker's categories have none for them)."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        self.params = params
+        self.masters = [p.detach().clone().float() for p in params]
+        self.adam = torch.optim.Adam(self.masters, lr=1e-4, foreach=False)  # states only: no foreach temporaries
+
+    def step(self) -> None:
+        for p, m in zip(self.params, self.masters):
+            if p.grad is not None:
+                m.grad, p.grad = p.grad.float(), None
+        self.adam.step()
+        for p, m in zip(self.params, self.masters):
+            p.detach().copy_(m)
+            m.grad = None
+        for m in self.masters:
+            self.adam.state[m]["master"] = m
+
+
 class _Collectives(TorchDispatchMode):
     """Bytes per c10d collective kind, as ``graph.kernels.Collective`` counts them."""
 
@@ -94,12 +138,14 @@ class _Collectives(TorchDispatchMode):
 
 def track_fsdp2_step(model: ModelConfig, world_size: int, seq_len: int, mbs: int = 1, mbc: int = 1,
                      reshard: Literal["default", "always", "never"] = "default", replicate: int = 1,
-                     full_ac: bool = False) -> dict[str, int]:
+                     full_ac: bool = False, impl: str = "torch_fsdp2") -> dict[str, int]:
     """Bytes per FSDPMemTracker category (``STATE_CATEGORIES``, "Activation", "Temp",
     "Inputs", "Total") at the peak of one training step on rank 0 of ``world_size``, and
     the step's collective bytes ("all_gather", "reduce_scatter", "all_reduce"). ``replicate``
     > 1: HSDP, torchtitan's 2-D mesh (replicate, shard); ``full_ac``: each block wrapped in
-    ``checkpoint_wrapper`` before sharding (torchtitan's ``FullAC``)."""
+    ``checkpoint_wrapper`` before sharding (torchtitan's ``FullAC``). ``impl``
+    "megatron_torch_fsdp2": the bf16 model wrapped as Megatron wraps it, with its
+    Float16Optimizer, whose step is tracked too (fp32 gradient copies beside the masters)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -113,24 +159,43 @@ def track_fsdp2_step(model: ModelConfig, world_size: int, seq_len: int, mbs: int
     try:
         mesh = (init_device_mesh("cpu", (world_size,)) if replicate == 1 else
                 init_device_mesh("cpu", (replicate, world_size // replicate), mesh_dim_names=("dp_replicate", "dp_shard")))
+        megatron = impl == "megatron_torch_fsdp2"
         with FakeTensorMode():
-            net = LlamaStyle(model)
+            if megatron:  # Megatron's Float16Module: the model itself in bf16
+                default = torch.get_default_dtype()
+                torch.set_default_dtype(torch.bfloat16)
+                try:
+                    net = LlamaStyle(model)
+                finally:
+                    torch.set_default_dtype(default)
+            else:
+                net = LlamaStyle(model)
             if full_ac:
                 net.layers = nn.ModuleList(checkpoint_wrapper(layer, preserve_rng_state=False) for layer in net.layers)
-            _wrap_like_torchtitan(net, mesh, reshard)
-            opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=False)  # states only: no foreach temporaries
+            if megatron:
+                _wrap_like_megatron(net, mesh, reshard)
+                f16 = _Float16Optimizer(list(net.parameters()))
+                opt, step = f16.adam, f16.step
+            else:
+                _wrap_like_torchtitan(net, mesh, reshard)
+                opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=False)  # states only: no foreach temporaries
+
+                def step() -> None:
+                    opt.step()
+                    opt.zero_grad()  # set_to_none, as torchtitan's step starts
             tokens = torch.randint(0, net.vocab, (mbs, seq_len))
             labels = torch.randint(0, net.vocab, (mbs, seq_len))
             net(tokens, labels).backward()  # a first step creates the optimizer states
-            opt.step()
-            opt.zero_grad()  # set_to_none, as torchtitan's step starts
+            step()
             tracker = FSDPMemTracker(net, opt)
             tracker.track_inputs((tokens, labels))
             comms = _Collectives()
             with tracker, comms:
-                for _ in range(mbc):  # torchtitan's gradient accumulation: each backward reduce-scatters
+                for _ in range(mbc):  # gradient accumulation: each backward reduce-scatters (no no_sync)
                     tracker.reset_mod_stats()  # per-module stats only (the peak is kept): one forward each
                     net(tokens, labels).backward()
+                if megatron:  # its step copies the gradients to fp32: it can hold the peak
+                    step()
             snapshot = tracker.get_tracker_snapshot("peak")
     finally:
         dist.destroy_process_group()
@@ -145,14 +210,16 @@ def track_fsdp2_step(model: ModelConfig, world_size: int, seq_len: int, mbs: int
 
 def main() -> None:
     """``python -m simumax.calibrate.fsdp2_reference`` reads a JSON list of runs on stdin —
-    ``{"model": {ModelConfig fields}, "world_size", "seq_len", "mbs", "mbc", "reshard", "replicate", "full_ac"}`` —
+    ``{"model": {ModelConfig fields}, "world_size", "seq_len", "mbs", "mbc", "reshard", "replicate", "full_ac",
+    "impl"}`` —
     and writes the list of their category and collective bytes (``track_fsdp2_step``) to
     stdout."""
     out = []
     for run in json.load(sys.stdin):
         model = ModelConfig.init_from_dict(run["model"])
         out.append(track_fsdp2_step(model, run["world_size"], run["seq_len"], run.get("mbs", 1), run.get("mbc", 1),
-                                    run.get("reshard", "default"), run.get("replicate", 1), run.get("full_ac", False)))
+                                    run.get("reshard", "default"), run.get("replicate", 1), run.get("full_ac", False),
+                                    run.get("impl", "torch_fsdp2")))
     json.dump(out, sys.stdout)
 
 

@@ -43,7 +43,7 @@ def search(
     recompute: str = typer.Option("none,selective,full_block", "--recompute", help="Recompute variants: none, selective, selective_norm, selective_mlp, full_block (fewest layers that fit)."),
     zero: Optional[str] = typer.Option(None, "--zero", help="ZeRO stages to try, 0 to 3 (default: the base strategy's)."),
     replicas: Optional[str] = typer.Option(None, "--replicas", help="HSDP replica counts to try (fsdp_replicate_size: shard inside a replica, all-reduce across; ZeRO >= 1; default: the base strategy's)."),
-    fsdp: Optional[str] = typer.Option(None, "--fsdp", help="Sharded-DP implementations to try: megatron_fsdp, torch_fsdp2 (ZeRO-3 only), deepspeed (ZeRO 1-3; default: the base strategy's)."),
+    fsdp: Optional[str] = typer.Option(None, "--fsdp", help="Sharded-DP implementations to try: megatron_fsdp, torch_fsdp2 (torchtitan) and megatron_torch_fsdp2 (ZeRO-3 only), deepspeed (ZeRO 1-3; default: the base strategy's)."),
     offload: Optional[str] = typer.Option(None, "--offload", help="What to offload to host memory, to try: none, optimizer, activations (attention and expert inputs), both (default: the base strategy's settings)."),
     schedule: str = typer.Option("auto", "--schedule", help="Pipeline schedules to try: auto (1F1B / interleaved), 1f1b, interleaved, zb, dualpipev."),
     gmi_error: float = typer.Option(0.0, "--gmi-error", help="GiB kept free per GPU (default 0, as in the API's search methods and the app)."),

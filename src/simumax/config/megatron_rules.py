@@ -60,6 +60,9 @@ def check_optimizer_offload_rules(st: "StrategyConfig") -> None:
                           "moves parameters and gradients too, not modelled)")
     if st.fsdp_impl == "deepspeed":
         return
+    if st.fsdp_impl == "megatron_torch_fsdp2":
+        raise ConfigError("optimizer_cpu_offload", "runs on the distributed optimizer's precision-aware path, which "
+                          "Megatron refuses with --use-torch-fsdp2 (fsdp_impl megatron_torch_fsdp2)")
     if not st.use_precision_aware_optimizer:
         raise ConfigError("optimizer_cpu_offload", "needs use_precision_aware_optimizer (Megatron: 'The optimizer cpu "
                           "offload must be used in conjunction with --use-precision-aware-optimizer')")
@@ -72,10 +75,10 @@ def check_optimizer_offload_rules(st: "StrategyConfig") -> None:
 
 
 def check_megatron_torch_fsdp2(st: "StrategyConfig", model: "ModelConfig | None" = None) -> None:
-    """Megatron-LM's own --use-torch-fsdp2 (validate_args): no pipeline or expert
-    parallelism, no gradient-accumulation fusion, untied embeddings, no fp16. ``fsdp_impl
-    torch_fsdp2`` models torchtitan's FSDP2, which runs these; a Megatron line with the flag
-    (imported or exported) must meet Megatron's rules."""
+    """Megatron-LM's own --use-torch-fsdp2 (``fsdp_impl megatron_torch_fsdp2``; validate_args):
+    no pipeline or expert parallelism, no gradient-accumulation fusion, untied embeddings
+    (``model`` given), no fp16, no HSDP replicas (its mesh is the data-parallel group), and
+    fp8 parameter gathers turned off."""
     if st.pp_size > 1:
         raise ConfigError("pp_size", "--use-torch-fsdp2 is not supported with pipeline parallelism (Megatron): pp_size 1")
     if st.ep_size > 1:
@@ -85,6 +88,11 @@ def check_megatron_torch_fsdp2(st: "StrategyConfig", model: "ModelConfig | None"
                           "fusion (Megatron)")
     if st.dtype == "fp16":
         raise ConfigError("dtype", "--use-torch-fsdp2 is not supported with fp16 (Megatron)")
+    if st.fsdp_replicate_size > 1:
+        raise ConfigError("fsdp_replicate_size", "--use-torch-fsdp2 shards over the whole data-parallel group "
+                          "(Megatron's --num-distributed-optimizer-instances needs the distributed optimizer): 1")
+    if st.fp8_param_gather:
+        raise ConfigError("fp8_param_gather", "Megatron turns it off with --use-torch-fsdp2 (bf16 all-gathers)")
     if model is not None and not model.untie_embeddings_and_output_weights:
         raise ConfigError("untie_embeddings_and_output_weights", "--use-torch-fsdp2 requires "
                           "--untie-embeddings-and-output-weights (Megatron)")

@@ -197,8 +197,16 @@ class StrategyDerived:
         return self.zero_state == 3 if self.ds_overlap_comm is None else self.ds_overlap_comm
 
     @property
+    def fsdp2(self) -> bool:
+        """PyTorch FSDP2 (``fully_shard``) shards the data-parallel state: torchtitan's or
+        Megatron-LM's wrapper of it."""
+        return self.fsdp_impl in ("torch_fsdp2", "megatron_torch_fsdp2")
+
+    @property
     def main_grad_bytes(self) -> int:
-        if self.fsdp_impl == "deepspeed":  # DeepSpeed keeps and reduces gradients in the model dtype
+        # DeepSpeed keeps and reduces gradients in the model dtype, as Megatron's FSDP2 wrapper
+        # does (no main_grad: fully_shard without a mixed-precision policy over the bf16 model)
+        if self.fsdp_impl in ("deepspeed", "megatron_torch_fsdp2"):
             return self.dtype_bytes
         if self.grad_reduce_in_bf16 or not self.use_fp32_accum_grad:
             return 2

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from simumax.config.megatron_rules import check_optimizer_offload_rules, check_overlap_rules, check_precision_rules
+from simumax.config.megatron_rules import (
+    check_megatron_torch_fsdp2,
+    check_optimizer_offload_rules,
+    check_overlap_rules,
+    check_precision_rules,
+)
 from simumax.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -146,13 +151,19 @@ def _check_optimizer_dtypes(st: "StrategyConfig") -> None:
         raise ConfigError("use_precision_aware_optimizer", "needs the distributed optimizer (zero_state >= 1), as Megatron")
     if st.fsdp_impl in ("torch_fsdp2", "deepspeed") and (st.zero_state >= 2 or st.fsdp_impl == "deepspeed"):
         raise ConfigError("use_precision_aware_optimizer", f"is Megatron's optimizer option; {st.fsdp_impl} steps its own")
+    if st.fsdp_impl == "megatron_torch_fsdp2":
+        raise ConfigError("use_precision_aware_optimizer", "needs the distributed optimizer, which Megatron refuses "
+                          "with --use-torch-fsdp2 (fsdp_impl megatron_torch_fsdp2)")
 
 
 def _check_sharding(st: "StrategyConfig") -> None:
-    if st.fsdp_impl == "torch_fsdp2" and st.zero_state != 3:
-        raise ConfigError("fsdp_impl", "torch_fsdp2 (fully_shard) shards parameters: it needs zero_state 3")
-    if st.fsdp_reshard_after_forward != "default" and st.fsdp_impl != "torch_fsdp2":
-        raise ConfigError("fsdp_reshard_after_forward", "is torchtitan's FSDP2 option: it needs fsdp_impl torch_fsdp2")
+    if st.fsdp2 and st.zero_state != 3:
+        raise ConfigError("fsdp_impl", f"{st.fsdp_impl} (fully_shard) shards parameters: it needs zero_state 3")
+    if st.fsdp_reshard_after_forward != "default" and not st.fsdp2:
+        raise ConfigError("fsdp_reshard_after_forward", "is an FSDP2 option: it needs fsdp_impl torch_fsdp2 or "
+                          "megatron_torch_fsdp2")
+    if st.fsdp_impl == "megatron_torch_fsdp2":
+        check_megatron_torch_fsdp2(st)
     if st.fsdp_reshard_after_forward == "always" and st.fsdp_impl == "torch_fsdp2" and st.pp_size > 1:
         raise ConfigError("fsdp_reshard_after_forward", "always with pp_size > 1 (a gather in every forward and "
                           "backward under torch's pipelining) is not modelled: use default or never")

@@ -39,6 +39,9 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
     false skips it), grad norm (4).
     After: clip scale (8), Adam (read grad, master, m, v; write master, m, v:
     4 + 2*12), master -> bf16 param (4 + 2), and zeroing the full main-grad buffer (g);
+    under FSDP2 no bucketed nan check and no buffer to zero (``zero_grad`` sets the gradient
+    shards to None), and torchtitan's AdamW steps its fp32 parameters with no master copy
+    (its "master" bytes in ``states`` are the parameter's own);
     then the host's share when the optimizer is offloaded. With Muon (given ``model``; ``cost``
     prices its Newton-Schulz GEMMs too) Adam steps only the weights Muon does not, and Muon's
     own step over the rest follows (dp/muon.py).
@@ -64,7 +67,7 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
         # (optimizer.py, _unscale_main_grads_and_check_for_nan: _amp_foreach_non_finite_check_and_unscale_)
         before.append(MemBound("optimizer.unscale", shard * 8))
     step_grad = g if te_adam else 4  # the gradient the norm, clip and Adam read
-    if st.check_for_nan_in_grad:
+    if st.check_for_nan_in_grad and not st.fsdp2:  # DDP's per-bucket check (FSDP2 has no buckets)
         before.append(MemBound("optimizer.check_finite", stage.params * g))
     before.append(MemBound("optimizer.grad_norm", shard * step_grad))
     # the parameters as stored (fp8_param_gather: the fp8 linears' one byte; the cast from the
@@ -81,14 +84,14 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
     if te_adam:
         param_io = param_bytes * (2 if keeps_param_remainders(st) else 1)  # written; read too to rebuild the master
         stepped = [MemBound("optimizer.adam", adam_shard * (step_grad + 2 * states) + param_io)]
+    elif st.fsdp_impl == "torch_fsdp2":  # torchtitan's AdamW steps the fp32 parameter shards themselves
+        stepped = [MemBound("optimizer.adam", adam_shard * (4 + 2 * states))]
     else:
         stepped = [MemBound("optimizer.adam", adam_shard * (4 + 2 * states)),
                    MemBound("optimizer.copy_params", adam_shard * 4 + param_bytes)]
-    after = [
-        MemBound("optimizer.clip", shard * 2 * step_grad),
-        *stepped,
-        MemBound("optimizer.zero_grad", stage.params * g),
-    ]
+    after = [MemBound("optimizer.clip", shard * 2 * step_grad), *stepped]
+    if not st.fsdp2:  # DDP zeroes its gradient buffer; FSDP2's gradients are set to None
+        after.append(MemBound("optimizer.zero_grad", stage.params * g))
     if r is not None and st.fp8_param_gather:
         # fp8 weights: the gathered fp8 data gives the other layout (read one, write one with
         # its scales) in the first micro-batch (TE's transpose cache, invalidated by the gather)

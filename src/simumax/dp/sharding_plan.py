@@ -23,7 +23,7 @@ ALL_UNITS = frozenset({"layer", "embedding"}) | HEAD_UNITS
 @dataclass(frozen=True, slots=True)
 class ShardingPlan:
     level: int  # ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters
-    impl: str  # megatron_fsdp, torch_fsdp2, deepspeed
+    impl: str  # megatron_fsdp, torch_fsdp2, megatron_torch_fsdp2, deepspeed
     group: str  # where dense states shard: "dp", or "dp_shard" (one HSDP replica)
     per_micro_batch: bool  # ZeRO-2/3 collectives in every micro-batch, as ops of the IR
     gathers: bool  # ZeRO-3: each unit's parameters gathered before they are used
@@ -51,22 +51,31 @@ class ShardingPlan:
 
     @classmethod
     def _build(cls, st: "StrategyConfig") -> "ShardingPlan":
-        fsdp2 = st.fsdp_impl == "torch_fsdp2"
+        titan = st.fsdp_impl == "torch_fsdp2"
         policy = st.fsdp_reshard_after_forward
-        if not fsdp2 or policy == "always":
+        if not st.fsdp2 or policy == "always":
             kept: frozenset[str] = frozenset()  # Megatron-FSDP and DeepSpeed reshard every unit
         elif policy == "never":
             kept = ALL_UNITS
-        else:  # torchtitan's apply_fsdp_to_decoder: the output unit is not resharded after forward
+        elif titan:  # torchtitan's apply_fsdp_to_decoder: the output unit is not resharded after forward
             kept = HEAD_UNITS
-        pipelined = fsdp2 and st.pp_size > 1
+        else:  # Megatron's TorchFullyShardedDataParallel: every unit (the root keeps the final norm: h elements)
+            kept = frozenset()
+        pipelined = titan and st.pp_size > 1
         return cls(
             level=st.zero_state, impl=st.fsdp_impl, group="dp_shard" if st.fsdp_replicate_size > 1 else "dp",
             per_micro_batch=st.zero_state >= 2 and not pipelined, gathers=st.zero_state >= 3,
-            reduce_bytes=4 if fsdp2 else st.main_grad_bytes,  # FSDP2's reduce_dtype fp32 (torchtitan)
+            # torchtitan's MixedPrecisionPolicy reduces in fp32; Megatron's fully_shard has no
+            # policy and reduces in the bf16 of its parameters (main_grad_bytes)
+            reduce_bytes=4 if titan else st.main_grad_bytes,
             kept_units=kept, reduce_on_compute_stream=st.fsdp_impl == "deepspeed" and not st.ds_overlap,
-            replicas_per_micro_batch=fsdp2 and st.fsdp_replicate_size > 1 and not pipelined, pipelined=pipelined,
+            replicas_per_micro_batch=titan and st.fsdp_replicate_size > 1 and not pipelined, pipelined=pipelined,
         )
+
+    @property
+    def fsdp2(self) -> bool:
+        """PyTorch's fully_shard (torchtitan's or Megatron's wrapper)."""
+        return self.impl in ("torch_fsdp2", "megatron_torch_fsdp2")
 
     def reshards(self, unit: str) -> bool:
         """Whether ``unit`` frees its gathered parameters after forward and gathers them

@@ -36,7 +36,11 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
     if st.pp_size > 1 and st.schedule in ("zb", "dualpipev"):  # a launch line would run 1F1B
         raise ConfigError("pp_schedule", f"Megatron-LM has no {st.schedule} schedule (its flags would run 1F1B): "
                           "export a 1f1b or interleaved strategy")
-    if st.fsdp_impl == "torch_fsdp2":  # torchtitan's FSDP2 runs more than Megatron's --use-torch-fsdp2 accepts
+    if st.fsdp_impl == "torch_fsdp2":  # the same fully_shard, another precision and layout: not one flag
+        raise ConfigError("fsdp_impl", "torch_fsdp2 is torchtitan's FSDP2 (fp32 shards, fp32 reduce-scatters); "
+                          "Megatron's --use-torch-fsdp2 is fsdp_impl megatron_torch_fsdp2 (bf16 shards and "
+                          "reduce-scatters, fp32 master): export that, or export torchtitan")
+    if st.fsdp_impl == "megatron_torch_fsdp2" and model is not None:  # (the strategy's own rules ran at load)
         check_megatron_torch_fsdp2(st, model)
     return [*_parallel_flags(st, model), *_moe_flags(st, model), *_data_parallel_flags(st), *_precision_flags(st),
             *_kernel_flags(st, model), *_recompute_flags(st, model), *_overlap_and_offload_flags(st)]
@@ -116,20 +120,20 @@ def _data_parallel_flags(st: StrategyConfig) -> list[str]:
     ds = st.fsdp_impl == "deepspeed"  # Megatron-DeepSpeed: ZeRO comes from the DeepSpeed config (export --format deepspeed)
     if ds:
         f += ["--deepspeed", "--deepspeed_config ds_config.json", f"--zero-stage {st.zero_state}"]
-    elif st.zero_state >= 1 and st.fsdp_impl != "torch_fsdp2":
+    elif st.zero_state >= 1 and not st.fsdp2:
         f.append(switch_flag("s", "zero_state", 1))
     if st.optimizer_cpu_offload:
         f += [switch_flag("s", "optimizer_cpu_offload"), _s("optimizer_offload_fraction", st.optimizer_offload_fraction)]
     if st.fsdp_replicate_size > 1:
         f.append(_s("fsdp_replicate_size", st.fsdp_replicate_size))
-    if st.fsdp_impl == "torch_fsdp2":  # Megatron's wrapper reshards every unit, or (the flag) none
+    if st.fsdp_impl == "megatron_torch_fsdp2":  # Megatron's wrapper reshards every unit, or (the flag) none
         f.append("--use-torch-fsdp2")
         if st.fsdp_reshard_after_forward == "never":
             f.append("--torch-fsdp2-no-reshard-after-forward")
     elif st.zero_state >= 2 and not ds:
         f += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {'optim_grads' if st.zero_state == 2 else 'optim_grads_params'}",
               "--ckpt-format fsdp_dtensor"]  # Megatron-FSDP's only checkpoint format (validate_args)
-    if st.use_fp32_accum_grad and not st.grad_reduce_in_bf16 and not ds:
+    if st.use_fp32_accum_grad and not st.grad_reduce_in_bf16 and not ds and not st.fsdp2:
         f.append(switch_flag("s", "use_fp32_accum_grad"))
     if st.grad_reduce_in_bf16 and not ds:
         f.append(switch_flag("s", "grad_reduce_in_bf16"))

@@ -38,8 +38,11 @@ def torchtitan_toml(st: StrategyConfig) -> str:
     if st.pp_size > 1:
         lines += [f'pipeline_parallel_schedule = "{SCHEDULES[st.schedule]}"',
                   f"pipeline_parallel_microbatch_size = {st.micro_batch_size}"]
-    if st.fsdp_impl == "torch_fsdp2" and st.fsdp_reshard_after_forward != "default":
-        lines.append(f'fsdp_reshard_after_forward = "{st.fsdp_reshard_after_forward}"')
+    policy = st.fsdp_reshard_after_forward
+    if st.fsdp_impl == "megatron_torch_fsdp2" and policy == "default":  # Megatron's wrapper reshards every unit
+        policy = "always"
+    if st.fsdp2 and policy != "default":
+        lines.append(f'fsdp_reshard_after_forward = "{policy}"')
     if st.ep_size > 1:
         lines.append(f"expert_parallel_degree = {st.ep_size}")
     if st.tp_size > 1:

@@ -32,6 +32,7 @@ class Dims:
     fp8_wgrad: bool = True  # weight-gradient GEMMs in fp8 too (else BF16 on the kept BF16 input)
     main_grad_bytes: int = 4  # bytes of one main-gradient element (fp32; 2 with bf16 main grads)
     wgrad_fused: bool = True  # weight-gradient GEMMs accumulate into the main grad (gradient_accumulation_fusion)
+    grad_hook: bool = True  # DDP's hook adds written weight gradients to the main grad (not under FSDP2)
     cp_a2a: int = 1  # CP ranks of one all-to-all (a2a: cp; a2a+p2p: its first level)
     cp_p2p: int = 1  # CP ranks of one ring (p2p: cp; a2a+p2p: its second level)
     # documents packed into one sequence, attention within each (THD): (length, count), longest
@@ -74,6 +75,7 @@ class Dims:
             fp8_wgrad=st.fp8_wgrad_on,
             main_grad_bytes=st.main_grad_bytes,
             wgrad_fused=st.gradient_accumulation_fusion,
+            grad_hook=not st.fsdp2,
             docs=st.document_groups,
             keeps_original_input=(st.fp4_on and st.te_at_least("2.7")) or (
                 st.fp8_on and not st.fp4_on and st.fp8_recipe != "delayed" and st.te_at_least("2.6")),

@@ -177,13 +177,13 @@ def _v_up(P: str, layer: int, d: Dims, latent_out: Tensor, dims: tuple[int, int,
     label = op_label(f"{P}.v_up")
     out = float(T * H * v_dim * ab)
     kv_up = C * H * (nope + v_dim)
-    add, held = linears.wgrad_hook_add(op_label(f"{P}.kv_up"), kv_up, ab, d.main_grad_bytes)
+    add, held = linears.wgrad_hook_add(op_label(f"{P}.kv_up"), kv_up, ab, d.main_grad_bytes, d.grad_hook)
     return Op(
         name=f"{P}.v_up", module="core_attn", layer=layer,
         fwd=(Gemm(T, C, v_dim, "TN", b=H), MemBound(f"{label}.contiguous", 2 * out)),
         bwd_input=(Gemm(T, v_dim, C, "NN", b=H),),
         bwd_weight=(linears.written_wgrad(Gemm(v_dim, T, C, "NT", b=H), ab),
-                    MemBound(f"{label}.kv_up_grad", 3 * kv_up * ab, launches=2), add),  # the two slices into one grad
+                    MemBound(f"{label}.kv_up_grad", 3 * kv_up * ab, launches=2), *add),  # the two slices into one grad
         saved=(latent_out,), input=(latent_out,), params=kv_up,
         fwd_transient=out, bwd_transient=float(T * H * C * ab) + held,
     )

@@ -102,8 +102,8 @@ def weight_gradient(name: str, d: Dims, fused: Gemm) -> tuple[tuple[Gemm | MemBo
     the GEMM writing it and DDP's hook adding it (``written_wgrad``, ``wgrad_hook_add``)."""
     if d.wgrad_fused:
         return (fused,), 0.0
-    add, held = wgrad_hook_add(op_label(name), fused.m * fused.n * fused.b, d.act_bytes, d.main_grad_bytes)
-    return (written_wgrad(fused, d.act_bytes), add), held
+    add, held = wgrad_hook_add(op_label(name), fused.m * fused.n * fused.b, d.act_bytes, d.main_grad_bytes, d.grad_hook)
+    return (written_wgrad(fused, d.act_bytes), *add), held
 
 
 def written_wgrad(g: Gemm, act_bytes: int) -> Gemm:
@@ -113,12 +113,17 @@ def written_wgrad(g: Gemm, act_bytes: int) -> Gemm:
     return g._replace(accumulate=False, out_dtype="bf16" if act_bytes == 2 else "fp32")  # 2 B: bf16 or fp16
 
 
-def wgrad_hook_add(label: str, params: float, act_bytes: int, main_grad_bytes: int) -> tuple[MemBound, float]:
-    """(kernel, bytes held) of DDP's backward hook adding a written weight gradient to the
+def wgrad_hook_add(label: str, params: float, act_bytes: int, main_grad_bytes: int,
+                   hook: bool = True) -> tuple[tuple[MemBound, ...], float]:
+    """(kernels, bytes held) of DDP's backward hook adding a written weight gradient to the
     main grad (``distributed_data_parallel._make_backward_post_hook``:
     ``param.main_grad.add_(param.grad.data)``, then ``param.grad = None``): read both,
-    write the main grad, every micro-batch; the gradient is held from its GEMM to the add."""
-    return MemBound(f"{label}.main_grad_add", params * (act_bytes + 2 * main_grad_bytes)), float(params * act_bytes)
+    write the main grad, every micro-batch; the gradient is held from its GEMM to the add.
+    Under FSDP2 (``hook`` false: ``Dims.grad_hook``) no hook runs: fully_shard reduce-scatters the written
+    gradients of its unit, which the model states hold (memory/model_states.py)."""
+    if not hook:
+        return (), 0.0
+    return (MemBound(f"{label}.main_grad_add", params * (act_bytes + 2 * main_grad_bytes)),), float(params * act_bytes)
 
 
 def gathered_bytes(d: Dims, full: float, te: bool) -> float:

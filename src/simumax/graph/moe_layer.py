@@ -181,8 +181,9 @@ def _experts(P: str, name: str, module: str, layer: int, st: StrategyConfig, md:
         # DDP's hook adds them (linears.weight_gradient); the grouped GEMM keeps its table key
         if mode != "grouped":
             wgrad = tuple(linears.written_wgrad(g, st.dtype_bytes) for g in wgrad if isinstance(g, Gemm))
-        add, grad_buffer = linears.wgrad_hook_add(f"{P}.{name}", ng * k * n, st.dtype_bytes, st.main_grad_bytes)
-        wgrad = (*wgrad, add)
+        add, grad_buffer = linears.wgrad_hook_add(f"{P}.{name}", ng * k * n, st.dtype_bytes, st.main_grad_bytes,
+                                                  not st.fsdp2)
+        wgrad = (*wgrad, *add)
     params = ng * (k * n + (n if bias else 0))
     return Op(
         name=f"{P}.{name}", module=module, layer=layer, fwd=fwd, bwd_input=dgrad, bwd_weight=wgrad,

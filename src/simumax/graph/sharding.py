@@ -49,7 +49,7 @@ def sharding_ops(name: str, layer: int, ops: list[Op], st: StrategyConfig, unit:
         # torchtitan shards a tied output layer's final norm with the embedding: no gather of its own
         if plan.gathers and not (unit == "tied_head" and plan.impl == "torch_fsdp2"):
             gather: tuple[Kernel, ...] = (Collective("all_gather", float(params * st.dtype_bytes), group),)
-            if plan.impl == "torch_fsdp2":
+            if plan.fsdp2:
                 # FSDP2 copies the gathered buffer out into each parameter on the compute stream
                 # (_fsdp_collectives.py::foreach_all_gather_copy_out, split_with_sizes_copy)
                 gather += (MemBound("fsdp_copy_out", 2.0 * params * st.dtype_bytes),)  # no layer: layers share it

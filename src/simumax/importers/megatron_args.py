@@ -42,7 +42,7 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     parallel_sizes(m, s, extra, notes, gbs, world_size)
     model = _by_flag("m", lambda: ModelConfig.init_from_dict(m, source="Megatron arguments"))
     strategy = _by_flag("s", lambda: StrategyConfig.init_from_dict(s, source="Megatron arguments", checked=False))
-    if strategy.fsdp_impl == "torch_fsdp2":  # Megatron's refusals before the model's own
+    if strategy.fsdp_impl == "megatron_torch_fsdp2":  # Megatron's refusals before the model's own
         try:
             check_megatron_torch_fsdp2(strategy, model)
         except ConfigError as exc:

@@ -104,13 +104,9 @@ def megatron_defaults(m: dict[str, Any], s: dict[str, Any], extra: dict[str, str
             raise ConfigError("--use-distributed-optimizer", "--use-torch-fsdp2 is not supported with MCore's "
                               "distributed optimizer (Megatron)")
         # Megatron's TorchFullyShardedDataParallel: fully_shard on every TransformerLayer, the
-        # embedding and the output layer, all resharded after forward (reshard_after_forward True)
+        # embedding and the output layer, all resharded after forward unless the flag says none
         keep = "torch_fsdp2_keep" in extra
-        s.update(fsdp_impl="torch_fsdp2", zero_state=3, fsdp_reshard_after_forward="never" if keep else "always")
-        notes.append("--use-torch-fsdp2: modelled as torchtitan's FSDP2 (fp32 sharded parameters, fp32 reduce-scatter) "
-                     f"with {'no unit resharded after forward' if keep else 'every unit resharded'}; Megatron keeps "
-                     "bf16 shards with an fp32 master (the same 16 B per parameter) and reduce-scatters in bf16 (half "
-                     "the bytes)")
+        s.update(fsdp_impl="megatron_torch_fsdp2", zero_state=3, fsdp_reshard_after_forward="never" if keep else "default")
         if s.pop("fp8_param_gather", False):  # validate_args turns it off (TE >= 2.0) with a warning
             notes.append("--fp8-param-gather: Megatron turns it off with --use-torch-fsdp2 (bf16 all-gathers)")
     if "deepspeed" in extra and int(extra.get("ds_zero", "0")) >= 1:  # ZeRO from the DeepSpeed config

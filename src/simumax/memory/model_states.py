@@ -28,6 +28,9 @@ class ModelStates:
     # held), and all bytes held at the end of the backward (activations freed); 0: never
     reduce_extra: float = 0.0
     end_of_backward: float = 0.0
+    # all bytes held in the optimizer step where it can outweigh both (Megatron's FSDP2: the
+    # fp32 copies of the gradients the Float16Optimizer makes); 0: never
+    optimizer_step: float = 0.0
     reduce_frees: float = 0.0  # share of the stored activations backward has freed at that moment
 
     @property
@@ -209,6 +212,8 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
         if st.fsdp_impl == "torch_fsdp2":
             opt = ADAM_STATE_BYTES * shard * device_optimizer_share(st)
             return fsdp2_states(st, stage, shard, opt, te)
+        if st.fsdp_impl == "megatron_torch_fsdp2":  # fp32 master + Adam in Megatron's Float16Optimizer
+            return fsdp2_states(st, stage, shard, float(opt), te)
         return megatron_fsdp_states(st, stage, shard, layer, float(opt), te)
     return ModelStates(weights=weights, grads=float(grads), optimizer=float(opt), te_buffers=te)
 
@@ -300,51 +305,63 @@ def fsdp2_units(stage: Stage) -> Fsdp2Units:
 
 
 def fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te: float) -> ModelStates:
-    """torchtitan's FSDP2 (``fully_shard`` per block, ``MixedPrecisionPolicy(bf16, fp32)``;
-    torch ``distributed/fsdp/_fully_shard``), checked category by category against
-    ``fully_shard`` itself (tests/test_fsdp2_torch.py). At the end of a micro-batch's
+    """PyTorch FSDP2 (``fully_shard`` per block; torch ``distributed/fsdp/_fully_shard``) as
+    torchtitan wraps it (``MixedPrecisionPolicy(bf16, fp32)`` over fp32 parameters) or as
+    Megatron-LM's ``--use-torch-fsdp2`` does (``TorchFullyShardedDataParallel``: no policy,
+    over the bf16 model, with the fp32 masters in its Float16Optimizer), checked category by
+    category against ``fully_shard`` itself wrapped each way (tests/test_fsdp2_torch.py). The
+    sharded parameters are p bytes per element (torchtitan's fp32 originals, which the
+    optimizer steps; Megatron's bf16 ones), the gradients reduce-scatter and are kept in the
+    reduce dtype (fp32; bf16), r times the gathered bf16 bytes. At the end of a micro-batch's
     forward, where activations peak:
 
-    - the sharded parameters are the fp32 originals the optimizer steps (no separate master);
-    - gathered bf16 parameters of the units not resharded after forward (the final norm +
-      output layer by default, every unit with "never"), plus the
+    - the parameter shards;
+    - gathered bf16 parameters of the units not resharded after forward (torchtitan: the
+      final norm + output layer by default; every unit with "never"), plus the
       all-gather output of the last unit gathered, which FSDP2 holds until the next
       all-gather (``AllGatherState``: it keeps the CPU from running ahead of the copy-out);
-    - sharded fp32 gradients exist only once a backward has reduced into them (the step
+    - sharded gradients exist only once a backward has reduced into them (the step
       starts with ``zero_grad`` setting them to None): at a later micro-batch's forward
       peak, not at the first's.
 
     Where the states outweigh the activations the backward holds the peak, at one of two
     moments: the last unit of the forward (the output layer) reduce-scattering its
     gradients — itself resharded by then (FSDP2 reshards before it reduces), its bf16
-    gradients, their fp32 reduce-scatter input (2x) and its output shard, the unit
-    before it prefetched for backward, beside the stored activations (``reduce_extra``,
+    gradients, their reduce-scatter input (r x) and its output shard, the unit
+    before it prefetched, beside the stored activations (``reduce_extra``,
     over the forward peak's states) — or the first unit's (the embedding's) backward, with
-    every shard: its bf16 gradients and fp32 reduce-scatter input (3x), or while it runs,
+    every shard: its bf16 gradients and reduce-scatter input (1 + r x), or while it runs,
     itself gathered, the previous unit's reduce-scatter input (``ReduceScatterState``,
     freed at the next reduce) and its gradient (three bf16 copies when the output layer
     is tied to it: the two uses' gradients and their sum), and with HSDP after the first
-    micro-batch every unit's all-reduced output shard (``end_of_backward``).
-    """
+    micro-batch every unit's all-reduced output shard (``end_of_backward``). Megatron's
+    optimizer step copies every gradient shard to fp32 before Adam, freeing each bf16 one
+    as it goes (optimizer.py, ``_copy_model_grads_to_main_grads``): parameters, masters,
+    moments and 4 B per shard element (``optimizer_step``)."""
     plan = ShardingPlan.of(st)
     if plan.pipelined:
         return _pipelined_fsdp2_states(st, stage, shard, opt, te)
+    titan = st.fsdp_impl == "torch_fsdp2"
+    p = FP32 if titan else st.dtype_bytes
+    g = plan.reduce_bytes
+    r = g / st.dtype_bytes
     u = fsdp2_units(stage)
-    weights = FP32 * shard + u.kept + u.last
-    grads = FP32 * shard if st.micro_batch_num > 1 else 0.0
+    weights = p * shard + u.kept + u.last
+    grads = g * shard if st.micro_batch_num > 1 else 0.0
     # at the last unit's reduce it is resharded (its gathered copy and all-gather output gone),
-    # its bf16 gradients and their fp32 reduce-scatter input live, the unit before it prefetched
+    # its bf16 gradients and their reduce-scatter input live, the unit before it prefetched
     # (the reduce-scatter's output shard is new memory even when it then adds into existing gradients)
-    extra = 2 * u.last + u.prefetched + 2 * u.last / st.dp_shard_size - (u.last if u.last_kept else 0.0)
-    own_shard = 0.0 if grads else 2 * u.first / st.dp_shard_size  # the first unit's gradient shard, not reduced yet
-    during = u.first + (3 if u.tied else 1) * u.first + 2 * u.second - own_shard
-    end = FP32 * shard * 2 + opt + te + max(3 * u.first, during)
+    extra = r * u.last + u.prefetched + r * u.last / st.dp_shard_size - (u.last if u.last_kept else 0.0)
+    own_shard = 0.0 if grads else r * u.first / st.dp_shard_size  # the first unit's gradient shard, not reduced yet
+    during = u.first + (3 if u.tied else 1) * u.first + r * u.second - own_shard
+    end = (p + g) * shard + opt + te + max((1 + r) * u.first, during)
     if grads and plan.replicas_per_micro_batch:
         # HSDP adding into existing gradients: every unit's all-reduced output shard is held
         # until the backward ends (FSDPParamGroup._all_reduce_state, cleared in finalize_backward)
-        end += FP32 * shard
+        end += g * shard
+    step = 0.0 if titan else p * shard + opt + te + FP32 * shard
     return ModelStates(weights=float(weights), grads=float(grads), optimizer=float(opt), te_buffers=te,
-                       reduce_extra=extra, end_of_backward=end)
+                       reduce_extra=extra, end_of_backward=end, optimizer_step=step)
 
 
 def _pipelined_fsdp2_states(st: StrategyConfig, stage: Stage, shard: float, opt: float, te: float) -> ModelStates:

@@ -24,16 +24,19 @@ def stage_peak(states: ModelStates, act: RankActivations, stage: Stage) -> tuple
     where a sharded implementation's backward buffers outweigh the forward's transients
     (memory/model_states.py ``fsdp2_states``, ``megatron_fsdp_states``), that moment,
     named. By then the output layer's and the loss's saved tensors are gone (the ops after
-    the stage's last layers), and ``reduce_frees`` of the rest."""
+    the stage's last layers), and ``reduce_frees`` of the rest. Megatron's FSDP2 step can
+    outweigh both (``optimizer_step``: all bytes held then)."""
     peak, moment = states.total + act.peak, ""
-    if not (states.reduce_extra or states.end_of_backward):
+    if not (states.reduce_extra or states.end_of_backward or states.optimizer_step):
         return peak, moment
     held = act.stored_peak - sum(o.saved_bytes for o in stage.parts[-1].ops) if stage.parts else act.stored_peak
     for extra, at, what in ((states.reduce_extra,
                              states.total + states.reduce_extra + max(held, 0.0) * (1.0 - states.reduce_frees),
                              "gradient reduce-scatters in flight"),
                             (states.end_of_backward, states.end_of_backward,
-                             "end of backward: the first unit's gradient reduce-scatter")):
+                             "end of backward: the first unit's gradient reduce-scatter"),
+                            (states.optimizer_step, states.optimizer_step,
+                             "optimizer step: fp32 copies of the gradient shards")):
         if extra and at > peak:
             peak, moment = at, what
     return peak, moment
@@ -60,7 +63,9 @@ def memory_result(est: "Estimate") -> MemResult:
             "op": op, "in_flight": float(n), "micro_batch": t.mb if t else None,
             "vstage": t.vstage if t else None,
         }
-        if sharded_moment:
+        if sharded_moment.startswith("optimizer step"):  # after the backward: no activations
+            path = {"phase": "step", "op": sharded_moment, "in_flight": 0.0, "micro_batch": None, "vstage": None}
+        elif sharded_moment:
             path = {"phase": "bwd", "op": sharded_moment, "in_flight": float(n),
                     "micro_batch": st.micro_batch_num - 1, "vstage": 0}
         out.append(

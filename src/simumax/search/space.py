@@ -188,6 +188,8 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
                     "microbatch_group_size_per_vp_stage": None, **split, **NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc], **offload,
                     **({"fsdp_replicate_size": rep} if space.replicas != (1,) else {}),
                     **({"fsdp_impl": impl} if impl else {}),
+                    # Megatron's --use-torch-fsdp2 runs without gradient-accumulation fusion
+                    **({"gradient_accumulation_fusion": False} if impl == "megatron_torch_fsdp2" else {}),
                     # the base's overlaps where Megatron allows them: TP's with TP (and SP), the
                     # parameter gather's with a sharded optimizer; an interleaved pipeline over
                     # two stages runs only with its P2P overlapped
