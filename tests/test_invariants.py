@@ -91,12 +91,17 @@ def pairs(draw):
         st["fsdp_replicate_size"] = draw(hs.sampled_from([r for r in (2, 4) if (dp * cp) % r == 0] or [1]))
     if st["zero_state"] == 3 and draw(hs.booleans()):
         st["fsdp_impl"] = "torch_fsdp2"
+        if pp == 1 and ep == 1 and fields["untie_embeddings_and_output_weights"] and draw(hs.booleans()):
+            # Megatron's --use-torch-fsdp2: no HSDP, no distributed-optimizer offload, no wgrad fusion
+            st.update(fsdp_impl="megatron_torch_fsdp2", gradient_accumulation_fusion=False, optimizer_cpu_offload=False,
+                      optimizer_offload_fraction=1.0)
+            st.pop("fsdp_replicate_size", None)
     elif st["zero_state"] >= 1 and (st["zero_state"] == 1 or (pp == 1 and (st["zero_state"] == 2 or ep == 1))) \
             and "fsdp_replicate_size" not in st \
             and draw(hs.integers(0, 3)) == 0:
         st["fsdp_impl"] = "deepspeed"  # DeepSpeed runs ZeRO-2/3 without PP, and ZeRO-3 without EP
     if st.get("optimizer_cpu_offload"):  # torchtitan has no optimizer-only offload; Megatron's needs its precision-aware path
-        if st.get("fsdp_impl") == "torch_fsdp2":
+        if st.get("fsdp_impl") in ("torch_fsdp2", "megatron_torch_fsdp2"):
             st.update(optimizer_cpu_offload=False, optimizer_offload_fraction=1.0)
         elif st.get("fsdp_impl") != "deepspeed":
             st["use_precision_aware_optimizer"] = True

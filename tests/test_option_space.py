@@ -65,8 +65,10 @@ def jobs(draw):
     elif low == "fp4":
         st.update(fp4=True, fp4_recipe="nvfp4")
     if st["zero_state"] and draw(hs.booleans()):
-        st.update(fsdp_impl=draw(hs.sampled_from(("megatron_fsdp", "torch_fsdp2", "deepspeed"))),
+        st.update(fsdp_impl=draw(hs.sampled_from(("megatron_fsdp", "torch_fsdp2", "megatron_torch_fsdp2", "deepspeed"))),
                   fsdp_replicate_size=draw(hs.sampled_from((1, 2))), optimizer_cpu_offload=draw(hs.booleans()))
+        if st["fsdp_impl"] == "megatron_torch_fsdp2":  # Megatron refuses gradient-accumulation fusion there
+            st["gradient_accumulation_fusion"] = False
     if (model.model_type == "moe" and model.moe_shared_expert_intermediate_size and st["moe_dispatcher_policy"] == "all2all"
             and not st.get("overlap_moe_expert_parallel_comm")):
         st.update(moe_shared_expert_overlap=draw(hs.booleans()))
