@@ -268,6 +268,8 @@ def test_megatron_flags_round_trip(model: str, strategy: str, world: int) -> Non
         s0 = load_strategy(strategy).with_updates({f"{g}_net": None for g in ("tp", "cp", "ep", "etp", "dp", "pp")}, source="test")
     if model == "deepseek-v3":
         m0 = m0.with_updates({"layer_num": 5}, source="test")
+    if m0.is_moe:  # Megatron >= 0.13 dispatches the routing probabilities (no flag says otherwise)
+        s0 = s0.with_updates({"dispatch_probs": True}, source="test")
     m, s, notes = parse_megatron_args(model_flags(m0) + megatron_flags(s0, m0), world_size=world)
     assert notes == []
     sys_ = load_system("b200_bf16_ceperm")  # has the tiers every preset strategy names
@@ -737,7 +739,7 @@ def test_megatron_layer_freq_expressions_and_layout_virtual_stages() -> None:
 def test_shared_expert_overlap_round_trips_through_the_flags(dispatcher: str) -> None:
     m0 = load_model("deepseek-v2-lite").with_updates({"layer_num": 4})
     s0 = load_strategy("ep4_pp2_dp4_mbs1").with_updates({"seq_len": 4096, "moe_shared_expert_overlap": True,
-                                                           "moe_dispatcher_policy": dispatcher})
+                                                           "moe_dispatcher_policy": dispatcher, "dispatch_probs": True})
     flags = model_flags(m0) + megatron_flags(s0, m0)
     assert "--moe-shared-expert-overlap" in flags
     assert f"--moe-token-dispatcher-type {'flex' if dispatcher == 'flex' else 'alltoall'}" in flags
@@ -887,3 +889,32 @@ def test_hf_dots_llm1() -> None:
     assert (int(total), int(active)) == (142, 14)  # 142.8 B, 14.0 B
     late = model_from_hf({**DOTS_LLM1, "max_window_layers": 0})[0]
     assert late.window_size == 4096 and late.window_attn_skip_freq is None  # every layer sliding
+
+
+def test_simumax_options_export_as_megatron_runs_them_or_are_refused() -> None:
+    """Found by exporting random strategies and importing them back: SimuMax's bf16 main
+    gradients (use_fp32_accum_grad false; Megatron with --bf16 accumulates in fp32 unless
+    --grad-reduce-in-bf16) and Megatron-Core's local modules round-trip to the same estimate;
+    what no Megatron flag runs is refused naming the field; a Megatron MoE line dispatches
+    its routing probabilities (megatron-core >= 0.13)."""
+    h100 = load_system("h100-sxm-80gb")
+    dense = load_model("llama3.1-8b").with_updates({"layer_num": 4})
+    for upd, flag in (({"use_fp32_accum_grad": False}, "--grad-reduce-in-bf16"),
+                      ({"transformer_impl": "local"}, "--transformer-impl local")):
+        s0 = load_strategy("tp1_pp2_dp4_mbs1").with_updates(upd)
+        flags = megatron_flags(s0, dense)
+        assert flag in flags
+        m, s, _ = parse_megatron_args(model_flags(dense) + flags, world_size=8)
+        assert Estimate(m, s, h100).cost().duration_time_per_iter == pytest.approx(
+            Estimate(dense, s0, h100).cost().duration_time_per_iter, rel=1e-12)
+    moe = load_model("deepseek-v2-lite").with_updates({"layer_num": 4})
+    base = load_strategy("ep4_pp2_dp4_mbs1")
+    for upd, field in (({"fp8": True, "fp8_weight_caching": False}, "fp8_weight_caching"),
+                       ({"offload_groupgemm_col_inputs": True}, "offload_groupgemm_col_inputs"),
+                       ({"fp8": True, "cache_groupgemm_col_fp8_inputs": True}, "cache_groupgemm_col_fp8_inputs"),
+                       ({"group_linear_mode": "merged"}, "group_linear_mode")):
+        with pytest.raises(ConfigError) as exc:
+            megatron_flags(base.with_updates(upd), moe)
+        assert exc.value.field == field
+    _, s, _ = parse_megatron_args(model_flags(moe) + megatron_flags(base, moe), world_size=8)
+    assert s.dispatch_probs and not base.dispatch_probs

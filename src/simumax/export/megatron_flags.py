@@ -90,6 +90,16 @@ def _moe_flags(st: StrategyConfig, model: ModelConfig | None) -> list[str]:
     """Expert parallelism, the dispatcher, the fused MoE kernels and the capacity (MoE models only)."""
     f: list[str] = []
     if model is not None and model.is_moe:
+        # SimuMax's expert-input options, which no Megatron flag runs (its flags would keep the inputs)
+        if st.offload_groupgemm_col_inputs:
+            raise ConfigError("offload_groupgemm_col_inputs", "has no Megatron-LM flag (Megatron offloads expert "
+                              "inputs with fine_grained_activation_offloading, offload_modules expert_fc1 / moe_act)")
+        if st.cache_groupgemm_col_fp8_inputs and st.low_precision:
+            raise ConfigError("cache_groupgemm_col_fp8_inputs", "has no Megatron-LM flag: its grouped linears keep "
+                              "what TransformerEngine keeps")
+        if st.group_linear_mode == "merged":
+            raise ConfigError("group_linear_mode", "merged (one GEMM over every expert's rows) is an efficiency bound, "
+                              "not a Megatron-LM expert layer: export grouped or serial")
         f += [_s("ep_size", st.ep_size), _s("etp_size", st.etp_size)]
         f.append(f"--moe-token-dispatcher-type {DISPATCHERS[st.moe_dispatcher_policy]}")
         if st.group_linear_mode == "grouped":
@@ -135,7 +145,9 @@ def _data_parallel_flags(st: StrategyConfig) -> list[str]:
               "--ckpt-format fsdp_dtensor"]  # Megatron-FSDP's only checkpoint format (validate_args)
     if st.use_fp32_accum_grad and not st.grad_reduce_in_bf16 and not ds and not st.fsdp2:
         f.append(switch_flag("s", "use_fp32_accum_grad"))
-    if st.grad_reduce_in_bf16 and not ds:
+    # bf16 main grads however the file says it (SimuMax's use_fp32_accum_grad false): with --bf16
+    # Megatron accumulates in fp32 unless --grad-reduce-in-bf16 (validate_args)
+    if (st.grad_reduce_in_bf16 or (not st.use_fp32_accum_grad and st.dtype == "bf16")) and not ds and not st.fsdp2:
         f.append(switch_flag("s", "grad_reduce_in_bf16"))
     if st.optimizer == "muon":
         f.append("--optimizer muon")
@@ -165,6 +177,9 @@ def _precision_flags(st: StrategyConfig) -> list[str]:
     f: list[str] = []
     if st.dtype in ("bf16", "fp16"):
         f.append(switch_flag("s", "dtype", st.dtype))
+    if st.low_precision and not st.fp8_weight_caching:
+        raise ConfigError("fp8_weight_caching", "false has no Megatron-LM flag (TransformerConfig's "
+                          "disable_parameter_transpose_cache has no command-line argument): its flags would cache")
     if st.fp8_on:
         f += ["--fp8-format hybrid", _s("fp8_recipe", st.fp8_recipe)]
         if st.fp8_param_gather:
@@ -182,6 +197,8 @@ def _precision_flags(st: StrategyConfig) -> list[str]:
 def _kernel_flags(st: StrategyConfig, model: ModelConfig | None) -> list[str]:
     """The attention backend, the fusions (RoPE, SwiGLU, cross-entropy), the NaN check, dropout."""
     f: list[str] = []
+    if st.transformer_impl == "local":  # Megatron-Core's own modules (the default is TransformerEngine's)
+        f.append(_s("transformer_impl", "local"))
     if st.use_math_sdp:  # Megatron-Core's unfused DotProductAttention path
         f.append("--attention-backend unfused")
     elif st.use_flash_sdp:

@@ -69,6 +69,9 @@ def megatron_defaults(m: dict[str, Any], s: dict[str, Any], extra: dict[str, str
         m["moe_router_num_groups"], m["moe_router_group_topk"] = s.get("ep_size", 1), int(extra["limited_devices"])
     if m.get("expert_num"):
         m["model_type"] = "moe"
+        # megatron-core >= 0.13: every dispatcher permutes the routing probabilities with the
+        # tokens and the experts' activation applies them (experts.py, permuted_probs)
+        s.setdefault("dispatch_probs", True)
         if "moe_dispatcher_policy" not in s:
             s["moe_dispatcher_policy"] = "all_gather"
             notes.append("--moe-token-dispatcher-type not given: Megatron's default allgather")
