@@ -223,6 +223,8 @@ def _kernel_flags(st: StrategyConfig, model: ModelConfig | None) -> list[str]:
 
 def _recompute_flags(st: StrategyConfig, model: ModelConfig | None) -> list[str]:
     """Full or selective recompute as Megatron states them."""
+    if st.recompute_variance:  # SimuMax's: a line would run norms that keep it
+        raise ConfigError("recompute_variance", "has no Megatron-LM flag: TransformerEngine's norms keep their fp32 rstd")
     f: list[str] = []
     mode = st.recompute_mode
     if mode == "full_block" and st.recompute_method == "uniform":

@@ -61,6 +61,8 @@ def megatron_defaults(m: dict[str, Any], s: dict[str, Any], extra: dict[str, str
     if "dtype" not in s:  # Megatron's params_dtype is fp32 unless --bf16 / --fp16 (arguments.py, validate_args)
         s["dtype"] = "fp32"
         notes.append("--bf16 / --fp16 not given: Megatron trains in fp32 (not modelled: an estimate needs bf16 or fp16)")
+    if s["dtype"] == "fp16":  # DDP keeps and reduces fp16 gradients unless --accumulate-allreduce-grads-in-fp32
+        s.setdefault("use_fp32_accum_grad", False)
     dropout = [float(extra.get(f, "0.1")) for f in ("--attention-dropout", "--hidden-dropout")]
     s["enable_dropout"] = any(p > 0 for p in dropout)
     if "--attention-dropout" not in extra and "--hidden-dropout" not in extra:
