@@ -216,19 +216,17 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
     fsdp_impl: FsdpImpl = Field(
         "megatron_fsdp", description="The sharded data-parallel implementation. megatron_fsdp (zero_state 2/3): bf16 "
         "parameters, fp32 main grads and master copy; torch_fsdp2 (zero_state 3, torchtitan): fp32 sharded parameters, "
-        "no separate master, bf16 gathers, fp32 reduce-scatters; megatron_torch_fsdp2 (zero_state 3, Megatron-LM's "
-        "--use-torch-fsdp2): bf16 sharded parameters and gradients, bf16 gathers and reduce-scatters, fp32 master "
-        "shards in Megatron's Float16Optimizer; deepspeed (zero_state 1-3, DeepSpeed ZeRO with bf16): "
-        "gradients kept and reduced in bf16, reduced every micro-batch from stage 2, in ds_reduce_bucket_size buckets.",
+        "no separate master, bf16 gathers, fp32 reduce-scatters; megatron_torch_fsdp2 (zero_state 3, --use-torch-fsdp2): "
+        "bf16 shards, gathers and reduce-scatters, fp32 masters in Megatron's Float16Optimizer; deepspeed (zero_state "
+        "1-3, ZeRO with bf16): bf16 gradients, reduced every micro-batch from stage 2 in ds_reduce_bucket_size buckets.",
     )
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = Field(
         "default", description="FSDP2: torchtitan's parallelism.fsdp_reshard_after_forward. always: every unit "
         "(layer, embedding, final norm + output layer) frees its gathered parameters after its forward and gathers "
         "them again for backward; never: all stay gathered until backward; default: the layers and the embedding "
         "reshard, the final norm + output layer unit does not. With pp_size > 1 (torch's pipelining) units are "
-        "gathered once per step and reduced after the last backward (default or never; always is refused). "
-        "megatron_torch_fsdp2: default and always reshard every unit (Megatron's wrapper), never is "
-        "--torch-fsdp2-no-reshard-after-forward.",
+        "gathered once per step and reduced after the last backward (default or never; always is refused). Megatron's "
+        "wrapper: default and always reshard every unit, never is --torch-fsdp2-no-reshard-after-forward.",
     )
     ds_overlap_comm: bool | None = Field(
         None, description="DeepSpeed zero_optimization.overlap_comm: gradient reduces overlap the backward (two reduce "
