@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 import pytest
 
@@ -920,20 +921,16 @@ def test_simumax_options_export_as_megatron_runs_them_or_are_refused() -> None:
     assert s.dispatch_probs and not base.dispatch_probs
 
 
-def _drawable_fields() -> dict[str, list]:
-    """Every strategy field whose values are few (booleans, literals, small ints), less what a
-    Megatron line does not carry by design: DeepSpeed's own config (``ds_*``), SimuMax's
-    network-tier hints (``*_net``) and its MLP-only / SDP-only recompute (exported as the
-    nearest --recompute-modules: not the same job), and the straggler model."""
+def _drawable_fields(cls: type, skip: Callable[[str], bool]) -> dict[str, list]:
+    """Every field of ``cls`` whose values are few (booleans, literals, small ints and floats),
+    less those ``skip`` names."""
     import typing
 
-    from simumax.config.strategy import StrategyConfig
-
     out: dict[str, list] = {}
-    for name, f in StrategyConfig.model_fields.items():
-        if name.startswith("ds_") or name.endswith("_net") or name in ("enable_straggler_model", "recompute_granularity"):
+    for name, f in cls.model_fields.items():
+        if skip(name):
             continue
-        ann, lits = f.annotation, []
+        ann, args, lits = f.annotation, typing.get_args(f.annotation), []
 
         def walk(a: object) -> None:
             if typing.get_origin(a) is typing.Literal:
@@ -941,38 +938,49 @@ def _drawable_fields() -> dict[str, list]:
             for x in typing.get_args(a):
                 walk(x)
         walk(ann)
-        if ann is bool or (bool in typing.get_args(ann) and len(typing.get_args(ann)) <= 2):
+        if ann is bool or (bool in args and len(args) <= 2):
             out[name] = [True, False]
         elif lits:
             out[name] = lits
-        elif ann is int or int in typing.get_args(ann):
-            out[name] = [0, 1, 2, 4]
+        elif ann is int or int in args:
+            out[name] = [0, 1, 2, 4, 8, 64]
+        elif ann is float or float in args:
+            out[name] = [1e-6, 0.5, 1.0, 2.0]
     return out
 
 
 def test_export_then_import_is_the_same_job_for_random_options() -> None:
-    """Any strategy the exporter writes as Megatron-LM flags reads back as the same
-    estimate (time and memory): random values of every few-valued strategy field over
-    dense, MoE, hybrid and sliding-window models (a ConfigError on load or export is a
-    refusal, fine). Derandomised: the draws are the same on every run."""
+    """Any job the exporter writes as Megatron-LM flags reads back as the same estimate (time
+    and memory): random values of every few-valued strategy and model field over dense, MoE,
+    hybrid and sliding-window models (a ConfigError on load or export is a refusal, fine).
+    Left out, as no Megatron line carries them by design: DeepSpeed's own config (``ds_*``),
+    SimuMax's network-tier hints (``*_net``), its MLP-only / SDP-only recompute (exported as the
+    nearest --recompute-modules: not the same job), the straggler model, and the MoE load
+    skew (a property of the data). Derandomised: the draws are the same on every run."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as hs
 
-    fields = _drawable_fields()
+    from simumax.config.model import ModelConfig
+    from simumax.config.strategy import StrategyConfig
+
+    fields = _drawable_fields(StrategyConfig, lambda n: n.startswith("ds_") or n.endswith("_net") or n in (
+        "enable_straggler_model", "recompute_granularity"))
+    model_fields = _drawable_fields(ModelConfig, lambda n: n in ("model_name", "moe_load_imbalance", "layer_num"))
     models = {n: load_model(n).with_updates({"layer_num": 4}) for n in ("llama3-8b", "deepseek-v2-lite", "qwen3-next-80b-a3b",
                                                                          "gpt-oss-20b", "mixtral-8x7b")}
     bases = ("tp1_pp2_dp4_mbs1", "tp2_pp1_dp4_mbs1", "ep4_pp2_dp4_mbs1", "tp1_pp4_vp2_sync_mbs1_mbc8_no_ckpt")
     h100 = load_system("h100-sxm-80gb")
 
-    @settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(hs.sampled_from(sorted(models)), hs.sampled_from(bases),
-           hs.lists(hs.sampled_from(sorted(fields)), min_size=1, max_size=6, unique=True), hs.randoms(use_true_random=False))
-    def check(name: str, base: str, names: list[str], rnd) -> None:  # type: ignore[no-untyped-def]
-        m0 = models[name]
+           hs.lists(hs.sampled_from(sorted(fields)), min_size=1, max_size=6, unique=True),
+           hs.lists(hs.sampled_from(sorted(model_fields)), max_size=3, unique=True), hs.randoms(use_true_random=False))
+    def check(name: str, base: str, names: list[str], model_names: list[str], rnd) -> None:  # type: ignore[no-untyped-def]
         upd = {n: rnd.choice(fields[n]) for n in names}
-        if m0.is_moe:
-            upd["dispatch_probs"] = True  # what Megatron >= 0.13 runs, as the import reads it
         try:
+            m0 = models[name].with_updates({n: rnd.choice(model_fields[n]) for n in model_names})
+            if m0.is_moe:
+                upd["dispatch_probs"] = True  # what Megatron >= 0.13 runs, as the import reads it
             s0 = load_strategy(base).with_updates({**upd, **{f"{g}_net": None for g in ("tp", "cp", "ep", "etp", "dp", "pp")}})
             a = Estimate(m0, s0, h100)
             t0, mem0 = a.cost().duration_time_per_iter, a.memory().peak_mem
@@ -981,7 +989,7 @@ def test_export_then_import_is_the_same_job_for_random_options() -> None:
             return
         m, s, _ = parse_megatron_args(flags, world_size=s0.world_size)
         b = Estimate(m, s, h100)
-        assert b.cost().duration_time_per_iter == pytest.approx(t0, rel=1e-9), (name, base, upd, " ".join(flags))
-        assert b.memory().peak_mem == pytest.approx(mem0, rel=1e-9), (name, base, upd, " ".join(flags))
+        assert b.cost().duration_time_per_iter == pytest.approx(t0, rel=1e-9), (m0, upd, " ".join(flags))
+        assert b.memory().peak_mem == pytest.approx(mem0, rel=1e-9), (m0, upd, " ".join(flags))
 
     check()

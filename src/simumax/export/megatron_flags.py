@@ -300,7 +300,9 @@ def model_flags(model: ModelConfig, seq_len: int | None = None) -> list[str]:
     table to size), states the sequence length."""
     f = [
         *(_m(field, getattr(model, field)) for field in ("layer_num", "hidden_size", "intermediate_size", "head_num", "head_size",
-                                                          "vocab_size", "make_vocab_size_divisible_by")),
+                                                          "vocab_size")),
+        # an unpadded vocabulary (SimuMax's padded_vocab_size false): Megatron pads at least to a multiple of TP
+        _m("make_vocab_size_divisible_by", model.make_vocab_size_divisible_by if model.padded_vocab_size else 1),
         f"--normalization {'RMSNorm' if model.norm_type == 'rmsnorm' else 'LayerNorm'}",
         f"--position-embedding-type {model.position_embedding_type}",
     ]
