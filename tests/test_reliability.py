@@ -317,3 +317,54 @@ def test_fp32_training_is_refused_not_costed_as_bf16(tmp_path: Path) -> None:
     assert r.returncode == 0 and "--bf16 / --fp16 not given" in r.stderr
     r = run_cli("perf", "-m", str(tmp_path / "model.json"), "-s", str(tmp_path / "strategy.json"), "-y", "a100_pcie")
     assert r.returncode == 2 and "error: dtype:" in r.stderr
+
+
+_HF_BASES = [
+    {"architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 8,
+     "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 32000, "rope_theta": 500000.0,
+     "max_position_embeddings": 8192, "tie_word_embeddings": False},
+    {"architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 1024, "intermediate_size": 2816, "moe_intermediate_size": 512,
+     "shared_expert_intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 2,
+     "vocab_size": 32000, "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "qkv_bias": True},
+    {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 1024, "intermediate_size": 2816, "moe_intermediate_size": 256,
+     "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 2, "first_k_dense_replace": 1,
+     "n_routed_experts": 16, "n_shared_experts": 1, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
+     "q_lora_rank": 256, "kv_lora_rank": 128, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64,
+     "vocab_size": 32000, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "routed_scaling_factor": 2.5,
+     "num_nextn_predict_layers": 1, "rope_scaling": {"type": "yarn", "factor": 40}},
+]
+
+
+def test_hf_configs_with_wrong_values_are_refused_naming_the_key() -> None:
+    """A config.json with a value of the wrong type or range in any key the importer reads
+    (sizes, counts, factors, flags, names, layer lists, RoPE objects) is a ConfigError, or
+    imports as a model that estimates: never another exception (found by fuzzing: a string
+    routed_scaling_factor, n_group or decoder_sparse_step, a number for rope_parameters).
+    Derandomised hypothesis draws."""
+    import copy
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as hs
+
+    from simumax.importers.hf import model_from_hf
+
+    keys = sorted({k for c in _HF_BASES for k in c if k != "architectures"} | {
+        "rope_parameters", "partial_rotary_factor", "sliding_window", "head_dim", "hidden_act", "attention_bias",
+        "mlp_only_layers", "layer_types", "seq_aux", "text_config", "no_rope_layers", "moe_layers"})
+    weird = hs.sampled_from([0, -1, 1, 3, 1.5, -0.5, "x", "64", None, [], {}, True, [0, 1], ["x"], [None],
+                             {"type": "yarn", "factor": "x"}, "sigmoid", 10**9])
+    st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"seq_len": 1024})
+    system = load_system("h100-sxm-80gb")
+
+    @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(hs.sampled_from(range(len(_HF_BASES))), hs.dictionaries(hs.sampled_from(keys), weird, min_size=1, max_size=3))
+    def check(i: int, muts: dict) -> None:
+        cfg = {**copy.deepcopy(_HF_BASES[i]), **muts}
+        try:
+            model, _ = model_from_hf(cfg, "fuzz")
+            est = Estimate(model, st, system)
+            assert est.cost().duration_time_per_iter > 0 and est.memory().peak_mem > 0
+        except ConfigError:
+            pass
+
+    check()

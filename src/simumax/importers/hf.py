@@ -31,11 +31,26 @@ from simumax.importers.hf_families import (
 
 def _check_sizes(cfg: dict[str, Any], src: str, zero_ok: frozenset[str] = frozenset()) -> None:
     """Sizes and counts present must be positive integers (not strings, booleans or 0; 0 where
-    ``zero_ok`` allows it)."""
-    for key in SIZE_KEYS:
+    ``zero_ok`` or ``COUNT_KEYS`` allow it), the factors positive numbers."""
+    for key in SIZE_KEYS | COUNT_KEYS:
         v = cfg.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if key in zero_ok else 1)):
-            raise ConfigError(key, f"must be a positive integer (got {v!r})", src)
+        low = 0 if key in zero_ok or key in COUNT_KEYS else 1
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low):
+            raise ConfigError(key, f"must be a {'non-negative' if low == 0 else 'positive'} integer (got {v!r})", src)
+    for key in FACTOR_KEYS:
+        v = cfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            raise ConfigError(key, f"must be a positive number (got {v!r})", src)
+    for keys, kind, ok in ((DICT_KEYS, "an object", lambda v: isinstance(v, dict)),
+                           (BOOL_KEYS, "true or false", lambda v: isinstance(v, bool)),
+                           (STR_KEYS, "a string", lambda v: isinstance(v, str)),
+                           (STR_LIST_KEYS, "a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+                           (INT_LIST_KEYS, "a list of integers",
+                            lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v))):
+        for key in keys:
+            v = cfg.get(key)
+            if v is not None and not ok(v):
+                raise ConfigError(key, f"must be {kind} (got {v!r})", src)
 
 
 SIZE_KEYS = {
@@ -46,8 +61,21 @@ SIZE_KEYS = {
     "interleave_moe_layer_step", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups",
     "full_attention_interval", "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
     "linear_num_key_heads", "linear_num_value_heads", "moe_shared_expert_intermediate_size", "moe_latent_size",
-    "shared_intermediate_size", "mamba_n_heads", "mamba_n_groups", "mamba_d_state",
+    "shared_intermediate_size", "mamba_n_heads", "mamba_n_groups", "mamba_d_state", "decoder_sparse_step", "n_group",
+    "topk_group", "index_n_heads", "index_head_dim", "index_topk", "mamba_d_head", "moe_k", "moe_layer_interval",
+    "moe_num_experts", "attention_chunk_size", "no_rope_layer_interval", "sliding_window_pattern",
 }
+COUNT_KEYS = {"first_k_dense_replace", "num_nextn_predict_layers", "moe_num_shared_experts", "moe_layer_start_index",
+              "max_window_layers"}  # may be 0
+DICT_KEYS = {"rope_parameters", "rope_scaling"}
+BOOL_KEYS = {"tie_word_embeddings", "attention_bias", "mlp_bias", "qk_norm", "use_qk_norm", "use_sliding_window", "seq_aux",
+             "attention_out_bias"}
+STR_KEYS = {"hidden_act", "hidden_activation", "mlp_hidden_act", "scoring_func", "topk_method", "position_embedding_type",
+            "hybrid_override_pattern", "mtp_hybrid_override_pattern"}
+STR_LIST_KEYS = {"layer_types", "layers_block_type", "mlp_layer_types", "mtp_layers_block_type"}
+INT_LIST_KEYS = {"mlp_only_layers", "moe_layers", "no_rope_layers"}
+FACTOR_KEYS = {"routed_scaling_factor", "rope_theta", "partial_rotary_factor", "mamba_expand", "swiglu_limit",
+               "attn_logit_softcapping", "final_logit_softcapping"}
 
 
 def model_from_hf(cfg: dict[str, Any], name: str | None = None, source: str = "config.json") -> tuple[ModelConfig, list[str]]:
