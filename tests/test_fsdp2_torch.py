@@ -100,6 +100,24 @@ def _estimate(*case) -> StageMemory:
     return replace(s, peak_mem=s.peak_mem - s.te_buffers, te_buffers=0.0)
 
 
+def _sharding_bytes(est: Estimate, micro_batches: int, reduce_bytes: int) -> dict[str, float]:
+    """Per step, the bytes of the ZeRO-3 ops' collectives (all-gathered output, reduce-scatter
+    input, all-reduced), of the copy-outs (written: half of what the kernel moves) and of the
+    reduce-scatter copy-ins (written: the reduce dtype's part of bf16 read + reduce dtype)."""
+    ours = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0, "copy_out": 0.0, "copy_in": 0.0}
+    for ops, n in est.stages[0].groups():
+        for o in ops:
+            if o.module == MODULE:
+                for k in (*o.fwd, *o.bwd_input, *o.bwd_weight):  # per micro-batch
+                    if isinstance(k, Collective):
+                        ours[k.op] += n * k.bytes * micro_batches
+                    elif k.name == "fsdp_copy_out":
+                        ours["copy_out"] += n * k.bytes / 2 * micro_batches
+                    else:
+                        ours["copy_in"] += n * k.bytes * reduce_bytes / (2 + reduce_bytes) * micro_batches
+    return ours
+
+
 @pytest.mark.parametrize("case", FORWARD_PEAK + HSDP[2:])
 def test_fsdp2_state_at_the_peak_equals_fully_shard(case: tuple, fully_shard_runs) -> None:
     real = fully_shard_runs[case]
@@ -132,19 +150,13 @@ def test_fsdp2_collectives_equal_fully_shard(case: tuple, fully_shard_runs) -> N
     """Per step, the bf16 all-gathers (again in backward for the units resharded after
     forward) with their copy-out into the parameters on the compute stream, the fp32
     reduce-scatters and, with HSDP, the all-reduces of the shards across replicas (every
-    micro-batch) that fully_shard issues equal the estimate's ZeRO-3 kernels, byte for byte."""
+    micro-batch) that fully_shard issues equal the estimate's ZeRO-3 kernels, byte for byte, as
+    do the copies of the gradients into the reduce-scatter input (in fp32) on the compute
+    stream."""
     real = fully_shard_runs[case]
     est = _est(*case)
-    ours = {"all_gather": 0.0, "reduce_scatter": 0.0, "all_reduce": 0.0, "copy_out": 0.0}
-    for ops, n in est.stages[0].groups():
-        for o in ops:
-            if o.module == MODULE:
-                for k in (*o.fwd, *o.bwd_input, *o.bwd_weight):  # per micro-batch, case[2] of them
-                    if isinstance(k, Collective):
-                        ours[k.op] += n * k.bytes * case[2]
-                    else:  # the copy-out reads the gathered buffer and writes the parameters
-                        ours["copy_out"] += n * k.bytes / 2 * case[2]
-    print(f"{case}: gathered / reduce-scattered / all-reduced / copied out: fully_shard "
+    ours = _sharding_bytes(est, case[2], reduce_bytes=4)
+    print(f"{case}: gathered / reduce-scattered / all-reduced / copied out / copied in: fully_shard "
           f"{' / '.join(f'{real[k] / 2**20:.2f}' for k in ours)} MiB, estimate "
           f"{' / '.join(f'{v / 2**20:.2f}' for v in ours.values())} MiB")
     # a tied model's final norm (h parameters) is gathered with the root here, with the embedding in torchtitan
@@ -213,15 +225,8 @@ def test_megatron_fsdp2_collectives_equal_fully_shard(case: tuple, fully_shard_r
     and bf16 reduce-scatters (no mixed-precision policy: the parameters' dtype), byte for
     byte."""
     real = fully_shard_runs[("megatron", *case)]
-    ours = {"all_gather": 0.0, "reduce_scatter": 0.0, "copy_out": 0.0}
-    for ops, n in _megatron_est(*case).stages[0].groups():
-        for o in ops:
-            if o.module == MODULE:
-                for k in (*o.fwd, *o.bwd_input, *o.bwd_weight):
-                    if isinstance(k, Collective):
-                        ours[k.op] += n * k.bytes * case[2]
-                    else:
-                        ours["copy_out"] += n * k.bytes / 2 * case[2]
+    ours = _sharding_bytes(_megatron_est(*case), case[2], reduce_bytes=2)
+    del ours["all_reduce"]
     print(f"{case}: fully_shard {[round(real[k] / 2**20, 2) for k in ours]} MiB, estimate "
           f"{[round(v / 2**20, 2) for v in ours.values()]} MiB")
     # the root's final norm (h parameters) is gathered with the root in Megatron, with the head here

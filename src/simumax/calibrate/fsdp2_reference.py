@@ -120,7 +120,7 @@ class _Collectives(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.bytes = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0, "copy_out": 0}
+        self.bytes = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0, "copy_out": 0, "copy_in": 0}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         name = str(func)
@@ -133,6 +133,10 @@ class _Collectives(TorchDispatchMode):
         elif "split_with_sizes_copy" in name:  # the gathered buffer copied out into the parameters
             out = (kwargs or {}).get("out") or args[-1]
             self.bytes["copy_out"] += sum(t.numel() * t.element_size() for t in out)
+        elif "chunk_cat" in name and "fsdp" in name:  # the gradients copied into the reduce-scatter input
+            out = (kwargs or {}).get("out")
+            out = out if out is not None else args[-1]
+            self.bytes["copy_in"] += out.numel() * out.element_size()
         return func(*args, **(kwargs or {}))
 
 

@@ -56,6 +56,11 @@ def sharding_ops(name: str, layer: int, ops: list[Op], st: StrategyConfig, unit:
             fwd.extend(gather)
             if plan.reshards(unit):
                 bwd_in.extend(gather)  # gathered again for backward (resharded after forward)
+        if plan.fsdp2:
+            # FSDP2 copies the unsharded gradients into the reduce-scatter input (in the reduce
+            # dtype) on the compute stream before the reduce-scatter stream may start
+            # (_fsdp_collectives.py::foreach_reduce, foreach_reduce_scatter_copy_in: chunk_cat)
+            bwd_w.append(MemBound("fsdp_copy_in", float(params * (st.dtype_bytes + plan.reduce_bytes))))
         bwd_w.append(Collective("reduce_scatter", float(params * plan.reduce_bytes), group))
         if plan.replicas_per_micro_batch and group == plan.group == "dp_shard":  # HSDP: the shard across replicas
             bwd_w.append(Collective("all_reduce", float(params / st.dp_shard_size * plan.reduce_bytes), "dp_rep"))
