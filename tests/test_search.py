@@ -85,6 +85,10 @@ def test_max_micro_batch_size_is_the_largest_that_fits() -> None:
     assert mbs and all(a * b == 16 for a, b in zip(mbs, mbc)) and all(p <= perf.system_config.mem_bytes - 2 * GIB for p in peaks)
     every = perf.search_max_micro_batch_size_fixed_gbs(pp_size=2, dp_size=4, global_batch_size=64, gmi_error=2, save_all=True)
     assert every[0] == [1, 2, 4, 8, 16] and every[0][: len(mbs)] == mbs and len(every[3]) == 5
+    for bad in ({"dp_size": 0}, {"pp_size": -1}, {"global_batch_size": 0}):  # a ConfigError naming it, not a ZeroDivisionError
+        with pytest.raises(ConfigError) as exc:
+            perf.search_max_micro_batch_size_fixed_gbs(**{"pp_size": 2, "dp_size": 4, "global_batch_size": 64, **bad})
+        assert exc.value.field == next(iter(bad))
 
 
 def test_megatron_flags() -> None:

@@ -234,6 +234,9 @@ class PerfLLM(SimuMaxPerfMethods):
         model, st, system = self._configured()
         if not 0 < memory_utils <= 1:
             raise ConfigError("memory_utils", f"must be in (0, 1] (got {memory_utils})")
+        for name, value in (("pp_size", pp_size), ("dp_size", dp_size), ("global_batch_size", global_batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(name, f"must be a positive integer (got {value!r})")
         cache = ProfileCache(model, system)
         if global_batch_size % dp_size:
             raise ConfigError("global_batch_size", f"must be divisible by dp_size ({dp_size})")
