@@ -371,3 +371,23 @@ def test_fsdp2_optimizer_steps_by_hand() -> None:
         scattered = sum(n * k.bytes for ops, n in stage.groups() for o in ops if o.module == MODULE
                         for k in o.bwd_weight if isinstance(k, Collective))
         assert scattered == pytest.approx(reduce_b * stage.params)
+
+
+def test_optimizer_step_holds_fp32_copies_of_low_precision_gradients() -> None:
+    """Megatron's optimizers step on fp32 gradients: with bf16 main grads (--grad-reduce-in-bf16,
+    SimuMax's use_fp32_accum_grad false) the step makes an fp32 copy of every gradient it steps
+    (the rank's shard with the distributed optimizer) and holds it to zero_grad
+    (_copy_model_grads_to_main_grads: ``main_grad.float()``), beside every state and no
+    activation. Where activations are small that moment is the peak: 4 B per stepped
+    parameter over the states, by hand. fp32 main grads are stepped as they are (no moment)."""
+    m = load_model("llama3-8b").with_updates({"layer_num": 2})
+    base = {"seq_len": 256, "world_size": 8, "tp_size": 1, "pp_size": 1, "enable_sequence_parallel": False}
+    st = load_strategy({**base, "zero_state": 0, "use_fp32_accum_grad": False})
+    s = Estimate(m, st, H100).memory().stages[0]
+    assert s.peak_path["phase"] == "step"
+    assert s.peak_mem == pytest.approx(s.model_mem + 4 * s.params)
+    fp32 = Estimate(m, st.with_updates({"use_fp32_accum_grad": True}), H100).memory().stages[0]
+    assert fp32.peak_path["phase"] != "step"
+    zero1 = Estimate(m, st.with_updates({"zero_state": 1}), H100)  # the distributed optimizer: its shard's copies
+    states = model_states(zero1.strategy, zero1.stages[0], H100.sys_name)
+    assert states.optimizer_step == pytest.approx(states.total + 4 * zero1.stages[0].params / 8)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from simumax.config.hardware import datasheet
@@ -28,8 +28,8 @@ class ModelStates:
     # held), and all bytes held at the end of the backward (activations freed); 0: never
     reduce_extra: float = 0.0
     end_of_backward: float = 0.0
-    # all bytes held in the optimizer step where it can outweigh both (Megatron's FSDP2: the
-    # fp32 copies of the gradients the Float16Optimizer makes); 0: never
+    # all bytes held in the optimizer step where it can outweigh both (Megatron's optimizers
+    # over bf16 / fp16 gradients: the fp32 copies they step on); 0: never
     optimizer_step: float = 0.0
     reduce_frees: float = 0.0  # share of the stored activations backward has freed at that moment
 
@@ -215,7 +215,13 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
         if st.fsdp_impl == "megatron_torch_fsdp2":  # fp32 master + Adam in Megatron's Float16Optimizer
             return fsdp2_states(st, stage, shard, float(opt), te)
         return megatron_fsdp_states(st, stage, shard, layer, float(opt), te)
-    return ModelStates(weights=weights, grads=float(grads), optimizer=float(opt), te_buffers=te)
+    states = ModelStates(weights=weights, grads=float(grads), optimizer=float(opt), te_buffers=te)
+    if st.main_grad_bytes != FP32 and not te_fused_adam_masters(st) and st.optimizer != "muon":
+        # the step's fp32 copy of each bf16 / fp16 main-gradient shard it steps, held until
+        # zero_grad (optimizer.py / distrib_optimizer.py, _copy_model_grads_to_main_grads:
+        # ``grad = main_grad.float()``, the same tensor only when it is fp32 already)
+        return replace(states, optimizer_step=states.total + FP32 * shard_params(st, stage) * device_optimizer_share(st))
+    return states
 
 
 MEGATRON_FSDP_MIN_UNIT = 1_000_000_000  # elements: megatron_fsdp.py's floor on suggested_communication_unit_size

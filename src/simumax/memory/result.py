@@ -36,7 +36,7 @@ def stage_peak(states: ModelStates, act: RankActivations, stage: Stage) -> tuple
                             (states.end_of_backward, states.end_of_backward,
                              "end of backward: the first unit's gradient reduce-scatter"),
                             (states.optimizer_step, states.optimizer_step,
-                             "optimizer step: fp32 copies of the gradient shards")):
+                             "optimizer step: fp32 copies of the gradients")):
         if extra and at > peak:
             peak, moment = at, what
     return peak, moment
