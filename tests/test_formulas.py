@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from simumax import ModelConfig, StrategyConfig
-from simumax.config.loader import load_model, load_system
+from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.estimate import Estimate
 from simumax.graph.kernels import Attention
 from simumax.memory.activation_walk import walk
@@ -281,3 +281,16 @@ def test_transformer_engine_cublas_workspaces(system: str, model: str, upd: dict
     for s in mem.stages:
         assert s.te_buffers == workspaces
         assert s.model_mem == s.weights + s.grads + s.optimizer + workspaces
+
+
+def test_te_dummy_weight_gradients_only_with_gradient_accumulation_fusion() -> None:
+    """TransformerEngine >= 2.3 returns a cached dummy weight gradient per distinct linear
+    weight shape to autograd when the real one went into main_grad (fuse_wgrad_accumulation);
+    without the fusion it returns the real gradient and keeps no dummy: the TE buffers differ
+    by the bf16 bytes of the distinct shapes, by hand."""
+    m = load_model("llama3-8b").with_updates({"layer_num": 2})
+    base = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"te_version": "2.3"})
+    fused = Estimate(m, base, load_system("h100-sxm-80gb"))
+    plain = Estimate(m, base.with_updates({"gradient_accumulation_fusion": False}), load_system("h100-sxm-80gb"))
+    shapes = {s for ops, _ in fused.stages[0].groups() for o in ops if not o.expert_params for s in o.weight_shapes}
+    assert fused.memory().stages[0].te_buffers - plain.memory().stages[0].te_buffers == sum(n * k for n, k in shapes) * 2

@@ -184,14 +184,15 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
     sharded over DP (dense) / expert-DP (experts) with the distributed optimizer.
 
     TransformerEngine >= 2.3 keeps one dummy weight-gradient tensor per distinct linear
-    weight shape (returned to autograd because the real gradient goes to main_grad);
+    weight shape (returned to autograd because the real gradient goes to main_grad: with
+    gradient-accumulation fusion only, ``fuse_wgrad_accumulation``);
     grouped (expert) linears do so from 2.10. Every version keeps its cuBLAS workspaces
     (``te_gemm_workspaces``; ``device``: the system's name).
     """
     total = stage.params
     opt = optimizer_state_bytes(st, stage) * device_optimizer_share(st)
     te = te_gemm_workspaces(st, stage, device)
-    if st.te_at_least("2.3"):
+    if st.te_at_least("2.3") and st.gradient_accumulation_fusion:  # (without it the real gradient is returned)
         grouped_too = st.te_at_least("2.10")
         shapes = {s for ops, _ in stage.groups() for o in ops if grouped_too or not o.expert_params for s in o.weight_shapes}
         te += float(sum(n * k for n, k in shapes) * st.dtype_bytes)
