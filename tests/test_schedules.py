@@ -480,3 +480,18 @@ def test_only_megatrons_pipeline_synchronises() -> None:
     st = load_strategy("tp1_pp2_dp4_mbs1")
     assert p2p_host_wait(st, sy) == pytest.approx(130e-6)
     assert p2p_host_wait(st.with_updates({"fsdp_impl": "deepspeed"}), sy) == 0.0
+
+
+def test_memory_timeline_shows_the_optimizer_step_moment(tmp_path: Path) -> None:
+    """Where the optimizer step sets the peak (bf16 main grads copied to fp32, ZeRO-0, a short
+    sequence), the memory timeline reports the same peak as the result and has the step's
+    point after the backward."""
+    perf = PerfLLM().configure(strategy_config=load_strategy({"seq_len": 256, "world_size": 8, "tp_size": 1, "pp_size": 1,
+                                                              "zero_state": 0, "use_fp32_accum_grad": False}),
+                               model_config=load_model("llama3-8b").with_updates({"layer_num": 2}), system_config="h100-sxm-80gb")
+    res = perf.simulate(tmp_path, gantt=False)
+    timeline = json.loads((tmp_path / "memory_timeline_rank0.json").read_text())
+    assert perf.analysis_mem().stages[0].peak_path["phase"] == "step"
+    assert timeline["peak_allocated"] == pytest.approx(res.ranks[0].peak_mem) == pytest.approx(timeline["points"][-1][1])
+    assert max(b for _, b in timeline["points"]) == pytest.approx(res.ranks[0].peak_mem)
+    assert timeline["points"][-1][0] == pytest.approx(res.ranks[0].end_of_backward)

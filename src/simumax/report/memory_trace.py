@@ -19,14 +19,22 @@ if TYPE_CHECKING:
     from simumax.simulate.iteration import IterationRun
 
 
-def memory_timeline(rank: int, states: dict[str, float], act: "RankActivations") -> dict[str, Any]:
+def memory_timeline(rank: int, states: dict[str, float], act: "RankActivations", peak: float | None = None,
+                    step: tuple[float, float] | None = None) -> dict[str, Any]:
+    """A rank's allocated bytes over the iteration: the model states plus its activation walk;
+    ``peak`` the rank's peak as the estimate reports it (a sharded implementation's backward
+    buffers or the optimizer step can set it: memory/result.py ``stage_peak``), ``step`` the
+    optimizer step's (time, bytes) where it holds more than the states."""
     base = sum(states.values())
+    points = [[t, base + b] for t, b in act.timeline]
+    if step is not None:
+        points.append([step[0], step[1]])
     return {
         "rank": rank,
         "units": {"time": "s", "memory": "bytes"},
         "model_states": states,
-        "peak_allocated": base + act.peak,
-        "points": [[t, base + b] for t, b in act.timeline],
+        "peak_allocated": base + act.peak if peak is None else peak,
+        "points": points,
     }
 
 

@@ -62,7 +62,9 @@ def simulate_to(
         files["trace"] = str(path)
         for r in range(len(run.end)):
             p = out / f"memory_timeline_rank{r}.json"
-            write_json_atomic(p, memory_timeline(r, state_parts[r], acts[r]), compact=True)
+            # the step's fp32 gradient copies (ModelStates.optimizer_step) as a point after the backward
+            step = (run.end_of_backward[r], states[r].optimizer_step) if states[r].optimizer_step else None
+            write_json_atomic(p, memory_timeline(r, state_parts[r], acts[r], ranks[r].peak_mem, step), compact=True)
             files[f"memory_timeline_rank{r}"] = str(p)
         top = max(range(len(ranks)), key=lambda r: ranks[r].peak_mem)
         snap = memory_snapshot(est, run, top, state_parts[top])
