@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from simumax.estimate import Estimate
 
 PHASE_NAMES = {"F": "fwd", "B": "bwd", "W": "wgrad"}
+STEP_MOMENT = "fp32 copies of the gradients"  # peak_path op of phase "step" (ModelStates.optimizer_step)
 
 
 def stage_peak(states: ModelStates, act: RankActivations, stage: Stage) -> tuple[float, str]:
@@ -35,8 +36,7 @@ def stage_peak(states: ModelStates, act: RankActivations, stage: Stage) -> tuple
                              "gradient reduce-scatters in flight"),
                             (states.end_of_backward, states.end_of_backward,
                              "end of backward: the first unit's gradient reduce-scatter"),
-                            (states.optimizer_step, states.optimizer_step,
-                             "optimizer step: fp32 copies of the gradients")):
+                            (states.optimizer_step, states.optimizer_step, STEP_MOMENT)):
         if extra and at > peak:
             peak, moment = at, what
     return peak, moment
@@ -63,7 +63,7 @@ def memory_result(est: "Estimate") -> MemResult:
             "op": op, "in_flight": float(n), "micro_batch": t.mb if t else None,
             "vstage": t.vstage if t else None,
         }
-        if sharded_moment.startswith("optimizer step"):  # after the backward: no activations
+        if sharded_moment == STEP_MOMENT:  # the optimizer step, after the backward: no activations
             path = {"phase": "step", "op": sharded_moment, "in_flight": 0.0, "micro_batch": None, "vstage": None}
         elif sharded_moment:
             path = {"phase": "bwd", "op": sharded_moment, "in_flight": float(n),
