@@ -391,3 +391,14 @@ def test_optimizer_step_holds_fp32_copies_of_low_precision_gradients() -> None:
     zero1 = Estimate(m, st.with_updates({"zero_state": 1}), H100)  # the distributed optimizer: its shard's copies
     states = model_states(zero1.strategy, zero1.stages[0], H100.sys_name)
     assert states.optimizer_step == pytest.approx(states.total + 4 * zero1.stages[0].params / 8)
+
+
+def test_deepspeed_step_keeps_its_backward_peak() -> None:
+    """DeepSpeed casts its bf16 gradient partition to fp32 in the step too, but frees other
+    buffers around it stage by stage (not modelled): its states carry no step moment, unlike
+    Megatron's optimizers over bf16 main grads (docs/modeling.md, DeepSpeed ZeRO)."""
+    m = load_model("llama3-8b").with_updates({"layer_num": 2})
+    for zero in (1, 2, 3):
+        st = load_strategy({"seq_len": 256, "world_size": 8, "zero_state": zero, "fsdp_impl": "deepspeed"})
+        est = Estimate(m, st, H100)
+        assert model_states(st, est.stages[0], H100.sys_name).optimizer_step == 0.0

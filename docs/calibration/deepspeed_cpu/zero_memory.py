@@ -51,7 +51,9 @@ def run(rank: int, world: int, stage: int, overlap: bool, q) -> None:
     engine.backward(engine(tokens, tokens))
     engine.step()
     tracker = MemTracker()
-    tracker.track_external(engine.module, opt.optimizer)
+    # the fp32 master partitions: tensors created before the tracker, seen only when handed to it
+    masters = getattr(opt, "single_partition_of_fp32_groups", None) or getattr(opt, "fp32_partitioned_groups_flat", [])
+    tracker.track_external(engine.module, opt.optimizer, *masters)
     with tracker:
         engine.backward(engine(tokens, tokens))
         engine.step()

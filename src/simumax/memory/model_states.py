@@ -217,10 +217,12 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
             return fsdp2_states(st, stage, shard, float(opt), te)
         return megatron_fsdp_states(st, stage, shard, layer, float(opt), te)
     states = ModelStates(weights=weights, grads=float(grads), optimizer=float(opt), te_buffers=te)
-    if st.main_grad_bytes != FP32 and not te_fused_adam_masters(st) and st.optimizer != "muon":
-        # the step's fp32 copy of each bf16 / fp16 main-gradient shard it steps, held until
-        # zero_grad (optimizer.py / distrib_optimizer.py, _copy_model_grads_to_main_grads:
-        # ``grad = main_grad.float()``, the same tensor only when it is fp32 already)
+    if st.fsdp_impl != "deepspeed" and st.main_grad_bytes != FP32 and not te_fused_adam_masters(st) and st.optimizer != "muon":
+        # Megatron's step: an fp32 copy of each bf16 / fp16 main-gradient shard it steps, held
+        # until zero_grad (optimizer.py / distrib_optimizer.py, _copy_model_grads_to_main_grads:
+        # ``grad = main_grad.float()``, the same tensor only when it is fp32 already). DeepSpeed
+        # casts its partition too, but frees other buffers around it per stage: not modelled
+        # (docs/modeling.md, "DeepSpeed ZeRO")
         return replace(states, optimizer_step=states.total + FP32 * shard_params(st, stage) * device_optimizer_share(st))
     return states
 
