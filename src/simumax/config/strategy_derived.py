@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+FSDP2_IMPLS = ("torch_fsdp2", "megatron_torch_fsdp2")  # PyTorch's fully_shard: torchtitan's or Megatron's wrapper
+
 
 class StrategyDerived:
     """Properties over StrategyConfig's fields (declared below for type checkers)."""
@@ -200,7 +202,7 @@ class StrategyDerived:
     def fsdp2(self) -> bool:
         """PyTorch FSDP2 (``fully_shard``) shards the data-parallel state: torchtitan's or
         Megatron-LM's wrapper of it."""
-        return self.fsdp_impl in ("torch_fsdp2", "megatron_torch_fsdp2")
+        return self.fsdp_impl in FSDP2_IMPLS
 
     @property
     def main_grad_bytes(self) -> int:

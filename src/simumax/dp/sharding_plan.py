@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from simumax.config.strategy_derived import FSDP2_IMPLS
+
 if TYPE_CHECKING:
     from simumax.config.strategy import StrategyConfig
 
@@ -75,7 +77,7 @@ class ShardingPlan:
     @property
     def fsdp2(self) -> bool:
         """PyTorch's fully_shard (torchtitan's or Megatron's wrapper)."""
-        return self.impl in ("torch_fsdp2", "megatron_torch_fsdp2")
+        return self.impl in FSDP2_IMPLS
 
     def reshards(self, unit: str) -> bool:
         """Whether ``unit`` frees its gathered parameters after forward and gathers them

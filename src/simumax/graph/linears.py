@@ -114,7 +114,7 @@ def written_wgrad(g: Gemm, act_bytes: int) -> Gemm:
 
 
 def wgrad_hook_add(label: str, params: float, act_bytes: int, main_grad_bytes: int,
-                   hook: bool = True) -> tuple[tuple[MemBound, ...], float]:
+                   hook: bool) -> tuple[tuple[MemBound, ...], float]:
     """(kernels, bytes held) of DDP's backward hook adding a written weight gradient to the
     main grad (``distributed_data_parallel._make_backward_post_hook``:
     ``param.main_grad.add_(param.grad.data)``, then ``param.grad = None``): read both,

@@ -25,8 +25,8 @@ def stage_peak(states: ModelStates, act: RankActivations, stage: Stage) -> tuple
     where a sharded implementation's backward buffers outweigh the forward's transients
     (memory/model_states.py ``fsdp2_states``, ``megatron_fsdp_states``), that moment,
     named. By then the output layer's and the loss's saved tensors are gone (the ops after
-    the stage's last layers), and ``reduce_frees`` of the rest. Megatron's FSDP2 step can
-    outweigh both (``optimizer_step``: all bytes held then)."""
+    the stage's last layers), and ``reduce_frees`` of the rest. Megatron's optimizer step over
+    bf16 / fp16 gradients can outweigh both (``optimizer_step``: all bytes held then)."""
     peak, moment = states.total + act.peak, ""
     if not (states.reduce_extra or states.end_of_backward or states.optimizer_step):
         return peak, moment

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from simumax.simulate.iteration import IterationRun
 
 
-def memory_timeline(rank: int, states: dict[str, float], act: "RankActivations", peak: float | None = None,
+def memory_timeline(rank: int, states: dict[str, float], act: "RankActivations", peak: float,
                     step: tuple[float, float] | None = None) -> dict[str, Any]:
     """A rank's allocated bytes over the iteration: the model states plus its activation walk;
     ``peak`` the rank's peak as the estimate reports it (a sharded implementation's backward
@@ -33,7 +33,7 @@ def memory_timeline(rank: int, states: dict[str, float], act: "RankActivations",
         "rank": rank,
         "units": {"time": "s", "memory": "bytes"},
         "model_states": states,
-        "peak_allocated": base + act.peak if peak is None else peak,
+        "peak_allocated": peak,
         "points": points,
     }
 
