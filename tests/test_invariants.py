@@ -96,6 +96,8 @@ def pairs(draw):
             st.update(fsdp_impl="megatron_torch_fsdp2", gradient_accumulation_fusion=False, optimizer_cpu_offload=False,
                       optimizer_offload_fraction=1.0)
             st.pop("fsdp_replicate_size", None)
+        # every reshard policy (always is refused under torch's pipelining)
+        st["fsdp_reshard_after_forward"] = draw(hs.sampled_from(["default", "never"] + (["always"] if pp == 1 else [])))
     elif st["zero_state"] >= 1 and (st["zero_state"] == 1 or (pp == 1 and (st["zero_state"] == 2 or ep == 1))) \
             and "fsdp_replicate_size" not in st \
             and draw(hs.integers(0, 3)) == 0:
@@ -262,7 +264,7 @@ def test_invariants_hold_on_random_pairs(case, extra_mb, selective) -> None:
 
     # ZeRO-1 shards the optimizer over dp x cp (dense) and edp (experts)
     plain = {"optimizer_cpu_offload": False, "use_precision_aware_optimizer": False, "fsdp_replicate_size": 1,
-             "fsdp_impl": "megatron_fsdp"}
+             "fsdp_impl": "megatron_fsdp", "fsdp_reshard_after_forward": "default"}
     z1 = Estimate(model, st.with_updates({**plain, "zero_state": 1}), sy).memory()
     z0 = Estimate(model, st.with_updates({**plain, "zero_state": 0}), sy).memory()
     per_param = optimizer_bytes_per_param(st)

@@ -4,13 +4,16 @@ per-layer collectives hidden under compute, flags and the search."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.dp import optimizer_step
 from simumax.dp.optimizer_step import offloaded_step
 from simumax.estimate import Estimate
 from simumax.export.megatron_flags import megatron_flags
-from simumax.graph.kernels import Collective
+from simumax.graph.kernels import Collective, MemBound
 from simumax.graph.sharding import MODULE
 from simumax.importers.megatron_args import parse_megatron_args
 from simumax.errors import ConfigError
@@ -81,19 +84,30 @@ def test_fsdp2_gathers_follow_the_reshard_policy() -> None:
         assert _sharding_bytes(est) == {"all_gather": pytest.approx(want), "reduce_scatter": 4 * params}, policy
 
 
-def test_fsdp2_under_pipelining_gathers_and_reduces_once_per_step() -> None:
+def test_fsdp2_under_pipelining_gathers_and_reduces_once_per_step(monkeypatch) -> None:
     """torch.distributed.pipelining runs every backward of an FSDP2 stage without gradient
     sync or resharding (stage.py ``backward_maybe_with_nosync``) and reduce-scatters after
     the last (``perform_reduce_grad``): no per-micro-batch collectives; per step one bf16
-    gather and one fp32 reduce-scatter of the stage's parameters; the stage's bf16
-    parameters gathered and its fp32 gradients accumulated unsharded all step."""
+    gather and one fp32 reduce-scatter of the stage's parameters, with their copy-out and
+    copy-in on the compute stream in the step; the stage's bf16 parameters gathered and its
+    fp32 gradients accumulated unsharded all step."""
     m = load_model("llama3-8b").with_updates({"layer_num": 4})
     st = load_strategy({"seq_len": 4096, "world_size": 16, "pp_size": 2, "micro_batch_num": 4, "zero_state": 3,
                         "fsdp_impl": "torch_fsdp2", "overlap_grad_reduce": True})
     est = Estimate(m, st, H100)
     assert not any(o.module == MODULE for s in est.chunks for o in s.ops)
+    cost = est.layer_profiles.coster.kernel
+    real_plan = optimizer_step.ShardingPlan.of
+    with monkeypatch.context() as mp:  # the same step as if FSDP2 reduced per micro-batch
+        mp.setattr(optimizer_step.ShardingPlan, "of", staticmethod(lambda s: replace(real_plan(s), pipelined=False)))
+        base = [optimizer_step.step_passes(st, H100, stage, cost, m) for stage in est.stages]
     for stage in est.stages:
         params = stage.params
+        # the once-per-step copies on the compute stream: fp32 gradients into the fp32
+        # reduce-scatter input before the step (8 B), the gathered bf16 parameters out after (4 B)
+        copy_in, copy_out = (cost(MemBound(n, b * params)) for n, b in (("in", 8.0), ("out", 4.0)))
+        before, after = base[stage.index]
+        assert est.optimizer_passes[stage.index] == pytest.approx((before + copy_in, after + copy_out))
         assert est.dp_reduce_time(stage) == pytest.approx(est.network.time(Collective("reduce_scatter", 4 * params, "dp")))
         assert est.dp_gather_time(stage) == pytest.approx(est.network.time(Collective("all_gather", 2 * params, "dp")))
         mem = est.memory().stages[stage.index]
@@ -402,3 +416,22 @@ def test_deepspeed_step_keeps_its_backward_peak() -> None:
         st = load_strategy({"seq_len": 256, "world_size": 8, "zero_state": zero, "fsdp_impl": "deepspeed"})
         est = Estimate(m, st, H100)
         assert model_states(st, est.stages[0], H100.sys_name).optimizer_step == 0.0
+
+
+def test_fsdp2_gathered_units_through_the_walk_by_hand() -> None:
+    """FSDP2's gathered parameters as the activation walk follows them, against the states
+    (every kept unit gathered, plus the last all-gather output): units A (1 B, kept from
+    forward), B (2 B, gathered again for backward), C (4 B, kept), a loss after C's last
+    parameters. Forward copy-outs: A 2·1 − (1 + 4) − 4 = −7; B 2·2 + 1 − 4 − 4 = −3;
+    C 2·4 + 2 − 4 − 4 = +2. Backward, with the last all-gather output freed: the loss,
+    before C's pre-backward (C prefetched by the root, kept anyway): −4; C, B prefetched:
+    2 − 4 = −2; B (regathered; C resharded): 2 − 4 − 4 = −6; A: −8."""
+    from simumax.graph.ops import Op
+    from simumax.memory.activation_walk import _fsdp2_states
+
+    ops = [Op("a", "embedding", -1, params=1), Op("a.fsdp", MODULE, -1, unit_gathered=1.0),
+           Op("b", "fc1", 0, params=1), Op("b2", "act", 0), Op("b.fsdp", MODULE, 0, unit_gathered=2.0, unit_regathered=True),
+           Op("c", "lm_head", -1, params=1), Op("loss", "loss", -1), Op("c.fsdp", MODULE, -1, unit_gathered=4.0)]
+    copy_at, delta_at = _fsdp2_states(ops, [1, 4, 7])
+    assert copy_at == {0: (1, -7.0), 2: (4, -3.0), 5: (7, 2.0)}
+    assert delta_at == {7: -4.0, 5: -2.0, 4: -6.0, 1: -8.0}

@@ -10,10 +10,12 @@ from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.dp import muon
 from simumax.dp.muon import muon_params
+from simumax.dp.sharding_plan import ShardingPlan
 from simumax.graph import fp8
 from simumax.graph.kernels import Kernel, MemBound
 from simumax.graph.ops import Stage
 from simumax.memory.model_states import (
+    FP32,
     device_optimizer_share,
     fp8_weight_params,
     keeps_param_remainders,
@@ -90,6 +92,13 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
         stepped = [MemBound("optimizer.adam", adam_shard * (4 + 2 * states)),
                    MemBound("optimizer.copy_params", adam_shard * 4 + param_bytes)]
     after = [MemBound("optimizer.clip", shard * 2 * step_grad), *stepped]
+    if ShardingPlan.of(st).pipelined:
+        # FSDP2 under torch's pipelining reduces once per step: each unit's accumulated fp32
+        # gradients copied into its reduce-scatter input (foreach_reduce_scatter_copy_in), and
+        # gathers once: the all-gather output copied out into the parameters
+        # (foreach_all_gather_copy_out), both on the compute stream (graph/sharding.py per micro-batch)
+        before.insert(0, MemBound("fsdp_copy_in", stage.params * (FP32 + ShardingPlan.of(st).reduce_bytes)))
+        after.append(MemBound("fsdp_copy_out", 2.0 * stage.params * st.dtype_bytes))
     if not st.fsdp2:  # DDP zeroes its gradient buffer; FSDP2's gradients are set to None
         after.append(MemBound("optimizer.zero_grad", stage.params * g))
     if r is not None and st.fp8_param_gather:

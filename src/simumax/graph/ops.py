@@ -51,6 +51,11 @@ class Op(NamedTuple):
     # routing's x moe_load_imbalance. Its measured kernels count as unmeasured in the
     # uncertainty band (simumax/uncertainty.py)
     approximate: str = ""
+    # FSDP2's sharding op of a unit (graph/sharding.py): the bf16 bytes the unit gathers, and
+    # whether it is gathered again for its backward (resharded after forward) or kept gathered
+    # from its forward; the activation walk follows them through the backward
+    unit_gathered: float = 0.0
+    unit_regathered: bool = False
 
     def kernels(self, phase: str) -> tuple[Kernel, ...]:
         if phase == "recompute":

@@ -69,8 +69,11 @@ def sharding_ops(name: str, layer: int, ops: list[Op], st: StrategyConfig, unit:
     out = []
     exposed = plan.reduce_on_compute_stream
     if fwd or not exposed:
+        # FSDP2's unit: what it gathers (the activation walk holds it through the backward)
+        unit_bytes = sum(k.bytes for k in fwd if isinstance(k, Collective)) if plan.fsdp2 else 0.0
         out.append(Op(name=f"{name}.fsdp", module=MODULE, layer=layer, fwd=tuple(fwd), bwd_input=tuple(bwd_in),
-                      bwd_weight=() if exposed else tuple(bwd_w)))
+                      bwd_weight=() if exposed else tuple(bwd_w), unit_gathered=unit_bytes,
+                      unit_regathered=bool(bwd_in)))
     if exposed:  # DeepSpeed's reduce on the compute stream when its bucket fills (overlap_comm off)
         out.append(Op(name=f"{name}.grad_reduce", module=SYNC_MODULE, layer=layer, bwd_weight=tuple(bwd_w)))
     return out

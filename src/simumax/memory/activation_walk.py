@@ -6,6 +6,8 @@ tensors come back (re-run forward) just before its last op's backward and are re
 op by op like any saved tensor. Offloaded tensors (graph/offload.py) leave at their
 layer's offload op in forward and come back in backward at the offload op of the layer
 after theirs (prefetched one layer ahead; at their own for the chunk's last layer).
+FSDP2's units add their gathered parameters where they differ from the model states'
+forward-end figure (``_fsdp2_states``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def walk(ops: list[Op]) -> WalkResult:
     first_use: dict[str, int] = {}
     last_user: dict[str, int] = {}
     offload_at: list[int] = []
+    unit_ends: list[int] = []  # FSDP2 units' sharding ops
     for i, o in enumerate(ops):
         for name, _ in o.saved:
             last_user[name] = i
@@ -49,6 +52,8 @@ def walk(ops: list[Op]) -> WalkResult:
                     first_use[name] = i
         if o.offloads:
             offload_at.append(i)
+        if o.unit_gathered:
+            unit_ends.append(i)
     # an output no op saves is freed as soon as the re-run forward consumes it, so only
     # saved tensors come back for backward (all of them are still dropped in forward)
     saved_names = last_user.keys()
@@ -101,10 +106,15 @@ def walk(ops: list[Op]) -> WalkResult:
         reload_at.setdefault(at, []).extend(ops[i].offloads)
 
     # forward
+    copy_at, delta_at = _fsdp2_states(ops, unit_ends) if unit_ends else ({}, {})
     live: dict[str, float] = {}
     live_total = 0.0
     fwd_peak, fwd_op, fwd_at = 0.0, "", -1
     for at, o in enumerate(ops):
+        if copy_at and at in copy_at:  # an FSDP2 unit's all-gather copy-out, before its first op
+            unit_end, add = copy_at[at]
+            if live_total + add > fwd_peak:
+                fwd_peak, fwd_op, fwd_at = live_total + add, ops[unit_end].name, unit_end
         extra = 0.0
         for kept in (o.saved, o.input) if o.recompute_group else (o.saved,):
             for name, nbytes in kept:
@@ -125,9 +135,12 @@ def walk(ops: list[Op]) -> WalkResult:
     for gid, idx in groups.items():
         at = max([idx[-1]] + [last_user.get(n, -1) for n in dropped[gid]])
         last_of_group.setdefault(at, []).append(gid)
+    delta = 0.0
     bwd_peak, bwd_op, bwd_at = 0.0, "", -1
     for i in range(len(ops) - 1, -1, -1):
         o = ops[i]
+        if delta_at:
+            delta = delta_at.get(i, delta)
         if reload_at:
             for name, nbytes in reload_at.get(i, ()):
                 if name not in live:
@@ -139,9 +152,52 @@ def walk(ops: list[Op]) -> WalkResult:
                     if name in saved_names and name not in live:
                         live[name] = nbytes
                         live_total += nbytes
-        here = live_total + o.bwd_transient
+        here = live_total + o.bwd_transient + delta
         if here > bwd_peak:
             bwd_peak, bwd_op, bwd_at = here, o.name, i
         for name in release.get(i, ()):
             live_total -= live.pop(name, 0.0)
     return WalkResult(stored, fwd_peak, bwd_peak, fwd_op, bwd_op, fwd_at, bwd_at)
+
+
+
+def _fsdp2_states(ops: list[Op], ends: list[int]) -> tuple[dict[int, tuple[int, float]], dict[int, float]]:
+    """FSDP2's gathered parameters as its units run, against what the model states hold
+    (``fsdp2_states``: every unit kept gathered from its forward, plus the last unit's
+    all-gather output), by the position of each unit's sharding op (``ends``: its last op;
+    the unit's ops precede it).
+
+    Forward, {first op of a unit: (its sharding op, bytes to add)} at the unit's copy-out:
+    the units before it that are kept, its all-gather output and the parameters copied out of
+    it, and the previous unit's all-gather output, which ``wait_for_unshard`` frees only
+    when it returns (``prev_all_gather_state`` holds it through the copy-out).
+
+    Backward, {position: bytes to add from there on}: the root's post-forward has freed the
+    last all-gather output (``FSDPState._post_forward``); the loss runs before the output
+    layer's pre-backward (outside its module), the root having prefetched it; a unit resharded after forward is
+    gathered again for its backward and its predecessor prefetched
+    (``FSDPParamGroup.pre_backward``, ``_backward_prefetch``); every unit
+    reshards after its backward (``post_backward``), so one kept from its forward is freed
+    once its backward is done (torch ``distributed/fsdp/_fully_shard``)."""
+    g = [ops[e].unit_gathered for e in ends]
+    kept = [0.0 if ops[e].unit_regathered else ops[e].unit_gathered for e in ends]
+    copy_at = {}
+    kept_from = sum(kept)  # kept units from this one on (not gathered yet)
+    for n, e in enumerate(ends):
+        copy_at[ends[n - 1] + 1 if n else 0] = (e, 2 * g[n] + (g[n - 1] if n else 0.0) - kept_from - g[-1])
+        kept_from -= kept[n]
+    delta_at = {}
+    freed = g[-1]  # the last all-gather's output
+    # the loss runs outside the output layer's unit, before its pre-backward (the root has
+    # prefetched it by then)
+    last = len(ends) - 1
+    delta_at[ends[last]] = g[last] - kept[last] - freed
+    for n in range(last, -1, -1):
+        start = ends[n]
+        if n == last:
+            start = next((i for i in range(start - 1, ends[n - 1] if n else -1, -1) if ops[i].module != "loss"), start)
+        regathered = 0.0 if kept[n] else g[n]
+        before = g[n - 1] - kept[n - 1] if n else 0.0
+        delta_at[start] = regathered + before - freed
+        freed += kept[n]
+    return copy_at, delta_at

@@ -78,7 +78,9 @@ class StageMemory(_ToDict):
     model_mem: float  # weights + grads + optimizer + te_buffers
     fwd_activation_cache_per_micro_batch: float
     in_flight_micro_batches: float
-    activation_mem: float  # at the peak, all in-flight micro-batches
+    # at the peak, all in-flight micro-batches (FSDP2: with the gathered units' change from
+    # the weights' forward-end figure, memory/activation_walk.py)
+    activation_mem: float
     stored_activation_mem: float  # most stored activations held between passes (no pass transients)
     peak_mem: float  # allocated
     peak_mem_with_reserved: float  # allocated / mem_factor
