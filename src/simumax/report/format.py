@@ -218,7 +218,7 @@ def memory_table(mem: MemResult, width: int | None = None) -> Table:
     for s in mem.stages:
         t.add_row(
             str(s.stage), str(s.layers), gib(s.weights), gib(s.grads), gib(s.optimizer), gib(s.te_buffers),
-            gib(s.fwd_activation_cache_per_micro_batch), f"{s.peak_path['in_flight']:g}", gib(s.peak_mem),
+            gib(s.fwd_activation_cache_per_micro_batch), f"{round(s.peak_path['in_flight'], 2):g}", gib(s.peak_mem),
             gib(s.peak_mem_with_reserved), f"{s.peak_path['phase']} {s.peak_path['op']}",
         )
     return readable(t, text_columns=(10,))
