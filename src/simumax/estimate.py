@@ -308,8 +308,9 @@ class Estimate(DataParallelStep):
             )
         total = max(ends)
         crit = max(range(len(ends)), key=lambda r: ends[r])
-        breakdown = critical_rank_breakdown(self, crit, per_stage, end_bwd[crit], ends[crit], max(ready) - ready[crit], opt_t[crit], run,
-                                            sent, stall[crit] if stall else None)
+        setter = max(range(len(ready)), key=lambda r: ready[r])  # the rank the norm barrier waits for
+        breakdown = critical_rank_breakdown(self, crit, per_stage, end_bwd[crit], ends[crit], ready[setter] - ready[crit], opt_t[crit], run,
+                                            sent, stall[crit] if stall else None, drain=end_bwd[setter] - end_bwd[crit])
         flops = self.model_flops_per_iter()
         world = st.world_size
         tokens = st.global_batch_size * st.seq_len

@@ -19,7 +19,7 @@ CP_LEVELS = {"cp_a2a": "cp", "cp_p2p": "cp"}  # network groups that report as th
 
 def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[float, float]], end_bwd: float, end: float,
                             wait: float, optimizer: float, run: "IterationRun | None",
-                            sent: list[float] | None = None, stall: float | None = None) -> dict[str, float]:
+                            sent: list[float] | None = None, stall: float | None = None, drain: float = 0.0) -> dict[str, float]:
     """Where the critical rank's iteration goes, in parts that add up to its end exactly.
 
     Until its last pass ends: compute (fwd, bwd, recompute) and the communication exposed
@@ -29,7 +29,10 @@ def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[fl
     span is idle: ``stage_imbalance`` (waiting on a slower stage, up to the gap between
     the busiest stage and this one) and ``bubble`` (fill and drain). After it: gradient
     reduce and parameter gathers not hidden (``dp_comm``), the step (``optimizer``) and
-    the wait at its all-rank gradient-norm barrier (``optimizer_sync``). ``sent``: per rank,
+    the wait at its all-rank gradient-norm barrier: as long as the rank the barrier waits for
+    was still running passes (``drain``: how much later its passes ended), the pipeline's
+    drain, counted in ``bubble``; the rest — that rank's longer gradient reduce or pre-norm
+    step — ``optimizer_sync``. ``sent``: per rank,
     the blocking sends of a pipeline whose P2P overlaps but for its warm-up and flush, when
     ``run`` (which carries them otherwise) is None. ``stall``: the rank's idle seconds per
     micro-batch in an interleaved schedule's steady state — waiting on slower model chunks
@@ -81,13 +84,14 @@ def critical_rank_breakdown(est: "Estimate", crit: int, per_stage: list[tuple[fl
     # exposed inside passes on the data-parallel groups (ZeRO-2/3's per-layer collectives)
     # and after the last pass (gradient reduce, parameter gathers) are one part
     in_pass_dp = sum(comm.pop(g, 0.0) for g in ("dp", "edp", "dp_shard"))
+    drained = min(wait, max(0.0, drain))  # waiting on another stage's last passes
     return {
         **parts,
         **{f"{g}_comm": x for g, x in sorted(comm.items())},
         "pp_p2p": p2p,
-        "bubble": idle - imbalance,
+        "bubble": idle - imbalance + drained,
         "stage_imbalance": imbalance,
         "dp_comm": max(0.0, end - end_bwd - optimizer - wait) + gate_wait + in_pass_dp,
         "optimizer": optimizer,
-        "optimizer_sync": wait,
+        "optimizer_sync": wait - drained,
     }
