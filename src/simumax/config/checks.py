@@ -9,7 +9,7 @@ from typing import Any
 from simumax.config.dsa_rules import check_dsa
 from simumax.config.hardware import datasheet
 from simumax.config.layout import virtual_stage_layers
-from simumax.config.megatron_rules import check_megatron_torch_fsdp2, check_moe_rules
+from simumax.config.megatron_rules import check_megatron_torch_fsdp2_model, check_moe_rules
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
@@ -155,7 +155,7 @@ def check_compatible(model: ModelConfig, st: StrategyConfig, system: SystemConfi
         raise ConfigError("dtype", "fp32 training is not modelled (its GEMMs would be costed as bf16 ones and its "
                           "attention as flash attention); estimate bf16 or fp16")
     if st.fsdp_impl == "megatron_torch_fsdp2":  # its strategy rules ran at load; the model's here
-        check_megatron_torch_fsdp2(st, model)
+        check_megatron_torch_fsdp2_model(model)
     rows = model.position_rows(st.seq_len)
     if rows and rows < st.seq_len:
         raise ConfigError("seq_len", f"exceeds the learned position table (max_position_embeddings {rows}; Megatron "

@@ -74,11 +74,11 @@ def check_optimizer_offload_rules(st: "StrategyConfig") -> None:
                               "torch's Adam on fp32 copies of the parameters whatever it says")
 
 
-def check_megatron_torch_fsdp2(st: "StrategyConfig", model: "ModelConfig | None" = None) -> None:
-    """Megatron-LM's own --use-torch-fsdp2 (``fsdp_impl megatron_torch_fsdp2``; validate_args):
-    no pipeline or expert parallelism, no gradient-accumulation fusion, untied embeddings
-    (``model`` given), no fp16, no HSDP replicas (its mesh is the data-parallel group), and
-    fp8 parameter gathers turned off."""
+def check_megatron_torch_fsdp2(st: "StrategyConfig") -> None:
+    """Megatron-LM's own --use-torch-fsdp2 (``fsdp_impl megatron_torch_fsdp2``; validate_args),
+    the strategy's rules: no pipeline or expert parallelism, no gradient-accumulation fusion,
+    no fp16, no HSDP replicas (its mesh is the data-parallel group), and fp8 parameter
+    gathers turned off (the model's: ``check_megatron_torch_fsdp2_model``)."""
     if st.pp_size > 1:
         raise ConfigError("pp_size", "--use-torch-fsdp2 is not supported with pipeline parallelism (Megatron): pp_size 1")
     if st.ep_size > 1:
@@ -93,7 +93,11 @@ def check_megatron_torch_fsdp2(st: "StrategyConfig", model: "ModelConfig | None"
                           "(Megatron's --num-distributed-optimizer-instances needs the distributed optimizer): 1")
     if st.fp8_param_gather:
         raise ConfigError("fp8_param_gather", "Megatron turns it off with --use-torch-fsdp2 (bf16 all-gathers)")
-    if model is not None and not model.untie_embeddings_and_output_weights:
+
+
+def check_megatron_torch_fsdp2_model(model: "ModelConfig") -> None:
+    """Megatron's --use-torch-fsdp2 rule on the model: untied embeddings."""
+    if not model.untie_embeddings_and_output_weights:
         raise ConfigError("untie_embeddings_and_output_weights", "--use-torch-fsdp2 requires "
                           "--untie-embeddings-and-output-weights (Megatron)")
 

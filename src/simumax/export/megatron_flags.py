@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from simumax.config.checks import vstage_layer_counts
 from simumax.config.megatron_names import switch_flag, valued_flag
-from simumax.config.megatron_rules import check_megatron_torch_fsdp2
+from simumax.config.megatron_rules import check_megatron_torch_fsdp2_model
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
@@ -41,7 +41,7 @@ def megatron_flags(st: StrategyConfig, model: ModelConfig | None = None) -> list
                           "Megatron's --use-torch-fsdp2 is fsdp_impl megatron_torch_fsdp2 (bf16 shards and "
                           "reduce-scatters, fp32 master): export that, or export torchtitan")
     if st.fsdp_impl == "megatron_torch_fsdp2" and model is not None:  # (the strategy's own rules ran at load)
-        check_megatron_torch_fsdp2(st, model)
+        check_megatron_torch_fsdp2_model(model)
     return [*_parallel_flags(st, model), *_moe_flags(st, model), *_data_parallel_flags(st), *_precision_flags(st),
             *_kernel_flags(st, model), *_recompute_flags(st, model), *_overlap_and_offload_flags(st)]
 

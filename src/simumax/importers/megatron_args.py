@@ -8,7 +8,7 @@ import shlex
 from typing import Any
 
 from simumax.config.megatron_names import SWITCHES, VALUED, flag_of
-from simumax.config.megatron_rules import check_megatron_torch_fsdp2
+from simumax.config.megatron_rules import check_megatron_torch_fsdp2, check_megatron_torch_fsdp2_model
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
@@ -44,7 +44,8 @@ def parse_megatron_args(text: str | list[str], world_size: int | None = None, na
     strategy = _by_flag("s", lambda: StrategyConfig.init_from_dict(s, source="Megatron arguments", checked=False))
     if strategy.fsdp_impl == "megatron_torch_fsdp2":  # Megatron's refusals before the model's own
         try:
-            check_megatron_torch_fsdp2(strategy, model)
+            check_megatron_torch_fsdp2(strategy)
+            check_megatron_torch_fsdp2_model(model)
         except ConfigError as exc:
             raise ConfigError(flag_of("m" if exc.field.startswith("untie") else "s", exc.field) or exc.field, exc.rule) from None
     _by_flag("s", strategy.check)
