@@ -7,8 +7,11 @@ parameters), bf16, torch AdamW; the second step is tracked with torch's MemTrack
     pip install --target /tmp/dslib hjson py-cpuinfo psutil ninja msgpack tqdm einops
     PYTHONPATH=/tmp/dslib:. python docs/calibration/deepspeed_cpu/zero_memory.py STAGE [overlap]
 
-Compare with ``simumax.estimate.Estimate`` for the same model, ``world_size`` 2,
-``seq_len`` 32, ``fsdp_impl`` deepspeed, ``zero_state`` STAGE.
+Environment: DS_WORLD ranks (2), DS_SEQ tokens (32), DS_BUCKET reduce_bucket_size elements
+(DeepSpeed's default); the step-peak runs of docs/modeling.md used DS_SEQ=4 DS_BUCKET=2000000.
+
+Compare with ``simumax.estimate.Estimate`` for the same model, ``world_size`` DS_WORLD,
+``seq_len`` DS_SEQ, ``fsdp_impl`` deepspeed, ``zero_state`` STAGE (``ds_reduce_bucket_size`` DS_BUCKET).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ def run(rank: int, world: int, stage: int, overlap: bool, q) -> None:
     model = load_model("llama3-8b").with_updates(SMALL)
     deepspeed.init_distributed(dist_backend="gloo")
     zero: dict[str, object] = {"stage": stage}
+    if "DS_BUCKET" in os.environ:
+        zero["reduce_bucket_size"] = int(os.environ["DS_BUCKET"])
     if overlap:
         zero["overlap_comm"] = True
     cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
@@ -47,7 +52,7 @@ def run(rank: int, world: int, stage: int, overlap: bool, q) -> None:
     else:
         net = LlamaStyle(model)
     engine, opt, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
-    tokens = torch.randint(0, 8000, (1, 32))
+    tokens = torch.randint(0, 8000, (1, int(os.environ.get("DS_SEQ", "32"))))
     engine.backward(engine(tokens, tokens))
     engine.step()
     tracker = MemTracker()
@@ -63,7 +68,7 @@ def run(rank: int, world: int, stage: int, overlap: bool, q) -> None:
 
 
 if __name__ == "__main__":
-    stage, overlap, world = int(sys.argv[1]), "overlap" in sys.argv[2:], 2
+    stage, overlap, world = int(sys.argv[1]), "overlap" in sys.argv[2:], int(os.environ.get("DS_WORLD", "2"))
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=run, args=(r, world, stage, overlap, q)) for r in range(world)]
