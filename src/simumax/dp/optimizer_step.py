@@ -44,7 +44,8 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
     under FSDP2 no bucketed nan check and no buffer to zero (``zero_grad`` sets the gradient
     shards to None), and torchtitan's AdamW steps its fp32 parameters with no master copy
     (its "master" bytes in ``states`` are the parameter's own);
-    then the host's share when the optimizer is offloaded. With Muon (given ``model``; ``cost``
+    under torch's pipelining FSDP2's once-per-step gradient copy-in (before) and parameter
+    copy-out (after); then the host's share when the optimizer is offloaded. With Muon (given ``model``; ``cost``
     prices its Newton-Schulz GEMMs too) Adam steps only the weights Muon does not, and Muon's
     own step over the rest follows (dp/muon.py).
 
@@ -92,12 +93,13 @@ def step_passes(st: StrategyConfig, system: SystemConfig, stage: Stage, cost: Ca
         stepped = [MemBound("optimizer.adam", adam_shard * (4 + 2 * states)),
                    MemBound("optimizer.copy_params", adam_shard * 4 + param_bytes)]
     after = [MemBound("optimizer.clip", shard * 2 * step_grad), *stepped]
-    if ShardingPlan.of(st).pipelined:
+    plan = ShardingPlan.of(st)
+    if plan.pipelined:
         # FSDP2 under torch's pipelining reduces once per step: each unit's accumulated fp32
         # gradients copied into its reduce-scatter input (foreach_reduce_scatter_copy_in), and
         # gathers once: the all-gather output copied out into the parameters
         # (foreach_all_gather_copy_out), both on the compute stream (graph/sharding.py per micro-batch)
-        before.insert(0, MemBound("fsdp_copy_in", stage.params * (FP32 + ShardingPlan.of(st).reduce_bytes)))
+        before.insert(0, MemBound("fsdp_copy_in", stage.params * (FP32 + plan.reduce_bytes)))
         after.append(MemBound("fsdp_copy_out", 2.0 * stage.params * st.dtype_bytes))
     if not st.fsdp2:  # DDP zeroes its gradient buffer; FSDP2's gradients are set to None
         after.append(MemBound("optimizer.zero_grad", stage.params * g))

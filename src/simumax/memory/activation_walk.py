@@ -160,7 +160,6 @@ def walk(ops: list[Op]) -> WalkResult:
     return WalkResult(stored, fwd_peak, bwd_peak, fwd_op, bwd_op, fwd_at, bwd_at)
 
 
-
 def _fsdp2_states(ops: list[Op], ends: list[int]) -> tuple[dict[int, tuple[int, float]], dict[int, float]]:
     """FSDP2's gathered parameters as its units run, against what the model states hold
     (``fsdp2_states``: every unit kept gathered from its forward, plus the last unit's
@@ -174,11 +173,11 @@ def _fsdp2_states(ops: list[Op], ends: list[int]) -> tuple[dict[int, tuple[int, 
 
     Backward, {position: bytes to add from there on}: the root's post-forward has freed the
     last all-gather output (``FSDPState._post_forward``); the loss runs before the output
-    layer's pre-backward (outside its module), the root having prefetched it; a unit resharded after forward is
-    gathered again for its backward and its predecessor prefetched
-    (``FSDPParamGroup.pre_backward``, ``_backward_prefetch``); every unit
-    reshards after its backward (``post_backward``), so one kept from its forward is freed
-    once its backward is done (torch ``distributed/fsdp/_fully_shard``)."""
+    layer's pre-backward (outside its module), the root having prefetched it; a unit
+    resharded after forward is gathered again for its backward and its predecessor
+    prefetched (``FSDPParamGroup.pre_backward``, ``_backward_prefetch``); every unit reshards
+    after its backward (``post_backward``), so one kept from its forward is freed once its
+    backward is done (torch ``distributed/fsdp/_fully_shard``)."""
     g = [ops[e].unit_gathered for e in ends]
     kept = [0.0 if ops[e].unit_regathered else ops[e].unit_gathered for e in ends]
     copy_at = {}
