@@ -110,6 +110,15 @@ def test_search_cli_writes_jsonl_and_csv(tmp_path) -> None:
     assert r.returncode == 0, r.stderr
     rows = (tmp_path / "search.jsonl").read_text().splitlines()
     assert len(rows) == 4 and (tmp_path / "search.csv").read_text().count("\n") == 5
+    # the best strategy as the whole Megatron-LM job: read back, the model and the strategy searched
+    from simumax.config.loader import load_model
+    from simumax.importers.megatron_args import parse_megatron_args
+
+    best = json.loads((tmp_path / "best_strategy.json").read_text())
+    model, strategy, _ = parse_megatron_args((tmp_path / "best_megatron_flags.txt").read_text().replace("\\\n", " "),
+                                             world_size=8)
+    assert model.layer_num == 4 and model.hidden_size == load_model("llama3-8b").hidden_size
+    assert (strategy.tp_size, strategy.pp_size, strategy.micro_batch_num) == (best["tp_size"], best["pp_size"], best["micro_batch_num"])
     bad = run_cli(*base, "--tp", "1,x")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--tp" in bad.stderr
 

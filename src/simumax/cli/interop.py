@@ -99,7 +99,7 @@ def export(
     job-config snippet (FSDP2: zero_state 3), `--format deepspeed` a ds_config.json
     (fsdp_impl deepspeed)."""
     from simumax.atomic import write_text_atomic
-    from simumax.export.megatron_flags import megatron_flags, model_flags
+    from simumax.export.megatron_flags import job_flags
 
     if fmt_ not in ("megatron", "torchtitan", "deepspeed"):
         raise ConfigError("--format", f"must be megatron, torchtitan or deepspeed (got {fmt_!r})")
@@ -117,7 +117,7 @@ def export(
             write_text_atomic(out / name, text)
         sys.stdout.write(text)
         return
-    flags = model_flags(m, st.seq_len) + megatron_flags(st, m)
+    flags = job_flags(st, m)
     if out is not None:
         write_text_atomic(out / "megatron_flags.txt", " \\\n".join(flags) + "\n")
     if as_json:

@@ -133,10 +133,10 @@ def search(
             markup=False, soft_wrap=True,
         )
     if rows and rows[0].fits:
-        from simumax.export.megatron_flags import megatron_flags
+        from simumax.export.megatron_flags import job_flags
 
         try:
-            flags = " ".join(megatron_flags(StrategyConfig.init_from_dict(rows[0].strategy or {}), m))
+            flags = " ".join(job_flags(StrategyConfig.init_from_dict(rows[0].strategy or {}), m))
         except ConfigError as exc:  # an option Megatron-LM cannot run as estimated
             flags = f"none: {exc}"
         cli.out_console.print("best as Megatron-LM flags:", markup=False)
@@ -146,7 +146,7 @@ def search(
 def _write_search_outputs(out: Path, rows: list, model: ModelConfig, system: SystemConfig, budget: float) -> None:
     """CSV, frontier plot, and the best strategy as JSON and as Megatron-LM flags."""
     from simumax.atomic import write_text_atomic
-    from simumax.export.megatron_flags import megatron_flags
+    from simumax.export.megatron_flags import job_flags
     from simumax.report.frontier import plot_frontier
     from simumax.search.table import search_csv
 
@@ -157,7 +157,7 @@ def _write_search_outputs(out: Path, rows: list, model: ModelConfig, system: Sys
         best = StrategyConfig.init_from_dict(rows[0].strategy or {})
         write_json_atomic(out / "best_strategy.json", best.to_dict())
         try:
-            write_text_atomic(out / "best_megatron_flags.txt", " \\\n".join(megatron_flags(best, model)) + "\n")
+            write_text_atomic(out / "best_megatron_flags.txt", " \\\n".join(job_flags(best, model)) + "\n")
         except ConfigError as exc:  # an option Megatron-LM cannot run as estimated
             write_text_atomic(out / "best_megatron_flags.txt", f"# none: {exc}\n")
     _say_written(out, t0)

@@ -388,3 +388,9 @@ def model_flags(model: ModelConfig, seq_len: int | None = None) -> list[str]:
         if model.mamba_num_heads:
             f.append(_m("mamba_num_heads", model.mamba_num_heads))
     return f
+
+
+def job_flags(st: StrategyConfig, model: ModelConfig) -> list[str]:
+    """The whole Megatron-LM 0.19 job: the model's flags and the strategy's (``simumax
+    export``, ``search``'s best strategy)."""
+    return model_flags(model, st.seq_len) + megatron_flags(st, model)
