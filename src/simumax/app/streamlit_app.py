@@ -13,6 +13,7 @@ import streamlit as st
 
 from simumax.api import PerfLLM
 from simumax.config.loader import list_presets, load_model, load_strategy, load_system
+from simumax.config.megatron_rules import fsdp_impl_fields
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import FSDP_IMPLS, StrategyConfig
 from simumax.config.system import SystemConfig
@@ -78,8 +79,7 @@ def _edit_strategy(base: StrategyConfig, model: ModelConfig) -> StrategyConfig:
            "num_layers_in_first_pipeline_stage": int(first) or None, "num_layers_in_last_pipeline_stage": int(last) or None,
            # a file's list of lengths stays while its sequence does
            "document_lengths": int(doc) or (given if isinstance(given, list) and int(seq) == base.seq_len else None)}
-    if impl == "megatron_torch_fsdp2":  # Megatron's --use-torch-fsdp2 runs without gradient-accumulation fusion
-        upd["gradient_accumulation_fusion"] = False
+    upd.update(fsdp_impl_fields(impl))
     if upd["interleaving_size"] == 1 and base.pp_schedule == "interleaved":
         upd["pp_schedule"] = None
     if rec == "none":

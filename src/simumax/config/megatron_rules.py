@@ -95,6 +95,13 @@ def check_megatron_torch_fsdp2(st: "StrategyConfig") -> None:
         raise ConfigError("fp8_param_gather", "Megatron turns it off with --use-torch-fsdp2 (bf16 all-gathers)")
 
 
+def fsdp_impl_fields(impl: str | None) -> dict[str, object]:
+    """The fields choosing ``impl`` brings with it (a search candidate's, the app's):
+    Megatron's --use-torch-fsdp2 runs without gradient-accumulation fusion, which
+    ``check_megatron_torch_fsdp2`` refuses."""
+    return {"gradient_accumulation_fusion": False} if impl == "megatron_torch_fsdp2" else {}
+
+
 def check_megatron_torch_fsdp2_model(model: "ModelConfig") -> None:
     """Megatron's --use-torch-fsdp2 rule on the model: untied embeddings."""
     if not model.untie_embeddings_and_output_weights:

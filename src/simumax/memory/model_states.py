@@ -10,7 +10,7 @@ from simumax.config.strategy import StrategyConfig
 from simumax.cost.userbuffers import UB_STREAMS
 from simumax.dp.sharding_plan import ShardingPlan
 from simumax.graph import fp8
-from simumax.graph.kernels import Collective, GroupGemm
+from simumax.graph.kernels import GroupGemm
 from simumax.graph.ops import Op, Stage
 
 ADAM_STATE_BYTES = 8  # fp32 exp_avg + exp_avg_sq
@@ -292,20 +292,20 @@ class Fsdp2Units(NamedTuple):
 
 
 def fsdp2_units(stage: Stage) -> Fsdp2Units:
-    """A unit not gathered again for backward was not resharded; a tied output layer's
-    head op gathers nothing of its own."""
+    """From the sharding ops' ``unit_gathered`` / ``unit_regathered`` (graph/sharding.py); a
+    tied output layer's head op gathers nothing of its own."""
     kept, gathers, tied = 0.0, [], False
     for ops, n in stage.groups():
         for o in ops:
             if o.module != "fsdp":
                 continue
-            gathered = sum(c.bytes for c in o.fwd if isinstance(c, Collective) and c.op == "all_gather")
+            gathered = o.unit_gathered
             if gathered <= 0:
                 tied = tied or o.name == "head.fsdp"
                 continue
-            if not o.bwd_input:
+            if not o.unit_regathered:
                 kept += n * gathered
-            gathers += [(gathered, not o.bwd_input)] * min(n, 2)
+            gathers += [(gathered, not o.unit_regathered)] * min(n, 2)
     if not gathers:
         return Fsdp2Units(0.0, 0.0, True, 0.0, 0.0, 0.0, False)
     second = gathers[1][0] if len(gathers) > 1 else 0.0

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from simumax.config.checks import check_compatible, te_cp_refusal
+from simumax.config.megatron_rules import fsdp_impl_fields
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import FSDP_IMPLS, PipelineSchedule, StrategyConfig
 from simumax.config.system import SystemConfig
@@ -187,9 +188,7 @@ def candidates(model: ModelConfig, system: SystemConfig, base: StrategyConfig, s
                     "zero_state": zero, "enable_sequence_parallel": tp > 1, "interleaving_size": vp, "pp_schedule": sched,
                     "microbatch_group_size_per_vp_stage": None, **split, **NO_RECOMPUTE, **RECOMPUTE_VARIANTS[rc], **offload,
                     **({"fsdp_replicate_size": rep} if space.replicas != (1,) else {}),
-                    **({"fsdp_impl": impl} if impl else {}),
-                    # Megatron's --use-torch-fsdp2 runs without gradient-accumulation fusion
-                    **({"gradient_accumulation_fusion": False} if impl == "megatron_torch_fsdp2" else {}),
+                    **({"fsdp_impl": impl} if impl else {}), **fsdp_impl_fields(impl),
                     # the base's overlaps where Megatron allows them: TP's with TP (and SP), the
                     # parameter gather's with a sharded optimizer; an interleaved pipeline over
                     # two stages runs only with its P2P overlapped
