@@ -1,24 +1,32 @@
 """DeepSpeed ZeRO's memory, measured on DeepSpeed itself on CPU (docs/modeling.md, "DeepSpeed
-ZeRO"): two ranks over gloo (DeepSpeed's CPU accelerator), check-step's plain Llama (7 M
-parameters), bf16, torch AdamW; the second step is tracked with torch's MemTracker and rank
-0's peak printed as JSON. A record of how the figures were taken, not part of the tests.
+ZeRO"): DS_WORLD ranks over gloo (DeepSpeed's CPU accelerator), check-step's plain Llama,
+bf16, torch's AdamW; the second step is tracked with torch's MemTracker and rank 0's peak
+printed as JSON. A record of how the figures were taken, not part of the tests.
 
     pip install --no-deps --target /tmp/dslib deepspeed==0.19.8
     pip install --target /tmp/dslib hjson py-cpuinfo psutil ninja msgpack tqdm einops
     PYTHONPATH=/tmp/dslib:. python docs/calibration/deepspeed_cpu/zero_memory.py STAGE [overlap]
 
 Environment: DS_WORLD ranks (2), DS_SEQ tokens (32), DS_BUCKET reduce_bucket_size elements
-(DeepSpeed's default); the step-peak runs of docs/modeling.md used DS_SEQ=4 DS_BUCKET=2000000.
+(DeepSpeed's default), DS_LAYERS / DS_VOCAB the model's layers and vocabulary (3 / 8000:
+7 M parameters), DS_FUSED torch's fused AdamW (in place, as DeepSpeed's FusedAdam on a GPU;
+without it torch's foreach AdamW, whose temporaries a GPU run does not have), DS_MOMENTS the
+bytes alive after the forward, after the backward and when the Adam update starts besides the peak. The
+step-peak runs of docs/modeling.md used DS_SEQ=4 DS_BUCKET=1000000 DS_FUSED=1 DS_MOMENTS=1
+DS_LAYERS=12 DS_VOCAB=1024 (zero_step.jsonl: ``grid`` writes it).
 
 Compare with ``simumax.estimate.Estimate`` for the same model, ``world_size`` DS_WORLD,
-``seq_len`` DS_SEQ, ``fsdp_impl`` deepspeed, ``zero_state`` STAGE (``ds_reduce_bucket_size`` DS_BUCKET).
+``seq_len`` DS_SEQ, ``fsdp_impl`` deepspeed, ``zero_state`` STAGE (``ds_reduce_bucket_size``
+DS_BUCKET) and no workspace (tests/test_sharding.py does, from zero_step.jsonl).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
@@ -26,6 +34,12 @@ import torch.multiprocessing as mp
 SMALL = {"hidden_size": 256, "head_num": 4, "kv_head_num": 2, "intermediate_size": 704, "layer_num": 3,
          "vocab_size": 8000, "use_swiglu": True, "norm_type": "rmsnorm", "position_embedding_type": "rope",
          "untie_embeddings_and_output_weights": True}
+
+
+def small() -> dict[str, object]:
+    """SMALL, with DS_LAYERS layers and a DS_VOCAB vocabulary when set."""
+    return {**SMALL, "layer_num": int(os.environ.get("DS_LAYERS", SMALL["layer_num"])),
+            "vocab_size": int(os.environ.get("DS_VOCAB", SMALL["vocab_size"]))}
 
 
 def run(rank: int, world: int, stage: int, overlap: bool, q) -> None:
@@ -37,37 +51,74 @@ def run(rank: int, world: int, stage: int, overlap: bool, q) -> None:
     from simumax.calibrate.check_step import LlamaStyle
     from simumax.config.loader import load_model
 
-    model = load_model("llama3-8b").with_updates(SMALL)
+    model = load_model("llama3-8b").with_updates(small())
     deepspeed.init_distributed(dist_backend="gloo")
     zero: dict[str, object] = {"stage": stage}
     if "DS_BUCKET" in os.environ:
         zero["reduce_bucket_size"] = int(os.environ["DS_BUCKET"])
     if overlap:
         zero["overlap_comm"] = True
+    adam: dict[str, object] = {"lr": 1e-4, "torch_adam": True}
+    if os.environ.get("DS_FUSED"):
+        adam["fused"] = True
     cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
-           "zero_optimization": zero, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
+           "zero_optimization": zero, "optimizer": {"type": "AdamW", "params": adam}}
     if stage == 3:
         with deepspeed.zero.Init(config_dict_or_path=cfg):
             net = LlamaStyle(model)
     else:
         net = LlamaStyle(model)
     engine, opt, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
-    tokens = torch.randint(0, 8000, (1, int(os.environ.get("DS_SEQ", "32"))))
+    tokens = torch.randint(0, int(small()["vocab_size"]), (1, int(os.environ.get("DS_SEQ", "32"))))
     engine.backward(engine(tokens, tokens))
     engine.step()
     tracker = MemTracker()
-    # the fp32 master partitions: tensors created before the tracker, seen only when handed to it
+    # tensors created before the tracker are seen only when handed to it: the fp32 master
+    # partitions, and at stage 3 the bf16 parameter partitions the parameters' ds_tensor view
     masters = getattr(opt, "single_partition_of_fp32_groups", None) or getattr(opt, "fp32_partitioned_groups_flat", [])
-    tracker.track_external(engine.module, opt.optimizer, *masters)
+    tracker.track_external(engine.module, opt.optimizer, *masters, *getattr(opt, "fp16_partitioned_groups_flat", []))
+    moments = {}
+    if os.environ.get("DS_MOMENTS"):  # what is alive when the Adam update starts (after the fp32 gradient cast)
+        inner = opt._optimizer_step
+
+        def at_update(*args, **kwargs):
+            moments["update"] = tracker.get_tracker_snapshot("current")
+            return inner(*args, **kwargs)
+        opt._optimizer_step = at_update
     with tracker:
-        engine.backward(engine(tokens, tokens))
+        loss = engine(tokens, tokens)
+        moments["after_forward"] = tracker.get_tracker_snapshot("current")
+        engine.backward(loss)
+        moments["after_backward"] = tracker.get_tracker_snapshot("current")
         engine.step()
     if rank == 0:
-        snap = tracker.get_tracker_snapshot("peak")
-        q.put({str(dev): {str(getattr(k, "value", k)): int(v) for k, v in d.items()} for dev, d in snap.items()})
+        moments["peak"] = tracker.get_tracker_snapshot("peak")
+        out = {name: {str(getattr(k, "value", k)): int(v) for d in snap.values() for k, v in d.items()}
+               for name, snap in moments.items()}
+        q.put(out if os.environ.get("DS_MOMENTS") else out["peak"])
+
+
+GRID = {"DS_SEQ": "4", "DS_BUCKET": "1000000", "DS_FUSED": "1", "DS_MOMENTS": "1", "DS_LAYERS": "12", "DS_VOCAB": "1024"}
+
+
+def grid(path: Path) -> None:
+    """Stages 1-3 on 2, 4 and 8 ranks with GRID's settings, one JSON line each."""
+    with path.open("w") as f:
+        for stage in (1, 2, 3):
+            for world in (2, 4, 8):
+                env = {**os.environ, **GRID, "DS_WORLD": str(world)}
+                out = subprocess.run([sys.executable, __file__, str(stage)], env=env, capture_output=True, text=True,
+                                     check=True).stdout.strip().splitlines()[-1]
+                rec = {"stage": stage, "world": world, "seq": int(GRID["DS_SEQ"]), "bucket": int(GRID["DS_BUCKET"]),
+                       "layers": int(GRID["DS_LAYERS"]), "vocab": int(GRID["DS_VOCAB"]), "fused_adamw": True,
+                       "deepspeed": "0.19.8", "torch": torch.__version__.split("+")[0], **json.loads(out)}
+                f.write(json.dumps(rec) + "\n")
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "grid":
+        grid(Path(sys.argv[2]) if len(sys.argv) > 2 else Path(__file__).with_name("zero_step.jsonl"))
+        sys.exit()
     stage, overlap, world = int(sys.argv[1]), "overlap" in sys.argv[2:], int(os.environ.get("DS_WORLD", "2"))
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

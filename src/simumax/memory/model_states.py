@@ -217,12 +217,14 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
             return fsdp2_states(st, stage, shard, float(opt), te)
         return megatron_fsdp_states(st, stage, shard, layer, float(opt), te)
     states = ModelStates(weights=weights, grads=float(grads), optimizer=float(opt), te_buffers=te)
-    if st.fsdp_impl != "deepspeed" and st.main_grad_bytes != FP32 and not te_fused_adam_masters(st) and st.optimizer != "muon":
+    if st.fsdp_impl == "deepspeed":
+        if st.optimizer_cpu_offload:  # ZeRO-Offload casts and steps the partition on the host
+            return states
+        return replace(states, optimizer_step=deepspeed_step(st, stage, shard_params(st, stage), float(opt) + te))
+    if st.main_grad_bytes != FP32 and not te_fused_adam_masters(st) and st.optimizer != "muon":
         # Megatron's step: an fp32 copy of each bf16 / fp16 main-gradient shard it steps, held
         # until zero_grad (optimizer.py / distrib_optimizer.py, _copy_model_grads_to_main_grads:
-        # ``grad = main_grad.float()``, the same tensor only when it is fp32 already). DeepSpeed
-        # casts its partition too, but frees other buffers around it per stage: not modelled
-        # (docs/modeling.md, "DeepSpeed ZeRO")
+        # ``grad = main_grad.float()``, the same tensor only when it is fp32 already)
         return replace(states, optimizer_step=states.total + FP32 * shard_params(st, stage) * device_optimizer_share(st))
     return states
 
@@ -277,6 +279,27 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, layer: int)
     if st.zero_state >= 3:
         weights = b * (shard + layer + min(st.ds_prefetch_bucket_size, layer))
     return weights, grads
+
+
+def deepspeed_step(st: StrategyConfig, stage: Stage, shard: float, kept: float) -> float:
+    """All bytes DeepSpeed ZeRO holds when it casts the rank's gradient partition for the
+    step (``kept``: the optimizer states and workspaces), bf16 / fp16 gradients accumulated in
+    the model dtype (DeepSpeed's default ``grad_accum_dtype``):
+
+    - ``stage_1_and_2.py::step`` first frees the gradients of the parameters outside the
+      partition (stage 1's are all there until then) and the backward has released the reduce
+      buckets; the partition's gradients (``averaged_gradients``, b bytes per shard element)
+      are flattened into a new tensor (b) and cast to fp32 (4): ``self.flatten(...).to(fp32)``;
+    - ``stage3.py::_prepare_fp32_grad_for_sub_group`` does the same over the gradient
+      partition, beside the parameter partitions and the IPG bucket, which stage 3 keeps.
+
+    The Adam update then runs in place (DeepSpeed's FusedAdam). Measured on DeepSpeed 0.19.8
+    on CPU with an in-place AdamW (docs/calibration/deepspeed_cpu/zero_step.jsonl; partition
+    boundaries inside a parameter keep that parameter's whole gradient, not modelled)."""
+    b = st.dtype_bytes
+    params = stage.params if st.zero_state < 3 else shard
+    bucket = st.ds_reduce_bucket_size if st.zero_state >= 3 else 0
+    return kept + b * (params + shard + bucket) + (b + FP32) * shard
 
 
 class Fsdp2Units(NamedTuple):
