@@ -435,9 +435,9 @@ def test_deepspeed_step_against_deepspeed_on_cpu() -> None:
     estimate's peak is its cast moment (exact where no parameter straddles rank 0's partition
     boundary, 2 ranks; 0.3-0.5 % short on 4 and 8, where the embedding's whole gradient is
     kept); and at every stage the bytes when the Adam update starts (the flat copy freed,
-    at stages 1-2 the partition's gradients too) are the cast moment's less those. The
-    backward peaks of stage 1 on 4 / 8 ranks and stage 3 on 4 / 8 are outside this moment
-    (docs/modeling.md, DeepSpeed ZeRO)."""
+    at stages 1-2 the partition's gradients too) are the cast moment's less those. Stage 1
+    on 4 / 8 ranks peaks at the end of the backward and stage 3 on 4 / 8 in the forward,
+    outside this moment (docs/modeling.md, DeepSpeed ZeRO)."""
     import json
     from pathlib import Path
 
