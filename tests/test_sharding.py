@@ -287,6 +287,34 @@ def test_deepspeed_zero_memory_by_hand() -> None:
     assert (s3.grads, s3.optimizer) == pytest.approx((2 * (psi / 8 + 10**8), 12 * psi / 8))
 
 
+def test_deepspeed_zero3_gathered_parameters_by_hand() -> None:
+    """DeepSpeed ZeRO-3 holds gathered the unit being run plus the prefetch bucket's worth of
+    the parameters after it, across units, and at the turn from forward to backward the
+    units whose backward comes within stage3_max_reuse_distance of their forward (2 x the
+    parameters behind them) plus the prefetch beyond them: with the distance set to keep
+    the output layer and the last two layers (2 (H + L) < R < 2 (H + 2 L)) and the default
+    5e7-element bucket, H + 2 L + 5e7; with a bucket larger than the model, the whole model.
+    The output layer is not gathered again for its backward, the layers are."""
+    from simumax.graph.sharding import MODULE as FSDP
+
+    m = load_model("llama3-8b").with_updates({"layer_num": 4})
+    base = {"seq_len": 256, "world_size": 8, "zero_state": 3, "fsdp_impl": "deepspeed"}
+    plain = Estimate(m, load_strategy(base), H100)
+    s = plain.stages[0]
+    layer_p = sum(o.params for p in s.parts if p.layers for o in p.ops)
+    head = sum(o.params for o in s.parts[-1].ops)
+    shard = s.params / 8
+    kept = Estimate(m, load_strategy({**base, "ds_max_reuse_distance": 2 * (head + layer_p) + 1}), H100)
+    assert model_states(kept.strategy, kept.stages[0], H100.sys_name).weights == pytest.approx(
+        2 * (shard + head + 2 * layer_p + 5e7))
+    whole = Estimate(m, load_strategy({**base, "ds_prefetch_bucket_size": 10**11}), H100)
+    assert model_states(whole.strategy, whole.stages[0], H100.sys_name).weights == pytest.approx(2 * (shard + s.params))
+    regathered = {o.name: any(k.op == "all_gather" for k in o.kernels("bwd_input"))
+                  for c in plain.chunks for o in c.ops if o.module == FSDP}
+    assert regathered["head.fsdp"] is False and regathered["embedding.fsdp"] is True
+    assert all(v for k, v in regathered.items() if k not in ("head.fsdp", "embedding.fsdp"))
+
+
 def test_deepspeed_reduce_in_bf16_exposed_without_overlap_comm() -> None:
     """Gradients reduce in the model dtype (2 B) every micro-batch from stage 2; without
     overlap_comm (DeepSpeed's default below stage 3) the reduce runs on the compute stream
@@ -413,7 +441,7 @@ def test_deepspeed_step_casts_the_gradient_partition_by_hand() -> None:
     they are held — 2 + 2 + 4 B per shard element over the parameters (all at stages 1-2,
     the partition at 3), the optimizer states and workspaces; stage 1's gradients outside
     the partition and the stage 1-2 reduce buckets are gone, stage 3 keeps its bucket.
-    ZeRO-Offload casts on the host: no moment."""
+    ZeRO-Offload casts the offloaded share on the host."""
     m = load_model("llama3-8b").with_updates({"layer_num": 2})
     for zero in (1, 2, 3):
         st = load_strategy({"seq_len": 256, "world_size": 8, "zero_state": zero, "fsdp_impl": "deepspeed",
@@ -425,7 +453,8 @@ def test_deepspeed_step_casts_the_gradient_partition_by_hand() -> None:
         held = 2 * (p if zero < 3 else shard) + 2 * shard + (2 * 10**6 if zero == 3 else 0)
         assert states.optimizer_step == pytest.approx(kept + held + (2 + 4) * shard)
         off = st.with_updates({"optimizer_cpu_offload": True})
-        assert model_states(off, est.stages[0], H100.sys_name).optimizer_step == 0.0
+        off_states = model_states(off, est.stages[0], H100.sys_name)
+        assert off_states.optimizer_step == pytest.approx(off_states.optimizer + off_states.te_buffers + held)
 
 
 def test_deepspeed_step_against_deepspeed_on_cpu() -> None:

@@ -238,6 +238,10 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, ConfigBase):
     ds_prefetch_bucket_size: PositiveInt = Field(
         50_000_000, le=10**12, description="DeepSpeed stage3_prefetch_bucket_size, elements gathered ahead (default 5e7).",
     )
+    ds_max_reuse_distance: PositiveInt = Field(
+        1_000_000_000, le=10**12, description="DeepSpeed stage3_max_reuse_distance, elements: a parameter used again "
+        "within it stays gathered (default 1e9).",
+    )
     fsdp_replicate_size: PositiveInt = Field(
         1, le=65536, description="HSDP: the data-parallel ranks (x CP) split into this many replicas; optimizer states, "
         "and with ZeRO-2/3 gradients and parameters, shard inside a replica, and the replicas all-reduce their "

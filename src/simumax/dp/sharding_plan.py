@@ -55,8 +55,13 @@ class ShardingPlan:
     def _build(cls, st: "StrategyConfig") -> "ShardingPlan":
         titan = st.fsdp_impl == "torch_fsdp2"
         policy = st.fsdp_reshard_after_forward
-        if not st.fsdp2 or policy == "always":
-            kept: frozenset[str] = frozenset()  # Megatron-FSDP and DeepSpeed reshard every unit
+        if st.fsdp_impl == "deepspeed":
+            # a ZeRO-3 parameter stays gathered when its next use is within stage3_max_reuse_distance
+            # (partitioned_param_coordinator.py, __params_to_release): the output layer's backward
+            # follows its forward with no parameter between (trailing layers: memory/model_states.py)
+            kept: frozenset[str] = frozenset({"head", "tied_head"})
+        elif not st.fsdp2 or policy == "always":
+            kept = frozenset()  # Megatron-FSDP reshards every unit
         elif policy == "never":
             kept = ALL_UNITS
         elif titan:  # torchtitan's apply_fsdp_to_decoder: the output unit is not resharded after forward

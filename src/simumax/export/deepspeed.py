@@ -25,6 +25,7 @@ def deepspeed_config(st: StrategyConfig) -> dict[str, Any]:
     }
     if st.zero_state == 3:
         zero["stage3_prefetch_bucket_size"] = st.ds_prefetch_bucket_size
+        zero["stage3_max_reuse_distance"] = st.ds_max_reuse_distance
     if st.optimizer_cpu_offload:
         offload: dict[str, Any] = {"device": "cpu", "pin_memory": True}
         if st.optimizer_offload_fraction < 1:
