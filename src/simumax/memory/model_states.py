@@ -25,11 +25,13 @@ class ModelStates:
     te_buffers: float
     # FSDP2 (``fsdp2_states``), where its backward can outweigh the forward peak: bytes added
     # to the states while the output layer reduce-scatters (the stored activations still
-    # held), and all bytes held at the end of the backward (activations freed); 0: never
+    # held), and all bytes held at the end of the backward (activations freed; also DeepSpeed
+    # ZeRO-1's, with its flat gradient partition); 0: never
     reduce_extra: float = 0.0
     end_of_backward: float = 0.0
     # all bytes held in the optimizer step where it can outweigh both (Megatron's optimizers
-    # over bf16 / fp16 gradients: the fp32 copies they step on); 0: never
+    # over bf16 / fp16 gradients: the fp32 copies they step on; DeepSpeed's cast of its
+    # gradient partition, ``deepspeed_step``); 0: never
     optimizer_step: float = 0.0
     reduce_frees: float = 0.0  # share of the stored activations backward has freed at that moment
 
@@ -218,7 +220,12 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
         return megatron_fsdp_states(st, stage, shard, layer, float(opt), te)
     states = ModelStates(weights=weights, grads=float(grads), optimizer=float(opt), te_buffers=te)
     if st.fsdp_impl == "deepspeed":
-        return replace(states, optimizer_step=deepspeed_step(st, stage, shard_params(st, stage), float(opt) + te))
+        shard = shard_params(st, stage)
+        # stage 1: at the end of the backward, with every gradient still held, the partition's
+        # gradients are copied into a flat buffer of their own (one torch.empty after the last
+        # weight gradient, measured: docs/calibration/deepspeed_cpu), which the step then casts
+        end = states.total + st.dtype_bytes * shard if st.zero_state == 1 else 0.0
+        return replace(states, end_of_backward=end, optimizer_step=deepspeed_step(st, stage, shard, float(opt) + te))
     if st.main_grad_bytes != FP32 and not te_fused_adam_masters(st) and st.optimizer != "muon":
         # Megatron's step: an fp32 copy of each bf16 / fp16 main-gradient shard it steps, held
         # until zero_grad (optimizer.py / distrib_optimizer.py, _copy_model_grads_to_main_grads:

@@ -35,7 +35,7 @@ def stage_peak(states: ModelStates, act: RankActivations, stage: Stage) -> tuple
                              states.total + states.reduce_extra + max(held, 0.0) * (1.0 - states.reduce_frees),
                              "gradient reduce-scatters in flight"),
                             (states.end_of_backward, states.end_of_backward,
-                             "end of backward: the first unit's gradient reduce-scatter"),
+                             "end of backward: the last gradients reduced"),
                             (states.optimizer_step, states.optimizer_step, STEP_MOMENT)):
         if extra and at > peak:
             peak, moment = at, what
