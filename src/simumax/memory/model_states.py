@@ -12,6 +12,7 @@ from simumax.dp.sharding_plan import ShardingPlan
 from simumax.graph import fp8
 from simumax.graph.kernels import GroupGemm
 from simumax.graph.ops import Op, Stage
+from simumax.memory.deepspeed_states import deepspeed_states, deepspeed_step
 
 ADAM_STATE_BYTES = 8  # fp32 exp_avg + exp_avg_sq
 FP32 = 4
@@ -225,7 +226,8 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
         # gradients are copied into a flat buffer of their own (one torch.empty after the last
         # weight gradient, measured: docs/calibration/deepspeed_cpu), which the step then casts
         end = states.total + st.dtype_bytes * shard if st.zero_state == 1 else 0.0
-        return replace(states, end_of_backward=end, optimizer_step=deepspeed_step(st, stage, shard, float(opt) + te))
+        step = deepspeed_step(st, stage, shard, float(opt) + te, device_optimizer_share(st))
+        return replace(states, end_of_backward=end, optimizer_step=step)
     if st.main_grad_bytes != FP32 and not te_fused_adam_masters(st) and st.optimizer != "muon":
         # Megatron's step: an fp32 copy of each bf16 / fp16 main-gradient shard it steps, held
         # until zero_grad (optimizer.py / distrib_optimizer.py, _copy_model_grads_to_main_grads:
@@ -262,73 +264,6 @@ def megatron_fsdp_states(st: StrategyConfig, stage: Stage, shard: float, layer: 
     queued = min(params, cap + layer)
     return ModelStates(weights=weights, grads=float(st.main_grad_bytes * shard), optimizer=opt, te_buffers=te,
                        reduce_extra=st.main_grad_bytes * queued, reduce_frees=queued / params)
-
-
-def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, layer: int) -> tuple[float, float]:
-    """(weights, gradients) of DeepSpeed ZeRO-1/2/3 with bf16 (the ZeRO paper's 2 + 2 + 12
-    bytes per parameter, Rajbhandari et al. SC'20 Fig. 1, and its buffers).
-
-    Gradients: stage 1 every parameter's, stages 2-3 the rank's partition, in the model
-    dtype (``grads_in_partition`` / ``grad_partitions_flat_buffer``), plus the contiguous
-    reduce bucket the backward fills: ``reduce_bucket_size`` elements allocated whole,
-    whatever the model's size (``stage_1_and_2.py::setup_buckets``, ``stage3.py``'s IPG
-    buffer; 5e8 by default: 1 GB in bf16), two at stages 1-2 with ``overlap_comm`` (one
-    fills while the other reduces; stage 3 keeps one). ZeRO-1/2 keep every parameter;
-    ZeRO-3 its partition plus the most it holds gathered (``deepspeed_gathered``). Checked on
-    DeepSpeed 0.19.8 itself on CPU (docs/validation.md)."""
-    b = st.dtype_bytes
-    bucket = st.ds_reduce_bucket_size * (2 if st.ds_overlap and st.zero_state < 3 else 1)
-    grads = b * ((stage.params if st.zero_state < 2 else shard) + bucket)
-    weights = float(stage.params * b)
-    if st.zero_state >= 3:
-        weights = b * (shard + deepspeed_gathered(st, stage, layer))
-    return weights, grads
-
-
-def deepspeed_gathered(st: StrategyConfig, stage: Stage, layer: int) -> float:
-    """The most parameters (elements) DeepSpeed ZeRO-3 holds gathered
-    (``partitioned_param_coordinator.py``): the module being run (at most the largest unit,
-    ``layer``) and what the prefetcher has gathered after it, the next parameters of the
-    trace up to ``stage3_prefetch_bucket_size`` elements across as many modules as fit; and
-    at the turn from forward to backward, the units kept since their forward — a parameter
-    is not released when its next use comes within ``stage3_max_reuse_distance`` elements
-    of the trace (``__params_to_release``), and a unit's next use is its backward, after
-    the forward and backward of every unit behind it (2 x their parameters) — with the
-    prefetch beyond them. On a model of 11.7 M parameters every unit but the embedding was
-    still gathered after the forward; at billions of parameters the output layer and
-    whatever trailing layers fit in half the distance."""
-    units = [n for p in stage.parts for n in ([sum(o.params for o in p.ops)] * len(p.layers) if p.layers else
-                                               [sum(o.params for o in p.ops)])]
-    total = float(sum(units))
-    pf = st.ds_prefetch_bucket_size
-    kept, behind = 0.0, 0.0
-    for n in reversed(units):
-        if 2 * behind < st.ds_max_reuse_distance:
-            kept += n
-        behind += n
-    return min(total, max(layer + min(pf, total - layer), kept + min(pf, total - kept)))
-
-
-def deepspeed_step(st: StrategyConfig, stage: Stage, shard: float, kept: float) -> float:
-    """All bytes DeepSpeed ZeRO holds when it casts the rank's gradient partition for the
-    step (``kept``: the optimizer states and workspaces), bf16 / fp16 gradients accumulated in
-    the model dtype (DeepSpeed's default ``grad_accum_dtype``):
-
-    - ``stage_1_and_2.py::step`` first frees the gradients of the parameters outside the
-      partition (stage 1's are all there until then) and the backward has released the reduce
-      buckets; the partition's gradients (``averaged_gradients``, b bytes per shard element)
-      are flattened into a new tensor (b) and cast to fp32 (4): ``self.flatten(...).to(fp32)``;
-    - ``stage3.py::_prepare_fp32_grad_for_sub_group`` does the same over the gradient
-      partition, beside the parameter partitions and the IPG bucket, which stage 3 keeps.
-
-    The Adam update then runs in place (DeepSpeed's FusedAdam); ZeRO-Offload casts and steps
-    the offloaded share on the host. Measured on DeepSpeed 0.19.8 on CPU with an in-place
-    AdamW (docs/calibration/deepspeed_cpu/zero_step.jsonl; partition boundaries inside a
-    parameter keep that parameter's whole gradient, not modelled)."""
-    b = st.dtype_bytes
-    params = stage.params if st.zero_state < 3 else shard
-    bucket = st.ds_reduce_bucket_size if st.zero_state >= 3 else 0
-    return kept + b * (params + shard + bucket) + (b + FP32) * shard * device_optimizer_share(st)
 
 
 class Fsdp2Units(NamedTuple):
