@@ -460,7 +460,8 @@ def test_deepspeed_step_casts_the_gradient_partition_by_hand() -> None:
 def test_deepspeed_step_against_deepspeed_on_cpu() -> None:
     """DeepSpeed 0.19.8 itself on CPU (docs/calibration/deepspeed_cpu/zero_step.jsonl: 12-layer
     Llama, 11.7 M parameters, 4 tokens, a 1e6-element bucket, torch's in-place fused AdamW as
-    DeepSpeed's FusedAdam on a GPU), rank 0's bytes: where the measured peak is the step the
+    DeepSpeed's FusedAdam on a GPU; and a 7 M model at 32 tokens with DeepSpeed's default
+    bucket, whose peaks are within 1 %), rank 0's bytes: where the measured peak is the step the
     estimate's peak is its cast moment (exact where no parameter straddles rank 0's partition
     boundary, 2 ranks; 0.3-0.5 % short on 4 and 8, where the embedding's whole gradient is
     kept); and at every stage the bytes when the Adam update starts (the flat copy freed,
@@ -482,7 +483,8 @@ def test_deepspeed_step_against_deepspeed_on_cpu() -> None:
         r = json.loads(line)
         m = load_model("llama3-8b").with_updates({**small, "layer_num": r["layers"], "vocab_size": r["vocab"]})
         st = load_strategy({"seq_len": r["seq"], "world_size": r["world"], "micro_batch_num": 1, "zero_state": r["stage"],
-                            "fsdp_impl": "deepspeed", "ds_reduce_bucket_size": r["bucket"]})
+                            "fsdp_impl": "deepspeed", "ds_reduce_bucket_size": r["bucket"],
+                            **({"ds_overlap_comm": True} if r["overlap_comm"] else {})})
         est = Estimate(m, st, H100)
         states = model_states(st, est.stages[0], H100.sys_name)
         cast = states.optimizer_step - states.te_buffers  # the CPU run has no cuBLAS workspace
@@ -493,7 +495,11 @@ def test_deepspeed_step_against_deepspeed_on_cpu() -> None:
               f"({err_update:+.2%}); cast {cast / 1e6:.3f} MB, measured peak {r['peak']['Total'] / 1e6:.3f}")
         assert abs(err_update) < 1e-4
         assert cast <= r["peak"]["Total"] * 1.0001  # the measured peak is the cast or a later/earlier larger moment
-        if r["peak"]["Total"] - r["update"]["Total"] < 2.5 * 2 * shard:  # the peak is the cast: above the update by the copies
+        if r["seq"] == 32:  # the 7 M model with DeepSpeed's 1 GB bucket: the whole peak
+            err = (est.memory().stages[0].peak_mem - states.te_buffers) / r["peak"]["Total"] - 1
+            print(f"  32 tokens, default bucket{' + overlap_comm' if r['overlap_comm'] else ''}: peak {err:+.2%}")
+            assert abs(err) < 0.01
+        elif r["peak"]["Total"] - r["update"]["Total"] < 2.5 * 2 * shard:  # the peak is the cast: above the update by the copies
             step_peaks += 1
             mem = est.memory().stages[0]
             assert mem.peak_path["phase"] == "step"

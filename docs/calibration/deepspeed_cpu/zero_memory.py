@@ -13,7 +13,8 @@ Environment: DS_WORLD ranks (2), DS_SEQ tokens (32), DS_BUCKET reduce_bucket_siz
 without it torch's foreach AdamW, whose temporaries a GPU run does not have), DS_MOMENTS the
 bytes alive after the forward, after the backward and when the Adam update starts besides the peak. The
 step-peak runs of docs/modeling.md used DS_SEQ=4 DS_BUCKET=1000000 DS_FUSED=1 DS_MOMENTS=1
-DS_LAYERS=12 DS_VOCAB=1024 (zero_step.jsonl: ``grid`` writes it).
+DS_LAYERS=12 DS_VOCAB=1024, then the 7 M model at 32 tokens with the default bucket
+(zero_step.jsonl: ``grid`` writes both).
 
 Compare with ``simumax.estimate.Estimate`` for the same model, ``world_size`` DS_WORLD,
 ``seq_len`` DS_SEQ, ``fsdp_impl`` deepspeed, ``zero_state`` STAGE (``ds_reduce_bucket_size``
@@ -99,20 +100,27 @@ def run(rank: int, world: int, stage: int, overlap: bool, q) -> None:
 
 
 GRID = {"DS_SEQ": "4", "DS_BUCKET": "1000000", "DS_FUSED": "1", "DS_MOMENTS": "1", "DS_LAYERS": "12", "DS_VOCAB": "1024"}
+# the 7 M-parameter model at 32 tokens with DeepSpeed's default bucket: stages 1, 2, 2 with
+# overlap_comm, 3 on 2 ranks
+DEFAULTS = {"DS_SEQ": "32", "DS_FUSED": "1", "DS_MOMENTS": "1", "DS_LAYERS": "3", "DS_VOCAB": "8000"}
 
 
 def grid(path: Path) -> None:
-    """Stages 1-3 on 2, 4 and 8 ranks with GRID's settings, one JSON line each."""
+    """Stages 1-3 on 2, 4 and 8 ranks with GRID's settings, then DEFAULTS' four runs, one
+    JSON line each."""
+    runs = [(GRID, stage, world, False) for stage in (1, 2, 3) for world in (2, 4, 8)]
+    runs += [(DEFAULTS, stage, 2, overlap) for stage, overlap in ((1, False), (2, False), (2, True), (3, False))]
     with path.open("w") as f:
-        for stage in (1, 2, 3):
-            for world in (2, 4, 8):
-                env = {**os.environ, **GRID, "DS_WORLD": str(world)}
-                out = subprocess.run([sys.executable, __file__, str(stage)], env=env, capture_output=True, text=True,
-                                     check=True).stdout.strip().splitlines()[-1]
-                rec = {"stage": stage, "world": world, "seq": int(GRID["DS_SEQ"]), "bucket": int(GRID["DS_BUCKET"]),
-                       "layers": int(GRID["DS_LAYERS"]), "vocab": int(GRID["DS_VOCAB"]), "fused_adamw": True,
-                       "deepspeed": "0.19.8", "torch": torch.__version__.split("+")[0], **json.loads(out)}
-                f.write(json.dumps(rec) + "\n")
+        for settings, stage, world, overlap in runs:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("DS_")}
+            env.update(settings, DS_WORLD=str(world))
+            args = [sys.executable, __file__, str(stage)] + (["overlap"] if overlap else [])
+            out = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+            rec = {"stage": stage, "world": world, "overlap_comm": overlap, "seq": int(settings["DS_SEQ"]),
+                   "bucket": int(settings.get("DS_BUCKET", 500_000_000)), "layers": int(settings["DS_LAYERS"]),
+                   "vocab": int(settings["DS_VOCAB"]), "fused_adamw": True, "deepspeed": "0.19.8",
+                   "torch": torch.__version__.split("+")[0], **json.loads(out)}
+            f.write(json.dumps(rec) + "\n")
 
 
 if __name__ == "__main__":
