@@ -468,8 +468,8 @@ def test_deepspeed_step_against_deepspeed_on_cpu() -> None:
     at stages 1-2 the partition's gradients too) are the cast moment's less those. Stage 1
     on 4 / 8 ranks peaks at the end of the backward, where its flat gradient partition is
     built beside every gradient (+1.2 / +1.6 %: a bucket's gradients are gone by then);
-    stage 3 on 4 / 8 in the forward, with single parameters gathered again beside the whole
-    model, not modelled (−18 / −27 %; docs/modeling.md, DeepSpeed ZeRO)."""
+    stage 3 on 4 / 8 in the forward, each parameter copied out of the whole model's gather
+    buffer while it lives, not modelled (−18 / −27 %; docs/modeling.md, DeepSpeed ZeRO)."""
     import json
     from pathlib import Path
 
@@ -511,6 +511,10 @@ def test_deepspeed_step_against_deepspeed_on_cpu() -> None:
             err = (mem.peak_mem - states.te_buffers) / r["peak"]["Total"] - 1
             print(f"  end of backward {err:+.2%}")
             assert mem.peak_path["phase"] == "bwd" and 0 < err < 0.02
+        else:  # stage 3's forward with the gather buffer beside the copies: the documented gap
+            err = (est.memory().stages[0].peak_mem - states.te_buffers) / r["peak"]["Total"] - 1
+            print(f"  forward (copy-out beside the gather buffer, not modelled) {err:+.2%}")
+            assert r["stage"] == 3 and -0.3 < err < -0.1
     assert step_peaks == 5  # stages 1-3 on 2 ranks, stage 2 on 4 and 8
 
 
