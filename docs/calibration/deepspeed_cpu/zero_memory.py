@@ -8,7 +8,7 @@ printed as JSON. A record of how the figures were taken, not part of the tests.
     PYTHONPATH=/tmp/dslib:. python docs/calibration/deepspeed_cpu/zero_memory.py STAGE [overlap]
 
 Environment: DS_WORLD ranks (2), DS_SEQ tokens (32), DS_BUCKET reduce_bucket_size elements
-(DeepSpeed's default), DS_LAYERS / DS_VOCAB the model's layers and vocabulary (3 / 8000:
+(DeepSpeed's default), DS_GAS micro-batches per step (1), DS_LAYERS / DS_VOCAB the model's layers and vocabulary (3 / 8000:
 7 M parameters), DS_FUSED torch's fused AdamW (in place, as DeepSpeed's FusedAdam on a GPU;
 without it torch's foreach AdamW, whose temporaries a GPU run does not have), DS_MOMENTS the
 bytes alive after the forward, after the backward and when the Adam update starts besides the peak. The
@@ -62,7 +62,8 @@ def run(rank: int, world: int, stage: int, overlap: bool, q) -> None:
     adam: dict[str, object] = {"lr": 1e-4, "torch_adam": True}
     if os.environ.get("DS_FUSED"):
         adam["fused"] = True
-    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+    gas = int(os.environ.get("DS_GAS", "1"))
+    cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": gas, "bf16": {"enabled": True},
            "zero_optimization": zero, "optimizer": {"type": "AdamW", "params": adam}}
     if stage == 3:
         with deepspeed.zero.Init(config_dict_or_path=cfg):
@@ -71,8 +72,9 @@ def run(rank: int, world: int, stage: int, overlap: bool, q) -> None:
         net = LlamaStyle(model)
     engine, opt, _, _ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
     tokens = torch.randint(0, int(small()["vocab_size"]), (1, int(os.environ.get("DS_SEQ", "32"))))
-    engine.backward(engine(tokens, tokens))
-    engine.step()
+    for _ in range(gas):  # a first step creates the optimizer states
+        engine.backward(engine(tokens, tokens))
+        engine.step()
     tracker = MemTracker()
     # tensors created before the tracker are seen only when handed to it: the fp32 master
     # partitions, and at stage 3 the bf16 parameter partitions the parameters' ds_tensor view
@@ -87,11 +89,14 @@ def run(rank: int, world: int, stage: int, overlap: bool, q) -> None:
             return inner(*args, **kwargs)
         opt._optimizer_step = at_update
     with tracker:
-        loss = engine(tokens, tokens)
-        moments["after_forward"] = tracker.get_tracker_snapshot("current")
-        engine.backward(loss)
-        moments["after_backward"] = tracker.get_tracker_snapshot("current")
-        engine.step()
+        for mb in range(gas):  # engine.step() steps at the last micro-batch only
+            if mb:
+                tracker.reset_mod_stats()  # (its per-module records take one forward; the peak stays)
+            loss = engine(tokens, tokens)
+            moments.setdefault("after_forward", tracker.get_tracker_snapshot("current"))
+            engine.backward(loss)
+            moments["after_backward"] = tracker.get_tracker_snapshot("current")
+            engine.step()
     if rank == 0:
         moments["peak"] = tracker.get_tracker_snapshot("peak")
         out = {name: {str(getattr(k, "value", k)): int(v) for d in snap.values() for k, v in d.items()}
@@ -106,9 +111,10 @@ DEFAULTS = {"DS_SEQ": "32", "DS_FUSED": "1", "DS_MOMENTS": "1", "DS_LAYERS": "3"
 
 
 def grid(path: Path) -> None:
-    """Stages 1-3 on 2, 4 and 8 ranks with GRID's settings, then DEFAULTS' four runs, one
-    JSON line each."""
+    """Stages 1-3 on 2, 4 and 8 ranks with GRID's settings, stage 3 again with two
+    micro-batches, then DEFAULTS' four runs, one JSON line each."""
     runs = [(GRID, stage, world, False) for stage in (1, 2, 3) for world in (2, 4, 8)]
+    runs += [({**GRID, "DS_GAS": "2"}, 3, world, False) for world in (2, 4, 8)]  # ZeRO-3, two micro-batches
     runs += [(DEFAULTS, stage, 2, overlap) for stage, overlap in ((1, False), (2, False), (2, True), (3, False))]
     with path.open("w") as f:
         for settings, stage, world, overlap in runs:
@@ -117,6 +123,7 @@ def grid(path: Path) -> None:
             args = [sys.executable, __file__, str(stage)] + (["overlap"] if overlap else [])
             out = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             rec = {"stage": stage, "world": world, "overlap_comm": overlap, "seq": int(settings["DS_SEQ"]),
+                   "micro_batches": int(settings.get("DS_GAS", 1)),
                    "bucket": int(settings.get("DS_BUCKET", 500_000_000)), "layers": int(settings["DS_LAYERS"]),
                    "vocab": int(settings["DS_VOCAB"]), "fused_adamw": True, "deepspeed": "0.19.8",
                    "torch": torch.__version__.split("+")[0], **json.loads(out)}

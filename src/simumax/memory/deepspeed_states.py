@@ -43,7 +43,16 @@ def deepspeed_gathered(st: StrategyConfig, stage: Stage, layer: int) -> float:
     the forward and backward of every unit behind it (2 x their parameters) — with the
     prefetch beyond them. On a model of 11.7 M parameters every unit but the embedding was
     still gathered after the forward; at billions of parameters the output layer and
-    whatever trailing layers fit in half the distance."""
+    whatever trailing layers fit in half the distance.
+
+    Each gather fills one flat buffer for its group of parameters and each parameter is
+    copied out of it when its module runs (``partition_parameters.py``,
+    ``AllGatherCoalescedHandle.wait``: ``param.data = torch.cat(partitions)``); the buffer
+    lives until the group's last parameter is copied, so one group's flat buffer, up to the
+    prefetch bucket, sits beside the copies (the 11.7 M model, gathered in one group, held
+    it twice in its forward). With one micro-batch per step that forward has no gradient
+    partition or reduce bucket yet (allocated in the backward, freed by the step), which
+    the states count throughout."""
     units = [n for p in stage.parts for n in ([sum(o.params for o in p.ops)] * len(p.layers) if p.layers else
                                                [sum(o.params for o in p.ops)])]
     total = float(sum(units))
@@ -53,7 +62,8 @@ def deepspeed_gathered(st: StrategyConfig, stage: Stage, layer: int) -> float:
         if 2 * behind < st.ds_max_reuse_distance:
             kept += n
         behind += n
-    return min(total, max(layer + min(pf, total - layer), kept + min(pf, total - kept)))
+    copies = min(total, max(layer + min(pf, total - layer), kept + min(pf, total - kept)))
+    return copies + min(pf, total)
 
 
 def deepspeed_step(st: StrategyConfig, stage: Stage, shard: float, kept: float, device_share: float) -> float:
