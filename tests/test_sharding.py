@@ -479,12 +479,10 @@ def test_deepspeed_step_against_deepspeed_on_cpu() -> None:
     from simumax.memory.model_states import shard_params
 
     data = Path(__file__).resolve().parent.parent / "docs" / "calibration" / "deepspeed_cpu" / "zero_step.jsonl"
-    small = {"hidden_size": 256, "head_num": 4, "kv_head_num": 2, "intermediate_size": 704, "use_swiglu": True,
-             "norm_type": "rmsnorm", "position_embedding_type": "rope", "untie_embeddings_and_output_weights": True}
     step_peaks = 0
     for line in data.read_text().splitlines():
         r = json.loads(line)
-        m = load_model("llama3-8b").with_updates({**small, "layer_num": r["layers"], "vocab_size": r["vocab"]})
+        m = load_model("llama3-8b").with_updates(r["model"])  # the run's overrides of llama3-8b
         st = load_strategy({"seq_len": r["seq"], "world_size": r["world"], "micro_batch_num": r["micro_batches"],
                             "zero_state": r["stage"], "fsdp_impl": "deepspeed", "ds_reduce_bucket_size": r["bucket"],
                             **({"ds_overlap_comm": True} if r["overlap_comm"] else {})})

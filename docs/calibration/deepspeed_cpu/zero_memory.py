@@ -37,10 +37,11 @@ SMALL = {"hidden_size": 256, "head_num": 4, "kv_head_num": 2, "intermediate_size
          "untie_embeddings_and_output_weights": True}
 
 
-def small() -> dict[str, object]:
-    """SMALL, with DS_LAYERS layers and a DS_VOCAB vocabulary when set."""
-    return {**SMALL, "layer_num": int(os.environ.get("DS_LAYERS", SMALL["layer_num"])),
-            "vocab_size": int(os.environ.get("DS_VOCAB", SMALL["vocab_size"]))}
+def small(env: "os._Environ[str] | dict[str, str]" = os.environ) -> dict[str, object]:
+    """SMALL (llama3-8b's fields it overrides), with DS_LAYERS layers and a DS_VOCAB
+    vocabulary when ``env`` sets them."""
+    return {**SMALL, "layer_num": int(env.get("DS_LAYERS", SMALL["layer_num"])),
+            "vocab_size": int(env.get("DS_VOCAB", SMALL["vocab_size"]))}
 
 
 def run(rank: int, world: int, stage: int, overlap: bool, q) -> None:
@@ -124,8 +125,8 @@ def grid(path: Path) -> None:
             out = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
             rec = {"stage": stage, "world": world, "overlap_comm": overlap, "seq": int(settings["DS_SEQ"]),
                    "micro_batches": int(settings.get("DS_GAS", 1)),
-                   "bucket": int(settings.get("DS_BUCKET", 500_000_000)), "layers": int(settings["DS_LAYERS"]),
-                   "vocab": int(settings["DS_VOCAB"]), "fused_adamw": True, "deepspeed": "0.19.8",
+                   "bucket": int(settings.get("DS_BUCKET", 500_000_000)), "model": small(settings),
+                   "fused_adamw": True, "deepspeed": "0.19.8",
                    "torch": torch.__version__.split("+")[0], **json.loads(out)}
             f.write(json.dumps(rec) + "\n")
 

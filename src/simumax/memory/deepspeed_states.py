@@ -11,7 +11,7 @@ from simumax.graph.ops import Stage
 FP32 = 4
 
 
-def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, layer: int) -> tuple[float, float]:
+def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list[int]) -> tuple[float, float]:
     """(weights, gradients) of DeepSpeed ZeRO-1/2/3 with bf16 (the ZeRO paper's 2 + 2 + 12
     bytes per parameter, Rajbhandari et al. SC'20 Fig. 1, and its buffers).
 
@@ -22,20 +22,21 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, layer: int)
     buffer; 5e8 by default: 1 GB in bf16), two at stages 1-2 with ``overlap_comm`` (one
     fills while the other reduces; stage 3 keeps one). ZeRO-1/2 keep every parameter;
     ZeRO-3 its partition plus the most it holds gathered (``deepspeed_gathered``). Checked on
-    DeepSpeed 0.19.8 itself on CPU (docs/validation.md)."""
+    DeepSpeed 0.19.8 itself on CPU (docs/validation.md). ``units``: the parameters of each
+    unit in forward order (``model_states.unit_params``)."""
     b = st.dtype_bytes
     bucket = st.ds_reduce_bucket_size * (2 if st.ds_overlap and st.zero_state < 3 else 1)
     grads = b * ((stage.params if st.zero_state < 2 else shard) + bucket)
     weights = float(stage.params * b)
     if st.zero_state >= 3:
-        weights = b * (shard + deepspeed_gathered(st, stage, layer))
+        weights = b * (shard + deepspeed_gathered(st, units))
     return weights, grads
 
 
-def deepspeed_gathered(st: StrategyConfig, stage: Stage, layer: int) -> float:
+def deepspeed_gathered(st: StrategyConfig, units: list[int]) -> float:
     """The most parameters (elements) DeepSpeed ZeRO-3 holds gathered
-    (``partitioned_param_coordinator.py``): the module being run (at most the largest unit,
-    ``layer``) and what the prefetcher has gathered after it, the next parameters of the
+    (``partitioned_param_coordinator.py``), of a stage whose units hold ``units`` parameters
+    in forward order: the module being run (at most the largest unit) and what the prefetcher has gathered after it, the next parameters of the
     trace up to ``stage3_prefetch_bucket_size`` elements across as many modules as fit; and
     at the turn from forward to backward, the units kept since their forward — a parameter
     is not released when its next use comes within ``stage3_max_reuse_distance`` elements
@@ -53,8 +54,7 @@ def deepspeed_gathered(st: StrategyConfig, stage: Stage, layer: int) -> float:
     it twice in its forward). With one micro-batch per step that forward has no gradient
     partition or reduce bucket yet (allocated in the backward, freed by the step), which
     the states count throughout."""
-    units = [n for p in stage.parts for n in ([sum(o.params for o in p.ops)] * len(p.layers) if p.layers else
-                                               [sum(o.params for o in p.ops)])]
+    layer = max(units, default=0)
     total = float(sum(units))
     pf = st.ds_prefetch_bucket_size
     kept, behind = 0.0, 0.0

@@ -134,17 +134,18 @@ def stored_param_bytes(st: StrategyConfig, params: float, fp8_params: float) -> 
 
 
 def unit_params(stage: Stage) -> dict[object, int]:
-    """Parameters of each unit ZeRO-3 gathers at once (graph/sharding.py), by unit: a
-    transformer layer (its index; one per run of alike layers), "embedding", or "head"
-    (the output layer with its final norm)."""
+    """Parameters of each unit ZeRO-3 gathers at once (graph/sharding.py), by unit in
+    forward order: a transformer layer (its index), "embedding", or "head" (the output
+    layer with its final norm)."""
     per: dict[object, int] = {}
     for p in stage.parts:
         if p.layers:  # a run: every layer holds the same parameters
-            per[p.layers[0]] = sum(o.params for o in p.ops)
+            per.update(dict.fromkeys(p.layers, sum(o.params for o in p.ops)))
             continue
         for o in p.ops:
-            unit = o.layer if o.layer >= 0 else ("embedding" if o.module == "embedding" else "head")
-            per[unit] = per.get(unit, 0) + o.params
+            if o.params:  # (ops without parameters, the sharding ops among them, belong to no unit)
+                unit = o.layer if o.layer >= 0 else ("embedding" if o.module == "embedding" else "head")
+                per[unit] = per.get(unit, 0) + o.params
     return per
 
 
@@ -209,7 +210,7 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
         weights = stored_param_bytes(st, total, fp8_weight_params(stage))
     grads = float(total * st.main_grad_bytes)
     if st.fsdp_impl == "deepspeed":  # stages 1-3 (the strategy rules ask zero_state >= 1)
-        weights, grads = deepspeed_states(st, stage, shard_params(st, stage), largest_layer_params(stage))
+        weights, grads = deepspeed_states(st, stage, shard_params(st, stage), list(unit_params(stage).values()))
     elif st.zero_state >= 2:
         shard = shard_params(st, stage)
         layer = largest_layer_params(stage)
