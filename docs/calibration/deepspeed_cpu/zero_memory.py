@@ -11,10 +11,11 @@ Environment: DS_WORLD ranks (2), DS_SEQ tokens (32), DS_BUCKET reduce_bucket_siz
 (DeepSpeed's default), DS_GAS micro-batches per step (1), DS_LAYERS / DS_VOCAB the model's layers and vocabulary (3 / 8000:
 7 M parameters), DS_FUSED torch's fused AdamW (in place, as DeepSpeed's FusedAdam on a GPU;
 without it torch's foreach AdamW, whose temporaries a GPU run does not have), DS_MOMENTS the
-bytes alive after the forward, after the backward and when the Adam update starts besides the peak. The
-step-peak runs of docs/modeling.md used DS_SEQ=4 DS_BUCKET=1000000 DS_FUSED=1 DS_MOMENTS=1
-DS_LAYERS=12 DS_VOCAB=1024, then the 7 M model at 32 tokens with the default bucket
-(zero_step.jsonl: ``grid`` writes both).
+bytes alive after the forward, after the backward and when the Adam update starts besides the
+peak, DS_PHASES the peak of each pass (``forward_M_peak``, ``backward_M_peak`` of micro-batch M)
+and of the step (``step_peak``). The runs of docs/modeling.md used DS_SEQ=4 DS_BUCKET=1000000
+DS_FUSED=1 DS_MOMENTS=1 DS_PHASES=1 DS_LAYERS=12 DS_VOCAB=1024, then the 7 M model at 32 tokens
+with the default bucket (zero_step.jsonl: ``grid`` writes both).
 
 Compare with ``simumax.estimate.Estimate`` for the same model, ``world_size`` DS_WORLD,
 ``seq_len`` DS_SEQ, ``fsdp_impl`` deepspeed, ``zero_state`` STAGE (``ds_reduce_bucket_size``
@@ -89,33 +90,51 @@ def run(rank: int, world: int, stage: int, overlap: bool, q) -> None:
             moments["update"] = tracker.get_tracker_snapshot("current")
             return inner(*args, **kwargs)
         opt._optimizer_step = at_update
+    phases = {}  # DS_PHASES: the peak of each pass (micro-batch m's forward / backward) and of the step
+
+    def phase_end(name: str) -> None:
+        if os.environ.get("DS_PHASES"):
+            phases[name] = tracker.get_tracker_snapshot("peak")
+            tracker._peak_mem_snap = tracker.get_tracker_snapshot("current")  # the next phase's peak from here
+            tracker._peak_mem = {d: snap["Total"] for d, snap in tracker._peak_mem_snap.items()}
+
+    peak = {}
     with tracker:
         for mb in range(gas):  # engine.step() steps at the last micro-batch only
             if mb:
                 tracker.reset_mod_stats()  # (its per-module records take one forward; the peak stays)
             loss = engine(tokens, tokens)
             moments.setdefault("after_forward", tracker.get_tracker_snapshot("current"))
+            phase_end(f"forward_{mb}_peak")
             engine.backward(loss)
             moments["after_backward"] = tracker.get_tracker_snapshot("current")
+            phase_end(f"backward_{mb}_peak")
             engine.step()
+            phase_end("step_peak") if mb == gas - 1 else None
+        peak = tracker.get_tracker_snapshot("peak")
     if rank == 0:
-        moments["peak"] = tracker.get_tracker_snapshot("peak")
+        moments["peak"] = peak
+        if phases:  # the overall peak is the largest phase's
+            moments["peak"] = max(phases.values(), key=lambda snap: max(d["Total"] for d in snap.values()))
+            moments.update(phases)
         out = {name: {str(getattr(k, "value", k)): int(v) for d in snap.values() for k, v in d.items()}
                for name, snap in moments.items()}
         q.put(out if os.environ.get("DS_MOMENTS") else out["peak"])
 
 
-GRID = {"DS_SEQ": "4", "DS_BUCKET": "1000000", "DS_FUSED": "1", "DS_MOMENTS": "1", "DS_LAYERS": "12", "DS_VOCAB": "1024"}
+GRID = {"DS_SEQ": "4", "DS_BUCKET": "1000000", "DS_FUSED": "1", "DS_MOMENTS": "1", "DS_PHASES": "1", "DS_LAYERS": "12", "DS_VOCAB": "1024"}
 # the 7 M-parameter model at 32 tokens with DeepSpeed's default bucket: stages 1, 2, 2 with
 # overlap_comm, 3 on 2 ranks
-DEFAULTS = {"DS_SEQ": "32", "DS_FUSED": "1", "DS_MOMENTS": "1", "DS_LAYERS": "3", "DS_VOCAB": "8000"}
+DEFAULTS = {"DS_SEQ": "32", "DS_FUSED": "1", "DS_MOMENTS": "1", "DS_PHASES": "1", "DS_LAYERS": "3", "DS_VOCAB": "8000"}
 
 
 def grid(path: Path) -> None:
     """Stages 1-3 on 2, 4 and 8 ranks with GRID's settings, stage 3 again with two
-    micro-batches, then DEFAULTS' four runs, one JSON line each."""
+    micro-batches, stages 1, 2 and 2 with overlap_comm with two on 2 ranks, then DEFAULTS'
+    four runs, one JSON line each."""
     runs = [(GRID, stage, world, False) for stage in (1, 2, 3) for world in (2, 4, 8)]
     runs += [({**GRID, "DS_GAS": "2"}, 3, world, False) for world in (2, 4, 8)]  # ZeRO-3, two micro-batches
+    runs += [({**GRID, "DS_GAS": "2"}, stage, 2, overlap) for stage, overlap in ((1, False), (2, False), (2, True))]
     runs += [(DEFAULTS, stage, 2, overlap) for stage, overlap in ((1, False), (2, False), (2, True), (3, False))]
     with path.open("w") as f:
         for settings, stage, world, overlap in runs:

@@ -11,30 +11,64 @@ from simumax.graph.ops import Stage
 FP32 = 4
 
 
-def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list[int]) -> tuple[float, float]:
-    """(weights, gradients) of DeepSpeed ZeRO-1/2/3 with bf16 (the ZeRO paper's 2 + 2 + 12
-    bytes per parameter, Rajbhandari et al. SC'20 Fig. 1, and its buffers).
+def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list[int]) -> tuple[float, float, float]:
+    """(weights, gradients, backward change) of DeepSpeed ZeRO-1/2/3 with bf16 (the ZeRO
+    paper's 2 + 2 + 12 bytes per parameter, Rajbhandari et al. SC'20 Fig. 1, and its
+    buffers): the parameter and gradient bytes held at a forward's peak, and how a
+    backward's differ (``ModelStates.backward_extra``: the gradients it adds, and at stage
+    3 its gathered parameters, ``deepspeed_gathered``).
 
-    Gradients: stage 1 every parameter's, stages 2-3 the rank's partition, in the model
-    dtype (``grads_in_partition`` / ``grad_partitions_flat_buffer``), plus the contiguous
-    reduce bucket the backward fills: ``reduce_bucket_size`` elements allocated whole,
-    whatever the model's size (``stage_1_and_2.py::setup_buckets``, ``stage3.py``'s IPG
-    buffer; 5e8 by default: 1 GB in bf16), two at stages 1-2 with ``overlap_comm`` (one
-    fills while the other reduces; stage 3 keeps one). ZeRO-1/2 keep every parameter;
-    ZeRO-3 its partition plus the most it holds gathered (``deepspeed_gathered``). Checked on
-    DeepSpeed 0.19.8 itself on CPU (docs/validation.md). ``units``: the parameters of each
-    unit in forward order (``model_states.unit_params``)."""
+    Gradients (``deepspeed_all_grads``): stage 1 every parameter's, stages 2-3 the rank's
+    partition, in the model dtype, plus the reduce bucket(s). None of them exists in the
+    first micro-batch's forward: the step frees them all (stage 1 the parameters'
+    ``.grad``, stage 2 ``averaged_gradients`` / ``grads_in_partition``, stage 3 its
+    gradient partition and IPG buffer) and the backward allocates them again, the reduce
+    bucket at the first weight gradient and stage 3's partition at the backward's start
+    (``stage3.py``), stage 2's partition at its first reduce (``copy_grads_in_partition``),
+    which the backward's peak is taken to hold too. A later micro-batch's forward holds
+    what the previous backward left: stage 1 every gradient and the bucket, stage 2 the
+    partition (its bucket is released after each backward; its later backwards reduce
+    into a second partition-sized buffer beside the accumulated one), stage 3 both.
+    Measured phase by phase on DeepSpeed 0.19.8 on CPU (docs/calibration/deepspeed_cpu).
+
+    ZeRO-1/2 keep every parameter; ZeRO-3 its partition plus the most it holds gathered
+    (``deepspeed_gathered``). ``units``: the parameters of each unit in forward order
+    (``model_states.unit_params``)."""
     b = st.dtype_bytes
-    bucket = st.ds_reduce_bucket_size * (2 if st.ds_overlap and st.zero_state < 3 else 1)
-    grads = b * ((stage.params if st.zero_state < 2 else shard) + bucket)
-    weights = float(stage.params * b)
+    bucket = b * _bucket(st)
+    weights, bwd_weights = float(stage.params * b), float(stage.params * b)
     if st.zero_state >= 3:
-        weights = b * (shard + deepspeed_gathered(st, units))
-    return weights, grads
+        fwd_gathered, bwd_gathered = deepspeed_gathered(st, units)
+        weights, bwd_weights = b * (shard + fwd_gathered), b * (shard + bwd_gathered)
+    if st.micro_batch_num == 1:
+        fwd = 0.0
+        bwd = bucket if st.zero_state == 1 else b * shard + bucket
+    else:
+        fwd = deepspeed_all_grads(st, stage, shard) - (bucket if st.zero_state == 2 else 0.0)
+        # stage 2 reduces a later micro-batch's gradients into a partition of their own
+        # beside the accumulated one (two partition-sized buffers in its backward, measured)
+        bwd = deepspeed_all_grads(st, stage, shard) + (b * shard if st.zero_state == 2 else 0.0)
+    return weights, fwd, bwd - fwd + bwd_weights - weights
 
 
-def deepspeed_gathered(st: StrategyConfig, units: list[int]) -> float:
-    """The most parameters (elements) DeepSpeed ZeRO-3 holds gathered
+def _bucket(st: StrategyConfig) -> float:
+    """Elements of the reduce bucket(s): ``reduce_bucket_size`` allocated whole, whatever
+    the model's size (``stage_1_and_2.py::setup_buckets``, ``stage3.py``'s IPG buffer; 5e8
+    by default: 1 GB in bf16), two at stages 1-2 with ``overlap_comm`` (one fills while the
+    other reduces; stage 3 keeps one)."""
+    return st.ds_reduce_bucket_size * (2 if st.ds_overlap and st.zero_state < 3 else 1)
+
+
+def deepspeed_all_grads(st: StrategyConfig, stage: Stage, shard: float) -> float:
+    """Bytes of DeepSpeed's gradients with all of them allocated: stage 1 every
+    parameter's, stages 2-3 the rank's partition, in the model dtype (``grads_in_partition``
+    / ``grad_partitions_flat_buffer``), and the reduce bucket(s)."""
+    return st.dtype_bytes * ((stage.params if st.zero_state < 2 else shard) + _bucket(st))
+
+
+def deepspeed_gathered(st: StrategyConfig, units: list[int]) -> tuple[float, float]:
+    """The most parameters (elements) DeepSpeed ZeRO-3 holds gathered in a forward and in a
+    backward
     (``partitioned_param_coordinator.py``), of a stage whose units hold ``units`` parameters
     in forward order: the module being run (at most the largest unit) and what the prefetcher has gathered after it, the next parameters of the
     trace up to ``stage3_prefetch_bucket_size`` elements across as many modules as fit; and
@@ -51,9 +85,9 @@ def deepspeed_gathered(st: StrategyConfig, units: list[int]) -> float:
     ``AllGatherCoalescedHandle.wait``: ``param.data = torch.cat(partitions)``); the buffer
     lives until the group's last parameter is copied, so one group's flat buffer, up to the
     prefetch bucket, sits beside the copies (the 11.7 M model, gathered in one group, held
-    it twice in its forward). With one micro-batch per step that forward has no gradient
-    partition or reduce bucket yet (allocated in the backward, freed by the step), which
-    the states count throughout."""
+    it twice in its forward). A backward starts from the kept units and the prefetch beyond
+    them, and fills a group's buffer only for units not kept (the 11.7 M model, all kept,
+    held it once in its backward)."""
     layer = max(units, default=0)
     total = float(sum(units))
     pf = st.ds_prefetch_bucket_size
@@ -62,8 +96,9 @@ def deepspeed_gathered(st: StrategyConfig, units: list[int]) -> float:
         if 2 * behind < st.ds_max_reuse_distance:
             kept += n
         behind += n
-    copies = min(total, max(layer + min(pf, total - layer), kept + min(pf, total - kept)))
-    return copies + min(pf, total)
+    turn = min(total, kept + min(pf, total - kept))
+    copies = max(min(total, layer + min(pf, total - layer)), turn)
+    return copies + min(pf, total), turn + min(pf, total - kept)
 
 
 def deepspeed_step(st: StrategyConfig, stage: Stage, shard: float, kept: float, device_share: float) -> float:

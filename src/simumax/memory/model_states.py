@@ -12,7 +12,7 @@ from simumax.dp.sharding_plan import ShardingPlan
 from simumax.graph import fp8
 from simumax.graph.kernels import GroupGemm
 from simumax.graph.ops import Op, Stage
-from simumax.memory.deepspeed_states import deepspeed_states, deepspeed_step
+from simumax.memory.deepspeed_states import deepspeed_all_grads, deepspeed_states, deepspeed_step
 
 ADAM_STATE_BYTES = 8  # fp32 exp_avg + exp_avg_sq
 FP32 = 4
@@ -35,6 +35,11 @@ class ModelStates:
     # gradient partition, ``deepspeed_step``); 0: never
     optimizer_step: float = 0.0
     reduce_frees: float = 0.0  # share of the stored activations backward has freed at that moment
+    # how the states at the worst moment of a backward pass differ from the forward's:
+    # buffers a sharded optimizer allocates from a backward's first weight gradient and
+    # frees in the step, parameters gathered differently (DeepSpeed's reduce buckets,
+    # gradient partition and ZeRO-3 gathers, ``deepspeed_states``); 0: the same
+    backward_extra: float = 0.0
 
     @property
     def total(self) -> float:
@@ -210,7 +215,8 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
         weights = stored_param_bytes(st, total, fp8_weight_params(stage))
     grads = float(total * st.main_grad_bytes)
     if st.fsdp_impl == "deepspeed":  # stages 1-3 (the strategy rules ask zero_state >= 1)
-        weights, grads = deepspeed_states(st, stage, shard_params(st, stage), list(unit_params(stage).values()))
+        weights, grads, backward_extra = deepspeed_states(st, stage, shard_params(st, stage),
+                                                          list(unit_params(stage).values()))
     elif st.zero_state >= 2:
         shard = shard_params(st, stage)
         layer = largest_layer_params(stage)
@@ -226,9 +232,10 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
         # stage 1: at the end of the backward, with every gradient still held, the partition's
         # gradients are copied into a flat buffer of their own (one torch.empty after the last
         # weight gradient, measured: docs/calibration/deepspeed_cpu), which the step then casts
-        end = states.total + st.dtype_bytes * shard if st.zero_state == 1 else 0.0
+        every = deepspeed_all_grads(st, stage, shard)  # (states.grads after a first micro-batch)
+        end = weights + opt + te + every + st.dtype_bytes * shard if st.zero_state == 1 else 0.0
         step = deepspeed_step(st, stage, shard, float(opt) + te, device_optimizer_share(st))
-        return replace(states, end_of_backward=end, optimizer_step=step)
+        return replace(states, end_of_backward=end, optimizer_step=step, backward_extra=backward_extra)
     if st.main_grad_bytes != FP32 and not te_fused_adam_masters(st) and st.optimizer != "muon":
         # Megatron's step: an fp32 copy of each bf16 / fp16 main-gradient shard it steps, held
         # until zero_grad (optimizer.py / distrib_optimizer.py, _copy_model_grads_to_main_grads:

@@ -18,16 +18,22 @@ if TYPE_CHECKING:
 
 PHASE_NAMES = {"F": "fwd", "B": "bwd", "W": "wgrad"}
 STEP_MOMENT = "fp32 copies of the gradients"  # peak_path op of phase "step" (ModelStates.optimizer_step)
+# the walk's worst backward / forward pass, where the states differ between them (ModelStates.backward_extra)
+BACKWARD_MOMENT, FORWARD_MOMENT = "backward pass", "forward pass"
 
 
 def stage_peak(states: ModelStates, act: RankActivations, stage: Stage) -> tuple[float, str]:
-    """A rank's peak bytes: its model states plus its activation walk's worst moment, or,
-    where a sharded implementation's backward buffers outweigh the forward's transients
+    """A rank's peak bytes: its model states plus its activation walk's worst moment, or its
+    worst backward pass with the buffers a backward adds to the states (``backward_extra``:
+    DeepSpeed's), or, where a sharded implementation's backward buffers outweigh the forward's transients
     (memory/model_states.py ``fsdp2_states``, ``megatron_fsdp_states``), that moment,
     named. By then the output layer's and the loss's saved tensors are gone (the ops after
     the stage's last layers), and ``reduce_frees`` of the rest. Megatron's optimizer step over
     bf16 / fp16 gradients can outweigh both (``optimizer_step``: all bytes held then)."""
     peak, moment = states.total + act.peak, ""
+    if states.backward_extra:
+        fwd, bwd = states.total + act.fwd_peak, states.total + states.backward_extra + act.bwd_peak
+        peak, moment = (bwd, BACKWARD_MOMENT) if bwd > fwd else (fwd, FORWARD_MOMENT)
     if not (states.reduce_extra or states.end_of_backward or states.optimizer_step):
         return peak, moment
     held = act.stored_peak - sum(o.saved_bytes for o in stage.parts[-1].ops) if stage.parts else act.stored_peak
@@ -50,14 +56,18 @@ def memory_result(est: "Estimate") -> MemResult:
     for s, act in zip(est.stages, acts):
         states = model_states(st, s, est.system.sys_name)
         stored = sum(est.chunk_walks[c.vstage].stored for c in est.chunks if c.index == s.index) / v
-        t = act.peak_task
-        n = act.in_flight_at_peak / v
+        peak, sharded_moment = stage_peak(states, act, s)
+        t, n, activations = act.peak_task, act.in_flight_at_peak / v, act.peak
+        if sharded_moment in (FORWARD_MOMENT, BACKWARD_MOMENT):  # the pass the states' phase picked
+            fwd = sharded_moment == FORWARD_MOMENT
+            t = act.fwd_peak_task if fwd else act.bwd_peak_task
+            n = (act.fwd_in_flight if fwd else act.bwd_in_flight) / v
+            activations = act.fwd_peak if fwd else act.bwd_peak
         op = ""
         if t is not None:
             w = est.chunk_walks[t.vstage]
             op = op_name_at(next(c for c in est.chunks if c.vstage == t.vstage),
                             w.fwd_peak_at if t.kind == "F" else w.bwd_peak_at)
-        peak, sharded_moment = stage_peak(states, act, s)
         path = {
             "phase": PHASE_NAMES.get(t.kind, "") if t else "",
             "op": op, "in_flight": float(n), "micro_batch": t.mb if t else None,
@@ -65,7 +75,7 @@ def memory_result(est: "Estimate") -> MemResult:
         }
         if sharded_moment == STEP_MOMENT:  # the optimizer step, after the backward: no activations
             path = {"phase": "step", "op": sharded_moment, "in_flight": 0.0, "micro_batch": None, "vstage": None}
-        elif sharded_moment:
+        elif sharded_moment not in ("", FORWARD_MOMENT, BACKWARD_MOMENT):
             path = {"phase": "bwd", "op": sharded_moment, "in_flight": float(n),
                     "micro_batch": st.micro_batch_num - 1, "vstage": 0}
         out.append(
@@ -73,7 +83,7 @@ def memory_result(est: "Estimate") -> MemResult:
                 stage=s.index, layers=len(s.layers), params=s.params, weights=states.weights, grads=states.grads,
                 optimizer=states.optimizer, te_buffers=states.te_buffers, model_mem=states.total,
                 fwd_activation_cache_per_micro_batch=stored, in_flight_micro_batches=n,
-                activation_mem=act.peak, stored_activation_mem=act.stored_peak, peak_mem=peak, peak_mem_with_reserved=peak / st.mem_factor,
+                activation_mem=activations, stored_activation_mem=act.stored_peak, peak_mem=peak, peak_mem_with_reserved=peak / st.mem_factor,
                 peak_path=path,
             )
         )

@@ -22,6 +22,14 @@ class RankActivations:
     peak_task: Task | None = None
     in_flight_at_peak: int = 0  # (chunk, micro-batch) activations held then, this pass included
     stored_peak: float = 0.0  # most bytes held between passes (stored activations only, no pass transients)
+    # the worst moment of a forward pass and of a backward one (peak is the larger), for
+    # states that differ between the two (ModelStates.backward_extra)
+    fwd_peak: float = 0.0
+    fwd_peak_task: Task | None = None
+    fwd_in_flight: int = 0
+    bwd_peak: float = 0.0
+    bwd_peak_task: Task | None = None
+    bwd_in_flight: int = 0
     timeline: list[tuple[float, float]] = field(default_factory=list)  # (seconds, bytes), when times given
 
 
@@ -38,6 +46,7 @@ def walk_schedule(
     held = 0.0
     n_held = 0
     peak, peak_task, at_peak, stored_peak = 0.0, None, 0, 0.0
+    fwd_peak_seen, fwd_task, fwd_at, bwd_peak_seen, bwd_task, bwd_at = 0.0, None, 0, 0.0, None, 0
     timeline: list[tuple[float, float]] = []
     for t in order:
         kind = t[0]
@@ -45,9 +54,13 @@ def walk_schedule(
         if kind == FORWARD:
             here, n = held + fwd_peak, n_held + 1
             after, n_after = held + stored, n_held + 1
+            if here > fwd_peak_seen:
+                fwd_peak_seen, fwd_task, fwd_at = here, t, n
         elif kind == BACKWARD:
             here, n = held - stored + bwd_peak, n_held
             after, n_after = held - stored + kept, n_held - 1
+            if here > bwd_peak_seen:
+                bwd_peak_seen, bwd_task, bwd_at = here, t, n
         else:  # W: the kept inputs and output gradients are read, then freed
             here, n = held, n_held
             after, n_after = held - kept, n_held
@@ -59,4 +72,6 @@ def walk_schedule(
         held, n_held = after, n_after
         if held > stored_peak:
             stored_peak = held
-    return RankActivations(peak, peak_task, at_peak, stored_peak, timeline)
+    return RankActivations(peak, peak_task, at_peak, stored_peak, timeline=timeline, fwd_peak=fwd_peak_seen,
+                           fwd_peak_task=fwd_task, fwd_in_flight=fwd_at, bwd_peak=bwd_peak_seen, bwd_peak_task=bwd_task,
+                           bwd_in_flight=bwd_at)
