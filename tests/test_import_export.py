@@ -314,6 +314,21 @@ def test_export_of_a_recompute_megatron_cannot_express_is_a_config_error() -> No
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
+def test_export_of_selective_recompute_on_some_layers_is_a_config_error() -> None:
+    """SimuMax's selective granularities honour recompute_layer_num; Megatron's selective
+    recompute (--recompute-modules) applies to every layer, so a count below the model
+    chunk's layers has no flag: a ConfigError naming the field, not flags that recompute
+    more than the estimate did. Every layer (null, or at least the chunk's count) exports."""
+    m = load_model("llama3-8b")  # 32 layers, one chunk
+    base = load_strategy("tp2_pp1_dp4_mbs1_selective_recompute")  # SimuMax's file: recompute_layer_num 12
+    for granularity in ("selective_recompute", "mlp_only", "sdp_only"):
+        st = base.with_updates({"recompute_granularity": granularity}, source="test")
+        with pytest.raises(ConfigError, match="recompute_layer_num"):
+            megatron_flags(st, m)
+        for every in (None, 32):
+            assert "--recompute-granularity selective" in megatron_flags(st.with_updates({"recompute_layer_num": every}), m)
+
+
 def test_megatron_flags_not_modelled_are_said_with_the_reason() -> None:
     """Flags with a real effect the model leaves out (garbage-collection timing, CUDA graphs)
     come back as one note per reason, not as "ignored"."""

@@ -292,7 +292,8 @@ def test_deepspeed_zero_memory_by_hand() -> None:
     s3 = _ds(3, ds_reduce_bucket_size=10**8).memory().stages[0]  # overlap_comm on by default at stage 3: one bucket
     assert s3.weights == pytest.approx(2 * (psi / 8 + head + 5 * 10**7 + 5 * 10**7))  # + a gather group's flat buffer
     assert (s3.grads, s3.optimizer) == pytest.approx((2 * (psi / 8 + 10**8), 12 * psi / 8))
-    for zero, backward in ((1, 2 * bucket), (2, 2 * (psi / 8 + bucket)), (3, 2 * (psi / 8 + bucket))):
+    # stages 1 and 3 hold the output layer's weight gradient in its .grad at the backward's peak
+    for zero, backward in ((1, 2 * (bucket + head)), (2, 2 * (psi / 8 + bucket)), (3, 2 * (psi / 8 + bucket + head))):
         # (stage 3's backward holds as many gathered parameters as its forward here: the kept
         # output layer, the largest unit, the 5e7 prefetched after it and one group's buffer)
         one = _ds(zero, micro_batch_num=1)
@@ -485,8 +486,8 @@ def test_deepspeed_step_against_deepspeed_on_cpu() -> None:
     (the first micro-batch's forward and backward; with two, the second's): every forward
     within 1.2 %, with no gradient buffer in the first (the step freed them) — the constant
     states had over-counted it by 7-9 % at ZeRO-3 — and every backward within 1.6 % but
-    ZeRO-3's second (-2 … -5 %: 1.9 MB more than its first, not modelled; its forward is the
-    peak)."""
+    ZeRO-3's second (-1.7 … -3.9 %: 1.9 MB more than its first, not modelled; its forward is
+    the peak)."""
     import json
     from pathlib import Path
 
@@ -522,7 +523,7 @@ def test_deepspeed_step_against_deepspeed_on_cpu() -> None:
         assert abs(err_fwd) < 0.012
         passes += 1
         if r["stage"] == 3 and mb:
-            assert -0.05 < err_bwd < -0.02
+            assert -0.045 < err_bwd < -0.015
         else:
             assert abs(err_bwd) < 0.017
         if r["peak"]["Total"] == r["step_peak"]["Total"] and r["seq"] == 4:  # the step: the cast's copies

@@ -235,6 +235,12 @@ def _recompute_flags(st: StrategyConfig, model: ModelConfig | None) -> list[str]
         f.append(_s("recompute_layer_num", n if n is not None else _max_chunk_layers(st, model)))
     elif mode == "selective" and st.recompute_granularity == "attn_only":
         raise ConfigError("recompute_granularity", "Megatron has no flag that recomputes the attention sub-block (attn_only)")
+    elif (mode == "selective" and model is not None and st.recompute_layer_num is not None
+          and st.recompute_layer_num < _max_chunk_layers(st, model)):
+        # (Megatron's --recompute-modules apply to every layer; the flags would mean more recompute)
+        raise ConfigError("recompute_layer_num", f"{st.recompute_layer_num} of the {_max_chunk_layers(st, model)} layers "
+                          "of a model chunk has no Megatron flag: its selective recompute applies to every layer; "
+                          "export with recompute_layer_num null (every layer)")
     elif mode == "selective" and st.recompute_granularity in ("mlp_only", "sdp_only"):
         mods = ["core_attn"] if st.recompute_granularity == "sdp_only" else ["mlp"] + (["moe"] if model is not None and model.is_moe else [])
         f += ["--recompute-granularity selective"] + (["--recompute-modules " + " ".join(mods)] if mods != ["core_attn"] else [])

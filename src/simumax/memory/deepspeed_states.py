@@ -25,7 +25,8 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list
     gradient partition and IPG buffer) and the backward allocates them again, the reduce
     bucket at the first weight gradient and stage 3's partition at the backward's start
     (``stage3.py``), stage 2's partition at its first reduce (``copy_grads_in_partition``),
-    which the backward's peak is taken to hold too. A later micro-batch's forward holds
+    which the backward's peak is taken to hold too, and stages 1 and 3 the backward's first
+    weight gradient in its parameter's ``.grad`` there. A later micro-batch's forward holds
     what the previous backward left: stage 1 every gradient and the bucket, stage 2 the
     partition (its bucket is released after each backward; its later backwards reduce
     into a second partition-sized buffer beside the accumulated one), stage 3 both.
@@ -48,6 +49,11 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list
         # stage 2 reduces a later micro-batch's gradients into a partition of their own
         # beside the accumulated one (two partition-sized buffers in its backward, measured)
         bwd = deepspeed_all_grads(st, stage, shard) + (b * shard if st.zero_state == 2 else 0.0)
+    if st.zero_state == 3 or (st.zero_state == 1 and st.micro_batch_num == 1):
+        # the backward's first weight gradient (the last unit's: the output layer's) in its
+        # .grad at the peak (stage 2 copies it into its bucket at once; stage 1's later
+        # backwards count every gradient already)
+        bwd += b * (units[-1] if units else 0)
     return weights, fwd, bwd - fwd + bwd_weights - weights
 
 
