@@ -54,16 +54,17 @@ def walk_schedule(
         if kind == FORWARD:
             here, n = held + fwd_peak, n_held + 1
             after, n_after = held + stored, n_held + 1
-            if here > fwd_peak_seen:
-                fwd_peak_seen, fwd_task, fwd_at = here, t, n
         elif kind == BACKWARD:
             here, n = held - stored + bwd_peak, n_held
             after, n_after = held - stored + kept, n_held - 1
-            if here > bwd_peak_seen:
-                bwd_peak_seen, bwd_task, bwd_at = here, t, n
         else:  # W: the kept inputs and output gradients are read, then freed
             here, n = held, n_held
             after, n_after = held - kept, n_held
+        if kind == FORWARD:
+            if here > fwd_peak_seen:
+                fwd_peak_seen, fwd_task, fwd_at = here, t, n
+        elif here > bwd_peak_seen:  # (B and W: the backward's states)
+            bwd_peak_seen, bwd_task, bwd_at = here, t, n
         if here > peak:
             peak, peak_task, at_peak = here, t, n
         if times is not None:
