@@ -150,6 +150,17 @@ def test_memory_walk_gives_1f1b_in_flight_counts() -> None:
     assert [s.in_flight_micro_batches for s in few.memory().stages] == [2, 2, 2, 1]
 
 
+@pytest.mark.parametrize("kw", [{}, {"interleaving_size": 2}, {"pp_schedule": "zb"}, {"pp_schedule": "dualpipev"}])
+def test_the_worst_forward_and_backward_passes_make_the_walks_peak(kw: dict) -> None:
+    """The walk's worst forward pass and worst backward pass (B and a split backward's W),
+    which states that differ between the two read (ModelStates.backward_extra), are the
+    peak's two sides: the larger is the peak, on every rank of every schedule."""
+    est = _est(pp_size=4, micro_batch_num=8, **kw)
+    for act in est.activation_walks():
+        assert act.peak == max(act.fwd_peak, act.bwd_peak) and act.fwd_peak > 0 and act.bwd_peak > 0
+        assert act.fwd_peak_task.kind == FORWARD and act.bwd_peak_task.kind != FORWARD
+
+
 def test_interleaving_raises_first_rank_memory_and_zb_keeps_it_bounded() -> None:
     plain = _est(pp_size=4, micro_batch_num=8).memory().stages[0].activation_mem
     vpp = _est(pp_size=4, micro_batch_num=8, interleaving_size=2).memory().stages[0].activation_mem
