@@ -281,15 +281,19 @@ def test_deepspeed_zero_memory_by_hand() -> None:
     s1 = z1.memory().stages[0]
     assert (s1.weights, s1.grads, s1.optimizer) == pytest.approx((2 * psi, 2 * (psi + bucket), 12 * psi / 8))
     small = _ds(2, ds_reduce_bucket_size=10**6)
-    assert small.memory().stages[0].grads == pytest.approx(2 * psi / 8)
     states = model_states(small.strategy, small.stages[0], H100.sys_name)
-    assert states.backward_extra == pytest.approx(2 * (10**6 + psi / 8))
-    s2 = _ds(2).memory().stages[0]
-    assert (s2.weights, s2.grads, s2.optimizer) == pytest.approx((2 * psi, 2 * psi / 8, 12 * psi / 8))
+    assert states.grads == pytest.approx(2 * psi / 8)
+    assert states.backward_grads == pytest.approx(2 * (10**6 + psi / 8)) and states.backward_weights == 0.0
+    at_peak = small.memory().stages[0]  # its backward: the table shows the backward's gradients
+    assert at_peak.peak_path["phase"] == "bwd" and at_peak.grads == pytest.approx(states.grads + states.backward_grads)
+    s2 = _ds(2)
+    states = model_states(s2.strategy, s2.stages[0], H100.sys_name)
+    assert (states.weights, states.grads, states.optimizer) == pytest.approx((2 * psi, 2 * psi / 8, 12 * psi / 8))
     s2o = _ds(2, ds_overlap_comm=True)
     states = model_states(s2o.strategy, s2o.stages[0], H100.sys_name)
     assert states.backward_extra == pytest.approx(2 * (2 * bucket + psi / 8))  # a second bucket fills while one reduces
-    s3 = _ds(3, ds_reduce_bucket_size=10**8).memory().stages[0]  # overlap_comm on by default at stage 3: one bucket
+    s3 = _ds(3, ds_reduce_bucket_size=10**8)  # overlap_comm on by default at stage 3: one bucket
+    s3 = model_states(s3.strategy, s3.stages[0], H100.sys_name)
     assert s3.weights == pytest.approx(2 * (psi / 8 + head + 5 * 10**7 + 5 * 10**7))  # + a gather group's flat buffer
     assert (s3.grads, s3.optimizer) == pytest.approx((2 * (psi / 8 + 10**8), 12 * psi / 8))
     # stages 1 and 3 hold the output layer's weight gradient in its .grad at the backward's peak

@@ -11,12 +11,13 @@ from simumax.graph.ops import Stage
 FP32 = 4
 
 
-def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list[int]) -> tuple[float, float, float]:
-    """(weights, gradients, backward change) of DeepSpeed ZeRO-1/2/3 with bf16 (the ZeRO
-    paper's 2 + 2 + 12 bytes per parameter, Rajbhandari et al. SC'20 Fig. 1, and its
-    buffers): the parameter and gradient bytes held at a forward's peak, and how a
-    backward's differ (``ModelStates.backward_extra``: the gradients it adds, and at stage
-    3 its gathered parameters, ``deepspeed_gathered``).
+def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float,
+                     units: list[int]) -> tuple[float, float, float, float]:
+    """(weights, gradients, backward weights, backward gradients) of DeepSpeed ZeRO-1/2/3
+    with bf16 (the ZeRO paper's 2 + 2 + 12 bytes per parameter, Rajbhandari et al. SC'20
+    Fig. 1, and its buffers): the parameter and gradient bytes held at a forward's peak,
+    and how a backward's differ (``ModelStates.backward_weights``: stage 3's gathered
+    parameters, ``deepspeed_gathered``; ``backward_grads``: the gradients it adds).
 
     Gradients (``deepspeed_all_grads``): stage 1 every parameter's, stages 2-3 the rank's
     partition, in the model dtype, plus the reduce bucket(s). None of them exists in the
@@ -54,7 +55,7 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list
         # .grad at the peak (stage 2 copies it into its bucket at once; stage 1's later
         # backwards count every gradient already)
         bwd += b * (units[-1] if units else 0)
-    return weights, fwd, bwd - fwd + bwd_weights - weights
+    return weights, fwd, bwd_weights - weights, bwd - fwd
 
 
 def _bucket(st: StrategyConfig) -> float:

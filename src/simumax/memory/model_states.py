@@ -36,14 +36,19 @@ class ModelStates:
     optimizer_step: float = 0.0
     reduce_frees: float = 0.0  # share of the stored activations backward has freed at that moment
     # how the states at the worst moment of a backward pass differ from the forward's:
-    # buffers a sharded optimizer allocates from a backward's first weight gradient and
-    # frees in the step, parameters gathered differently (DeepSpeed's reduce buckets,
-    # gradient partition and ZeRO-3 gathers, ``deepspeed_states``); 0: the same
-    backward_extra: float = 0.0
+    # gradient buffers a sharded optimizer allocates from a backward's first weight gradient
+    # and frees in the step, parameters gathered differently (DeepSpeed's reduce buckets and
+    # gradient partition, ZeRO-3's gathers: ``deepspeed_states``); 0: the same
+    backward_grads: float = 0.0
+    backward_weights: float = 0.0
 
     @property
     def total(self) -> float:
         return self.weights + self.grads + self.optimizer + self.te_buffers
+
+    @property
+    def backward_extra(self) -> float:
+        return self.backward_grads + self.backward_weights
 
 
 STATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}  # per element (fp8 moments' per-tensor scale left out)
@@ -215,8 +220,8 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
         weights = stored_param_bytes(st, total, fp8_weight_params(stage))
     grads = float(total * st.main_grad_bytes)
     if st.fsdp_impl == "deepspeed":  # stages 1-3 (the strategy rules ask zero_state >= 1)
-        weights, grads, backward_extra = deepspeed_states(st, stage, shard_params(st, stage),
-                                                          list(unit_params(stage).values()))
+        weights, grads, backward_weights, backward_grads = deepspeed_states(st, stage, shard_params(st, stage),
+                                                                            list(unit_params(stage).values()))
     elif st.zero_state >= 2:
         shard = shard_params(st, stage)
         layer = largest_layer_params(stage)
@@ -235,7 +240,8 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
         every = deepspeed_all_grads(st, stage, shard)  # (states.grads after a first micro-batch)
         end = weights + opt + te + every + st.dtype_bytes * shard if st.zero_state == 1 else 0.0
         step = deepspeed_step(st, stage, shard, float(opt) + te, device_optimizer_share(st))
-        return replace(states, end_of_backward=end, optimizer_step=step, backward_extra=backward_extra)
+        return replace(states, end_of_backward=end, optimizer_step=step, backward_grads=backward_grads,
+                       backward_weights=backward_weights)
     if st.main_grad_bytes != FP32 and not te_fused_adam_masters(st) and st.optimizer != "muon":
         # Megatron's step: an fp32 copy of each bf16 / fp16 main-gradient shard it steps, held
         # until zero_grad (optimizer.py / distrib_optimizer.py, _copy_model_grads_to_main_grads:

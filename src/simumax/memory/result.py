@@ -63,6 +63,9 @@ def memory_result(est: "Estimate") -> MemResult:
             t = act.fwd_peak_task if fwd else act.bwd_peak_task
             n = (act.fwd_in_flight if fwd else act.bwd_in_flight) / v
             activations = act.fwd_peak if fwd else act.bwd_peak
+        weights, grads = states.weights, states.grads
+        if sharded_moment == BACKWARD_MOMENT:  # the backward's states
+            weights, grads = weights + states.backward_weights, grads + states.backward_grads
         op = ""
         if t is not None:
             w = est.chunk_walks[t.vstage]
@@ -80,8 +83,9 @@ def memory_result(est: "Estimate") -> MemResult:
                     "micro_batch": st.micro_batch_num - 1, "vstage": 0}
         out.append(
             StageMemory(
-                stage=s.index, layers=len(s.layers), params=s.params, weights=states.weights, grads=states.grads,
-                optimizer=states.optimizer, te_buffers=states.te_buffers, model_mem=states.total,
+                stage=s.index, layers=len(s.layers), params=s.params, weights=weights, grads=grads,
+                optimizer=states.optimizer, te_buffers=states.te_buffers,
+                model_mem=weights + grads + states.optimizer + states.te_buffers,
                 fwd_activation_cache_per_micro_batch=stored, in_flight_micro_batches=n,
                 activation_mem=activations, stored_activation_mem=act.stored_peak, peak_mem=peak, peak_mem_with_reserved=peak / st.mem_factor,
                 peak_path=path,

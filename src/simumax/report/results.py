@@ -71,7 +71,7 @@ class StageMemory(_ToDict):
     stage: int
     layers: int
     params: int
-    weights: float  # bytes
+    weights: float  # bytes (at the peak's moment, where a backward holds other states: DeepSpeed's)
     grads: float
     optimizer: float
     te_buffers: float
