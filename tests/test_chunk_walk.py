@@ -12,7 +12,7 @@ from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 from simumax.memory.activation_walk import walk
-from simumax.memory.chunk_walk import op_name_at
+from simumax.memory.chunk_walk import op_name_at, params_after
 from tests.test_invariants import pairs
 
 
@@ -23,6 +23,9 @@ def _same_walks(est: Estimate) -> None:
         assert (got.stored, got.fwd_peak, got.bwd_peak) == (full.stored, full.fwd_peak, full.bwd_peak), chunk.vstage
         assert (got.fwd_peak_at, got.bwd_peak_at) == (full.fwd_peak_at, full.bwd_peak_at), chunk.vstage
         assert (op_name_at(chunk, got.fwd_peak_at), op_name_at(chunk, got.bwd_peak_at)) == (full.fwd_peak_op, full.bwd_peak_op)
+        ops = chunk.ops  # the weight gradients a backward has made on reaching each op: those of the ops after it
+        for at in {0, got.fwd_peak_at, got.bwd_peak_at, len(ops) // 2, len(ops) - 1} - {-1}:
+            assert params_after(chunk, at) == sum(o.params for o in ops[at + 1:]), at
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

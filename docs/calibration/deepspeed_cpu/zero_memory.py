@@ -130,11 +130,12 @@ DEFAULTS = {"DS_SEQ": "32", "DS_FUSED": "1", "DS_MOMENTS": "1", "DS_PHASES": "1"
 
 def grid(path: Path) -> None:
     """Stages 1-3 on 2, 4 and 8 ranks with GRID's settings, stage 3 again with two
-    micro-batches, stages 1, 2 and 2 with overlap_comm with two on 2 ranks, then DEFAULTS'
-    four runs, one JSON line each."""
+    micro-batches, stages 1, 2 and 2 with overlap_comm with two on 2 ranks, stage 2 at 512
+    tokens, then DEFAULTS' four runs, one JSON line each."""
     runs = [(GRID, stage, world, False) for stage in (1, 2, 3) for world in (2, 4, 8)]
     runs += [({**GRID, "DS_GAS": "2"}, 3, world, False) for world in (2, 4, 8)]  # ZeRO-3, two micro-batches
     runs += [({**GRID, "DS_GAS": "2"}, stage, 2, overlap) for stage, overlap in ((1, False), (2, False), (2, True))]
+    runs += [({**GRID, "DS_SEQ": "512"}, 2, 2, False)]  # ZeRO-2 whose backward peaks before its first reduce
     runs += [(DEFAULTS, stage, 2, overlap) for stage, overlap in ((1, False), (2, False), (2, True), (3, False))]
     with path.open("w") as f:
         for settings, stage, world, overlap in runs:

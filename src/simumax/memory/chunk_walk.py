@@ -115,3 +115,20 @@ def op_name_at(chunk: Stage, position: int) -> str:
             return p.ops[position].name
         position -= n * p.times
     raise IndexError("op position past the chunk")
+
+
+def params_after(chunk: Stage, position: int) -> int:
+    """Parameters of the chunk's ops after ``position`` in forward order: the weight
+    gradients a backward has made when it reaches the op there (-1: none reached)."""
+    if position < 0:
+        return 0
+    before = 0
+    for p in chunk.parts:
+        n = len(p.ops)
+        per_layer = sum(o.params for o in p.ops)
+        if position < n * p.times:
+            done, at = divmod(position, n)  # (a run's layers have the same ops)
+            return chunk.params - before - done * per_layer - sum(o.params for o in p.ops[:at + 1])
+        before += per_layer * p.times
+        position -= n * p.times
+    return 0

@@ -5,19 +5,28 @@ assembles them; docs/modeling.md, "DeepSpeed ZeRO"."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from simumax.config.strategy import StrategyConfig
 from simumax.graph.ops import Stage
 
 FP32 = 4
 
 
-def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float,
-                     units: list[int]) -> tuple[float, float, float, float]:
-    """(weights, gradients, backward weights, backward gradients) of DeepSpeed ZeRO-1/2/3
-    with bf16 (the ZeRO paper's 2 + 2 + 12 bytes per parameter, Rajbhandari et al. SC'20
-    Fig. 1, and its buffers): the parameter and gradient bytes held at a forward's peak,
-    and how a backward's differ (``ModelStates.backward_weights``: stage 3's gathered
-    parameters, ``deepspeed_gathered``; ``backward_grads``: the gradients it adds).
+class DeepSpeedStates(NamedTuple):
+    weights: float  # parameter bytes at a forward's peak
+    grads: float  # gradient bytes at a forward's peak
+    backward_weights: float  # a backward's change of the parameter bytes (stage 3's gathers)
+    backward_grads: float  # gradient bytes a backward adds from its first weight gradient
+    reduce_buffer: float  # gradient bytes a backward adds at its first reduce (stage 2's partition)
+
+
+def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list[int]) -> DeepSpeedStates:
+    """The states of DeepSpeed ZeRO-1/2/3 with bf16 (the ZeRO paper's 2 + 2 + 12 bytes per
+    parameter, Rajbhandari et al. SC'20 Fig. 1, and its buffers): the parameter and
+    gradient bytes held at a forward's peak, and how a backward's differ (``ModelStates``'
+    ``backward_weights``: stage 3's gathered parameters, ``deepspeed_gathered``;
+    ``backward_grads`` and ``reduce_buffer``: the gradients it adds).
 
     Gradients (``deepspeed_all_grads``): stage 1 every parameter's, stages 2-3 the rank's
     partition, in the model dtype, plus the reduce bucket(s). None of them exists in the
@@ -25,9 +34,10 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float,
     ``.grad``, stage 2 ``averaged_gradients`` / ``grads_in_partition``, stage 3 its
     gradient partition and IPG buffer) and the backward allocates them again, the reduce
     bucket at the first weight gradient and stage 3's partition at the backward's start
-    (``stage3.py``), stage 2's partition at its first reduce (``copy_grads_in_partition``),
-    which the backward's peak is taken to hold too, and stages 1 and 3 the backward's first
-    weight gradient in its parameter's ``.grad`` there. A later micro-batch's forward holds
+    (``stage3.py``), stage 2's partition at its first reduce (``copy_grads_in_partition``,
+    once the bucket overflows: ``reduce_buffer``, held at the backward's worst moment only
+    where the gradients made by then exceed a bucket), and stages 1 and 3 hold the
+    backward's first weight gradient in its parameter's ``.grad`` at that moment. A later micro-batch's forward holds
     what the previous backward left: stage 1 every gradient and the bucket, stage 2 the
     partition (its bucket is released after each backward; its later backwards reduce
     into a second partition-sized buffer beside the accumulated one), stage 3 both.
@@ -42,20 +52,22 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float,
     if st.zero_state >= 3:
         fwd_gathered, bwd_gathered = deepspeed_gathered(st, units)
         weights, bwd_weights = b * (shard + fwd_gathered), b * (shard + bwd_gathered)
+    # stage 2's partition (with one micro-batch), or the partition its later backwards reduce
+    # into beside the accumulated one (two partition-sized buffers in them, measured), comes
+    # at the first reduce
+    at_reduce = b * shard if st.zero_state == 2 else 0.0
     if st.micro_batch_num == 1:
         fwd = 0.0
-        bwd = bucket if st.zero_state == 1 else b * shard + bucket
+        bwd = bucket if st.zero_state < 3 else b * shard + bucket
     else:
         fwd = deepspeed_all_grads(st, stage, shard) - (bucket if st.zero_state == 2 else 0.0)
-        # stage 2 reduces a later micro-batch's gradients into a partition of their own
-        # beside the accumulated one (two partition-sized buffers in its backward, measured)
-        bwd = deepspeed_all_grads(st, stage, shard) + (b * shard if st.zero_state == 2 else 0.0)
+        bwd = deepspeed_all_grads(st, stage, shard)
     if st.zero_state == 3 or (st.zero_state == 1 and st.micro_batch_num == 1):
         # the backward's first weight gradient (the last unit's: the output layer's) in its
         # .grad at the peak (stage 2 copies it into its bucket at once; stage 1's later
         # backwards count every gradient already)
         bwd += b * (units[-1] if units else 0)
-    return weights, fwd, bwd_weights - weights, bwd - fwd
+    return DeepSpeedStates(weights, fwd, bwd_weights - weights, bwd - fwd, at_reduce)
 
 
 def _bucket(st: StrategyConfig) -> float:

@@ -27,7 +27,8 @@ class ModelStates:
     # FSDP2 (``fsdp2_states``), where its backward can outweigh the forward peak: bytes added
     # to the states while the output layer reduce-scatters (the stored activations still
     # held), and all bytes held at the end of the backward (activations freed; also DeepSpeed
-    # ZeRO-1's, with its flat gradient partition); 0: never
+    # ZeRO-1's, with its flat gradient partition, and ZeRO-2's, its last reduce filling the
+    # partition); 0: never
     reduce_extra: float = 0.0
     end_of_backward: float = 0.0
     # all bytes held in the optimizer step where it can outweigh both (Megatron's optimizers
@@ -41,6 +42,11 @@ class ModelStates:
     # gradient partition, ZeRO-3's gathers: ``deepspeed_states``); 0: the same
     backward_grads: float = 0.0
     backward_weights: float = 0.0
+    # a gradient buffer a backward allocates at its first reduce, once more than
+    # ``reduce_after`` gradient elements have come (DeepSpeed ZeRO-2's partition): held at
+    # the backward's worst moment only where the weight gradients made by then exceed it
+    reduce_buffer: float = 0.0
+    reduce_after: float = 0.0
 
     @property
     def total(self) -> float:
@@ -220,8 +226,8 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
         weights = stored_param_bytes(st, total, fp8_weight_params(stage))
     grads = float(total * st.main_grad_bytes)
     if st.fsdp_impl == "deepspeed":  # stages 1-3 (the strategy rules ask zero_state >= 1)
-        weights, grads, backward_weights, backward_grads = deepspeed_states(st, stage, shard_params(st, stage),
-                                                                            list(unit_params(stage).values()))
+        ds = deepspeed_states(st, stage, shard_params(st, stage), list(unit_params(stage).values()))
+        weights, grads = ds.weights, ds.grads
     elif st.zero_state >= 2:
         shard = shard_params(st, stage)
         layer = largest_layer_params(stage)
@@ -239,9 +245,12 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
         # weight gradient, measured: docs/calibration/deepspeed_cpu), which the step then casts
         every = deepspeed_all_grads(st, stage, shard)  # (states.grads after a first micro-batch)
         end = weights + opt + te + every + st.dtype_bytes * shard if st.zero_state == 1 else 0.0
+        if st.zero_state == 2:  # its last reduce, after the last weight gradient, fills the partition
+            end = states.total + ds.backward_weights + ds.backward_grads + ds.reduce_buffer
         step = deepspeed_step(st, stage, shard, float(opt) + te, device_optimizer_share(st))
-        return replace(states, end_of_backward=end, optimizer_step=step, backward_grads=backward_grads,
-                       backward_weights=backward_weights)
+        return replace(states, end_of_backward=end, optimizer_step=step, backward_grads=ds.backward_grads,
+                       backward_weights=ds.backward_weights, reduce_buffer=ds.reduce_buffer,
+                       reduce_after=float(st.ds_reduce_bucket_size))
     if st.main_grad_bytes != FP32 and not te_fused_adam_masters(st) and st.optimizer != "muon":
         # Megatron's step: an fp32 copy of each bf16 / fp16 main-gradient shard it steps, held
         # until zero_grad (optimizer.py / distrib_optimizer.py, _copy_model_grads_to_main_grads:

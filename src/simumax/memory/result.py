@@ -7,7 +7,8 @@ import math
 from typing import TYPE_CHECKING
 
 from simumax.graph.ops import Stage
-from simumax.memory.chunk_walk import op_name_at
+from simumax.memory.activation_walk import WalkResult
+from simumax.memory.chunk_walk import op_name_at, params_after
 from simumax.memory.model_states import ModelStates, model_states
 from simumax.memory.schedule_walk import RankActivations
 from simumax.report.results import MemResult, StageMemory
@@ -22,7 +23,22 @@ STEP_MOMENT = "fp32 copies of the gradients"  # peak_path op of phase "step" (Mo
 BACKWARD_MOMENT, FORWARD_MOMENT = "backward pass", "forward pass"
 
 
-def stage_peak(states: ModelStates, act: RankActivations, stage: Stage) -> tuple[float, str]:
+def backward_states(states: ModelStates, act: RankActivations, stage: Stage, walks: dict[int, WalkResult]) -> float:
+    """Bytes the states hold at the walk's worst backward moment beyond the forward's:
+    ``backward_extra``, and ``reduce_buffer`` once the weight gradients made before that
+    op's backward (its position in its chunk's walk, ``walks`` by virtual stage) exceed
+    ``reduce_after`` elements (one chunk per rank: DeepSpeed ZeRO-2)."""
+    extra = states.backward_extra
+    task = act.bwd_peak_task
+    if states.reduce_buffer and task is not None:
+        at = walks[task.vstage].bwd_peak_at if task.kind == "B" else -1
+        if at < 0 or params_after(stage, at) > states.reduce_after:  # (W: its weight gradients are being made)
+            extra += states.reduce_buffer
+    return extra
+
+
+def stage_peak(states: ModelStates, act: RankActivations, stage: Stage,
+               walks: dict[int, WalkResult]) -> tuple[float, str]:
     """A rank's peak bytes: its model states plus its activation walk's worst moment, or its
     worst backward pass with the buffers a backward adds to the states (``backward_extra``:
     DeepSpeed's), or, where a sharded implementation's backward buffers outweigh the forward's transients
@@ -31,8 +47,9 @@ def stage_peak(states: ModelStates, act: RankActivations, stage: Stage) -> tuple
     the stage's last layers), and ``reduce_frees`` of the rest. Megatron's optimizer step over
     bf16 / fp16 gradients can outweigh both (``optimizer_step``: all bytes held then)."""
     peak, moment = states.total + act.peak, ""
-    if states.backward_extra:
-        fwd, bwd = states.total + act.fwd_peak, states.total + states.backward_extra + act.bwd_peak
+    if states.backward_extra or states.reduce_buffer:
+        fwd = states.total + act.fwd_peak
+        bwd = states.total + backward_states(states, act, stage, walks) + act.bwd_peak
         peak, moment = (bwd, BACKWARD_MOMENT) if bwd > fwd else (fwd, FORWARD_MOMENT)
     if not (states.reduce_extra or states.end_of_backward or states.optimizer_step):
         return peak, moment
@@ -56,7 +73,7 @@ def memory_result(est: "Estimate") -> MemResult:
     for s, act in zip(est.stages, acts):
         states = model_states(st, s, est.system.sys_name)
         stored = sum(est.chunk_walks[c.vstage].stored for c in est.chunks if c.index == s.index) / v
-        peak, sharded_moment = stage_peak(states, act, s)
+        peak, sharded_moment = stage_peak(states, act, s, est.chunk_walks)
         t, n, activations = act.peak_task, act.in_flight_at_peak / v, act.peak
         if sharded_moment in (FORWARD_MOMENT, BACKWARD_MOMENT):  # the pass the states' phase picked
             fwd = sharded_moment == FORWARD_MOMENT
@@ -65,7 +82,8 @@ def memory_result(est: "Estimate") -> MemResult:
             activations = act.fwd_peak if fwd else act.bwd_peak
         weights, grads = states.weights, states.grads
         if sharded_moment == BACKWARD_MOMENT:  # the backward's states
-            weights, grads = weights + states.backward_weights, grads + states.backward_grads
+            weights = weights + states.backward_weights
+            grads = grads + backward_states(states, act, s, est.chunk_walks) - states.backward_weights
         op = ""
         if t is not None:
             w = est.chunk_walks[t.vstage]

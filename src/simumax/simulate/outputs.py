@@ -46,7 +46,7 @@ def simulate_to(
         SimRank(
             rank=r, end_of_backward=run.end_of_backward[r], end=run.end[r], busy=run.busy[r],
             bubble_fraction=max(0.0, 1.0 - run.busy[r] / run.end_of_backward[r]) if run.end_of_backward[r] else 0.0,
-            peak_mem=stage_peak(states[r], acts[r], est.stages[r])[0],
+            peak_mem=stage_peak(states[r], acts[r], est.stages[r], est.chunk_walks)[0],
         )
         for r in range(len(run.end))
     ]
