@@ -37,10 +37,11 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list
     (``stage3.py``), stage 2's partition at its first reduce (``copy_grads_in_partition``,
     once the bucket overflows: ``reduce_buffer``, held at the backward's worst moment only
     where the gradients made by then exceed a bucket), and stages 1 and 3 hold the
-    backward's first weight gradient in its parameter's ``.grad`` at that moment. A later micro-batch's forward holds
-    what the previous backward left: stage 1 every gradient and the bucket, stage 2 the
-    partition (its bucket is released after each backward; its later backwards reduce
-    into a second partition-sized buffer beside the accumulated one), stage 3 both.
+    backward's first weight gradient in its parameter's ``.grad`` at that moment. A later
+    micro-batch's forward holds what the previous backward left: stage 1 every gradient and
+    the bucket, stage 2 the partition (its bucket is released after each backward; its later
+    backwards reduce into a second partition-sized buffer beside the accumulated one, also
+    at the first reduce), stage 3 both.
     Measured phase by phase on DeepSpeed 0.19.8 on CPU (docs/calibration/deepspeed_cpu).
 
     ZeRO-1/2 keep every parameter; ZeRO-3 its partition plus the most it holds gathered

@@ -12,6 +12,7 @@ from simumax.memory.chunk_walk import op_name_at, params_after
 from simumax.memory.model_states import ModelStates, model_states
 from simumax.memory.schedule_walk import RankActivations
 from simumax.report.results import MemResult, StageMemory
+from simumax.schedule.tasks import BACKWARD
 from simumax.uncertainty import MEMORY_BAND
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 PHASE_NAMES = {"F": "fwd", "B": "bwd", "W": "wgrad"}
 STEP_MOMENT = "fp32 copies of the gradients"  # peak_path op of phase "step" (ModelStates.optimizer_step)
-# the walk's worst backward / forward pass, where the states differ between them (ModelStates.backward_extra)
+# the walk's worst backward / forward pass, where the states differ between them (ModelStates.backward_*)
 BACKWARD_MOMENT, FORWARD_MOMENT = "backward pass", "forward pass"
 
 
@@ -31,7 +32,7 @@ def backward_states(states: ModelStates, act: RankActivations, stage: Stage, wal
     extra = states.backward_extra
     task = act.bwd_peak_task
     if states.reduce_buffer and task is not None:
-        at = walks[task.vstage].bwd_peak_at if task.kind == "B" else -1
+        at = walks[task.vstage].bwd_peak_at if task.kind == BACKWARD else -1
         if at < 0 or params_after(stage, at) > states.reduce_after:  # (W: its weight gradients are being made)
             extra += states.reduce_buffer
     return extra
