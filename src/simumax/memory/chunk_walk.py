@@ -103,32 +103,39 @@ def _extrapolated(chunk: Stage, pre: list[Op], runs: list[StagePart], post: list
     return WalkResult(w0.stored + extra, w0.fwd_peak + extra, w0.bwd_peak + extra, "", "", fi, bi)
 
 
+def _locate(chunk: Stage, position: int) -> tuple[int, int, int] | None:
+    """Where the chunk's op at ``position`` is: (part index, layer of its run counted from the
+    run's first, op index in the part's ``ops``); None past the chunk."""
+    for i, p in enumerate(chunk.parts):
+        span = len(p.ops) * p.times
+        if position < span:
+            layer, at = divmod(position, len(p.ops))  # (a run's layers have the same ops)
+            return i, layer, at
+        position -= span
+    return None
+
+
 def op_name_at(chunk: Stage, position: int) -> str:
     """The name of the chunk's op at ``position`` ("" for -1), without making the others."""
     if position < 0:
         return ""
-    for p in chunk.parts:
-        n = len(p.ops)
-        if position < n * p.times:
-            if p.layers and p.expand is not None:
-                return p.expand(p.layers[position // n])[position % n].name
-            return p.ops[position].name
-        position -= n * p.times
-    raise IndexError("op position past the chunk")
+    where = _locate(chunk, position)
+    if where is None:
+        raise IndexError("op position past the chunk")
+    i, layer, at = where
+    p = chunk.parts[i]
+    if p.layers and p.expand is not None:
+        return p.expand(p.layers[layer])[at].name
+    return p.ops[at].name
 
 
 def params_after(chunk: Stage, position: int) -> int:
     """Parameters of the chunk's ops after ``position`` in forward order: the weight
     gradients a backward has made when it reaches the op there (-1: none reached)."""
-    if position < 0:
+    where = _locate(chunk, position) if position >= 0 else None
+    if where is None:
         return 0
-    before = 0
-    for p in chunk.parts:
-        n = len(p.ops)
-        per_layer = sum(o.params for o in p.ops)
-        if position < n * p.times:
-            done, at = divmod(position, n)  # (a run's layers have the same ops)
-            return chunk.params - before - done * per_layer - sum(o.params for o in p.ops[:at + 1])
-        before += per_layer * p.times
-        position -= n * p.times
-    return 0
+    i, layer, at = where
+    p = chunk.parts[i]
+    before = sum(sum(o.params for o in q.ops) * q.times for q in chunk.parts[:i])
+    return chunk.params - before - layer * sum(o.params for o in p.ops) - sum(o.params for o in p.ops[:at + 1])

@@ -140,5 +140,5 @@ def deepspeed_step(st: StrategyConfig, stage: Stage, shard: float, kept: float, 
     parameter keep that parameter's whole gradient, not modelled)."""
     b = st.dtype_bytes
     params = stage.params if st.zero_state < 3 else shard
-    bucket = st.ds_reduce_bucket_size if st.zero_state >= 3 else 0
+    bucket = _bucket(st) if st.zero_state >= 3 else 0
     return kept + b * (params + shard + bucket) + (b + FP32) * shard * device_share

@@ -226,7 +226,8 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
         weights = stored_param_bytes(st, total, fp8_weight_params(stage))
     grads = float(total * st.main_grad_bytes)
     if st.fsdp_impl == "deepspeed":  # stages 1-3 (the strategy rules ask zero_state >= 1)
-        ds = deepspeed_states(st, stage, shard_params(st, stage), list(unit_params(stage).values()))
+        shard = shard_params(st, stage)
+        ds = deepspeed_states(st, stage, shard, list(unit_params(stage).values()))
         weights, grads = ds.weights, ds.grads
     elif st.zero_state >= 2:
         shard = shard_params(st, stage)
@@ -239,13 +240,14 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
         return megatron_fsdp_states(st, stage, shard, layer, float(opt), te)
     states = ModelStates(weights=weights, grads=float(grads), optimizer=float(opt), te_buffers=te)
     if st.fsdp_impl == "deepspeed":
-        shard = shard_params(st, stage)
-        # stage 1: at the end of the backward, with every gradient still held, the partition's
-        # gradients are copied into a flat buffer of their own (one torch.empty after the last
-        # weight gradient, measured: docs/calibration/deepspeed_cpu), which the step then casts
-        every = deepspeed_all_grads(st, stage, shard)  # (states.grads after a first micro-batch)
-        end = weights + opt + te + every + st.dtype_bytes * shard if st.zero_state == 1 else 0.0
-        if st.zero_state == 2:  # its last reduce, after the last weight gradient, fills the partition
+        end = 0.0
+        if st.zero_state == 1:
+            # at the end of the backward, with every gradient still held, the partition's
+            # gradients are copied into a flat buffer of their own (one torch.empty after the
+            # last weight gradient, measured: docs/calibration/deepspeed_cpu), which the step
+            # then casts (every gradient: states.grads after a first micro-batch)
+            end = weights + opt + te + deepspeed_all_grads(st, stage, shard) + st.dtype_bytes * shard
+        elif st.zero_state == 2:  # its last reduce, after the last weight gradient, fills the partition
             end = states.total + ds.backward_weights + ds.backward_grads + ds.reduce_buffer
         step = deepspeed_step(st, stage, shard, float(opt) + te, device_optimizer_share(st))
         return replace(states, end_of_backward=end, optimizer_step=step, backward_grads=ds.backward_grads,
