@@ -56,6 +56,15 @@ def run(rank: int, world: int, stage: int, overlap: bool, q) -> None:
 
     model = load_model("llama3-8b").with_updates(small())
     deepspeed.init_distributed(dist_backend="gloo")
+    if stage == 3:
+        import deepspeed.comm as dcomm
+
+        def reduce_scatter_in_place(output_tensor, tensor, group=None, **kwargs):
+            """ZeRO-3's reduce-scatter as NCCL's allocates: nothing in PyTorch's allocator
+            (gloo's reduce_scatter_tensor copies its whole input, a CPU-only temporary)."""
+            dcomm.all_reduce(tensor, group=group)
+            output_tensor.copy_(tensor.chunk(dcomm.get_world_size(group))[dcomm.get_rank(group)])
+        dcomm.reduce_scatter_fn = reduce_scatter_in_place
     zero: dict[str, object] = {"stage": stage}
     if "DS_BUCKET" in os.environ:
         zero["reduce_bucket_size"] = int(os.environ["DS_BUCKET"])
@@ -79,9 +88,12 @@ def run(rank: int, world: int, stage: int, overlap: bool, q) -> None:
         engine.step()
     tracker = MemTracker()
     # tensors created before the tracker are seen only when handed to it: the fp32 master
-    # partitions, and at stage 3 the bf16 parameter partitions the parameters' ds_tensor view
+    # partitions, at stage 3 the bf16 parameter partitions the parameters' ds_tensor view, and
+    # stage 3's gradient partition and IPG bucket, allocated once when the optimizer is built
+    # (stage3.py) and kept: untracked, they would count only from the first op that touches them
     masters = getattr(opt, "single_partition_of_fp32_groups", None) or getattr(opt, "fp32_partitioned_groups_flat", [])
-    tracker.track_external(engine.module, opt.optimizer, *masters, *getattr(opt, "fp16_partitioned_groups_flat", []))
+    kept = [opt.grad_partitions_flat_buffer, *(b.buffer for b in opt.ipg_buckets.values())] if stage == 3 else []
+    tracker.track_external(engine.module, opt.optimizer, *masters, *getattr(opt, "fp16_partitioned_groups_flat", []), *kept)
     moments = {}
     if os.environ.get("DS_MOMENTS"):  # what is alive when the Adam update starts (after the fp32 gradient cast)
         inner = opt._optimizer_step

@@ -29,19 +29,19 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list
     ``backward_grads`` and ``reduce_buffer``: the gradients it adds).
 
     Gradients (``deepspeed_all_grads``): stage 1 every parameter's, stages 2-3 the rank's
-    partition, in the model dtype, plus the reduce bucket(s). None of them exists in the
-    first micro-batch's forward: the step frees them all (stage 1 the parameters'
-    ``.grad``, stage 2 ``averaged_gradients`` / ``grads_in_partition``, stage 3 its
-    gradient partition and IPG buffer) and the backward allocates them again, the reduce
-    bucket at the first weight gradient and stage 3's partition at the backward's start
-    (``stage3.py``), stage 2's partition at its first reduce (``copy_grads_in_partition``,
-    once the bucket overflows: ``reduce_buffer``, held at the backward's worst moment only
-    where the gradients made by then exceed a bucket), and stages 1 and 3 hold the
-    backward's first weight gradient in its parameter's ``.grad`` at that moment. A later
-    micro-batch's forward holds what the previous backward left: stage 1 every gradient and
-    the bucket, stage 2 the partition (its bucket is released after each backward; its later
-    backwards reduce into a second partition-sized buffer beside the accumulated one, also
-    at the first reduce), stage 3 both.
+    partition, in the model dtype, plus the reduce bucket(s). Stage 3 allocates its gradient
+    partition (``grad_partitions_flat_buffer``) and IPG bucket once, with the optimizer, and
+    keeps them (``stage3.py``; only ``offload_states`` frees them). At stages 1-2 none of
+    them exists in the first micro-batch's forward: the step frees them (stage 1 the
+    parameters' ``.grad``, stage 2 ``averaged_gradients`` / ``grads_in_partition``) and the
+    backward allocates them again, the reduce bucket at the first weight gradient, stage 2's
+    partition at its first reduce (``copy_grads_in_partition``, once the bucket overflows:
+    ``reduce_buffer``, held at the backward's worst moment only where the gradients made by
+    then exceed a bucket). Stages 1 and 3 hold the backward's first weight gradient in its
+    parameter's ``.grad`` at that moment. A later micro-batch's forward holds what the
+    previous backward left: stage 1 every gradient and the bucket, stage 2 the partition (its
+    bucket is released after each backward; its later backwards reduce into a second
+    partition-sized buffer beside the accumulated one, also at the first reduce).
     Measured phase by phase on DeepSpeed 0.19.8 on CPU (docs/calibration/deepspeed_cpu).
 
     ZeRO-1/2 keep every parameter; ZeRO-3 its partition plus the most it holds gathered
@@ -57,9 +57,10 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list
     # into beside the accumulated one (two partition-sized buffers in them, measured), comes
     # at the first reduce
     at_reduce = b * shard if st.zero_state == 2 else 0.0
-    if st.micro_batch_num == 1:
-        fwd = 0.0
-        bwd = bucket if st.zero_state < 3 else b * shard + bucket
+    if st.zero_state >= 3:  # allocated with the optimizer and kept
+        fwd = bwd = deepspeed_all_grads(st, stage, shard)
+    elif st.micro_batch_num == 1:
+        fwd, bwd = 0.0, bucket
     else:
         fwd = deepspeed_all_grads(st, stage, shard) - (bucket if st.zero_state == 2 else 0.0)
         bwd = deepspeed_all_grads(st, stage, shard)
