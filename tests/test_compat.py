@@ -139,7 +139,7 @@ def test_job_size_options_complete_a_strategy_file_before_its_rules_are_checked(
     assert (st2.dp_size, st2.micro_batch_num) == (16, 32)  # --gbs follows the DP the --set made
     with pytest.raises(ConfigError, match=r"tp8_pp4_vp2.json with --gbs: world_size"):
         load_job("llama3-70b", str(path), "h100-sxm-80gb", [], gbs=512)
-    with pytest.raises(ConfigError, match="microbatch_group_size_per_vp_stage: must lie in"):
+    with pytest.raises(ConfigError, match="micro_batch_num: the interleaved schedule needs at least pp_size = 4"):
         load_job("llama3-70b", str(path), "h100-sxm-80gb", [], world_size=256)  # one micro-batch, interleaved
     r = run_cli("perf", "-m", "llama3-70b", "-y", "h100-sxm-80gb", "-s", str(path), "--world-size", "256", "--gbs", "512",
                 "--json")

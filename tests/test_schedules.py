@@ -252,7 +252,9 @@ def test_comm_sms_charges_the_measured_sm_contention() -> None:
         ({"pp_schedule": "zb", "interleaving_size": 2, "pp_size": 2}, "pp_schedule"),
         ({"pp_schedule": "dualpipev", "pp_size": 1}, "pp_schedule"),
         ({"pp_schedule": "dualpipev", "pp_size": 4, "micro_batch_num": 7}, "micro_batch_num"),
-        ({"interleaving_size": 2, "pp_size": 4, "micro_batch_num": 3}, "microbatch_group_size_per_vp_stage"),
+        ({"interleaving_size": 2, "pp_size": 4, "micro_batch_num": 3}, "micro_batch_num"),  # fewer than pp_size
+        ({"interleaving_size": 2, "pp_size": 4, "micro_batch_num": 8, "microbatch_group_size_per_vp_stage": 9},
+         "microbatch_group_size_per_vp_stage"),
         ({"interleaving_size": 2, "pp_size": 4, "micro_batch_num": 9}, "micro_batch_num"),
         ({"delay_wgrad_compute": True}, "delay_wgrad_compute"),
         ({"overlap_moe_expert_parallel_comm": True, "ep_size": 2}, "overlap_moe_expert_parallel_comm"),  # pp 2, no VPP

@@ -197,6 +197,9 @@ def _check_schedule(st: "StrategyConfig") -> None:
         raise ConfigError("pp_schedule", f"{sched} takes no interleaving_size (got {st.interleaving_size})")
     if sched == "interleaved":
         group = st.microbatch_group_size_per_vp_stage or st.pp_size
+        if st.micro_batch_num < st.pp_size:  # megatron-core: the group (pp_size by default) exceeds the micro-batches
+            raise ConfigError("micro_batch_num", f"the interleaved schedule needs at least pp_size = {st.pp_size} "
+                                                 f"micro-batches (got {st.micro_batch_num})")
         if not st.pp_size <= group <= st.micro_batch_num:
             raise ConfigError(
                 "microbatch_group_size_per_vp_stage",
