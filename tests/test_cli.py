@@ -22,3 +22,24 @@ def test_tables_keep_every_figure_whole_at_80_columns() -> None:
         assert table_lines and max(len(line) for line in table_lines) <= 80
         if argv[0] == "perf":
             assert "wts weights" in out and re.search(r"202\.33\s+215\.24", out)
+
+
+def test_several_overrides_after_one_set() -> None:
+    """``--set a=1 b=2`` is ``--set a=1 --set b=2``; a flag, a file or ``--`` ends the list."""
+    import json
+
+    from simumax.cli import expand_sets
+    from tests.conftest import run_cli
+
+    assert expand_sets(["perf", "--set", "tp_size=2", "model.layer_num=4", "system.accelerator.mem_gbs=96", "-m", "x"]) == [
+        "perf", "--set", "tp_size=2", "--set", "model.layer_num=4", "--set", "system.accelerator.mem_gbs=96", "-m", "x"]
+    assert expand_sets(["--set=a=1", "b=[1, 2]", "runs/k=v.jsonl"]) == ["--set=a=1", "--set", "b=[1, 2]", "runs/k=v.jsonl"]
+    assert expand_sets(["--set", "a=1", "--", "b=2"]) == ["--set", "a=1", "--", "b=2"]
+    assert expand_sets(["validate", "cases.jsonl", "b=2"]) == ["validate", "cases.jsonl", "b=2"]  # no --set before it
+    job = ["perf", "-m", "llama3-8b", "-y", "a100_pcie", "-s", "tp1_pp2_dp4_mbs1", "--json"]
+    listed = run_cli(*job, "--set", "strategy.zero_state=0", "seq_len=2048", "model.layer_num=8")
+    repeated = run_cli(*job, "--set", "strategy.zero_state=0", "--set", "seq_len=2048", "--set", "model.layer_num=8")
+    assert listed.returncode == repeated.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == json.loads(repeated.stdout)
+    plain = json.loads(run_cli(*job).stdout)
+    assert json.loads(listed.stdout)["cost"]["duration_time_per_iter"] != plain["cost"]["duration_time_per_iter"]

@@ -3,6 +3,9 @@ below (registered in this order, the order ``--help`` lists them)."""
 
 from __future__ import annotations
 
+import re
+import sys
+
 import typer
 from rich.console import Console
 
@@ -36,10 +39,36 @@ from simumax.cli import estimate, search, validate, calibrate, interop, presets 
 from simumax.cli.options import apply_overrides  # noqa: E402,F401  (public: tools apply --set overrides)
 
 
+_SET_ITEM = re.compile(r"[A-Za-z_][\w.]*=")  # key=value: a field path, then "=" (not a file path)
+
+
+def expand_sets(args: list[str]) -> list[str]:
+    """``--set a=1 b=2`` as ``--set a=1 --set b=2``: the key=value words that follow a
+    ``--set`` value (each a field path, then ``=``) are further overrides, as a user would
+    write them; anything else (a flag, a file, ``--``) ends the run."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return out + args[i:]
+        out.append(a)
+        i += 1
+        if a == "--set" and i < len(args):
+            out.append(args[i])
+            i += 1
+        elif not a.startswith("--set="):
+            continue
+        while i < len(args) and _SET_ITEM.match(args[i]):
+            out += ["--set", args[i]]
+            i += 1
+    return out
+
+
 def main() -> None:
     """Entry point: bad input prints one line and exits 2, never a traceback."""
     try:
-        app(standalone_mode=False)
+        app(args=expand_sets(sys.argv[1:]), standalone_mode=False)
     except ConfigError as exc:
         err_console.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise SystemExit(2) from None

@@ -18,7 +18,8 @@ from simumax.config.strategy import StrategyConfig
 from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 
-SetOpt = typer.Option([], "--set", help="Override a field: \\[model.|strategy.|system.]key=value (JSON value).")
+SetOpt = typer.Option([], "--set", help="Override a field: \\[model.|strategy.|system.]key=value (JSON value); "
+                                         "repeat it, or list several after one --set.")
 # the options of every command that estimates one job
 ModelOpt = typer.Option(..., "--model", "-m", help="Model preset name or JSON path.")
 StrategyOpt = typer.Option(..., "--strategy", "-s", help="Strategy preset name or JSON path.")
