@@ -465,7 +465,8 @@ def test_deepspeed_step_casts_the_gradient_partition_by_hand() -> None:
     they are held — 2 + 2 + 4 B per shard element over the parameters (all at stages 1-2,
     the partition at 3), the optimizer states and workspaces; stage 1's gradients outside
     the partition and the stage 1-2 reduce buckets are gone, stage 3 keeps its bucket.
-    ZeRO-Offload casts the offloaded share on the host."""
+    ZeRO-Offload casts the offloaded share on the host, where the partition's gradients
+    are, and stages 1-2 keep their transfer buffer of the largest parameter's size."""
     m = load_model("llama3-8b").with_updates({"layer_num": 2})
     for zero in (1, 2, 3):
         st = load_strategy({"seq_len": 256, "world_size": 8, "zero_state": zero, "fsdp_impl": "deepspeed",
@@ -478,7 +479,33 @@ def test_deepspeed_step_casts_the_gradient_partition_by_hand() -> None:
         assert states.optimizer_step == pytest.approx(kept + held + (2 + 4) * shard)
         off = st.with_updates({"optimizer_cpu_offload": True})
         off_states = model_states(off, est.stages[0], H100.sys_name)
-        assert off_states.optimizer_step == pytest.approx(off_states.optimizer + off_states.te_buffers + held)
+        transfer = 2 * 128384 * 4096 if zero < 3 else 0  # the output layer's weight, the largest parameter
+        assert off_states.optimizer_step == pytest.approx(off_states.optimizer + off_states.te_buffers + held - 2 * shard
+                                                          + transfer)
+
+
+def test_deepspeed_offload_keeps_gradients_on_the_host_by_hand() -> None:
+    """ZeRO-Offload (``offload_optimizer`` on the CPU; DeepSpeed 0.19.8's source, which the CPU
+    harness cannot check: host and device are one there): no gradient partition on the GPU —
+    stage 3 allocates ``grad_partitions_flat_buffer`` on the host, stages 1-2 copy each reduced
+    gradient of the partition to the host and build neither ``grads_in_partition`` nor the end
+    of the backward's flat partition — and stages 1-2 keep ``temp_grad_buffer_for_gpu_offload``,
+    the largest parameter's size, from the optimizer's start. So, per parameter of a rank with
+    P parameters, partition S = P / 8, bucket B and largest parameter W (2 B each): stage 1
+    forward 2W with one micro-batch (2 (P + B) + 2W with two), stage 2 2W, stage 3 2B; stage 2
+    adds no partition at its first reduce, and stage 1's end of the backward no flat copy."""
+    head = 128384 * 4096
+    bucket = 500_000_000
+    for zero, mbs, forward in ((1, 1, 2 * head), (2, 1, 2 * head), (2, 2, 2 * head), (3, 1, 2 * bucket), (3, 2, 2 * bucket)):
+        plain = _ds(zero, micro_batch_num=mbs)
+        p = plain.stages[0].params
+        on = model_states(plain.strategy.with_updates({"optimizer_cpu_offload": True}), plain.stages[0], H100.sys_name)
+        assert on.grads == pytest.approx(forward) and on.reduce_buffer == 0.0
+        if zero == 1:
+            two = _ds(1, optimizer_cpu_offload=True)
+            assert model_states(two.strategy, two.stages[0], H100.sys_name).grads == pytest.approx(2 * (p + bucket + head))
+            off = model_states(plain.strategy, plain.stages[0], H100.sys_name)
+            assert on.end_of_backward == pytest.approx(off.end_of_backward - off.optimizer + on.optimizer - 2 * p / 8 + 2 * head)
 
 
 def test_deepspeed_step_against_deepspeed_on_cpu() -> None:

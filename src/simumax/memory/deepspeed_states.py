@@ -43,6 +43,9 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list
     bucket is released after each backward; its later backwards reduce into a second
     partition-sized buffer beside the accumulated one, also at the first reduce).
     Measured phase by phase on DeepSpeed 0.19.8 on CPU (docs/calibration/deepspeed_cpu).
+    With the optimizer offloaded (ZeRO-Offload, ``optimizer_cpu_offload``) no gradient
+    partition is on the GPU (``partition_on_gpu``) and stages 1-2 keep a transfer buffer
+    instead (``offload_buffer``).
 
     ZeRO-1/2 keep every parameter; ZeRO-3 its partition plus the most it holds gathered
     (``deepspeed_gathered``). ``units``: the parameters of each unit in forward order
@@ -56,11 +59,12 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list
     # stage 2's partition (with one micro-batch), or the partition its later backwards reduce
     # into beside the accumulated one (two partition-sized buffers in them, measured), comes
     # at the first reduce
-    at_reduce = b * shard if st.zero_state == 2 else 0.0
+    at_reduce = b * shard if st.zero_state == 2 and not st.optimizer_cpu_offload else 0.0
+    kept = offload_buffer(st, stage)  # ZeRO-Offload's transfer buffer, from the start
     if st.zero_state >= 3:  # allocated with the optimizer and kept
         fwd = bwd = deepspeed_all_grads(st, stage, shard)
     elif st.micro_batch_num == 1:
-        fwd, bwd = 0.0, bucket
+        fwd, bwd = kept, kept + bucket
     else:
         fwd = deepspeed_all_grads(st, stage, shard) - (bucket if st.zero_state == 2 else 0.0)
         bwd = deepspeed_all_grads(st, stage, shard)
@@ -80,11 +84,33 @@ def _bucket(st: StrategyConfig) -> float:
     return st.ds_reduce_bucket_size * (2 if st.ds_overlap and st.zero_state < 3 else 1)
 
 
+def partition_on_gpu(st: StrategyConfig) -> bool:
+    """Whether the rank's gradient partition lives on the GPU: not with the optimizer
+    offloaded. ZeRO-3 then allocates ``grad_partitions_flat_buffer`` on the host
+    (``stage3.py``: ``self.device`` is the CPU under ``offload_optimizer``); ZeRO-1/2 copy each
+    reduced gradient of the partition to the host's fp32 gradients and never build
+    ``grads_in_partition`` or the end of the backward's ``averaged_gradients``
+    (``stage_1_and_2.py``: ``copy_grads_in_partition`` and the epilogue under ``cpu_offload``)."""
+    return not st.optimizer_cpu_offload
+
+
+def offload_buffer(st: StrategyConfig, stage: Stage) -> float:
+    """Bytes of ZeRO-1/2's GPU transfer buffer under ZeRO-Offload: one of the largest
+    parameter's size in the model dtype, which gradients pass through to and from the host
+    (``stage_1_and_2.py``: ``temp_grad_buffer_for_gpu_offload``, allocated with the optimizer
+    and kept; the largest parameter read as the largest op's parameters). ZeRO-3 keeps none."""
+    if not st.optimizer_cpu_offload or st.zero_state >= 3:
+        return 0.0
+    return float(st.dtype_bytes * max((op.params for op in stage.ops), default=0))
+
+
 def deepspeed_all_grads(st: StrategyConfig, stage: Stage, shard: float) -> float:
     """Bytes of DeepSpeed's gradients with all of them allocated: stage 1 every
-    parameter's, stages 2-3 the rank's partition, in the model dtype (``grads_in_partition``
-    / ``grad_partitions_flat_buffer``), and the reduce bucket(s)."""
-    return st.dtype_bytes * ((stage.params if st.zero_state < 2 else shard) + _bucket(st))
+    parameter's, stages 2-3 the rank's partition where it is on the GPU, in the model dtype
+    (``grads_in_partition`` / ``grad_partitions_flat_buffer``), the reduce bucket(s) and
+    ZeRO-Offload's transfer buffer."""
+    held = stage.params if st.zero_state < 2 else shard * partition_on_gpu(st)
+    return st.dtype_bytes * (held + _bucket(st)) + offload_buffer(st, stage)
 
 
 def deepspeed_gathered(st: StrategyConfig, units: list[int]) -> tuple[float, float]:
@@ -136,10 +162,12 @@ def deepspeed_step(st: StrategyConfig, stage: Stage, shard: float, kept: float, 
       partition, beside the parameter partitions and the IPG bucket, which stage 3 keeps.
 
     The Adam update then runs in place (DeepSpeed's FusedAdam); ZeRO-Offload casts and steps
-    the offloaded share on the host. Measured on DeepSpeed 0.19.8 on CPU with an in-place
+    the offloaded share on the host, where the partition's gradients already are
+    (``partition_on_gpu``), beside stages 1-2's transfer buffer (``offload_buffer``). Measured on DeepSpeed 0.19.8 on CPU with an in-place
     AdamW (docs/calibration/deepspeed_cpu/zero_step.jsonl; partition boundaries inside a
     parameter keep that parameter's whole gradient, not modelled)."""
     b = st.dtype_bytes
     params = stage.params if st.zero_state < 3 else shard
     bucket = _bucket(st) if st.zero_state >= 3 else 0
-    return kept + b * (params + shard + bucket) + (b + FP32) * shard * device_share
+    grads = shard * partition_on_gpu(st)  # offloaded: the partition's gradients are on the host
+    return kept + b * (params + grads + bucket) + offload_buffer(st, stage) + (b + FP32) * shard * device_share

@@ -12,7 +12,7 @@ from simumax.dp.sharding_plan import ShardingPlan
 from simumax.graph import fp8
 from simumax.graph.kernels import GroupGemm
 from simumax.graph.ops import Op, Stage
-from simumax.memory.deepspeed_states import deepspeed_all_grads, deepspeed_states, deepspeed_step
+from simumax.memory.deepspeed_states import deepspeed_all_grads, deepspeed_states, deepspeed_step, partition_on_gpu
 
 ADAM_STATE_BYTES = 8  # fp32 exp_avg + exp_avg_sq
 FP32 = 4
@@ -246,7 +246,7 @@ def model_states(st: StrategyConfig, stage: Stage, device: str) -> ModelStates:
             # gradients are copied into a flat buffer of their own (one torch.empty after the
             # last weight gradient, measured: docs/calibration/deepspeed_cpu), which the step
             # then casts (every gradient: states.grads after a first micro-batch)
-            end = weights + opt + te + deepspeed_all_grads(st, stage, shard) + st.dtype_bytes * shard
+            end = weights + opt + te + deepspeed_all_grads(st, stage, shard) + st.dtype_bytes * shard * partition_on_gpu(st)
         elif st.zero_state == 2:  # its last reduce, after the last weight gradient, fills the partition
             end = states.total + ds.backward_weights + ds.backward_grads + ds.reduce_buffer
         step = deepspeed_step(st, stage, shard, float(opt) + te, device_optimizer_share(st))
