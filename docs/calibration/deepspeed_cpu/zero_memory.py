@@ -1,7 +1,9 @@
 """DeepSpeed ZeRO's memory, measured on DeepSpeed itself on CPU (docs/modeling.md, "DeepSpeed
 ZeRO"): DS_WORLD ranks over gloo (DeepSpeed's CPU accelerator), check-step's plain Llama,
 bf16, torch's AdamW; the second step is tracked with torch's MemTracker and rank 0's peak
-printed as JSON. A record of how the figures were taken, not part of the tests.
+printed as JSON (stage 3's kept gradient partition and bucket handed to the tracker, its
+reduce-scatters run as in-place all-reduces: gloo's reduce-scatter copies its input, NCCL's
+allocates nothing). A record of how the figures were taken, not part of the tests.
 
     pip install --no-deps --target /tmp/dslib deepspeed==0.19.8
     pip install --target /tmp/dslib hjson py-cpuinfo psutil ninja msgpack tqdm einops
