@@ -45,8 +45,11 @@ def test_fp4_linears_use_the_fp4_families() -> None:
 
 
 def test_fp4_refusals_and_flags() -> None:
-    with pytest.raises(ConfigError, match="fp4.*no FP4 peak"):
-        _est(system="h100-sxm-80gb", fp4=True).stages
+    with pytest.raises(ConfigError, match=r"fp4.*no FP4 peak \(accelerator.op.fp4_matmul\); turn fp4 off$"):
+        _est(system="h100-sxm-80gb", fp4=True).stages  # Hopper: no FP4 units
+    # a Blackwell file without an FP4 rate: the device has the units, the file lacks the field
+    with pytest.raises(ConfigError, match=r"the device \(B200, blackwell\) has FP4 units .* add accelerator.op.fp4_matmul"):
+        _est(system="b200_bf16_ceperm", fp4=True).stages
     with pytest.raises(ConfigError, match="cannot be combined with fp8"):
         load_strategy({**BASE, "fp4": True, "fp8": True})
     with pytest.raises(ConfigError, match="mxfp8 needs Blackwell"):
