@@ -221,6 +221,13 @@ def test_optimizer_cpu_offload_lowers_memory_and_raises_time() -> None:
     assert on.optimizer_passes[0][1] > host  # the GPU still steps its half (and zeroes every gradient)
     flags = " ".join(megatron_flags(on.strategy))
     assert "--optimizer-cpu-offload" in flags and "--optimizer-offload-fraction 0.5" in flags
+    # DeepSpeed's ZeRO-Offload copies the gradients to the host in the backward: on the
+    # reduction stream with overlap_comm (hidden), on the compute stream without (in series)
+    for zero, overlap, d2h in ((1, False, True), (1, True, False), (2, None, True), (3, None, False), (3, False, True)):
+        ds = load_strategy({**base, "fsdp_impl": "deepspeed", "zero_state": zero, "optimizer_cpu_offload": True,
+                            "ds_overlap_comm": overlap})
+        assert ds.ds_overlap == (not d2h)
+        assert offloaded_step(ds, on.system, shard) == pytest.approx(host - (0 if d2h else shard * 4 / 50e9))
 
 
 def test_torch_fsdp2_memory_and_torchtitan_export() -> None:

@@ -134,11 +134,16 @@ def prescaled_params(st: StrategyConfig, stage: Stage) -> int:
 def offloaded_step(st: StrategyConfig, system: SystemConfig, params: float) -> float:
     """Megatron's CPU-offloaded optimizer share (HybridDeviceOptimizer), serially: fp32
     gradients to the host, Adam there over master, m and v (bound by host memory
-    bandwidth: read grad, master, m, v, write master, m, v), bf16 parameters back."""
+    bandwidth: read grad, master, m, v, write master, m, v), bf16 parameters back.
+    DeepSpeed's ZeRO-Offload copies each reduced gradient of the partition to the host in the
+    backward (``stage_1_and_2.py::async_inplace_copy_grad_to_fp32_buffer_from_gpu``,
+    ``stage3.py::partition_grads``, non-blocking): with ``overlap_comm`` on its reduction
+    stream, hidden under the backward (Ren et al., ZeRO-Offload, ATC'21, section 4.2); without,
+    on the compute stream, in series as here."""
     if params <= 0:
         return 0.0
     link, host = system.host_link_gbps * 1e9, system.host_mem_gbps * 1e9
-    d2h = params * 4 / link
+    d2h = 0.0 if st.fsdp_impl == "deepspeed" and st.ds_overlap else params * 4 / link
     adam = params * (4 + 2 * optimizer_bytes_per_param(st)) / host
     h2d = params * st.dtype_bytes / link
     return d2h + adam + h2d
