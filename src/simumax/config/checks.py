@@ -254,13 +254,13 @@ def _low_precision_peak(system: SystemConfig, family: str) -> Any:
     """The system's ``<family>_matmul`` spec; ConfigError naming the field when it has no peak."""
     spec = system.accelerator.op.get(f"{family}_matmul")
     if spec is None or spec.tflops <= 0:
-        sheet = datasheet(system.sys_name)
-        has_units = sheet is not None and any(r in sheet.fp8_recipes for r in (("nvfp4",) if family == "fp4" else
-                                                                               ("delayed", "tensorwise", "blockwise", "mxfp8")))
-        measure = "; `simumax calibrate` on an fp8 job measures its table" if family == "fp8" else ""
-        fix = (f"the device ({sheet.match}, {sheet.arch}) has {family.upper()} units but the file gives them no rate: add "
-               f"accelerator.op.{family}_matmul (its tflops{measure}), or turn {family} off") if has_units and sheet else \
-            f"turn {family} off"
+        sheet = datasheet(system.sys_name)  # a device with the units runs their first recipe
+        if sheet is not None and ("nvfp4" if family == "fp4" else "delayed") in sheet.fp8_recipes:
+            measure = "; `simumax calibrate` on an fp8 job measures its table" if family == "fp8" else ""
+            fix = (f"the device ({sheet.match}, {sheet.arch}) has {family.upper()} units but the file gives them no rate: "
+                   f"add accelerator.op.{family}_matmul (its tflops{measure}), or turn {family} off")
+        else:
+            fix = f"turn {family} off"
         raise ConfigError(family, f"system {system.sys_name!r} has no {family.upper()} peak (accelerator.op.{family}_matmul); {fix}")
     return spec
 

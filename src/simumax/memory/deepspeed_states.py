@@ -59,7 +59,7 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list
     # stage 2's partition (with one micro-batch), or the partition its later backwards reduce
     # into beside the accumulated one (two partition-sized buffers in them, measured), comes
     # at the first reduce
-    at_reduce = b * shard if st.zero_state == 2 and not st.optimizer_cpu_offload else 0.0
+    at_reduce = b * shard if st.zero_state == 2 and partition_on_gpu(st) else 0.0
     kept = offload_buffer(st, stage)  # ZeRO-Offload's transfer buffer, from the start
     if st.zero_state >= 3:  # allocated with the optimizer and kept
         fwd = bwd = deepspeed_all_grads(st, stage, shard)
@@ -163,9 +163,10 @@ def deepspeed_step(st: StrategyConfig, stage: Stage, shard: float, kept: float, 
 
     The Adam update then runs in place (DeepSpeed's FusedAdam); ZeRO-Offload casts and steps
     the offloaded share on the host, where the partition's gradients already are
-    (``partition_on_gpu``), beside stages 1-2's transfer buffer (``offload_buffer``). Measured on DeepSpeed 0.19.8 on CPU with an in-place
-    AdamW (docs/calibration/deepspeed_cpu/zero_step.jsonl; partition boundaries inside a
-    parameter keep that parameter's whole gradient, not modelled)."""
+    (``partition_on_gpu``), beside stages 1-2's transfer buffer (``offload_buffer``).
+    Measured on DeepSpeed 0.19.8 on CPU with an in-place AdamW
+    (docs/calibration/deepspeed_cpu/zero_step.jsonl; partition boundaries inside a parameter
+    keep that parameter's whole gradient, not modelled)."""
     b = st.dtype_bytes
     params = stage.params if st.zero_state < 3 else shard
     bucket = _bucket(st) if st.zero_state >= 3 else 0
