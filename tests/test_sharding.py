@@ -17,6 +17,7 @@ from simumax.graph.kernels import Collective, MemBound
 from simumax.graph.sharding import MODULE
 from simumax.importers.megatron_args import parse_megatron_args
 from simumax.errors import ConfigError
+from simumax.memory.deepspeed_states import offload_buffer
 from simumax.memory.model_states import model_states, optimizer_bytes_per_param
 
 from tests.conftest import run_cli
@@ -513,6 +514,12 @@ def test_deepspeed_offload_keeps_gradients_on_the_host_by_hand() -> None:
             assert model_states(two.strategy, two.stages[0], H100.sys_name).grads == pytest.approx(2 * (p + bucket + head))
             off = model_states(plain.strategy, plain.stages[0], H100.sys_name)
             assert on.end_of_backward == pytest.approx(off.end_of_backward - off.optimizer + on.optimizer - 2 * p / 8 + 2 * head)
+    # an MoE layer's experts are one matrix each in DeepSpeed-MoE: the largest parameter stays
+    # the embedding (Mixtral: 32000 x 4096), not the op holding all eight experts
+    moe = Estimate(load_model("mixtral-8x7b").with_updates({"layer_num": 2}),
+                   load_strategy({"seq_len": 2048, "world_size": 8, "zero_state": 2, "fsdp_impl": "deepspeed",
+                                  "optimizer_cpu_offload": True}), H100)
+    assert offload_buffer(moe.strategy, moe.stages[0]) == 2 * 32000 * 4096
 
 
 def test_deepspeed_step_against_deepspeed_on_cpu() -> None:

@@ -98,10 +98,12 @@ def offload_buffer(st: StrategyConfig, stage: Stage) -> float:
     """Bytes of ZeRO-1/2's GPU transfer buffer under ZeRO-Offload: one of the largest
     parameter's size in the model dtype, which gradients pass through to and from the host
     (``stage_1_and_2.py``: ``temp_grad_buffer_for_gpu_offload``, allocated with the optimizer
-    and kept; the largest parameter read as the largest op's parameters). ZeRO-3 keeps none."""
+    and kept; the largest parameter read as the largest op's non-expert parameters: an op's
+    experts are one matrix each in DeepSpeed-MoE, each far below the embedding). ZeRO-3 keeps
+    none."""
     if not st.optimizer_cpu_offload or st.zero_state >= 3:
         return 0.0
-    return float(st.dtype_bytes * max((op.params for op in stage.ops), default=0))
+    return float(st.dtype_bytes * max((op.params - op.expert_params for op in stage.ops), default=0))
 
 
 def deepspeed_all_grads(st: StrategyConfig, stage: Stage, shard: float) -> float:
