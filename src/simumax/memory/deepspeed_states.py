@@ -60,14 +60,14 @@ def deepspeed_states(st: StrategyConfig, stage: Stage, shard: float, units: list
     # into beside the accumulated one (two partition-sized buffers in them, measured), comes
     # at the first reduce
     at_reduce = b * shard if st.zero_state == 2 and partition_on_gpu(st) else 0.0
-    kept = offload_buffer(st, stage)  # ZeRO-Offload's transfer buffer, from the start
+    every = deepspeed_all_grads(st, stage, shard)
+    transfer = offload_buffer(st, stage)  # ZeRO-Offload's transfer buffer, from the start
     if st.zero_state >= 3:  # allocated with the optimizer and kept
-        fwd = bwd = deepspeed_all_grads(st, stage, shard)
+        fwd = bwd = every
     elif st.micro_batch_num == 1:
-        fwd, bwd = kept, kept + bucket
+        fwd, bwd = transfer, transfer + bucket
     else:
-        fwd = deepspeed_all_grads(st, stage, shard) - (bucket if st.zero_state == 2 else 0.0)
-        bwd = deepspeed_all_grads(st, stage, shard)
+        fwd, bwd = every - (bucket if st.zero_state == 2 else 0.0), every
     if st.zero_state == 3 or (st.zero_state == 1 and st.micro_batch_num == 1):
         # the backward's first weight gradient (the last unit's: the output layer's) in its
         # .grad at the peak (stage 2 copies it into its bucket at once; stage 1's later
