@@ -366,9 +366,7 @@ class Estimate(DataParallelStep):
             counts = steady_walk_counts(self.strategy)
             if counts is not None:
                 a, b = (self.profiles.schedule_walks(self.strategy, m, self.chunk_walks, self.w_keep) for m in counts)
-                if all((x.peak, x.stored_peak, x.in_flight_at_peak, x.peak_task, x.fwd_peak, x.bwd_peak)
-                       == (y.peak, y.stored_peak, y.in_flight_at_peak, y.peak_task, y.fwd_peak, y.bwd_peak)
-                       for x, y in zip(a, b)):
+                if a == b:  # every field of every rank's walk (no timeline without times)
                     return b
             return self.profiles.schedule_walks(self.strategy, self.strategy.micro_batch_num, self.chunk_walks, self.w_keep)
         return [walk_schedule(o, self.chunk_walks, self.w_keep, times.task_times(r)) for r, o in enumerate(times.orders)]
