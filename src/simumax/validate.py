@@ -10,6 +10,8 @@ from typing import Any
 
 from simumax.config.base import check_readable_file, read_text
 from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.config.model import ModelConfig
+from simumax.config.strategy import StrategyConfig
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 from simumax.report.results import MemResult
@@ -101,13 +103,23 @@ def load_cases(path: str | Path) -> list[dict[str, Any]]:
     return cases
 
 
-def estimate_for_case(case: dict[str, Any], root: Path) -> Estimate:
+def case_model_strategy(case: dict[str, Any], root: Path) -> tuple[ModelConfig, StrategyConfig]:
+    """The model (with the case's ``model_overrides``) and strategy of a case; config paths
+    relative to ``root``."""
     model = load_model(_resolve(case["model"], root))
     if case.get("model_overrides"):
         model = model.with_updates(case["model_overrides"], source=f"{case['id']} model_overrides")
-    strategy = load_strategy(case["strategy"])
-    system = load_system(_resolve(case["system"], root))
-    return Estimate(model, strategy, system)
+    return model, load_strategy(case["strategy"])
+
+
+def case_system(case: dict[str, Any], root: Path) -> Any:
+    """What the case's ``system`` names: a preset name, a path (relative to ``root``) or a dict."""
+    return _resolve(case["system"], root)
+
+
+def estimate_for_case(case: dict[str, Any], root: Path) -> Estimate:
+    model, strategy = case_model_strategy(case, root)
+    return Estimate(model, strategy, load_system(case_system(case, root)))
 
 
 def case_source(case_id: str) -> str:

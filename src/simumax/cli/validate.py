@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -108,3 +109,55 @@ def validate(
                 f" per micro-batch {fmt.ms(r['per_micro_batch'])} ms real, {fmt.ms(p['per_micro_batch'])} predicted"
                 f" ({pct(g['per_micro_batch_error'])}); fixed {fmt.ms(r['fixed'])} ms real, {fmt.ms(p['fixed'])} predicted"
                 f" (real points off the line by up to {apct(r['max_residual'])})", markup=False)
+
+
+@cli.app.command("fit-runs")
+def fit_runs(
+    file: Path = typer.Argument(..., help="Your measured runs, JSONL in the validation schema (measured.iter_time_ms)."),
+    out: Path = typer.Option(..., "--out", help="Write the fitted system config here (and the fit as <name>.fit.json)."),
+    system: Optional[str] = typer.Option(None, "--system", "-y", help="Base system (default: the one the runs name)."),
+    resource: Optional[list[str]] = typer.Option(
+        None, "--resource", help="Resources to fit (repeat): compute, hbm, scale_up, scale_out, latency, host. "
+        "Default: compute, hbm, scale_up, scale_out."),
+    noise_sd: float = typer.Option(0.04, help="Spread of ln(time) a run keeps once its hardware is right."),
+    prior_sd: float = typer.Option(0.2, help="Spread of ln(factor) a resource may stray from the base's value."),
+    reference_root: Optional[Path] = typer.Option(None, help="Folder config paths are relative to (default ../reference)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
+) -> None:
+    """Fit a system's resources (tensor cores, HBM, links) to measured runs of your own
+    cluster; write it for every later estimate."""
+    from simumax.fit_runs import DEFAULT_RESOURCES, fit_file
+
+    res = fit_file(file, system, reference_root, resources=tuple(resource or DEFAULT_RESOURCES), noise_sd=noise_sd,
+                   prior_sd=prior_sd)
+    report = res.to_dict()
+    write_json_atomic(out, res.system.model_dump())
+    write_json_atomic(out.with_name(out.stem + ".fit.json"), report)
+    if as_json:
+        cli.out_console.print_json(dumps_finite(report))
+        return
+    t = Table(title=f"{res.base}: resources fitted to {len(res.rows)} runs")
+    for col in ("resource", "factor", "80 % range", "fields"):
+        t.add_column(col, justify="left" if col in ("resource", "fields") else "right")
+    z = 1.2816  # the 80 % interval of a normal
+    for k in res.resources:
+        f, sd = res.factors[k], res.sd[k]
+        t.add_row(report["resources"][res.resources.index(k)]["name"], f"x{f:.3f}",
+                  f"{f * math.exp(-z * sd):.2f}–{f * math.exp(z * sd):.2f}", report["resources"][res.resources.index(k)]["fields"])
+    cli.out_console.print(t)
+    r = Table(title="runs: measured, on the base system, on the fitted one, fitted without the run")
+    for col in ("run", "real ms", "base ms", "err", "fitted ms", "err", "left out ms", "err"):
+        r.add_column(col, justify="left" if col == "run" else "right")
+    pct = lambda x: f"{x:+.1%}"  # noqa: E731
+    for row in res.rows:
+        e = row.to_dict()
+        r.add_row(row.id, fmt.ms(row.measured), fmt.ms(row.before), pct(e["error_before"]), fmt.ms(row.after),
+                  pct(e["error_after"]), fmt.ms(row.loo), pct(e["error_loo"]))
+    cli.out_console.print(r)
+    mean = lambda key: sum(abs(x[key]) for x in report["runs"]) / len(report["runs"])  # noqa: E731
+    cli.out_console.print(
+        f"mean |err|: base {mean('error_before'):.1%}, fitted {mean('error_after'):.1%}, each run left out of the fit "
+        f"{mean('error_loo'):.1%} (what to expect on a run the fit has not seen, on this cluster)", markup=False)
+    for note in res.notes:
+        cli.out_console.print(f"note: {note}", markup=False)
+    cli.out_console.print(f"wrote {out} (use it as --system {out}) and {out.with_name(out.stem + '.fit.json')}", markup=False)

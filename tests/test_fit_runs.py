@@ -1,0 +1,146 @@
+"""`simumax fit-runs`: a system's resources fitted to measured runs (simumax/fit_runs.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from simumax.config.loader import load_model, load_strategy, load_system
+from simumax.errors import ConfigError
+from simumax.fit_runs import FACTOR_RANGE, Run, _times, fit_file, fit_system, scaled
+from tests.conftest import run_cli
+
+MODEL = load_model("llama3-8b").with_updates({"layer_num": 4})
+BASE = load_system("h100-sxm-80gb")
+JOBS = [  # one GPU, one node's TP, DP across nodes, TP x PP across nodes, short sequences, TP4 x DP8
+    {"world_size": 1, "micro_batch_num": 4},
+    {"world_size": 8, "tp_size": 8, "micro_batch_num": 4},
+    {"world_size": 16, "micro_batch_num": 2},
+    {"world_size": 16, "tp_size": 2, "pp_size": 2, "micro_batch_num": 8},
+    {"world_size": 1, "seq_len": 1024, "micro_batch_size": 8, "micro_batch_num": 2},
+    {"world_size": 32, "tp_size": 4, "micro_batch_num": 2},
+]
+STRATEGIES = [load_strategy("tp1_pp1_dp8_mbs1").with_updates(j) for j in JOBS]
+
+
+def _runs(truth: dict[str, float], jobs: range | list[int] = range(len(JOBS))) -> list[Run]:
+    """The jobs as measured on a cluster whose resources are ``truth`` x the base's."""
+    strategies = [STRATEGIES[i] for i in jobs]
+    real = _times([Run("", MODEL, s, 1.0) for s in strategies], scaled(BASE, truth))
+    return [Run(f"job{i}", MODEL, s, t) for i, s, t in zip(jobs, strategies, real)]
+
+
+def test_recovers_the_resources_a_cluster_was_made_of() -> None:
+    """Runs timed on the base with tensor-core efficiency x0.9, HBM x1.15, NVLink x0.8 and
+    NICs x0.7: with a weak prior the fit finds those factors and every run's time again."""
+    truth = {"compute": 0.9, "hbm": 1.15, "scale_up": 0.8, "scale_out": 0.7}
+    res = fit_system(_runs(truth), BASE, prior_sd=2.0, noise_sd=0.005)
+    for k, f in truth.items():
+        assert res.factors[k] == pytest.approx(f, rel=0.01), (k, res.factors)
+    before = [abs(r.before / r.measured - 1) for r in res.rows]
+    assert max(before) > 0.05  # the base was off
+    for r in res.rows:
+        assert r.after == pytest.approx(r.measured, rel=1e-3)
+        assert r.loo == pytest.approx(r.measured, rel=1e-3)  # each run predicted by the others' fit
+
+
+def test_measured_as_predicted_fits_the_base_itself() -> None:
+    res = fit_system(_runs({}), BASE)
+    assert all(f == pytest.approx(1.0, abs=1e-9) for f in res.factors.values())
+    assert all(r.after == pytest.approx(r.measured, rel=1e-12) for r in res.rows)
+
+
+def test_a_resource_no_run_uses_stays_at_the_base_with_the_priors_spread() -> None:
+    """Runs inside one node say nothing of the NICs: kept x1, posterior spread = the prior's,
+    and a note says so."""
+    res = fit_system(_runs({"compute": 0.85, "scale_out": 0.5}, [0, 1, 4]), BASE, prior_sd=0.3)
+    assert res.factors["scale_out"] == 1.0
+    assert res.sd["scale_out"] == pytest.approx(0.3)
+    assert any("scale-out links: no run depends on it" in n for n in res.notes)
+    assert res.sd["compute"] < 0.3  # what the runs do see is pinned down
+
+
+def test_leave_one_out_is_the_fit_without_the_run() -> None:
+    """The linearised leave-one-out prediction matches refitting without the run (the
+    truth lies off the model: each run's time x its own noise)."""
+    runs = _runs({"compute": 0.92, "scale_up": 0.85})
+    noisy = [Run(r.id, r.model, r.strategy, r.seconds * (1 + e)) for r, e in zip(runs, (0.03, -0.02, 0.01, 0.04, -0.03, 0.0))]
+    res = fit_system(noisy, BASE)
+    for i in (0, 3):
+        alone = fit_system(noisy[:i] + noisy[i + 1:], BASE)
+        exact = _times([noisy[i]], alone.system)[0]
+        assert res.rows[i].loo == pytest.approx(exact, rel=2e-3)
+
+
+def test_fitted_system_keeps_peaks_and_reloads(tmp_path: Path) -> None:
+    """Tensor cores are fitted as efficiencies: the peaks (MFU's denominator) stay the
+    datasheet's; the written file loads back and predicts the fitted times."""
+    res = fit_system(_runs({"compute": 0.9}, [0, 1]), BASE, resources=("compute",))
+    assert res.factors["compute"] < 1
+    for fam, spec in res.system.accelerator.op.items():
+        assert spec.tflops == BASE.accelerator.op[fam].tflops
+    path = tmp_path / "fitted.json"
+    path.write_text(json.dumps(res.system.model_dump()))
+    again = load_system(str(path))
+    assert _times([r for r in _runs({}, [0, 1])], again) == pytest.approx([r.after for r in res.rows], rel=1e-12)
+    assert again.sys_name == "h100-sxm-80gb fitted to 2 runs"
+
+
+@settings(max_examples=10, deadline=None)
+@given(scale=hs.floats(0.05, 20.0))
+def test_factors_stay_in_range_whatever_the_times(scale: float) -> None:
+    runs = [Run(r.id, r.model, r.strategy, r.seconds * scale) for r in _runs({}, [0, 2])]
+    res = fit_system(runs, BASE, prior_sd=2.0)
+    lo, hi = FACTOR_RANGE
+    assert all(lo * (1 - 1e-9) <= f <= hi * (1 + 1e-9) for f in res.factors.values())
+    assert all(math.isfinite(r.loo) and r.loo > 0 for r in res.rows)
+
+
+def test_bad_input_is_one_config_error(tmp_path: Path) -> None:
+    runs = _runs({}, [0])
+    with pytest.raises(ConfigError, match="resources"):
+        fit_system(runs, BASE, resources=("tensor",))
+    with pytest.raises(ConfigError, match="noise_sd"):
+        fit_system(runs, BASE, noise_sd=0.0)
+    empty = tmp_path / "none.jsonl"
+    empty.write_text(json.dumps({"id": "a", "system": "a100_pcie", "model": "llama3-8b", "strategy": "tp1_pp2_dp4_mbs1",
+                                 "measured": {"peak_alloc_gib": 40.0}}) + "\n")
+    with pytest.raises(ConfigError, match="iter_time_ms"):
+        fit_file(empty)
+
+
+def _case(i: int, system: str, ms: float) -> str:
+    return json.dumps({"id": f"run{i}", "system": system, "model": "llama3-8b", "strategy": "tp1_pp2_dp4_mbs1",
+                       "measured": {"iter_time_ms": ms}})
+
+
+def test_cli_writes_the_system_and_its_fit(tmp_path: Path) -> None:
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("\n".join(_case(i, "a100_pcie", ms) for i, ms in enumerate((5900.0, 6000.0))) + "\n")
+    out = tmp_path / "fit" / "my_cluster.json"
+    res = run_cli("fit-runs", str(runs), "--out", str(out), "--resource", "compute")
+    assert res.returncode == 0, res.stderr
+    assert "tensor cores" in res.stdout and "left out" in res.stdout
+    fit = json.loads((tmp_path / "fit" / "my_cluster.fit.json").read_text())
+    assert [r["key"] for r in fit["resources"]] == ["compute"] and fit["resources"][0]["factor"] < 1
+    perf = run_cli("perf", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", str(out), "--json")
+    assert perf.returncode == 0, perf.stderr
+    t = json.loads(perf.stdout)["cost"]["duration_time_per_iter"]
+    assert t == pytest.approx(fit["runs"][0]["after"], rel=1e-9)
+
+
+def test_cli_refuses_runs_of_two_clusters(tmp_path: Path) -> None:
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(_case(0, "a100_pcie", 6000.0) + "\n" + _case(1, "h100-sxm-80gb", 3000.0) + "\n")
+    res = run_cli("fit-runs", str(runs), "--out", str(tmp_path / "x.json"))
+    assert res.returncode == 2
+    assert "2 systems" in res.stderr and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.json").exists()
+    ok = run_cli("fit-runs", str(runs), "--out", str(tmp_path / "x.json"), "--system", "a100_pcie", "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["base"] == "a100_pcie_bf16"
