@@ -158,3 +158,18 @@ def test_left_out_runs_of_a_measured_cluster_gain(name: str) -> None:
     assert mean("loo") < mean("before")
     assert mean("after") <= mean("loo")
     assert mean("loo") < 0.025
+
+
+def test_runs_that_give_their_system_inline_fit_it(tmp_path: Path) -> None:
+    """A case may carry its system as a JSON object: the same object on every run is one
+    cluster (fitted as such), two different ones are refused."""
+    sy = load_system("a100_pcie").model_dump()
+    runs = tmp_path / "runs.jsonl"
+    line = lambda i, system, ms: json.dumps({"id": f"r{i}", "system": system, "model": "llama3-8b",  # noqa: E731
+                                             "strategy": "tp1_pp2_dp4_mbs1", "measured": {"iter_time_ms": ms}})
+    runs.write_text(line(0, sy, 5800.0) + "\n" + line(1, sy, 5900.0) + "\n")
+    assert fit_file(runs, resources=("compute",)).factors["compute"] < 1
+    other = {**sy, "sys_name": "other"}
+    runs.write_text(line(0, sy, 5800.0) + "\n" + line(1, other, 5900.0) + "\n")
+    with pytest.raises(ConfigError, match="2 systems"):
+        fit_file(runs)

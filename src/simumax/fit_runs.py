@@ -31,6 +31,7 @@ Leave-one-out: each run predicted from a fit on the others, linearised at the fu
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from simumax.config.system import MAX_EFFICIENCY, SystemConfig
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 from simumax.validate import case_model_strategy, case_system, default_reference_root, load_cases
-from simumax.what_if import Dump, _host_cpu, _latency, _memory, _scale_out, _scale_up
+from simumax.what_if import RESOURCES, Dump
 
 NOISE_SD = 0.04
 PRIOR_SD = 0.2
@@ -67,17 +68,18 @@ class FitResource:
     apply: Callable[[Dump, float], None]
 
 
-FIT_RESOURCES = {
-    r.key: r
-    for r in (
-        FitResource("compute", "tensor cores", "accelerator.op.*: efficient_factor and table entries", _efficiencies),
-        FitResource("hbm", "HBM bandwidth", "accelerator.bandwidth.*.gbps", _memory),
-        FitResource("scale_up", "scale-up links", "networks.<tiers but inter_node>.bandwidth.gbps", _scale_up),
-        FitResource("scale_out", "scale-out links", "networks.inter_node.bandwidth.gbps, nic_gbps", _scale_out),
-        FitResource("latency", "latencies", "every latency_us and fixed_latency_us (divided)", _latency),
-        FitResource("host", "host CPU", "host_op_us, host_sync_us (divided)", _host_cpu),
-    )
-}
+def _fit_resources() -> dict[str, FitResource]:
+    """Tensor cores as efficiencies; the rest as ``simumax what-if`` scales them."""
+    by_name = {r.name: r for r in RESOURCES}
+    out = {"compute": FitResource("compute", "tensor cores", "accelerator.op.*: efficient_factor and table entries", _efficiencies)}
+    for key, name in (("hbm", "HBM bandwidth"), ("scale_up", "scale-up links"), ("scale_out", "scale-out links"),
+                      ("latency", "latencies"), ("host", "host CPU")):
+        r = by_name[name]
+        out[key] = FitResource(key, r.name, r.fields, r.apply)
+    return out
+
+
+FIT_RESOURCES = _fit_resources()
 DEFAULT_RESOURCES = ("compute", "hbm", "scale_up", "scale_out")
 
 
@@ -125,7 +127,7 @@ class FitResult:
         }
 
 
-def runs_from_file(path: str | Path, reference_root: str | Path | None = None) -> tuple[list[Run], list[str]]:
+def runs_from_file(path: str | Path, reference_root: str | Path | None = None) -> tuple[list[Run], list[Any]]:
     """The runs of a case file (the validation schema: shared/validation/README.md; config
     paths relative to ``reference_root``, by default as ``simumax validate`` reads them) that
     give an ``iter_time_ms``, and the system each names."""
@@ -138,8 +140,7 @@ def runs_from_file(path: str | Path, reference_root: str | Path | None = None) -
             continue
         model, strategy = case_model_strategy(case, root)
         runs.append(Run(str(case["id"]), model, strategy, ms / 1e3))
-        named = case_system(case, root)
-        systems.append(named if isinstance(named, str) else str(named) if isinstance(named, Path) else repr(named))
+        systems.append(case_system(case, root))
     if not runs:
         raise ConfigError("measured.iter_time_ms", "no run of the file gives one: nothing to fit", str(p))
     return runs, systems
@@ -231,6 +232,12 @@ def fit_system(runs: list[Run], base: SystemConfig, resources: tuple[str, ...] =
                          "may not describe this cluster")
         if all(abs(jac[i][a]) < 1e-3 for i in every):
             notes.append(f"{FIT_RESOURCES[k].name}: no run depends on it; kept at the base's value")
+    if "compute" in keys:
+        top = max((v for spec in base.accelerator.op.values() for v in (spec.efficient_factor, *spec.accurate_efficient_factor.values())),
+                  default=0.0)
+        if top * math.exp(theta[keys.index("compute")]) > MAX_EFFICIENCY:
+            notes.append(f"tensor cores: efficiencies above {MAX_EFFICIENCY} were capped there, so the fastest kernels "
+                         "gained less than the factor")
     cov = _inverse(_normal(jac, every, noise_sd, prior_sd))
     resid = [yi - gi for yi, gi in zip(y, g)]
     loo = []
@@ -257,9 +264,11 @@ def fit_file(path: str | Path, system: str | Path | SystemConfig | None = None,
     its runs name)."""
     runs, named = runs_from_file(path, reference_root)
     if system is None:
-        distinct = sorted(set(named))
+        # a preset name, a file, or a system given inline (compared by its content)
+        distinct = {json.dumps(s, sort_keys=True) if isinstance(s, dict) else str(s): s for s in named}
         if len(distinct) != 1:
-            raise ConfigError("system", f"the runs name {len(distinct)} systems ({', '.join(distinct)}): fit one cluster at "
-                              "a time, or give the base system (--system)", str(path))
-        system = distinct[0]
+            shown = ", ".join(k if len(k) < 60 else k[:57] + "..." for k in sorted(distinct))
+            raise ConfigError("system", f"the runs name {len(distinct)} systems ({shown}): fit one cluster at a time, "
+                              "or give the base system (--system)", str(path))
+        system = next(iter(distinct.values()))
     return fit_system(runs, load_system(system), **kw)

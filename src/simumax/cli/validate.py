@@ -140,10 +140,9 @@ def fit_runs(
     for col in ("resource", "factor", "80 % range", "fields"):
         t.add_column(col, justify="left" if col in ("resource", "fields") else "right")
     z = 1.2816  # the 80 % interval of a normal
-    for k in res.resources:
-        f, sd = res.factors[k], res.sd[k]
-        t.add_row(report["resources"][res.resources.index(k)]["name"], f"x{f:.3f}",
-                  f"{f * math.exp(-z * sd):.2f}–{f * math.exp(z * sd):.2f}", report["resources"][res.resources.index(k)]["fields"])
+    for row in report["resources"]:
+        f, sd = row["factor"], row["sd_log"]
+        t.add_row(row["name"], f"x{f:.3f}", f"{f * math.exp(-z * sd):.2f}–{f * math.exp(z * sd):.2f}", row["fields"])
     cli.out_console.print(t)
     r = Table(title="runs: measured, on the base system, on the fitted one, fitted without the run")
     for col in ("run", "real ms", "base ms", "err", "fitted ms", "err", "left out ms", "err"):
