@@ -103,6 +103,19 @@ def load_cases(path: str | Path) -> list[dict[str, Any]]:
     return cases
 
 
+def append_case(path: str | Path, case: dict[str, Any]) -> None:
+    """Add ``case`` as a line of the case file ``path`` (made if missing); an ``id`` the file
+    already holds is refused, so a run is not recorded twice."""
+    p = Path(path)
+    if p.exists():
+        known = {c["id"] for c in load_cases(p)}
+        if case["id"] in known:
+            raise ConfigError("id", f"{case['id']!r} is already in the file: give another", str(p))
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with p.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(case, allow_nan=False) + "\n")
+
+
 def case_model_strategy(case: dict[str, Any], root: Path) -> tuple[ModelConfig, StrategyConfig]:
     """The model (with the case's ``model_overrides``) and strategy of a case; config paths
     relative to ``root``."""

@@ -56,8 +56,19 @@ def import_megatron(
     name: str = typer.Option("megatron", "--name", help="model_name."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write model.json and strategy.json into this folder."),
     as_json: bool = typer.Option(False, "--json", help="Print both configs as JSON."),
+    log: Optional[Path] = typer.Option(None, "--log", help="The job's training log: its step time and peak memory, "
+                                       "recorded with the configs as a run in --runs."),
+    runs: Optional[Path] = typer.Option(None, "--runs", help="With --log: the runs file (JSONL) to add the run to, for "
+                                        "simumax validate and fit-runs."),
+    system: Optional[str] = typer.Option(None, "--system", "-y", help="With --log: the system (preset or file) the job ran on."),
+    run_id: Optional[str] = typer.Option(None, "--id", help="With --log: the run's name (default: the log file's name)."),
 ) -> None:
-    """Megatron-LM pretrain_gpt.py arguments -> model + strategy configs."""
+    """Megatron-LM pretrain_gpt.py arguments -> model + strategy configs (with --log: a measured run)."""
+    if log is not None and (runs is None or system is None):
+        raise ConfigError("--runs" if runs is None else "--system", "--log records a run: give the runs file (--runs) "
+                          "and the system it ran on (--system)")
+    if log is None and (runs is not None or system is not None or run_id is not None):
+        raise ConfigError("--log", "--runs, --system and --id record a measured run: give its training log (--log)")
     from simumax.importers.megatron_args import parse_megatron_args
 
     if (not args) == (file is None):
@@ -78,7 +89,36 @@ def import_megatron(
         write_json_atomic(out / "model.json", model.to_dict())
         write_json_atomic(out / "strategy.json", strategy.to_dict())
     _print_notes(notes)
+    if log is not None and runs is not None and system is not None:
+        _record_run(log, runs, system, run_id, model, strategy)
+        if not as_json:
+            return
     cli.out_console.print_json(dumps_finite({"model": model.to_dict(), "strategy": strategy.to_dict()}))
+
+
+def _record_run(log: Path, runs: Path, system: str, run_id: Optional[str], model, strategy) -> None:  # noqa: ANN001
+    """The configs and the log's step time and peak memory as one line of ``runs``."""
+    from simumax.config.base import read_text
+    from simumax.importers.megatron_log import parse_megatron_log
+    from simumax.validate import GIB, append_case
+
+    check_readable_file(log, "a training log", "--log")
+    parsed, notes = parse_megatron_log(read_text(log, "--log"), str(log))
+    load_system(system)  # a system that does not load is refused now, not when the runs are read
+    if system.endswith(".json") or Path(system).exists():
+        system = str(Path(system).resolve())  # validate and fit-runs read the file from anywhere
+    measured = {"iter_time_ms": parsed.step_ms}
+    if parsed.max_allocated is not None:
+        measured["peak_alloc_gib"] = parsed.max_allocated / GIB
+    if parsed.max_reserved is not None:
+        measured["peak_reserved_gib"] = parsed.max_reserved / GIB
+    case = {"id": run_id or log.stem, "system": system, "model": model.to_dict(), "strategy": strategy.to_dict(),
+            "measured": measured, "source": {"log": str(log.resolve()), "intervals": len(parsed.intervals)}}
+    append_case(runs, case)
+    _print_notes(notes)
+    mem = f", peak allocated {measured['peak_alloc_gib']:.2f} GiB" if "peak_alloc_gib" in measured else ""
+    cli.err_console.print(f"{case['id']}: {parsed.step_ms:.1f} ms per iteration (median of {max(1, len(parsed.intervals) - 1)} "
+                          f"logged intervals){mem}; added to {runs}", markup=False, soft_wrap=True)
 
 
 @cli.app.command()
