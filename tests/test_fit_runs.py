@@ -173,3 +173,24 @@ def test_runs_that_give_their_system_inline_fit_it(tmp_path: Path) -> None:
     runs.write_text(line(0, sy, 5800.0) + "\n" + line(1, other, 5900.0) + "\n")
     with pytest.raises(ConfigError, match="2 systems"):
         fit_file(runs)
+
+
+def test_config_paths_of_a_users_runs_file_are_beside_it(tmp_path: Path) -> None:
+    """A runs file outside shared/validation names its configs relative to its own folder."""
+    (tmp_path / "model.json").write_text(json.dumps(load_model("llama3-8b").to_dict()))
+    (tmp_path / "gpu.json").write_text(json.dumps(load_system("a100_pcie").model_dump()))
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(json.dumps({"id": "a", "system": "gpu.json", "model": "model.json", "strategy": "tp1_pp2_dp4_mbs1",
+                                "measured": {"iter_time_ms": 5800.0}}) + "\n")
+    v = run_cli("validate", str(runs), "--json")
+    assert v.returncode == 0, v.stderr
+    assert json.loads(v.stdout)["cases"][0]["predicted_time"] > 0
+    assert fit_file(runs, resources=("compute",)).rows[0].measured == 5.8
+    # the strategy by file name too, and every run grouped by its fields
+    (tmp_path / "st.json").write_text(json.dumps(load_strategy("tp1_pp2_dp4_mbs1").to_dict()))
+    runs.write_text(runs.read_text() + json.dumps({"id": "b", "system": "gpu.json", "model": "model.json",
+                                                   "strategy": "st.json", "measured": {"iter_time_ms": 5900.0}}) + "\n")
+    v = run_cli("validate", str(runs), "--json")
+    assert v.returncode == 0, v.stderr
+    a, b = json.loads(v.stdout)["cases"]
+    assert a["predicted_time"] == b["predicted_time"] and a["group"] == b["group"] and a["step_group"] == b["step_group"]

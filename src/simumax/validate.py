@@ -122,7 +122,7 @@ def case_model_strategy(case: dict[str, Any], root: Path) -> tuple[ModelConfig, 
     model = load_model(_resolve(case["model"], root))
     if case.get("model_overrides"):
         model = model.with_updates(case["model_overrides"], source=f"{case['id']} model_overrides")
-    return model, load_strategy(case["strategy"])
+    return model, load_strategy(_resolve(case["strategy"], root))
 
 
 def case_system(case: dict[str, Any], root: Path) -> Any:
@@ -198,6 +198,18 @@ def predicted_memory(est: Estimate, memory: MemResult, measure: str) -> float:
     return memory.peak_mem
 
 
+def _strategy_fields(case: dict[str, Any], root: Path) -> dict[str, Any]:
+    """The case's strategy as a dict of fields (a preset or file read; {} if it does not load:
+    the estimate then reports why)."""
+    spec = case.get("strategy")
+    if isinstance(spec, dict):
+        return spec
+    try:
+        return load_strategy(_resolve(spec, root)).to_dict()
+    except ConfigError:
+        return {}
+
+
 def run_case(case: dict[str, Any], root: Path) -> CaseResult:
     """Predict one case. Time is compared when it has ``iter_time_ms``, or else
     ``tflops_per_gpu`` (SimuMax's convention, ``Estimate.flops_6nd_with_attn`` per GPU: the
@@ -211,8 +223,10 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
     real_m = measured.get(mem_key)
     real_m = real_m * GIB if real_m is not None else None
     ref_m = relative_error(ref.get(mem_key) and ref[mem_key] * GIB, real_m)
-    source, group = case_source(case["id"]), ranking_group(case)
-    split = dict(micro_batches=int((case.get("strategy") or {}).get("micro_batch_num", 1)), step_group=step_group(case))
+    # the grouping reads strategy fields: a strategy named by preset or file is read for them
+    fields = {**case, "strategy": _strategy_fields(case, root)}
+    source, group = case_source(case["id"]), ranking_group(fields)
+    split = dict(micro_batches=int(fields["strategy"].get("micro_batch_num", 1)), step_group=step_group(fields))
     real_t = _seconds(measured)  # (a refused case reports its iteration time only)
     ref_t = relative_error(_seconds(ref), real_t)
     try:
@@ -250,8 +264,12 @@ def _seconds(record: dict[str, Any], est: Estimate | None = None) -> float | Non
 
 
 def default_reference_root(jsonl: Path) -> Path:
-    """Validation files live in shared/validation; their config paths are relative to shared/reference."""
-    return jsonl.resolve().parent.parent / "reference"
+    """Where a case file's config paths are relative to: shared/reference for the files of
+    shared/validation (a ``reference`` folder beside the file's folder), else the file's own
+    folder (a user's runs beside their configs)."""
+    here = jsonl.resolve().parent
+    shared = here.parent / "reference"
+    return shared if shared.is_dir() else here
 
 
 def run_file(path: str | Path, reference_root: str | Path | None = None) -> list[CaseResult]:

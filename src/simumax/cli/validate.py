@@ -17,7 +17,7 @@ from simumax.report import format as fmt
 @cli.app.command()
 def validate(
     file: Path = typer.Argument(..., help="Validation JSONL (schema: shared/validation/README.md)."),
-    reference_root: Optional[Path] = typer.Option(None, help="Folder config paths are relative to (default ../reference)."),
+    reference_root: Optional[Path] = typer.Option(None, help="Folder config paths are relative to (default: ../reference beside the file's folder if there is one, else the file's folder)."),
     as_json: bool = typer.Option(False, "--json", help="Print per-case results and the summary as JSON."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write validation.json to this folder."),
 ) -> None:
@@ -121,7 +121,7 @@ def fit_runs(
         "Default: compute, hbm, scale_up, scale_out."),
     noise_sd: float = typer.Option(0.04, help="Spread of ln(time) a run keeps once its hardware is right."),
     prior_sd: float = typer.Option(0.2, help="Spread of ln(factor) a resource may stray from the base's value."),
-    reference_root: Optional[Path] = typer.Option(None, help="Folder config paths are relative to (default ../reference)."),
+    reference_root: Optional[Path] = typer.Option(None, help="Folder config paths are relative to (default: ../reference beside the file's folder if there is one, else the file's folder)."),
     as_json: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
 ) -> None:
     """Fit a system's resources (tensor cores, HBM, links) to measured runs of your own
