@@ -194,3 +194,15 @@ def test_config_paths_of_a_users_runs_file_are_beside_it(tmp_path: Path) -> None
     assert v.returncode == 0, v.stderr
     a, b = json.loads(v.stdout)["cases"]
     assert a["predicted_time"] == b["predicted_time"] and a["group"] == b["group"] and a["step_group"] == b["step_group"]
+
+
+def test_a_users_runs_get_one_summary_and_a_bad_run_is_named(tmp_path: Path) -> None:
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("\n".join(_case(i, "a100_pcie", ms) for i, ms in enumerate((5900.0, 6000.0))) + "\n")
+    v = run_cli("validate", str(runs))
+    assert v.returncode == 0, v.stderr
+    assert "run0: " not in v.stdout and "2/2 cases" in v.stdout  # no per-run "source" lines
+    runs.write_text(runs.read_text() + json.dumps({"id": "run9", "system": "a100_pcie", "model": "llama3-9b",
+                                                   "strategy": "tp1_pp2_dp4_mbs1", "measured": {"iter_time_ms": 1.0}}) + "\n")
+    f = run_cli("fit-runs", str(runs), "--out", str(tmp_path / "x.json"))
+    assert f.returncode == 2 and "run run9" in f.stderr and "llama3-9b" in f.stderr

@@ -138,7 +138,10 @@ def runs_from_file(path: str | Path, reference_root: str | Path | None = None) -
         ms = (case.get("measured") or {}).get("iter_time_ms")
         if ms is None:
             continue
-        model, strategy = case_model_strategy(case, root)
+        try:
+            model, strategy = case_model_strategy(case, root)
+        except ConfigError as exc:  # say which run
+            raise ConfigError(exc.field, exc.rule, f"{p}: run {case['id']}" + (f" ({exc.source})" if exc.source else "")) from None
         runs.append(Run(str(case["id"]), model, strategy, ms / 1e3))
         systems.append(case_system(case, root))
     if not runs:

@@ -137,8 +137,11 @@ def estimate_for_case(case: dict[str, Any], root: Path) -> Estimate:
 
 def case_source(case_id: str) -> str:
     """Short source label of a case: the first token of its name after the suite
-    (``public/narayanan21_t1_1.7B`` -> ``narayanan21``), else the suite."""
-    suite, _, name = case_id.partition("/")
+    (``public/narayanan21_t1_1.7B`` -> ``narayanan21``), else the suite; "" for a name
+    without a suite (a user's runs: one summary, not one per run)."""
+    suite, slash, name = case_id.partition("/")
+    if not slash:
+        return ""
     return name.split("_", 1)[0] if suite == "public" and name else suite
 
 
