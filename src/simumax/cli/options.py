@@ -62,9 +62,9 @@ def apply_overrides(model: ModelConfig, strategy: StrategyConfig, system: System
     configs: dict[str, Any] = {"model": model, "strategy": strategy, "system": system}
     dumps: dict[str, dict[str, Any]] = {}
     for item in sets:
-        if "=" not in item:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
             raise ConfigError("--set", f"expected key=value, got {item!r}")
-        key, value = item.split("=", 1)
         target, _, field = key.partition(".") if key.split(".", 1)[0] in configs else ("", "", key)
         if not target:
             owners = [n for n, c in (("model", ModelConfig), ("strategy", StrategyConfig)) if field in c.model_fields]
