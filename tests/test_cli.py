@@ -46,6 +46,8 @@ def test_several_overrides_after_one_set() -> None:
 
 
 def test_set_without_a_key_is_one_line() -> None:
+    from tests.conftest import run_cli
+
     for item in ("=3", "tp_size"):
         r = run_cli("perf", "-m", "llama3-8b", "-y", "a100_pcie", "-s", "tp1_pp2_dp4_mbs1", "--set", item)
         assert r.returncode == 2 and r.stderr == f"error: --set: expected key=value, got {item!r}\n", r.stderr
