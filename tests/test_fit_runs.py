@@ -132,6 +132,12 @@ def test_cli_writes_the_system_and_its_fit(tmp_path: Path) -> None:
     assert perf.returncode == 0, perf.stderr
     t = json.loads(perf.stdout)["cost"]["duration_time_per_iter"]
     assert t == pytest.approx(fit["runs"][0]["after"], rel=1e-9)
+    v = run_cli("validate", str(runs), "--system", str(out), "--json")  # the runs again, on the fitted system
+    assert v.returncode == 0, v.stderr
+    assert [c["predicted_time"] for c in json.loads(v.stdout)["cases"]] == pytest.approx([r["after"] for r in fit["runs"]], rel=1e-9)
+    again = run_cli("fit-runs", str(runs), "--out", str(tmp_path / "again.json"), "--system", str(out), "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "again.json").read_text())["sys_name"] == "a100_pcie_bf16 fitted to 2 runs"
 
 
 def test_cli_refuses_runs_of_two_clusters(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ from simumax.what_if import RESOURCES, Dump
 
 NOISE_SD = 0.04
 PRIOR_SD = 0.2
+FITTED_SUFFIX = r" fitted to \d+ runs$"
 STEP = math.log(1.1)  # finite-difference step of the Jacobian
 FACTOR_RANGE = (1 / 3, 3.0)  # a fitted factor stays within it (beyond: the base is not this cluster's)
 
@@ -249,7 +251,8 @@ def fit_system(runs: list[Run], base: SystemConfig, resources: tuple[str, ...] =
         d = _map_step(jac, resid, theta, others, noise_sd, prior_sd)
         loo.append(math.exp(g[i] + sum(jac[i][a] * d[a] for a in range(len(keys)))))
     factors = {k: math.exp(t) for k, t in zip(keys, theta)}
-    fitted = scaled(base, factors, name=f"{base.sys_name} fitted to {len(runs)} runs")
+    # a base fitted before keeps its own name: the new fit replaces the old one's suffix
+    fitted = scaled(base, factors, name=f"{re.sub(FITTED_SUFFIX, '', base.sys_name)} fitted to {len(runs)} runs")
     rows = [RunRow(r.id, r.seconds, b, math.exp(t), l) for r, b, t, l in zip(runs, base_times, g, loo)]
     return FitResult(base.sys_name, keys, factors, {k: math.sqrt(cov[a][a]) for a, k in enumerate(keys)}, rows, fitted,
                      iterations, noise_sd, prior_sd, notes)

@@ -12,6 +12,7 @@ from simumax.config.base import check_readable_file, read_text
 from simumax.config.loader import load_model, load_strategy, load_system
 from simumax.config.model import ModelConfig
 from simumax.config.strategy import StrategyConfig
+from simumax.config.system import SystemConfig
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 from simumax.report.results import MemResult
@@ -130,9 +131,10 @@ def case_system(case: dict[str, Any], root: Path) -> Any:
     return _resolve(case["system"], root)
 
 
-def estimate_for_case(case: dict[str, Any], root: Path) -> Estimate:
+def estimate_for_case(case: dict[str, Any], root: Path, system: SystemConfig | None = None) -> Estimate:
+    """The case's estimate; ``system``: run it there instead of on the system it names."""
     model, strategy = case_model_strategy(case, root)
-    return Estimate(model, strategy, load_system(case_system(case, root)))
+    return Estimate(model, strategy, system or load_system(case_system(case, root)))
 
 
 def case_source(case_id: str) -> str:
@@ -213,7 +215,7 @@ def _strategy_fields(case: dict[str, Any], root: Path) -> dict[str, Any]:
         return {}
 
 
-def run_case(case: dict[str, Any], root: Path) -> CaseResult:
+def run_case(case: dict[str, Any], root: Path, system: SystemConfig | None = None) -> CaseResult:
     """Predict one case. Time is compared when it has ``iter_time_ms``, or else
     ``tflops_per_gpu`` (SimuMax's convention, ``Estimate.flops_6nd_with_attn`` per GPU: the
     time is those FLOPs over that rate); memory as its ``memory_measure`` says (peak
@@ -233,7 +235,7 @@ def run_case(case: dict[str, Any], root: Path) -> CaseResult:
     real_t = _seconds(measured)  # (a refused case reports its iteration time only)
     ref_t = relative_error(_seconds(ref), real_t)
     try:
-        est = estimate_for_case(case, root)
+        est = estimate_for_case(case, root, system)
         real_t = _seconds(measured, est)  # a time given as TFLOP/s too
         ref_t = relative_error(_seconds(ref, est), real_t)
         cost = est.cost() if real_t is not None else None
@@ -275,10 +277,14 @@ def default_reference_root(jsonl: Path) -> Path:
     return shared if shared.is_dir() else here
 
 
-def run_file(path: str | Path, reference_root: str | Path | None = None) -> list[CaseResult]:
+def run_file(path: str | Path, reference_root: str | Path | None = None,
+             system: SystemConfig | str | Path | None = None) -> list[CaseResult]:
+    """Every case of the file; ``system``: every case on that system (a fitted one, another
+    GPU) instead of the one it names."""
     p = Path(path)
     root = Path(reference_root) if reference_root else default_reference_root(p)
-    return [run_case(c, root) for c in load_cases(p)]
+    on = load_system(system) if system is not None else None
+    return [run_case(c, root, on) for c in load_cases(p)]
 
 
 def summary(results: list[CaseResult]) -> dict[str, float | int | None]:

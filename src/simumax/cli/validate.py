@@ -20,12 +20,14 @@ def validate(
     reference_root: Optional[Path] = typer.Option(None, help="Folder config paths are relative to (default: ../reference beside the file's folder if there is one, else the file's folder)."),
     as_json: bool = typer.Option(False, "--json", help="Print per-case results and the summary as JSON."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write validation.json to this folder."),
+    system: Optional[str] = typer.Option(None, "--system", "-y", help="Run every case on this system (e.g. one from "
+                                         "fit-runs) instead of the one it names."),
 ) -> None:
     """Compare predictions with measured runs: time and peak memory error per case."""
     from simumax.validate import ranking, run_file, summary, summary_by_family, summary_by_source
     from simumax.validate_split import step_split
 
-    results = run_file(file, reference_root)
+    results = run_file(file, reference_root, system)
     summ = summary(results)
     by_family = summary_by_family(results)
     by_source = summary_by_source(results)
