@@ -126,6 +126,7 @@ def test_cli_writes_the_system_and_its_fit(tmp_path: Path) -> None:
     res = run_cli("fit-runs", str(runs), "--out", str(out), "--resource", "compute")
     assert res.returncode == 0, res.stderr
     assert "tensor cores" in res.stdout and "left out" in res.stdout
+    assert (tmp_path / "fit" / "my_cluster.fit.png").read_bytes()[:4] == b"\x89PNG"
     fit = json.loads((tmp_path / "fit" / "my_cluster.fit.json").read_text())
     assert [r["key"] for r in fit["resources"]] == ["compute"] and fit["resources"][0]["factor"] < 1
     perf = run_cli("perf", "-m", "llama3-8b", "-s", "tp1_pp2_dp4_mbs1", "-y", str(out), "--json")
@@ -147,9 +148,12 @@ def test_cli_refuses_runs_of_two_clusters(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert "2 systems" in res.stderr and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.json").exists()
-    ok = run_cli("fit-runs", str(runs), "--out", str(tmp_path / "x.json"), "--system", "a100_pcie", "--json")
+    bad = run_cli("fit-runs", str(runs), "--out", str(tmp_path / "x.json"), "--system", "a100_pcie", "--plot-format", "gif")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --plot-format")
+    ok = run_cli("fit-runs", str(runs), "--out", str(tmp_path / "x.json"), "--system", "a100_pcie", "--json",
+                 "--plot-format", "none")
     assert ok.returncode == 0, ok.stderr
-    assert json.loads(ok.stdout)["base"] == "a100_pcie_bf16"
+    assert json.loads(ok.stdout)["base"] == "a100_pcie_bf16" and not (tmp_path / "x.fit.png").exists()
 
 
 @needs_shared

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from simumax import cli  # the app and its consoles (cli.out_console is read at call time: tools swap it)
 from simumax.atomic import dumps_finite, write_json_atomic
+from simumax.errors import ConfigError
 from simumax.report import format as fmt
 
 
@@ -125,16 +126,23 @@ def fit_runs(
     prior_sd: float = typer.Option(0.2, help="Spread of ln(factor) a resource may stray from the base's value."),
     reference_root: Optional[Path] = typer.Option(None, help="Folder config paths are relative to (default: ../reference beside the file's folder if there is one, else the file's folder)."),
     as_json: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
+    plot_format: str = typer.Option("png", "--plot-format", help="The chart <name>.fit.<format>: png, svg or none."),
 ) -> None:
     """Fit a system's resources (tensor cores, HBM, links) to measured runs of your own
     cluster; write it for every later estimate."""
     from simumax.fit_runs import DEFAULT_RESOURCES, fit_file
 
+    if plot_format not in ("png", "svg", "none"):
+        raise ConfigError("--plot-format", "must be png, svg or none")
     res = fit_file(file, system, reference_root, resources=tuple(resource or DEFAULT_RESOURCES), noise_sd=noise_sd,
                    prior_sd=prior_sd)
     report = res.to_dict()
     write_json_atomic(out, res.system.model_dump())
     write_json_atomic(out.with_name(out.stem + ".fit.json"), report)
+    if plot_format != "none":
+        from simumax.report.fit_runs import plot
+
+        plot(res, out.with_name(f"{out.stem}.fit.{plot_format}"))
     if as_json:
         cli.out_console.print_json(dumps_finite(report))
         return
@@ -161,4 +169,5 @@ def fit_runs(
         f"{mean('error_loo'):.1%} (what to expect on a run the fit has not seen, on this cluster)", markup=False)
     for note in res.notes:
         cli.out_console.print(f"note: {note}", markup=False)
-    cli.out_console.print(f"wrote {out} (use it as --system {out}) and {out.with_name(out.stem + '.fit.json')}", markup=False)
+    chart = "" if plot_format == "none" else f", {out.with_name(f'{out.stem}.fit.{plot_format}')}"
+    cli.out_console.print(f"wrote {out} (use it as --system {out}), {out.with_name(out.stem + '.fit.json')}{chart}", markup=False)
