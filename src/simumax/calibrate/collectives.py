@@ -17,21 +17,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from simumax.calibrate.comm_points import OPS, CommPoint, fit_points, fit_points_by_size
 from simumax.calibrate.contention import ContentionPoint
 from simumax.calibrate.contention import measure as measure_beside_gemms
-from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
+from simumax.calibrate.fit import AlphaBeta
 from simumax.calibrate.timing import synchronize
-from simumax.cost.network import DEFAULT_SPECS, ring_bytes
-
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all2all", "p2p")
-
-
-@dataclass(frozen=True, slots=True)
-class CommPoint:
-    op: str
-    group_size: int
-    nbytes: int  # the cost model's logical buffer (kernels.Collective.bytes)
-    seconds: float
 
 
 @dataclass
@@ -43,21 +33,10 @@ class CommCalibration:
     contention: list[ContentionPoint] = field(default_factory=list)  # calibrate/contention.py
 
     def fits(self) -> dict[str, AlphaBeta]:
-        """One α-β line per op over all group sizes (the config has one entry per op and tier)."""
-        return {op: _fit(op, pts) for op in OPS if (pts := [p for p in self.points if p.op == op])}
+        return fit_points(self.points)
 
     def fits_by_size(self) -> dict[str, dict[int, AlphaBeta]]:
-        """One α-β line per op and group size."""
-        sizes: dict[str, dict[int, list[CommPoint]]] = {}
-        for p in self.points:
-            sizes.setdefault(p.op, {}).setdefault(p.group_size, []).append(p)
-        return {op: {n: _fit(op, by_n[n]) for n in sorted(by_n)} for op, by_n in sizes.items()}
-
-
-def _fit(op: str, pts: list[CommPoint]) -> AlphaBeta:
-    """The cost model's line through the points: seconds against ring bytes."""
-    spec = DEFAULT_SPECS[op]
-    return fit_alpha_beta([ring_bytes(p.nbytes, p.group_size, spec.scale, spec.offset) for p in pts], [p.seconds for p in pts])
+        return fit_points_by_size(self.points)
 
 
 def _op_fn(op: str, nbytes: int, n: int, group, group_ranks: list[int], device: torch.device):

@@ -126,6 +126,7 @@ def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier:
 
     from simumax.calibrate import system_writer
     from simumax.calibrate.collectives import run_collectives
+    from simumax.calibrate.comm_points import points_report
     from simumax.calibrate.contention import tier_usage
 
     if "RANK" not in os.environ:
@@ -149,10 +150,7 @@ def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier:
     SystemConfig.init_from_dict(system)
     report = {
         "backend": cal.backend, "world_size": cal.world_size, "tier": tier,
-        "points": [{"op": p.op, "group_size": p.group_size, "bytes": p.nbytes, "seconds": p.seconds} for p in cal.points],
-        "fits_by_group_size": {op: {str(n): {"seconds_per_byte": f.seconds_per_byte, "latency": f.latency,
-                                             "max_rel_residual": f.max_rel_residual} for n, f in by.items()}
-                               for op, by in cal.fits_by_size().items()},
+        **points_report(cal.points),
         "contention": [{"op": p.op, "group_size": p.group_size, "bytes": p.nbytes, "gemm_alone": p.gemm_alone,
                         "gemm_beside": p.gemm_beside, "comm_beside": p.comm_beside, "usage": p.usage}
                        for p in cal.contention],
