@@ -396,3 +396,19 @@ def test_check_step_refuses_models_it_cannot_build() -> None:
                 {"hybrid_layer_pattern": "G-" * (base.layer_num // 2)}):
         with pytest.raises(ConfigError):
             LlamaStyle(base.with_updates(upd))
+
+
+def test_calibrate_comm_picks_the_nodes_tier_by_itself(tmp_path) -> None:
+    """Without --tier, groups inside one node fit the tier the cost model puts them on (two
+    ranks on the A100 PCIe file: its 2-wide switch tier), as comm_points.merge_points does."""
+    out = tmp_path / "comm.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29518", "-m",
+         "simumax.cli", "calibrate-comm", "--base", "a100_pcie", "--sizes", "4K,1M", "--warmup", "1", "--repeats", "2",
+         "--no-contention", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((tmp_path / "comm.comm_report.json").read_text())
+    assert report["tiers"] == {"intra_node_pcie_2x": 5 * 2} and report["tier"] == "intra_node_pcie_2x"
+    assert SystemConfig.init_from_config_file(out).networks.tiers["intra_node_pcie_2x"].provenance == "measured"

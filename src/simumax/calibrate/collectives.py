@@ -31,6 +31,7 @@ class CommCalibration:
     intra_node: bool  # every rank on one node
     points: list[CommPoint]
     contention: list[ContentionPoint] = field(default_factory=list)  # calibrate/contention.py
+    per_node: int = 0  # ranks per node (torchrun's LOCAL_WORLD_SIZE); 0: unknown
 
     def fits(self) -> dict[str, AlphaBeta]:
         return fit_points(self.points)
@@ -113,6 +114,9 @@ def run_collectives(
             made[n] = handles[rank // n], blocks[rank // n]
         return made[n]
 
+    import os
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     points: list[CommPoint] = []
     for n in groups:
         group, members = my_group(n)
@@ -121,7 +125,9 @@ def run_collectives(
                 continue
             for nbytes in sizes:
                 fn = _op_fn(op, nbytes, n, group, members, device)
-                points.append(CommPoint(op, n, nbytes, _world_max(_time(fn, device, warmup, repeats), device)))
+                # consecutive ranks: a group larger than a node spans n / local nodes
+                points.append(CommPoint(op, n, nbytes, _world_max(_time(fn, device, warmup, repeats), device),
+                                        nodes=max(1, n // local) if n > local else 1))
     beside: list[ContentionPoint] = []
     if contention and groups:
         n = max(groups)
@@ -129,10 +135,7 @@ def run_collectives(
         for op in (o for o in CONTENTION_OPS if o in ops):
             fn = _op_fn(op, max(sizes), n, group, members, device)
             beside.append(measure_beside_gemms(op, n, max(sizes), fn, lambda x: _world_max(x, device), device))
-    import os
-
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    return CommCalibration(dist.get_backend(), world, local == world, points, beside)
+    return CommCalibration(dist.get_backend(), world, local == world, points, beside, local)
 
 
 def _world_max(x: float, device: torch.device) -> float:

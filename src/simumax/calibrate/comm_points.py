@@ -6,6 +6,7 @@ nccl-tests`` reads from nccl-tests' output, fitted alike (calibrate/system_write
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
 from simumax.cost.network import DEFAULT_SPECS, ring_bytes
@@ -19,6 +20,7 @@ class CommPoint:
     group_size: int
     nbytes: int  # the cost model's logical buffer (kernels.Collective.bytes; nccl-tests' "size")
     seconds: float
+    nodes: int = 1  # nodes the group spans (its ranks spread evenly over them)
 
 
 def _fit(op: str, pts: list[CommPoint]) -> AlphaBeta:
@@ -48,3 +50,84 @@ def points_report(points: list[CommPoint]) -> dict:
                                              "max_rel_residual": f.max_rel_residual} for n, f in by.items()}
                                for op, by in fit_points_by_size(points).items()},
     }
+
+
+def intra_tier_name(system: dict[str, Any], ranks: int) -> str:
+    """The tier the cost model puts a group of ``ranks`` consecutive ranks inside one node on
+    (cost/network.py ``NetworkModel._placement``): the PCIe switch span's on a PCIe system,
+    else the node's fabric."""
+    nets = system["networks"]
+    tiers = [k for k, v in nets.items() if isinstance(v, dict)]
+    if nets.get("intra_with_pcie"):
+        widths = sorted(int(k.split("_")[-1][:-1]) for k in tiers if k.startswith("intra_node_pcie_"))
+        span = 1 << max(0, ranks - 1).bit_length()
+        for w in widths:
+            if w >= span:
+                return f"intra_node_pcie_{w}x"
+    for name in ("high_intra_node", "low_intra_node", "intra_node"):
+        if name in tiers:
+            return name
+    intra = sorted(k for k in tiers if "intra" in k)
+    return intra[-1] if intra else "high_intra_node"
+
+
+def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float | None = None,
+                 tier: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The system with the tiers the points measure fitted, and what went where.
+
+    Points inside one node fit the node's tier with the flat ring formula, as the cost model
+    costs such groups. Points across nodes fit ``inter_node`` through the model's own split
+    of them (cost/network.py ``NetworkModel._across_nodes``, k ranks per node on N nodes):
+    an all-reduce is a reduce-scatter over the k local ranks, an all-reduce of 1/k of the
+    bytes over the N nodes and an all-gather over the k local ranks (reduce-scatter and
+    all-gather the first / last two parts), so the inter-node line is fitted to the time
+    less the local parts (costed on the node's tier, fitted first) against the ring bytes
+    of b/k over N, with the model's N-node latency steps. A p2p across nodes is the tier's
+    p2p. The model sends an all-to-all's cross-node share at the tier's p2p rate: its
+    cross-node points are reported as not fitted. ``tier`` puts every point on that tier
+    with the flat formula instead (as calibrate-comm --tier)."""
+    from simumax.calibrate.system_writer import merge_collectives  # (system_writer imports this module's peers)
+    from simumax.config.system import SystemConfig
+    from simumax.cost.network import node_steps, tier_time
+
+    skipped: list[str] = []
+    if tier is not None:
+        out = merge_collectives(system, tier, fit_points(points), fit_points_by_size(points), usage)
+        return out, {"tiers": {tier: len(points)}, "not_fitted": skipped}
+    inside = [p for p in points if p.nodes <= 1]
+    across = [p for p in points if p.nodes > 1]
+    out, where = system, {}
+    if inside:
+        name = intra_tier_name(system, max(p.group_size for p in inside))
+        out = merge_collectives(out, name, fit_points(inside), fit_points_by_size(inside), usage)
+        where[name] = len(inside)
+    if across:
+        cfg = SystemConfig.init_from_dict(out)
+        adjusted: list[CommPoint] = []
+        for p in across:
+            if p.op == "all2all":
+                skipped.append(f"all2all over {p.nodes} nodes ({p.nbytes} B): the model sends its cross-node share at "
+                               "the p2p rate; time sendrecv across nodes for it")
+                continue
+            if p.op == "p2p":
+                adjusted.append(CommPoint("p2p", 2, p.nbytes, p.seconds))
+                continue
+            k = max(1, p.group_size // p.nodes)
+            local = 0.0
+            if k > 1:
+                node = cfg.networks.tiers[intra_tier_name(out, k)]
+                parts = {"all_reduce": ("reduce_scatter", "all_gather"), "reduce_scatter": ("reduce_scatter",),
+                         "all_gather": ("all_gather",)}[p.op]
+                local = sum(tier_time(node, part, p.nbytes, k) for part in parts)
+            rest = p.seconds - local
+            if rest <= 0.05 * p.seconds:
+                skipped.append(f"{p.op} over {p.nodes} nodes ({p.nbytes} B): the node's tier alone takes "
+                               f"{local * 1e6:.1f} of its {p.seconds * 1e6:.1f} us, nothing left for the NICs")
+                continue
+            # the inter-node part: b/k bytes over N "ranks" (nodes), as the model costs it
+            adjusted.append(CommPoint(p.op, p.nodes, max(1, round(p.nbytes / k)), rest))
+        if adjusted:
+            out = merge_collectives(out, "inter_node", fit_points(adjusted), fit_points_by_size(adjusted), usage,
+                                    steps_of=node_steps)
+            where["inter_node"] = len(adjusted)
+    return out, {"tiers": where, "not_fitted": skipped}

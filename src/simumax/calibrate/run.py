@@ -126,7 +126,7 @@ def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier:
 
     from simumax.calibrate import system_writer
     from simumax.calibrate.collectives import run_collectives
-    from simumax.calibrate.comm_points import points_report
+    from simumax.calibrate.comm_points import merge_points, points_report
     from simumax.calibrate.contention import tier_usage
 
     if "RANK" not in os.environ:
@@ -140,16 +140,19 @@ def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier:
         rank0 = dist.get_rank() == 0
     finally:
         dist.destroy_process_group()
-    tier = tier or ("high_intra_node" if cal.intra_node else "inter_node")
     start = base.to_dict() if base else None
     if start is None:  # peaks from the datasheet: this run measures only the network
         dname = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         mem = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 16.0
-        start = system_writer.fresh_system(dname.replace(" ", "_").lower(), dname, mem, None, None, cal.world_size)
-    system = system_writer.merge_collectives(start, tier, cal.fits(), cal.fits_by_size(), tier_usage(cal.contention))
+        start = system_writer.fresh_system(dname.replace(" ", "_").lower(), dname, mem, None, None,
+                                           cal.per_node or cal.world_size)
+    # groups inside a node fit the node's tier; larger ones inter_node through the model's
+    # split into node-local and cross-node parts (comm_points.merge_points); --tier: all on it
+    system, where = merge_points(start, cal.points, tier_usage(cal.contention), tier)
     SystemConfig.init_from_dict(system)
     report = {
-        "backend": cal.backend, "world_size": cal.world_size, "tier": tier,
+        "backend": cal.backend, "world_size": cal.world_size, "tier": tier or next(iter(where["tiers"]), "inter_node"),
+        **where,
         **points_report(cal.points),
         "contention": [{"op": p.op, "group_size": p.group_size, "bytes": p.nbytes, "gemm_alone": p.gemm_alone,
                         "gemm_beside": p.gemm_beside, "comm_beside": p.comm_beside, "usage": p.usage}

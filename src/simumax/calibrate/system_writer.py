@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import logging
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from simumax.calibrate.fit import AlphaBeta
@@ -123,7 +124,7 @@ def merge_compute(system: dict[str, Any], cal: Any, mem_gib: float | None = None
 
 def merge_collectives(system: dict[str, Any], tier: str, fits: dict[str, AlphaBeta],
                       by_size: dict[str, dict[int, AlphaBeta]] | None = None,
-                      usage: float | None = None) -> dict[str, Any]:
+                      usage: float | None = None, steps_of: Callable[[str, int], int] | None = None) -> dict[str, Any]:
     """Per-op efficiency and latency of one network tier (created at the measured
     bandwidth when the system lacks it), and its ``processor_usage`` when measured
     (``usage``, calibrate/contention.py; the base's otherwise).
@@ -132,7 +133,9 @@ def merge_collectives(system: dict[str, Any], tier: str, fits: dict[str, AlphaBe
     ``by_size`` (fits per group size), ``latency_us`` is the largest per-step latency no
     size exceeds (min over sizes of latency / steps) and each size's rest goes to
     ``fixed_latency_us_by_comm_num``, so every measured size keeps its own latency.
-    Without it the joint fit's intercept is one fixed latency per call."""
+    Without it the joint fit's intercept is one fixed latency per call. ``steps_of(op, n)``:
+    the latency steps the cost model charges a collective of that size on this tier
+    (default a ring's over n ranks; across nodes, n nodes: ``network.node_steps``)."""
     out = copy.deepcopy(system)
     nets = out["networks"]
     if tier not in nets:
@@ -169,7 +172,7 @@ def merge_collectives(system: dict[str, Any], tier: str, fits: dict[str, AlphaBe
             spec["latency_us"], spec["fixed_latency_us"] = 0.0, round(fit.latency * 1e6, 3)
             continue
         shape = DEFAULT_SPECS[op]
-        steps = {n: ring_steps(op, n, shape.scale, shape.offset) for n in sizes}
+        steps = {n: steps_of(op, n) if steps_of else ring_steps(op, n, shape.scale, shape.offset) for n in sizes}
         per_step = min(f.latency / steps[n] for n, f in sizes.items())
         spec["latency_us"], spec["fixed_latency_us"] = round(per_step * 1e6, 3), 0.0
         if len(sizes) > 1:

@@ -112,7 +112,10 @@ def calibrate_comm(
     if rank0:
         write_json_atomic(out, system)
         write_json_atomic(out.with_name(out.stem + ".comm_report.json"), report)
-        cli.out_console.print(fmt.comm_table(report, system), markup=False)
+        for name in report["tiers"] or [report["tier"]]:
+            cli.out_console.print(fmt.comm_table({**report, "tier": name}, system), markup=False)
+        for note in report["not_fitted"]:
+            cli.err_console.print(f"note: not fitted: {note}", markup=False, highlight=False, soft_wrap=True)
 
 
 @cli.app.command("check-step")

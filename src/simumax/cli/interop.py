@@ -96,6 +96,38 @@ def import_megatron(
     cli.out_console.print_json(dumps_finite({"model": model.to_dict(), "strategy": strategy.to_dict()}))
 
 
+@import_app.command("nccl-tests")
+def import_nccl_tests(
+    files: list[Path] = typer.Argument(..., help="nccl-tests outputs (rank 0's): all_reduce_perf, all_gather_perf, "
+                                       "reduce_scatter_perf, alltoall_perf, sendrecv_perf; one or several hosts."),
+    base: str = typer.Option(..., "--base", "-y", help="System (preset or file) the tiers are fitted into."),
+    out: Path = typer.Option(..., "--out", help="Write the system here (and the fit as <name>.comm_report.json)."),
+    op: Optional[str] = typer.Option(None, "--op", help="The test, where neither the output nor the file name says."),
+    tier: Optional[str] = typer.Option(None, "--tier", help="Fit every file into this tier with the flat ring formula "
+                                       "(default: one host -> the node's tier, several -> inter_node, as the model "
+                                       "splits such groups)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the system as JSON."),
+) -> None:
+    """nccl-tests results -> the system's network tiers (efficiency and latency per collective)."""
+    from simumax.importers.nccl_tests import parse_nccl_tests, system_from_nccl_tests
+    from simumax.report import format as fmt
+
+    runs = [parse_nccl_tests(f, op) for f in files]
+    system, report = system_from_nccl_tests(runs, load_system(base).to_dict(), tier)
+    load_system(system)  # a tier the fit made unusable is an error here, not in a later estimate
+    write_json_atomic(out, system)
+    write_json_atomic(out.with_name(out.stem + ".comm_report.json"), report)
+    if as_json:
+        cli.out_console.print_json(dumps_finite(system))
+        return
+    for name in report["tiers"]:
+        cli.out_console.print(fmt.comm_table({**report, "tier": name, "world_size": max(r.ranks for r in runs)}, system),
+                              markup=False)
+    _print_notes([f"not fitted: {n}" for n in report["not_fitted"]])
+    cli.out_console.print(f"wrote {out} ({', '.join(f'{n} points -> {t}' for t, n in report['tiers'].items()) or 'nothing fitted'})",
+                          markup=False)
+
+
 def _record_run(log: Path, runs: Path, system: str, run_id: Optional[str], model, strategy) -> None:  # noqa: ANN001
     """The configs and the log's step time and peak memory as one line of ``runs``."""
     from simumax.config.base import read_text

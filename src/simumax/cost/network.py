@@ -65,7 +65,7 @@ def ring_steps(op: str, n: int, scale: float, offset: float) -> int:
     return max(1, round(scale * (n + offset)))
 
 
-def _node_steps(op: str, nodes: int) -> int:
+def node_steps(op: str, nodes: int) -> int:
     """Latency steps across nodes: a tree for all-reduce, the ring otherwise."""
     if op == "all_reduce":
         return 2 * math.ceil(math.log2(nodes))
@@ -332,11 +332,11 @@ class NetworkModel:
             if nodes <= 1:
                 return 0.0
             rate = leaf_rate(*self._leaf, op_, nodes, node_stride)
-            return self._flat("inter_node", op_, nbytes, nodes, c.group, _node_steps(op_, nodes), rate)
+            return self._flat("inter_node", op_, nbytes, nodes, c.group, node_steps(op_, nodes), rate)
 
         if local is None or op == "p2p":
             rate = leaf_rate(*self._leaf, op, n, node_stride)
-            return self._flat("inter_node", op, b, n, c.group, _node_steps(op, n), rate)
+            return self._flat("inter_node", op, b, n, c.group, node_steps(op, n), rate)
         if op == "all_reduce":
             return self._flat(local, "reduce_scatter", b, k) + across("all_reduce", b / k) + self._flat(local, "all_gather", b, k)
         if op == "reduce_scatter":

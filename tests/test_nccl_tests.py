@@ -1,0 +1,145 @@
+"""nccl-tests results as network tiers (importers/nccl_tests.py, calibrate/comm_points.py
+``merge_points``, `simumax import nccl-tests`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simumax.calibrate.comm_points import CommPoint, merge_points
+from simumax.config.loader import load_strategy, load_system
+from simumax.cost.network import NetworkModel
+from simumax.errors import ConfigError
+from simumax.graph.kernels import Collective
+from simumax.importers.nccl_tests import parse_nccl_tests, system_from_nccl_tests
+from tests.conftest import run_cli
+
+SIZES = [2**k for k in range(16, 31, 2)]  # 64 KiB .. 1 GiB
+TEST_OF = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+           "all2all": "alltoall", "p2p": "sendrecv"}
+
+
+def _model_time(system, op: str, nbytes: float, ranks: int) -> float:
+    """The cost model's time of one collective over ``ranks`` consecutive ranks (8 per node)."""
+    st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"world_size": max(ranks, 2), "tp_size": max(ranks, 2)})
+    net = NetworkModel(system, st)
+    if op == "p2p":  # the pipeline's pair: across nodes when the stages are a node apart
+        st = load_strategy("tp1_pp1_dp8_mbs1").with_updates({"world_size": 16, "tp_size": 8, "pp_size": 2}) if ranks > 8 \
+            else load_strategy("tp1_pp1_dp8_mbs1").with_updates({"world_size": 2, "pp_size": 2})
+        return NetworkModel(system, st).time(Collective("p2p", nbytes, "pp"))
+    return net.time(Collective(op, nbytes, "tp"))
+
+
+def nccl_tests_output(test: str, ranks: int, rows: list[tuple[int, float]], *, old: bool = False, per_node: int = 8,
+                      starting: bool = True) -> str:
+    """nccl-tests' output as rank 0 prints it (2.13 layout; ``old``: without redop / root)."""
+    head = [f"# nThread 1 nGpus 1 minBytes {rows[0][0]} maxBytes {rows[-1][0]} step: 4(factor) warmup iters: 5 iters: 20 "
+            "agg iters: 1 validation: 1 graph: 0", "#"]
+    if starting:
+        head.append(f"# Collective test starting: {test}_perf")
+    head += ["# Using devices"]
+    head += [f"#  Rank {r:2d} Group  0 Pid {4000 + r:6d} on {'node%02d' % (r // per_node):>10} device {r % per_node:2d} "
+             f"[0x{r:02x}] NVIDIA H100 80GB HBM3" for r in range(ranks)]
+    cols = "size count type time algbw busbw #wrong time algbw busbw #wrong" if old else \
+        "size count type redop root time algbw busbw #wrong time algbw busbw #wrong"
+    head += ["#", f"#  {cols}"]
+    body = []
+    for size, seconds in rows:
+        us = seconds * 1e6
+        algbw = size / seconds / 1e9
+        mid = "" if old else "   sum      -1"
+        body.append(f"{size:12d} {size // 2:12d}   bfloat16{mid} {us:8.2f} {algbw:7.2f} {algbw:7.2f}      0 "
+                    f"{us * 1.01:8.2f} {algbw:7.2f} {algbw:7.2f}      0")
+    return "\n".join(head + body + ["# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 12.3", "#", ""])
+
+
+def _truth():
+    """A cluster unlike the preset: slower NVLink collectives, slower and laggier NICs."""
+    d = load_system("h100-sxm-80gb").to_dict()
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "p2p"):
+        d["networks"]["high_intra_node"]["op"][op]["efficient_factor"] = 0.62
+        d["networks"]["inter_node"]["op"][op]["efficient_factor"] = 0.55
+        d["networks"]["inter_node"]["op"][op]["latency_us"] = 12.0
+    return load_system(d)
+
+
+def test_parses_both_layouts_and_finds_the_op() -> None:
+    rows = [(1 << 20, 40e-6), (1 << 26, 900e-6)]
+    for old, starting in ((False, True), (True, False)):
+        text = nccl_tests_output("all_gather", 16, rows, old=old, starting=starting)
+        path = Path("/tmp") / f"simumax_test_{'old' if old else 'new'}_all_gather_perf.txt"
+        path.write_text(text)
+        run = parse_nccl_tests(path)
+        assert (run.op, run.ranks, run.hosts) == ("all_gather", 16, 2)
+        assert [(p.nbytes, p.seconds, p.group_size, p.nodes) for p in run.points] == [
+            (1 << 20, pytest.approx(40e-6), 16, 2), (1 << 26, pytest.approx(900e-6), 16, 2)]
+
+
+def test_what_it_cannot_read_is_one_config_error(tmp_path: Path) -> None:
+    rows = [(1 << 20, 40e-6)]
+    f = tmp_path / "results.txt"
+    f.write_text(nccl_tests_output("all_reduce", 8, rows, starting=False))
+    with pytest.raises(ConfigError, match="--op"):
+        parse_nccl_tests(f)
+    assert parse_nccl_tests(f, "all_reduce_perf").op == "all_reduce"
+    f.write_text(nccl_tests_output("broadcast", 8, rows))
+    with pytest.raises(ConfigError, match="broadcast"):
+        parse_nccl_tests(f)
+    f.write_text("\n".join(line for line in nccl_tests_output("all_reduce", 8, rows).splitlines() if "Rank" not in line))
+    with pytest.raises(ConfigError, match="Rank"):
+        parse_nccl_tests(f)
+    f.write_text("# nothing\n")
+    with pytest.raises(ConfigError):
+        parse_nccl_tests(f, "all_reduce")
+
+
+def test_fitted_tiers_reproduce_the_measurements(tmp_path: Path) -> None:
+    """Times made by the cost model on one cluster, read as nccl-tests results onto another
+    cluster's preset: the fitted system gives every measured time back — one node (the
+    node's tier), two and four nodes (inter_node through the model's split of a group into
+    its node-local and cross-node parts), p2p across nodes."""
+    truth, base = _truth(), load_system("h100-sxm-80gb")
+    runs = []
+    for op, ranks in (("all_reduce", 8), ("all_gather", 8), ("reduce_scatter", 8), ("p2p", 2),
+                      ("all_reduce", 16), ("all_reduce", 32), ("all_gather", 16), ("reduce_scatter", 32), ("p2p", 16)):
+        rows = [(s, _model_time(truth, op, s, ranks)) for s in SIZES]
+        f = tmp_path / f"{op}_{ranks}.txt"
+        f.write_text(nccl_tests_output(TEST_OF[op], ranks, rows))
+        runs.append((parse_nccl_tests(f), op, ranks))
+    system, report = system_from_nccl_tests([r for r, _, _ in runs], base.to_dict())
+    assert report["tiers"] == {"high_intra_node": 4 * len(SIZES), "inter_node": 5 * len(SIZES)} and not report["not_fitted"]
+    fitted = load_system(system)
+    for run, op, ranks in runs:
+        for p in run.points:
+            assert _model_time(fitted, op, p.nbytes, ranks) == pytest.approx(p.seconds, rel=0.02), (op, ranks, p.nbytes)
+    # on the preset as it was, the same jobs' collectives are off
+    assert _model_time(base, "all_reduce", 2**30, 16) < 0.85 * _model_time(truth, "all_reduce", 2**30, 16)
+
+
+def test_cross_node_all_to_all_is_said_not_fitted() -> None:
+    pts = [CommPoint("all2all", 16, s, 1e-3, nodes=2) for s in SIZES]
+    system, where = merge_points(load_system("h100-sxm-80gb").to_dict(), pts)
+    assert where["tiers"] == {} and len(where["not_fitted"]) == len(SIZES) and "sendrecv" in where["not_fitted"][0]
+    assert system == load_system("h100-sxm-80gb").to_dict()
+
+
+def test_cli_writes_a_system_perf_reads(tmp_path: Path) -> None:
+    truth = _truth()
+    files = []
+    for op, ranks in (("all_reduce", 8), ("all_reduce", 16)):
+        f = tmp_path / f"{TEST_OF[op]}_{ranks}gpus.log"
+        f.write_text(nccl_tests_output(TEST_OF[op], ranks, [(s, _model_time(truth, op, s, ranks)) for s in SIZES],
+                                       starting=False))
+        files.append(str(f))
+    out = tmp_path / "cluster.json"
+    r = run_cli("import", "nccl-tests", *files, "--base", "h100-sxm-80gb", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "high_intra_node" in r.stdout and "inter_node" in r.stdout
+    report = json.loads((tmp_path / "cluster.comm_report.json").read_text())
+    assert [f["hosts"] for f in report["files"]] == [1, 2]
+    p = run_cli("perf", "-m", "llama3-8b", "-s", "tp8_pp1_dp1_mbs1", "-y", str(out), "--world-size", "16", "--json")
+    assert p.returncode == 0, p.stderr
+    bad = run_cli("import", "nccl-tests", str(tmp_path / "none.log"), "--base", "h100-sxm-80gb", "--out", str(out))
+    assert bad.returncode == 2 and bad.stderr.startswith("error:")
