@@ -216,3 +216,9 @@ def test_a_users_runs_get_one_summary_and_a_bad_run_is_named(tmp_path: Path) -> 
                                                    "strategy": "tp1_pp2_dp4_mbs1", "measured": {"iter_time_ms": 1.0}}) + "\n")
     f = run_cli("fit-runs", str(runs), "--out", str(tmp_path / "x.json"))
     assert f.returncode == 2 and "run run9" in f.stderr and "llama3-9b" in f.stderr
+    # a run whose strategy breaks a rule only the estimate checks (heads over TP) is named too
+    runs.write_text(_case(0, "a100_pcie", 5900.0) + "\n" + json.dumps(
+        {"id": "run7", "system": "a100_pcie", "model": "llama3-8b", "measured": {"iter_time_ms": 1.0},
+         "strategy": load_strategy("tp1_pp2_dp4_mbs1").with_updates({"tp_size": 3, "world_size": 6, "pp_size": 1, "enable_sequence_parallel": False}).to_dict()}) + "\n")
+    f = run_cli("fit-runs", str(runs), "--out", str(tmp_path / "x.json"))
+    assert f.returncode == 2 and "run run7" in f.stderr and "Traceback" not in f.stderr, f.stderr

@@ -162,7 +162,13 @@ def scaled(system: SystemConfig, factors: dict[str, float], name: str | None = N
 
 
 def _times(runs: list[Run], system: SystemConfig) -> list[float]:
-    return [Estimate(r.model, r.strategy, system).cost(band=False).duration_time_per_iter for r in runs]
+    out = []
+    for r in runs:
+        try:
+            out.append(Estimate(r.model, r.strategy, system).cost(band=False).duration_time_per_iter)
+        except ConfigError as exc:  # say which run
+            raise ConfigError(exc.field, exc.rule, f"run {r.id}" + (f" ({exc.source})" if exc.source else "")) from None
+    return out
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
