@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from simumax.calibrate.comm_points import CommPoint, merge_points
 from simumax.config.loader import load_strategy, load_system
@@ -118,6 +120,13 @@ def test_fitted_tiers_reproduce_the_measurements(tmp_path: Path) -> None:
     assert _model_time(base, "all_reduce", 2**30, 16) < 0.85 * _model_time(truth, "all_reduce", 2**30, 16)
 
 
+def test_an_unmeasured_node_local_part_is_said() -> None:
+    pts = [CommPoint("all_reduce", 16, s, 1e-3 + s / 40e9, nodes=2) for s in SIZES]
+    _, where = merge_points(load_system("h100-sxm-80gb").to_dict(), pts)
+    assert where["tiers"] == {"inter_node": len(SIZES)}
+    assert [n.split(" (")[0] for n in where["notes"]] == ["the node's all_gather", "the node's reduce_scatter"]
+
+
 def test_cross_node_all_to_all_is_said_not_fitted() -> None:
     pts = [CommPoint("all2all", 16, s, 1e-3, nodes=2) for s in SIZES]
     system, where = merge_points(load_system("h100-sxm-80gb").to_dict(), pts)
@@ -143,3 +152,25 @@ def test_cli_writes_a_system_perf_reads(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     bad = run_cli("import", "nccl-tests", str(tmp_path / "none.log"), "--base", "h100-sxm-80gb", "--out", str(out))
     assert bad.returncode == 2 and bad.stderr.startswith("error:")
+
+
+@settings(max_examples=15, deadline=None)
+@given(intra=hs.floats(0.3, 1.2), inter=hs.floats(0.2, 1.5), lat=hs.floats(0.0, 40.0),
+       ranks=hs.sampled_from([16, 32, 64]), op=hs.sampled_from(["all_reduce", "all_gather", "reduce_scatter"]))
+def test_any_cluster_comes_back_from_its_own_times(intra: float, inter: float, lat: float, ranks: int, op: str) -> None:
+    """Whatever a cluster's link efficiencies and NIC latency, its one-node and multi-node
+    times fitted onto the preset give those times back (the fit inverts the model's split)."""
+    d = load_system("h100-sxm-80gb").to_dict()
+    for o in ("all_reduce", "all_gather", "reduce_scatter"):
+        d["networks"]["high_intra_node"]["op"][o]["efficient_factor"] = intra
+        d["networks"]["inter_node"]["op"][o]["efficient_factor"] = inter
+        d["networks"]["inter_node"]["op"][o]["latency_us"] = lat
+    truth = load_system(d)
+    # one node: the op and the parts the model splits it into across nodes (as a user runs every test)
+    local = [CommPoint(o, 8, s, _model_time(truth, o, s, 8)) for o in {op, "reduce_scatter", "all_gather"} for s in SIZES]
+    pts = [CommPoint(op, ranks, s, _model_time(truth, op, s, ranks), nodes=ranks // 8) for s in SIZES]
+    system, where = merge_points(load_system("h100-sxm-80gb").to_dict(), local + pts)
+    assert not where["notes"] and not where["not_fitted"]
+    fitted = load_system(system)
+    for p in local + pts:
+        assert _model_time(fitted, p.op, p.nbytes, p.group_size) == pytest.approx(p.seconds, rel=0.02)

@@ -91,9 +91,10 @@ def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float |
     from simumax.cost.network import node_steps, tier_time
 
     skipped: list[str] = []
+    notes: list[str] = []
     if tier is not None:
         out = merge_collectives(system, tier, fit_points(points), fit_points_by_size(points), usage)
-        return out, {"tiers": {tier: len(points)}, "not_fitted": skipped}
+        return out, {"tiers": {tier: len(points)}, "not_fitted": skipped, "notes": notes}
     inside = [p for p in points if p.nodes <= 1]
     across = [p for p in points if p.nodes > 1]
     out, where = system, {}
@@ -103,6 +104,8 @@ def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float |
         where[name] = len(inside)
     if across:
         cfg = SystemConfig.init_from_dict(out)
+        measured_inside = {p.op for p in inside}
+        unmeasured: set[str] = set()
         adjusted: list[CommPoint] = []
         for p in across:
             if p.op == "all2all":
@@ -119,6 +122,8 @@ def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float |
                 parts = {"all_reduce": ("reduce_scatter", "all_gather"), "reduce_scatter": ("reduce_scatter",),
                          "all_gather": ("all_gather",)}[p.op]
                 local = sum(tier_time(node, part, p.nbytes, k) for part in parts)
+                unmeasured |= {f"{part} (the node-local part of {p.op} across nodes)" for part in parts
+                               if part not in measured_inside}
             rest = p.seconds - local
             if rest <= 0.05 * p.seconds:
                 skipped.append(f"{p.op} over {p.nodes} nodes ({p.nbytes} B): the node's tier alone takes "
@@ -130,4 +135,6 @@ def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float |
             out = merge_collectives(out, "inter_node", fit_points(adjusted), fit_points_by_size(adjusted), usage,
                                     steps_of=node_steps)
             where["inter_node"] = len(adjusted)
-    return out, {"tiers": where, "not_fitted": skipped}
+        notes += [f"the node's {what} is the base's, not measured on one node here: time it there too for an "
+                  "inter_node fit of this cluster alone" for what in sorted(unmeasured)]
+    return out, {"tiers": where, "not_fitted": skipped, "notes": notes}

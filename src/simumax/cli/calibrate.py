@@ -114,8 +114,8 @@ def calibrate_comm(
         write_json_atomic(out.with_name(out.stem + ".comm_report.json"), report)
         for name in report["tiers"] or [report["tier"]]:
             cli.out_console.print(fmt.comm_table({**report, "tier": name}, system), markup=False)
-        for note in report["not_fitted"]:
-            cli.err_console.print(f"note: not fitted: {note}", markup=False, highlight=False, soft_wrap=True)
+        for note in [f"not fitted: {n}" for n in report["not_fitted"]] + report["notes"]:
+            cli.err_console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
 
 
 @cli.app.command("check-step")

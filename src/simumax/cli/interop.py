@@ -123,7 +123,7 @@ def import_nccl_tests(
     for name in report["tiers"]:
         cli.out_console.print(fmt.comm_table({**report, "tier": name, "world_size": max(r.ranks for r in runs)}, system),
                               markup=False)
-    _print_notes([f"not fitted: {n}" for n in report["not_fitted"]])
+    _print_notes([f"not fitted: {n}" for n in report["not_fitted"]] + report["notes"])
     cli.out_console.print(f"wrote {out} ({', '.join(f'{n} points -> {t}' for t, n in report['tiers'].items()) or 'nothing fitted'})",
                           markup=False)
 
