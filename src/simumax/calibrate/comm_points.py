@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
-from simumax.cost.network import DEFAULT_SPECS, ring_bytes
+from simumax.calibrate.system_writer import merge_collectives
+from simumax.config.system import SystemConfig
+from simumax.cost.network import DEFAULT_SPECS, intra_tier, node_steps, ring_bytes, tier_time
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all2all", "p2p")
 
@@ -54,21 +56,10 @@ def points_report(points: list[CommPoint]) -> dict:
 
 def intra_tier_name(system: dict[str, Any], ranks: int) -> str:
     """The tier the cost model puts a group of ``ranks`` consecutive ranks inside one node on
-    (cost/network.py ``NetworkModel._placement``): the PCIe switch span's on a PCIe system,
-    else the node's fabric."""
+    (cost/network.py ``intra_tier``); a system without one gets the usual name."""
     nets = system["networks"]
     tiers = [k for k, v in nets.items() if isinstance(v, dict)]
-    if nets.get("intra_with_pcie"):
-        widths = sorted(int(k.split("_")[-1][:-1]) for k in tiers if k.startswith("intra_node_pcie_"))
-        span = 1 << max(0, ranks - 1).bit_length()
-        for w in widths:
-            if w >= span:
-                return f"intra_node_pcie_{w}x"
-    for name in ("high_intra_node", "low_intra_node", "intra_node"):
-        if name in tiers:
-            return name
-    intra = sorted(k for k in tiers if "intra" in k)
-    return intra[-1] if intra else "high_intra_node"
+    return intra_tier(tiers, bool(nets.get("intra_with_pcie")), ranks) or "high_intra_node"
 
 
 def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float | None = None,
@@ -86,10 +77,6 @@ def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float |
     p2p. The model sends an all-to-all's cross-node share at the tier's p2p rate: its
     cross-node points are reported as not fitted. ``tier`` puts every point on that tier
     with the flat formula instead (as calibrate-comm --tier)."""
-    from simumax.calibrate.system_writer import merge_collectives  # (system_writer imports this module's peers)
-    from simumax.config.system import SystemConfig
-    from simumax.cost.network import node_steps, tier_time
-
     skipped: list[str] = []
     notes: list[str] = []
     if tier is not None:

@@ -21,6 +21,7 @@ with per-step latency, 58 / 27 / 7 µs without it.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from simumax.config.strategy import StrategyConfig
@@ -102,6 +103,23 @@ def tier_time(tier: NetworkTier, op: str, nbytes: float, n: int, dp_group: bool 
     return ring_bytes(nbytes, n, spec.scale, spec.offset) / (bw * eff) + (steps * per_step + fixed) * 1e-6
 
 
+def intra_tier(tiers: Iterable[str], pcie: bool, span: int) -> str | None:
+    """The tier of a group inside one node reaching ``span`` consecutive ranks: on a PCIe
+    system the narrowest ``intra_node_pcie_<w>x`` switch span holding it, else the node's
+    fabric (high, low, plain intra-node, or any tier named intra); None without one."""
+    names = list(tiers)
+    if pcie:
+        width = _next_pow2(span)
+        for w in sorted(int(k.split("_")[-1][:-1]) for k in names if k.startswith("intra_node_pcie_")):
+            if w >= width:
+                return f"intra_node_pcie_{w}x"
+    for name in ("high_intra_node", "low_intra_node", "intra_node"):
+        if name in names:
+            return name
+    intra = sorted(k for k in names if "intra" in k)
+    return intra[-1] if intra else None
+
+
 class NetworkModel:
     def __init__(self, system: SystemConfig, st: StrategyConfig) -> None:
         # the system's figures, not the system: a model kept in the system's own caches
@@ -136,9 +154,6 @@ class NetworkModel:
             blocks = {"dp": (dp, tp * cp * pp), "dp_shard": (st.dp_shard_size // cp, tp * cp * pp)}
         overrides = {"tp": st.tp_net, "cp": st.cp_net, "cp_a2a": st.cp_net, "cp_p2p": st.cp_net, "dp": st.dp_net, "pp": st.pp_net, "ep": st.ep_net, "etp": st.etp_net,
                      "edp": st.edp_net or st.dp_net, "dp_shard": st.dp_net, "dp_rep": st.dp_net}
-        # the PCIe switch-tree spans a system has tiers for (intra_node_pcie_<w>x), narrowest first
-        self._pcie_widths = sorted(int(k.split("_")[-1][:-1]) for k in self.nets.tiers if k.startswith("intra_node_pcie_")) \
-            if self.nets.intra_with_pcie else []
         self.groups = {g: self._place(g, n, stride, overrides.get(g), blocks.get(g)) for g, (n, stride) in layout.items()}
         self._cache: dict[Collective, float] = {}
         self._acc = system.accelerator
@@ -181,17 +196,9 @@ class NetworkModel:
         if override and override in tiers and (override == "inter_node") != intra:
             return GroupPlacement(n, stride, override, intra)
         if intra:
-            if self.nets.intra_with_pcie:
-                width = _next_pow2(span)
-                for w in self._pcie_widths:
-                    if w >= width:
-                        return GroupPlacement(n, stride, f"intra_node_pcie_{w}x", True)
-            for name in ("high_intra_node", "low_intra_node", "intra_node"):
-                if name in tiers:
-                    return GroupPlacement(n, stride, name, True)
-            intra_tiers = [k for k in tiers if "intra" in k]
-            if intra_tiers:
-                return GroupPlacement(n, stride, sorted(intra_tiers)[-1], True)
+            name = intra_tier(tiers, self.nets.intra_with_pcie, span)
+            if name is not None:
+                return GroupPlacement(n, stride, name, True)
         if "inter_node" in tiers:
             return GroupPlacement(n, stride, "inter_node", False)
         raise ConfigError("networks", f"no tier for the {group} group (size {n}); add 'inter_node'")
