@@ -212,6 +212,7 @@ def test_a_users_runs_get_one_summary_and_a_bad_run_is_named(tmp_path: Path) -> 
     v = run_cli("validate", str(runs))
     assert v.returncode == 0, v.stderr
     assert "run0: " not in v.stdout and "2/2 cases" in v.stdout  # no per-run "source" lines
+    assert "slower than predicted on average: `simumax fit-runs" in v.stdout  # 5.9 / 6.0 s against 5.58 predicted
     runs.write_text(runs.read_text() + json.dumps({"id": "run9", "system": "a100_pcie", "model": "llama3-9b",
                                                    "strategy": "tp1_pp2_dp4_mbs1", "measured": {"iter_time_ms": 1.0}}) + "\n")
     f = run_cli("fit-runs", str(runs), "--out", str(tmp_path / "x.json"))

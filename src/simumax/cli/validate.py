@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Optional
@@ -13,6 +14,16 @@ from simumax import cli  # the app and its consoles (cli.out_console is read at 
 from simumax.atomic import dumps_finite, write_json_atomic
 from simumax.errors import ConfigError
 from simumax.report import format as fmt
+
+
+FIT_HINT_BIAS = 0.03  # a signed mean error past this on one cluster's runs suggests fit-runs
+
+
+def _one_system(file: Path, system: Optional[str]) -> bool:
+    """Whether every run of the file is estimated on one system (fit-runs' case)."""
+    from simumax.validate import load_cases
+
+    return system is not None or len({json.dumps(c["system"], sort_keys=True) for c in load_cases(file)}) == 1
 
 
 @cli.app.command()
@@ -94,6 +105,11 @@ def validate(
         for family, s in by_family.items():
             cli.out_console.print(line(f"{family}: ", s), markup=False)
     cli.out_console.print(line("all: " if len(by_family) > 1 or len(by_source) > 1 else "", summ), markup=False)
+    bias = summ["time_mean_error"]
+    if bias is not None and abs(bias) > FIT_HINT_BIAS and summ["time_cases"] >= 2 and _one_system(file, system):
+        cli.out_console.print(f"these runs are {abs(bias):.1%} {'slower' if bias < 0 else 'faster'} than predicted on "
+                              f"average: `simumax fit-runs {file} --out my_cluster.json` fits the system to them "
+                              "(docs/calibration.md)", markup=False)
     if ranks["groups"]:
         rho = ranks["mean_spearman"]
         cli.out_console.print(
