@@ -101,7 +101,7 @@ def import_nccl_tests(
     files: list[Path] = typer.Argument(..., help="nccl-tests outputs (rank 0's): all_reduce_perf, all_gather_perf, "
                                        "reduce_scatter_perf, alltoall_perf, sendrecv_perf; one or several hosts."),
     base: str = typer.Option(..., "--base", "-y", help="System (preset or file) the tiers are fitted into."),
-    out: Path = typer.Option(..., "--out", help="Write the system here (and the fit as <name>.comm_report.json)."),
+    out: Path = typer.Option(..., "--out", help="Write the system here, and the fit beside it (my.json: my.comm_report.json)."),
     op: Optional[str] = typer.Option(None, "--op", help="The test, where neither the output nor the file name says."),
     tier: Optional[str] = typer.Option(None, "--tier", help="Fit every file into this tier with the flat ring formula "
                                        "(default: one host -> the node's tier, several -> inter_node, as the model "

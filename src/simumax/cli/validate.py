@@ -133,7 +133,7 @@ def validate(
 @cli.app.command("fit-runs")
 def fit_runs(
     file: Path = typer.Argument(..., help="Your measured runs, JSONL in the validation schema (measured.iter_time_ms)."),
-    out: Path = typer.Option(..., "--out", help="Write the fitted system config here (and the fit as <name>.fit.json)."),
+    out: Path = typer.Option(..., "--out", help="Write the fitted system config here, and the fit and its chart beside it (my.json: my.fit.json, my.fit.png)."),
     system: Optional[str] = typer.Option(None, "--system", "-y", help="Base system (default: the one the runs name)."),
     resource: Optional[list[str]] = typer.Option(
         None, "--resource", help="Resources to fit (repeat): compute, hbm, scale_up, scale_out, latency, host. "
@@ -142,7 +142,7 @@ def fit_runs(
     prior_sd: float = typer.Option(0.2, help="Spread of ln(factor) a resource may stray from the base's value."),
     reference_root: Optional[Path] = typer.Option(None, help="Folder config paths are relative to (default: ../reference beside the file's folder if there is one, else the file's folder)."),
     as_json: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
-    plot_format: str = typer.Option("png", "--plot-format", help="The chart <name>.fit.<format>: png, svg or none."),
+    plot_format: str = typer.Option("png", "--plot-format", help="The chart's format: png, svg or none."),
 ) -> None:
     """Fit a system's resources (tensor cores, HBM, links) to measured runs of your own
     cluster; write it for every later estimate."""
