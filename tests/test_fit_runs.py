@@ -209,9 +209,10 @@ def test_config_paths_of_a_users_runs_file_are_beside_it(tmp_path: Path) -> None
 def test_a_users_runs_get_one_summary_and_a_bad_run_is_named(tmp_path: Path) -> None:
     runs = tmp_path / "runs.jsonl"
     runs.write_text("\n".join(_case(i, "a100_pcie", ms) for i, ms in enumerate((5900.0, 6000.0))) + "\n")
-    v = run_cli("validate", str(runs))
+    v = run_cli("validate", str(runs), "--out", str(tmp_path / "val"))
     assert v.returncode == 0, v.stderr
     assert "run0: " not in v.stdout and "2/2 cases" in v.stdout  # no per-run "source" lines
+    assert (tmp_path / "val" / "validation.png").read_bytes()[:4] == b"\x89PNG"  # each run's error and band
     assert "slower than predicted on average: `simumax fit-runs" in v.stdout  # 5.9 / 6.0 s against 5.58 predicted
     runs.write_text(runs.read_text() + json.dumps({"id": "run9", "system": "a100_pcie", "model": "llama3-9b",
                                                    "strategy": "tp1_pp2_dp4_mbs1", "measured": {"iter_time_ms": 1.0}}) + "\n")

@@ -31,7 +31,7 @@ def validate(
     file: Path = typer.Argument(..., help="Validation JSONL (schema: shared/validation/README.md)."),
     reference_root: Optional[Path] = typer.Option(None, help="Folder config paths are relative to (default: ../reference beside the file's folder if there is one, else the file's folder)."),
     as_json: bool = typer.Option(False, "--json", help="Print per-case results and the summary as JSON."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Also write validation.json to this folder."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write validation.json and validation.png (each run's time error and band) to this folder."),
     system: Optional[str] = typer.Option(None, "--system", "-y", help="Run every case on this system (e.g. one from "
                                          "fit-runs) instead of the one it names."),
 ) -> None:
@@ -49,6 +49,10 @@ def validate(
                "ranking": ranks, "micro_batch_split": split}
     if out is not None:
         write_json_atomic(out / "validation.json", payload)
+        if any(r.time_error is not None for r in results):
+            from simumax.report.validation_chart import plot
+
+            plot(results, out / "validation.png", f"{file.name}: time error per run, bar: its 80 % band")
     if as_json:
         cli.out_console.print_json(dumps_finite(payload))
         return

@@ -53,3 +53,13 @@ def png_bytes(fig: Any) -> bytes:
     fig.savefig(buf, format="png")
     pyplot().close(fig)
     return buf.getvalue()
+
+
+def plain_log_x(ax: Any) -> None:
+    """A log x axis labelled 1, 2, 5, 10, 20 ... (not 2x10^0, nor every minor tick)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())

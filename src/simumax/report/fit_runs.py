@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from simumax.fit_runs import FitResult
-from simumax.report.figure import pyplot, save_figure, styled
+from simumax.report.figure import plain_log_x, pyplot, save_figure, styled
 
 
 @styled
@@ -15,8 +15,6 @@ def figure(res: FitResult) -> Any:
     """Predicted / measured per run (log scale of the measured time): base system and
     left-out prediction, with the ±5 % band."""
     plt = pyplot()
-    from matplotlib.ticker import FuncFormatter
-
     fig, ax = plt.subplots(figsize=(6.0, 3.6), dpi=110)
     xs = [r.measured for r in res.rows]
     ax.axhspan(-5, 5, color="0.92", zorder=0)
@@ -26,10 +24,7 @@ def figure(res: FitResult) -> Any:
     ax.vlines(xs, before, left_out, color="0.75", lw=0.8, zorder=1)  # each run: from the base to its fit
     ax.scatter(xs, before, marker="o", facecolors="none", edgecolors="0.45", label=f"{res.base}", zorder=2)
     ax.scatter(xs, left_out, marker="o", color="tab:blue", label="fitted on the other runs", zorder=3)
-    ax.set_xscale("log")
-    plain = FuncFormatter(lambda x, _: f"{x:g}")  # 2, 5, 10 s, not 2x10^0
-    ax.xaxis.set_major_formatter(plain)
-    ax.xaxis.set_minor_formatter(plain)
+    plain_log_x(ax)
     ax.set_xlabel("measured iteration time (s)")
     ax.set_ylabel("predicted / measured − 1 (%)")
     ax.set_title(f"{len(res.rows)} runs: the base system and each run left out of the fit")
