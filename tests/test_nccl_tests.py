@@ -92,6 +92,9 @@ def test_what_it_cannot_read_is_one_config_error(tmp_path: Path) -> None:
     f.write_text("\n".join(line for line in nccl_tests_output("all_reduce", 8, rows).splitlines() if "Rank" not in line))
     with pytest.raises(ConfigError, match="Rank"):
         parse_nccl_tests(f)
+    f.write_text(nccl_tests_output("all_reduce", 8, rows) + nccl_tests_output("all_gather", 8, rows))
+    with pytest.raises(ConfigError, match="several tests"):
+        parse_nccl_tests(f)
     f.write_text("# nothing\n")
     with pytest.raises(ConfigError):
         parse_nccl_tests(f, "all_reduce")

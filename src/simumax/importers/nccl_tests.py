@@ -45,9 +45,12 @@ class NcclTestsRun:
 def _op_of(text: str, path: Path, op: str | None) -> str:
     if op is not None:
         return _model_op(op, path)
-    m = _STARTING.search(text)
-    if m:
-        return _model_op(m[1], path)
+    started = {m[1] for m in _STARTING.finditer(text)}
+    if len(started) > 1:
+        raise ConfigError("op", f"the output holds several tests ({', '.join(sorted(started))}): give one file per test",
+                          str(path))
+    if started:
+        return _model_op(started.pop(), path)
     name = path.name.lower().replace("-", "_")
     for key in sorted(NCCL_TESTS_OPS, key=len, reverse=True):
         if key in name:
