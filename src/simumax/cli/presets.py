@@ -67,6 +67,10 @@ def presets(
         for n in list_presets(k):
             grid.add_row(Text(f"  {n}"), Text(_preset_line(k, n)))
         cli.out_console.print(grid)
+        if k == "system":
+            cli.out_console.print("  a derived preset on your cluster: `simumax import nccl-tests` fits its network to your "
+                                  "nccl-tests results, `simumax fit-runs` its resources to your own runs "
+                                  "(docs/calibration.md)", markup=False)
 
 
 def _preset_line(kind: str, name: str) -> str:
