@@ -224,3 +224,14 @@ def test_a_users_runs_get_one_summary_and_a_bad_run_is_named(tmp_path: Path) -> 
          "strategy": load_strategy("tp1_pp2_dp4_mbs1").with_updates({"tp_size": 3, "world_size": 6, "pp_size": 1, "enable_sequence_parallel": False}).to_dict()}) + "\n")
     f = run_cli("fit-runs", str(runs), "--out", str(tmp_path / "x.json"))
     assert f.returncode == 2 and "run run7" in f.stderr and "Traceback" not in f.stderr, f.stderr
+
+
+def test_a_run_given_as_tflops_per_gpu_is_read_as_validate_reads_it(tmp_path: Path) -> None:
+    """SimuMax's records give TFLOP/s per GPU: the time is the model's FLOPs per GPU over it
+    (validate's ``measured_seconds``), so the fit sees the same time validate compares."""
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(json.dumps({"id": "t", "system": "a100_pcie", "model": "llama3-8b", "strategy": "tp1_pp2_dp4_mbs1",
+                                "measured": {"tflops_per_gpu": 150.0}}) + "\n")
+    res = fit_file(runs, resources=("compute",))
+    v = json.loads(run_cli("validate", str(runs), "--json").stdout)["cases"][0]
+    assert res.rows[0].measured == pytest.approx(v["measured_time"], rel=1e-12)

@@ -45,7 +45,7 @@ from simumax.config.strategy import StrategyConfig
 from simumax.config.system import MAX_EFFICIENCY, SystemConfig
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
-from simumax.validate import case_model_strategy, case_system, default_reference_root, load_cases
+from simumax.validate import case_model_strategy, case_system, default_reference_root, load_cases, measured_seconds
 from simumax.what_if import RESOURCES, Dump
 
 NOISE_SD = 0.04
@@ -132,22 +132,26 @@ class FitResult:
 def runs_from_file(path: str | Path, reference_root: str | Path | None = None) -> tuple[list[Run], list[Any]]:
     """The runs of a case file (the validation schema: shared/validation/README.md; config
     paths relative to ``reference_root``, by default as ``simumax validate`` reads them) that
-    give an ``iter_time_ms``, and the system each names."""
+    give an ``iter_time_ms`` (or a ``tflops_per_gpu``, read as validate reads it), and the
+    system each names."""
     p = Path(path)
     root = Path(reference_root) if reference_root else default_reference_root(p)
     runs, systems = [], []
     for case in load_cases(p):
-        ms = (case.get("measured") or {}).get("iter_time_ms")
-        if ms is None:
+        measured = case.get("measured") or {}
+        if measured.get("iter_time_ms") is None and not measured.get("tflops_per_gpu"):
             continue
         try:
             model, strategy = case_model_strategy(case, root)
+            # a time given as TFLOP/s per GPU (SimuMax's FLOP convention: the model's, whatever the system)
+            seconds = measured_seconds(measured) or measured_seconds(
+                measured, Estimate(model, strategy, load_system(case_system(case, root))))
         except ConfigError as exc:  # say which run
             raise ConfigError(exc.field, exc.rule, f"{p}: run {case['id']}" + (f" ({exc.source})" if exc.source else "")) from None
-        runs.append(Run(str(case["id"]), model, strategy, ms / 1e3))
+        runs.append(Run(str(case["id"]), model, strategy, float(seconds or 0.0)))
         systems.append(case_system(case, root))
     if not runs:
-        raise ConfigError("measured.iter_time_ms", "no run of the file gives one: nothing to fit", str(p))
+        raise ConfigError("measured.iter_time_ms", "no run of the file gives one (or tflops_per_gpu): nothing to fit", str(p))
     return runs, systems
 
 

@@ -232,12 +232,12 @@ def run_case(case: dict[str, Any], root: Path, system: SystemConfig | None = Non
     fields = {**case, "strategy": _strategy_fields(case, root)}
     source, group = case_source(case["id"]), ranking_group(fields)
     split = dict(micro_batches=int(fields["strategy"].get("micro_batch_num", 1)), step_group=step_group(fields))
-    real_t = _seconds(measured)  # (a refused case reports its iteration time only)
-    ref_t = relative_error(_seconds(ref), real_t)
+    real_t = measured_seconds(measured)  # (a refused case reports its iteration time only)
+    ref_t = relative_error(measured_seconds(ref), real_t)
     try:
         est = estimate_for_case(case, root, system)
-        real_t = _seconds(measured, est)  # a time given as TFLOP/s too
-        ref_t = relative_error(_seconds(ref, est), real_t)
+        real_t = measured_seconds(measured, est)  # a time given as TFLOP/s too
+        ref_t = relative_error(measured_seconds(ref, est), real_t)
         cost = est.cost() if real_t is not None else None
         t = cost.duration_time_per_iter if cost else None
         band = cost.duration_time_interval if cost else None
@@ -258,7 +258,7 @@ def run_case(case: dict[str, Any], root: Path, system: SystemConfig | None = Non
     )
 
 
-def _seconds(record: dict[str, Any], est: Estimate | None = None) -> float | None:
+def measured_seconds(record: dict[str, Any], est: Estimate | None = None) -> float | None:
     """A record's iteration time: ``iter_time_ms``, else (given the estimate) from
     ``tflops_per_gpu`` in SimuMax's FLOP convention; None with neither."""
     if record.get("iter_time_ms") is not None:
