@@ -97,8 +97,8 @@ def parse_nccl_tests(path: str | Path, op: str | None = None) -> NcclTestsRun:
             points.append(CommPoint(the_op, len(ranks), size, us * 1e-6, nodes=len(set(ranks.values()))))
     if time_col is None or not points:
         raise ConfigError("rows", "no '#  size  count  type ... time ...' header with rows under it", str(p))
-    if the_op != "p2p" and len(ranks) < 2:
-        raise ConfigError("ranks", f"one rank: a {the_op} needs two or more to time a link", str(p))
+    if len(ranks) < 2:
+        raise ConfigError("ranks", "one rank: a collective needs two or more to time a link", str(p))
     return NcclTestsRun(str(p), the_op, len(ranks), len(set(ranks.values())), tuple(points))
 
 
