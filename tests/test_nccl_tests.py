@@ -79,6 +79,16 @@ def test_parses_both_layouts_and_finds_the_op() -> None:
             (1 << 20, pytest.approx(40e-6), 16, 2), (1 << 26, pytest.approx(900e-6), 16, 2)]
 
 
+def test_launcher_prefixes_are_read_past(tmp_path: Path) -> None:
+    """srun -l ("0: ") and Open MPI --tag-output ("[1,0]<stdout>:") put a prefix on every line."""
+    text = nccl_tests_output("all_reduce", 16, [(1 << 20, 40e-6), (1 << 26, 900e-6)])
+    for prefix in ("0: ", "[1,0]<stdout>:"):
+        f = tmp_path / "all_reduce.txt"
+        f.write_text("\n".join(prefix + line for line in text.splitlines()))
+        run = parse_nccl_tests(f)
+        assert (run.ranks, run.hosts, len(run.points)) == (16, 2, 2)
+
+
 def test_what_it_cannot_read_is_one_config_error(tmp_path: Path) -> None:
     rows = [(1 << 20, 40e-6)]
     f = tmp_path / "results.txt"

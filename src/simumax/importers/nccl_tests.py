@@ -31,6 +31,9 @@ NCCL_TESTS_OPS = {"all_reduce": "all_reduce", "allreduce": "all_reduce", "all_ga
                   "alltoall": "all2all", "all_to_all": "all2all", "sendrecv": "p2p"}
 _STARTING = re.compile(r"Collective test starting:\s*(\w+?)_perf")
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)", re.M)
+# what launchers put before each line of a rank's output: srun -l ("0: "), Open MPI's
+# --tag-output ("[1,0]<stdout>:")
+_LAUNCHER_PREFIX = re.compile(r"^\s*(?:\d+:\s?|\[\d+,\d+\]<std(?:out|err)>:\s?)")
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ def parse_nccl_tests(path: str | Path, op: str | None = None) -> NcclTestsRun:
     """One nccl-tests output file (rank 0's, as the launcher prints it)."""
     p = Path(path)
     check_readable_file(p, "an nccl-tests output")
-    text = read_text(p, "path")
+    text = "\n".join(_LAUNCHER_PREFIX.sub("", line) for line in read_text(p, "path").splitlines())
     the_op = _op_of(text, p, op)
     ranks = {int(m[1]): m[2] for m in _RANK.finditer(text)}
     if not ranks:
