@@ -151,6 +151,7 @@ def fit_runs(
     """Fit a system's resources (tensor cores, HBM, links) to measured runs of your own
     cluster; write it for every later estimate."""
     from simumax.fit_runs import DEFAULT_RESOURCES, fit_file
+    from simumax.uncertainty import Z80
 
     if plot_format not in ("png", "svg", "none"):
         raise ConfigError("--plot-format", "must be png, svg or none")
@@ -169,10 +170,9 @@ def fit_runs(
     t = Table(title=f"{res.base}: resources fitted to {len(res.rows)} runs")
     for col in ("resource", "factor", "80 % range", "fields"):
         t.add_column(col, justify="left" if col in ("resource", "fields") else "right")
-    z = 1.2816  # the 80 % interval of a normal
-    for row in report["resources"]:
+    for row in report["resources"]:  # the 80 % range of the posterior: ln factor ± Z80 · sd
         f, sd = row["factor"], row["sd_log"]
-        t.add_row(row["name"], f"x{f:.3f}", f"{f * math.exp(-z * sd):.2f}–{f * math.exp(z * sd):.2f}", row["fields"])
+        t.add_row(row["name"], f"x{f:.3f}", f"{f * math.exp(-Z80 * sd):.2f}–{f * math.exp(Z80 * sd):.2f}", row["fields"])
     cli.out_console.print(t)
     r = Table(title="runs: measured, on the base system, on the fitted one, fitted without the run")
     for col in ("run", "real ms", "base ms", "err", "fitted ms", "err", "left out ms", "err"):
