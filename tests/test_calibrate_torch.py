@@ -412,3 +412,23 @@ def test_calibrate_comm_picks_the_nodes_tier_by_itself(tmp_path) -> None:
     report = json.loads((tmp_path / "comm.comm_report.json").read_text())
     assert report["tiers"] == {"intra_node_pcie_2x": 5 * 2} and report["tier"] == "intra_node_pcie_2x"
     assert SystemConfig.init_from_config_file(out).networks.tiers["intra_node_pcie_2x"].provenance == "measured"
+
+
+def test_calibrate_comm_across_two_nodes_fits_inter_node(tmp_path) -> None:
+    """Two one-rank "nodes" (two torchrun agents on one host): the group spans both, so its
+    points fit inter_node through the model's split (one rank per node: no node-local part),
+    the cross-node all-to-all is reported as not fitted, and every point is in the report."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr",
+           "127.0.0.1", "--master-port", "29533", "-m", "simumax.cli", "calibrate-comm", "--base", "a100_pcie", "--sizes",
+           "4K,1M", "--warmup", "1", "--repeats", "2", "--no-contention"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(cmd[:3] + ["--node-rank", str(r)] + cmd[3:] + ["--out", str(tmp_path / f"comm{r}.json")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env) for r in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:]
+    report = json.loads((tmp_path / "comm0.comm_report.json").read_text())
+    assert report["tiers"] == {"inter_node": 4 * 2} and report["tier"] == "inter_node"
+    assert len(report["not_fitted"]) == 2 and all("all2all over 2 nodes" in n for n in report["not_fitted"])
+    tier = SystemConfig.init_from_config_file(tmp_path / "comm0.json").networks.tiers["inter_node"]
+    assert tier.provenance == "measured"
+    assert all(tier.op[op].efficient_factor > 0 for op in ("all_reduce", "all_gather", "reduce_scatter", "p2p"))
