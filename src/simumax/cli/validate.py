@@ -174,9 +174,10 @@ def fit_runs(
         f, sd = row["factor"], row["sd_log"]
         t.add_row(row["name"], f"x{f:.3f}", f"{f * math.exp(-Z80 * sd):.2f}–{f * math.exp(Z80 * sd):.2f}", row["fields"])
     cli.out_console.print(t)
-    r = Table(title="runs: measured, on the base system, on the fitted one, fitted without the run")
-    for col in ("run", "real ms", "base ms", "err", "fitted ms", "err", "left out ms", "err"):
-        r.add_column(col, justify="left" if col == "run" else "right")
+    r = Table(title="runs (ms): measured, on the base system, on the fitted one, fitted without the run")
+    r.add_column("run", overflow="fold")  # a narrow terminal folds the name, never a number
+    for col in ("real", "base", "err", "fitted", "err", "left out", "err"):
+        r.add_column(col, justify="right", no_wrap=True)
     pct = lambda x: f"{x:+.1%}"  # noqa: E731
     for row in res.rows:
         e = row.to_dict()
