@@ -57,23 +57,29 @@ def validate(
         cli.out_console.print_json(dumps_finite(payload))
         return
     t = Table(title=f"validation: {file.name}")
-    for col in ("case", "pred ms", "real ms", "err", "SimuMax err", "pred GiB", "real GiB", "err", "SimuMax err"):
-        t.add_column(col, justify="left" if col == "case" else "right")
+    # SimuMax's own errors where the file records them (its validation files); a user's runs
+    # leave the two columns out, and the case names get their width
+    simumax = any(r.reference_time_error is not None or r.reference_mem_error is not None for r in results)
+    cols = ["case", "pred ms", "real ms", "err", "SimuMax err", "pred GiB", "real GiB", "err", "SimuMax err"]
+    keep = [i for i, c in enumerate(cols) if simumax or c != "SimuMax err"]
+    for i in keep:
+        t.add_column(cols[i], justify="left" if i == 0 else "right")
     pct = lambda x: "-" if x is None else f"{x:+.1%}"  # noqa: E731
     apct = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731
     opt = lambda x, f: "-" if x is None else f(x)  # noqa: E731
     for r in results:
         if r.skipped:
-            t.add_row(r.id, "skipped", "", "", "", "", "", "", r.skipped.split(": ", 1)[-1][:40])
+            t.add_row(r.id, "skipped", *[""] * (len(keep) - 3), r.skipped.split(": ", 1)[-1][:40])
             continue
         # memory compared as weights + grads + optimizer + stored activations (*) or as peak reserved (‡)
         star = {"states_plus_activations": "*", "peak_reserved": "‡"}.get(r.mem_measure, "")
         derived = "§" if r.time_from == "tflops_per_gpu" else ""  # real time from the TFLOP/s given
-        t.add_row(
+        cells = [
             r.id + ("†" if r.record_does_not_fit else ""), opt(r.predicted_time, fmt.ms), opt(r.measured_time, fmt.ms) + derived,
             pct(r.time_error), pct(r.reference_time_error),
             opt(r.predicted_mem, fmt.gib) + star, opt(r.measured_mem, fmt.gib) + star, pct(r.mem_error), pct(r.reference_mem_error),
-        )
+        ]
+        t.add_row(*[cells[i] for i in keep])
     cli.out_console.print(t)
     if any(r.mem_measure == "states_plus_activations" for r in results):
         cli.out_console.print("* weights + grads + optimizer + stored activations of the first stage (no transient buffers)", markup=False)
@@ -93,7 +99,8 @@ def validate(
         text = (
             f"{label}{s['evaluated']}/{s['cases']} cases: time ({s['time_cases']}) mean |err| {apct(s['time_mean_abs_error'])}"
             f" max {apct(s['time_max_abs_error'])} signed mean {pct(s['time_mean_error'])}"
-            f" (SimuMax {apct(s['reference_time_mean_abs_error'])} / {apct(s['reference_time_max_abs_error'])});"
+            + (f" (SimuMax {apct(s['reference_time_mean_abs_error'])} / {apct(s['reference_time_max_abs_error'])})" if simumax else "")
+            + ";"
             f" memory ({s['mem_cases']}) mean |err| {apct(s['mem_mean_abs_error'])} max {apct(s['mem_max_abs_error'])}"
         )
         if s["band_coverage"] is not None:
