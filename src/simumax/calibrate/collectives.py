@@ -10,6 +10,7 @@ tier bandwidth times efficiency, plus latency.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -28,10 +29,9 @@ from simumax.calibrate.timing import synchronize
 class CommCalibration:
     backend: str
     world_size: int
-    intra_node: bool  # every rank on one node
+    per_node: int  # ranks per node (torchrun's LOCAL_WORLD_SIZE): the world's when on one node
     points: list[CommPoint]
     contention: list[ContentionPoint] = field(default_factory=list)  # calibrate/contention.py
-    per_node: int = 0  # ranks per node (torchrun's LOCAL_WORLD_SIZE); 0: unknown
 
     def fits(self) -> dict[str, AlphaBeta]:
         return fit_points(self.points)
@@ -114,8 +114,6 @@ def run_collectives(
             made[n] = handles[rank // n], blocks[rank // n]
         return made[n]
 
-    import os
-
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     points: list[CommPoint] = []
     for n in groups:
@@ -135,7 +133,7 @@ def run_collectives(
         for op in (o for o in CONTENTION_OPS if o in ops):
             fn = _op_fn(op, max(sizes), n, group, members, device)
             beside.append(measure_beside_gemms(op, n, max(sizes), fn, lambda x: _world_max(x, device), device))
-    return CommCalibration(dist.get_backend(), world, local == world, points, beside, local)
+    return CommCalibration(dist.get_backend(), world, local, points, beside)
 
 
 def _world_max(x: float, device: torch.device) -> float:

@@ -144,8 +144,7 @@ def calibrate_collectives(sizes: list[int], group_sizes: list[int] | None, tier:
     if start is None:  # peaks from the datasheet: this run measures only the network
         dname = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         mem = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 16.0
-        start = system_writer.fresh_system(dname.replace(" ", "_").lower(), dname, mem, None, None,
-                                           cal.per_node or cal.world_size)
+        start = system_writer.fresh_system(dname.replace(" ", "_").lower(), dname, mem, None, None, cal.per_node)
     # groups inside a node fit the node's tier; larger ones inter_node through the model's
     # split into node-local and cross-node parts (comm_points.merge_points); --tier: all on it
     system, where = merge_points(start, cal.points, tier_usage(cal.contention), tier)
