@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ from simumax.config.system import MAX_EFFICIENCY, SystemConfig
 from simumax.errors import ConfigError
 from simumax.estimate import Estimate
 from simumax.validate import case_model_strategy, case_system, default_reference_root, load_cases, measured_seconds
-from simumax.what_if import RESOURCES, Dump
+from simumax.what_if import RESOURCES, Dump, Resource, scaled_by
 
 NOISE_SD = 0.04
 PRIOR_SD = 0.2
@@ -62,22 +61,13 @@ def _efficiencies(d: Dump, f: float) -> None:
         spec["accurate_efficient_factor"] = {k: min(MAX_EFFICIENCY, v * f) for k, v in spec["accurate_efficient_factor"].items()}
 
 
-@dataclass(frozen=True)
-class FitResource:
-    key: str
-    name: str
-    fields: str
-    apply: Callable[[Dump, float], None]
-
-
-def _fit_resources() -> dict[str, FitResource]:
+def _fit_resources() -> dict[str, Resource]:
     """Tensor cores as efficiencies; the rest as ``simumax what-if`` scales them."""
     by_name = {r.name: r for r in RESOURCES}
-    out = {"compute": FitResource("compute", "tensor cores", "accelerator.op.*: efficient_factor and table entries", _efficiencies)}
+    out = {"compute": Resource("tensor cores", "accelerator.op.*: efficient_factor and table entries", _efficiencies)}
     for key, name in (("hbm", "HBM bandwidth"), ("scale_up", "scale-up links"), ("scale_out", "scale-out links"),
                       ("latency", "latencies"), ("host", "host CPU")):
-        r = by_name[name]
-        out[key] = FitResource(key, r.name, r.fields, r.apply)
+        out[key] = by_name[name]
     return out
 
 
@@ -156,13 +146,8 @@ def runs_from_file(path: str | Path, reference_root: str | Path | None = None) -
 
 
 def scaled(system: SystemConfig, factors: dict[str, float], name: str | None = None) -> SystemConfig:
-    """A copy of ``system`` with each resource x its factor (``name``: the copy's sys_name)."""
-    d = system.model_dump()
-    for key, f in factors.items():
-        FIT_RESOURCES[key].apply(d, f)
-    if name is not None:
-        d["sys_name"] = name
-    return SystemConfig.init_from_dict(d, source=system.source or system.sys_name)
+    """A copy of ``system`` with each resource (by key) x its factor (``name``: the copy's sys_name)."""
+    return scaled_by(system, ((FIT_RESOURCES[k], f) for k, f in factors.items()), system.source or system.sys_name, name)
 
 
 def _times(runs: list[Run], system: SystemConfig) -> list[float]:

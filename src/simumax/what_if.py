@@ -15,7 +15,7 @@ runs any job f times faster (tests/test_what_if.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,13 +103,21 @@ RESOURCES = (
 )
 
 
+def scaled_by(system: SystemConfig, factors: Iterable[tuple[Resource, float]], source: str,
+              name: str | None = None) -> SystemConfig:
+    """A copy of ``system`` with each resource times its factor (``name``: the copy's sys_name)."""
+    d = system.model_dump()
+    for r, f in factors:
+        r.apply(d, f)
+    if name is not None:
+        d["sys_name"] = name
+    return SystemConfig.init_from_dict(d, source=source)
+
+
 def scaled_system(system: SystemConfig, resources: tuple[Resource, ...], factor: float) -> SystemConfig:
     """A copy of ``system`` with some resources ``factor`` times better."""
-    d = system.model_dump()
-    for r in resources:
-        r.apply(d, factor)
     names = ", ".join(r.name for r in resources)
-    return SystemConfig.init_from_dict(d, source=f"{system.source or system.sys_name} ({names} x{factor:g})")
+    return scaled_by(system, ((r, factor) for r in resources), f"{system.source or system.sys_name} ({names} x{factor:g})")
 
 
 @dataclass(frozen=True)
