@@ -55,11 +55,17 @@ def png_bytes(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def plain_log_x(ax: Any) -> None:
-    """A log x axis labelled 1, 2, 5, 10, 20 ... (not 2x10^0, nor every minor tick)."""
+def time_error_axes(ax: Any) -> None:
+    """The axes of a time-error chart (fit-runs, validate): predicted / measured − 1 in %
+    against the measured time on a log axis labelled 1, 2, 5, 10 ... (not 2x10^0, nor every
+    minor tick), 0 ruled and ±5 % shaded."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+    ax.axhspan(-5, 5, color="0.92", zorder=0)
+    ax.axhline(0, color="0.5", lw=0.8)
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("measured iteration time (s)")
+    ax.set_ylabel("predicted / measured − 1 (%)")

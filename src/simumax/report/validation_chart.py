@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from simumax.report.figure import plain_log_x, pyplot, save_figure, styled
+from simumax.report.figure import pyplot, save_figure, styled, time_error_axes
 from simumax.validate import CaseResult
 
 
@@ -17,8 +17,7 @@ def figure(results: list[CaseResult], title: str) -> Any:
     plt = pyplot()
     timed = [r for r in results if r.time_error is not None]
     fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=110)
-    ax.axhspan(-5, 5, color="0.92", zorder=0)
-    ax.axhline(0, color="0.5", lw=0.8)
+    time_error_axes(ax)
     sources = sorted({r.source for r in timed})
     for i, src in enumerate(sources):
         rows = [r for r in timed if r.source == src]
@@ -31,9 +30,6 @@ def figure(results: list[CaseResult], title: str) -> Any:
                 lo, hi = (r.predicted_time / r.time_band[1] - 1) * 100, (r.predicted_time / r.time_band[0] - 1) * 100
                 ax.vlines(x, lo, hi, color=color, alpha=0.35, lw=2.5, zorder=1)
         ax.scatter(xs, ys, color=color, s=14, zorder=2, label=src or "runs")
-    plain_log_x(ax)
-    ax.set_xlabel("measured iteration time (s)")
-    ax.set_ylabel("predicted / measured − 1 (%)")
     ax.set_title(title)
     if len(sources) > 1:
         ax.legend(loc="best", fontsize=7)
