@@ -74,8 +74,10 @@ def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float |
     all-gather the first / last two parts), so the inter-node line is fitted to the time
     less the local parts (costed on the node's tier, fitted first) against the ring bytes
     of b/k over N, with the model's N-node latency steps. A p2p across nodes is the tier's
-    p2p. The model sends an all-to-all's cross-node share at the tier's p2p rate: its
-    cross-node points are reported as not fitted. ``tier`` puts every point on that tier
+    p2p. An all-to-all across nodes is an all-to-all of the buffer over the N nodes (its
+    (N - 1)/N cross-node share on the tier's all-to-all line) beside an all-to-all of the k
+    local ranks' part of it on the node's tier, whichever is longer: its points fit the tier's all-to-all line where
+    the NICs' part is the longer. ``tier`` puts every point on that tier
     with the flat formula instead (as calibrate-comm --tier)."""
     skipped: list[str] = []
     notes: list[str] = []
@@ -96,8 +98,19 @@ def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float |
         adjusted: list[CommPoint] = []
         for p in across:
             if p.op == "all2all":
-                skipped.append(f"all2all over {p.nodes} nodes ({p.nbytes} B): the model sends its cross-node share at "
-                               "the p2p rate; time sendrecv across nodes for it")
+                # the model: max(an all-to-all of the buffer over the N nodes, the (k - 1)/n local share on
+                # the node's tier); the NICs' part is the time when it is the longer one
+                k = max(1, p.group_size // p.nodes)
+                if k > 1:
+                    node = cfg.networks.tiers[intra_tier_name(out, k)]
+                    local = tier_time(node, "all2all", p.nbytes * k / p.group_size, k)
+                    if "all2all" not in measured_inside:
+                        unmeasured.add("all2all (the node-local share of all2all across nodes)")
+                    if local >= 0.95 * p.seconds:
+                        skipped.append(f"all2all over {p.nodes} nodes ({p.nbytes} B): the node's tier alone takes "
+                                       f"{local * 1e6:.1f} of its {p.seconds * 1e6:.1f} us, nothing left for the NICs")
+                        continue
+                adjusted.append(CommPoint("all2all", p.nodes, p.nbytes, p.seconds))
                 continue
             if p.op == "p2p":
                 adjusted.append(CommPoint("p2p", 2, p.nbytes, p.seconds))

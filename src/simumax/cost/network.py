@@ -350,7 +350,8 @@ class NetworkModel:
             return self._flat(local, "reduce_scatter", b, k) + across("reduce_scatter", b / k)
         if op == "all_gather":
             return across("all_gather", b / k) + self._flat(local, "all_gather", b, k)
-        # all2all: remote share through the NICs, local share over the node fabric, in parallel
-        rate = leaf_rate(*self._leaf, "all2all", nodes, node_stride)
-        remote = self._flat("inter_node", "p2p", b * (n - k) / n, 2, steps=nodes - 1, rate=rate)
-        return max(remote, self._flat(local, "p2p", b * (k - 1) / n, 2))
+        # all2all, each share on its tier's all-to-all line (many peers at once), in parallel:
+        # (n - k)/n = (N - 1)/N of the buffer through the NICs, an all-to-all over the N nodes
+        # (as a group of one member per node), and (k - 1)/n over the node fabric, an
+        # all-to-all of the k local ranks' part (bk/n) of it
+        return max(across("all2all", b), self._flat(local, "all2all", b * k / n, k))
