@@ -77,6 +77,16 @@ def test_simumax_only_values_map_onto_ours() -> None:
     assert load_strategy({**BASE, "account_for_loss_in_pipeline_split": True}).account_for_loss_in_pipeline_split
 
 
+def test_the_straggler_switch_is_said_not_modelled(caplog: pytest.LogCaptureFixture) -> None:
+    """SimuMax's straggler model is not modelled: true is said in one line where the file is
+    read, once (not on every later copy), and the estimate is the one without it."""
+    with caplog.at_level(logging.WARNING):
+        st = load_strategy({**BASE, "enable_straggler_model": True})
+        st.with_updates({"micro_batch_num": 8})
+    assert caplog.text.count("enable_straggler_model=True") == 1 and "no straggler" in caplog.text
+    assert st == load_strategy(BASE) == load_strategy({**BASE, "enable_straggler_model": False})
+
+
 def test_simumax_system_bookkeeping_fields_load() -> None:
     d = json.loads((REF / "system" / "a100_pcie.json").read_text())
     d.update(real_comm_bw={"all_reduce": 10.0}, hit_efficiency=0.9, miss_efficiency=0.5, fixed_latency=10)

@@ -79,6 +79,8 @@ def strategy_input(data: Any, fields: dict[str, Any]) -> Any:
     mode = d.pop("cp_a2a_mode", None)
     if mode is not None and d.get("cp_size", 1) > 1:
         _warn("cp_a2a_mode", mode, "context parallelism follows cp_comm_type as TransformerEngine runs it")
+    if d.pop("enable_straggler_model", False):  # said once, where the file is read
+        _warn("enable_straggler_model", True, "every rank runs at the modelled speed: no straggler slows the step")
     for k in [k for k in d if k.startswith(_STRATEGY_IGNORED_PREFIXES) and k.endswith(_STRATEGY_IGNORED_SUFFIX)]:
         d.pop(k)
     return d

@@ -241,7 +241,7 @@ class StrategyConfig(StrategyDerived, SimuMaxStrategyMethods, BatchAndParallelFi
     defer_embedding_wgrad_compute: bool = Field(
         False, description="LM-head weight gradients of all micro-batches run after the last backward (pipeline drain)."
     )
-    enable_straggler_model: bool = Field(False, description="SimuMax straggler model (accepted, no effect).")
+    enable_straggler_model: bool = Field(False, description="SimuMax straggler model: accepted, not modelled (true is warned once and read as false).")
 
     @model_validator(mode="before")
     @classmethod
