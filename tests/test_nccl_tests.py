@@ -163,6 +163,28 @@ def test_cross_node_all_to_all_fits_the_nics_all_to_all_line() -> None:
     assert where["tiers"] == {} and "nothing left for the NICs" in where["not_fitted"][0]
 
 
+def test_leaf_switches_the_base_states_are_divided_out() -> None:
+    """On a base that states 4:1 top-of-rack leaves of 3 nodes, a group over 8 nodes runs
+    its NIC part at the leaf rate (cost/fabric.py: a ring 3/4 of the NICs' rate, an
+    all-to-all 7/20): the fit divides that out, so the fitted tier's efficiencies are the
+    NICs' own and the model, which applies the leaf rate again, gives the times back."""
+    leaf = {"leaf_radix": 32, "leaf_oversubscription": 4.0, "rail_optimized": False}
+    truth = _truth().with_updates(leaf)
+    base = load_system("h100-sxm-80gb").with_updates(leaf)
+    local = [CommPoint(o, 8, s, _model_time(truth, o, s, 8)) for o in ("reduce_scatter", "all_gather", "all2all")
+             for s in SIZES]
+    across = [CommPoint(o, 64, s, _model_time(truth, o, s, 64), nodes=8) for o in ("all_reduce", "all2all")
+              for s in SIZES]
+    system, where = merge_points(base.to_dict(), local + across)
+    assert where["tiers"] == {"high_intra_node": 3 * len(SIZES), "inter_node": 2 * len(SIZES)}
+    fitted = load_system(system)
+    for p in local + across:
+        assert _model_time(fitted, p.op, p.nbytes, p.group_size) == pytest.approx(p.seconds, rel=0.02), (p.op, p.nbytes)
+    nic = fitted.networks.tiers["inter_node"].op
+    assert nic["all_reduce"].efficient_factor == pytest.approx(0.55, rel=0.02)  # the truth's NICs, not x 3/4
+    assert nic["all2all"].efficient_factor == pytest.approx(0.41, rel=0.02)
+
+
 def test_cli_writes_a_system_perf_reads(tmp_path: Path) -> None:
     truth = _truth()
     files = []

@@ -11,6 +11,7 @@ from typing import Any
 from simumax.calibrate.fit import AlphaBeta, fit_alpha_beta
 from simumax.calibrate.system_writer import merge_collectives
 from simumax.config.system import SystemConfig
+from simumax.cost.fabric import leaf_rate, nodes_per_leaf
 from simumax.cost.network import DEFAULT_SPECS, intra_tier, node_steps, ring_bytes, tier_time
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all2all", "p2p")
@@ -23,12 +24,17 @@ class CommPoint:
     nbytes: int  # the cost model's logical buffer (kernels.Collective.bytes; nccl-tests' "size")
     seconds: float
     nodes: int = 1  # nodes the group spans (its ranks spread evenly over them)
+    # the share of the tier's bandwidth the leaf switches leave this collective (cost/fabric.py
+    # leaf_rate): the model divides its bytes by it, so the fit does too
+    rate: float = 1.0
 
 
 def _fit(op: str, pts: list[CommPoint]) -> AlphaBeta:
-    """The cost model's line through the points: seconds against ring bytes."""
+    """The cost model's line through the points: seconds against ring bytes (at the
+    point's leaf rate)."""
     spec = DEFAULT_SPECS[op]
-    return fit_alpha_beta([ring_bytes(p.nbytes, p.group_size, spec.scale, spec.offset) for p in pts], [p.seconds for p in pts])
+    return fit_alpha_beta([ring_bytes(p.nbytes, p.group_size, spec.scale, spec.offset) / p.rate for p in pts],
+                          [p.seconds for p in pts])
 
 
 def fit_points(points: list[CommPoint]) -> dict[str, AlphaBeta]:
@@ -76,9 +82,11 @@ def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float |
     of b/k over N, with the model's N-node latency steps. A p2p across nodes is the tier's
     p2p. An all-to-all across nodes is an all-to-all of the buffer over the N nodes (its
     (N - 1)/N cross-node share on the tier's all-to-all line) beside an all-to-all of the k
-    local ranks' part of it on the node's tier, whichever is longer: its points fit the tier's all-to-all line where
-    the NICs' part is the longer. ``tier`` puts every point on that tier
-    with the flat formula instead (as calibrate-comm --tier)."""
+    local ranks' part of it on the node's tier, whichever is longer: its points fit the
+    tier's all-to-all line where the NICs' part is the longer. Where the system states leaf
+    switches, each cross-node point's bytes count at the leaf rate the model applies to that
+    collective (cost/fabric.py, its N nodes taken as consecutive). ``tier`` puts every point
+    on that tier with the flat formula instead (as calibrate-comm --tier)."""
     skipped: list[str] = []
     notes: list[str] = []
     if tier is not None:
@@ -93,6 +101,7 @@ def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float |
         where[name] = len(inside)
     if across:
         cfg = SystemConfig.init_from_dict(out)
+        per_leaf, oversubscription = nodes_per_leaf(cfg), cfg.leaf_oversubscription
         measured_inside = {p.op for p in inside}
         unmeasured: set[str] = set()
         adjusted: list[CommPoint] = []
@@ -110,10 +119,11 @@ def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float |
                         skipped.append(f"all2all over {p.nodes} nodes ({p.nbytes} B): the node's tier alone takes "
                                        f"{local * 1e6:.1f} of its {p.seconds * 1e6:.1f} us, nothing left for the NICs")
                         continue
-                adjusted.append(CommPoint("all2all", p.nodes, p.nbytes, p.seconds))
+                adjusted.append(CommPoint("all2all", p.nodes, p.nbytes, p.seconds,
+                                          rate=leaf_rate(per_leaf, oversubscription, "all2all", p.nodes, 1)))
                 continue
             if p.op == "p2p":
-                adjusted.append(CommPoint("p2p", 2, p.nbytes, p.seconds))
+                adjusted.append(CommPoint("p2p", 2, p.nbytes, p.seconds, rate=leaf_rate(per_leaf, oversubscription, "p2p", 2, 1)))
                 continue
             k = max(1, p.group_size // p.nodes)
             local = 0.0
@@ -130,7 +140,8 @@ def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float |
                                f"{local * 1e6:.1f} of its {p.seconds * 1e6:.1f} us, nothing left for the NICs")
                 continue
             # the inter-node part: b/k bytes over N "ranks" (nodes), as the model costs it
-            adjusted.append(CommPoint(p.op, p.nodes, max(1, round(p.nbytes / k)), rest))
+            adjusted.append(CommPoint(p.op, p.nodes, max(1, round(p.nbytes / k)), rest,
+                                      rate=leaf_rate(per_leaf, oversubscription, p.op, p.nodes, 1)))
         if adjusted:
             out = merge_collectives(out, "inter_node", fit_points(adjusted), fit_points_by_size(adjusted), usage,
                                     steps_of=node_steps)
