@@ -117,13 +117,14 @@ def append_case(path: str | Path, case: dict[str, Any]) -> None:
         f.write(json.dumps(case, allow_nan=False) + "\n")
 
 
-def case_model_strategy(case: dict[str, Any], root: Path) -> tuple[ModelConfig, StrategyConfig]:
+def case_model_strategy(case: dict[str, Any], root: Path,
+                        strategy: StrategyConfig | None = None) -> tuple[ModelConfig, StrategyConfig]:
     """The model (with the case's ``model_overrides``) and strategy of a case; config paths
-    relative to ``root``."""
+    relative to ``root``; ``strategy``: the case's, when already read."""
     model = load_model(_resolve(case["model"], root))
     if case.get("model_overrides"):
         model = model.with_updates(case["model_overrides"], source=f"{case['id']} model_overrides")
-    return model, load_strategy(_resolve(case["strategy"], root))
+    return model, strategy or load_strategy(_resolve(case["strategy"], root))
 
 
 def case_system(case: dict[str, Any], root: Path) -> Any:
@@ -131,9 +132,11 @@ def case_system(case: dict[str, Any], root: Path) -> Any:
     return _resolve(case["system"], root)
 
 
-def estimate_for_case(case: dict[str, Any], root: Path, system: SystemConfig | None = None) -> Estimate:
-    """The case's estimate; ``system``: run it there instead of on the system it names."""
-    model, strategy = case_model_strategy(case, root)
+def estimate_for_case(case: dict[str, Any], root: Path, system: SystemConfig | None = None,
+                      strategy: StrategyConfig | None = None) -> Estimate:
+    """The case's estimate; ``system``: run it there instead of on the system it names;
+    ``strategy``: the case's, when already read."""
+    model, strategy = case_model_strategy(case, root, strategy)
     return Estimate(model, strategy, system or load_system(case_system(case, root)))
 
 
@@ -203,16 +206,16 @@ def predicted_memory(est: Estimate, memory: MemResult, measure: str) -> float:
     return memory.peak_mem
 
 
-def _strategy_fields(case: dict[str, Any], root: Path) -> dict[str, Any]:
-    """The case's strategy as a dict of fields (a preset or file read; {} if it does not load:
-    the estimate then reports why)."""
+def _named_strategy(case: dict[str, Any], root: Path) -> StrategyConfig | None:
+    """The strategy a case names by preset or file, read once for its fields and its
+    estimate (None: given as a dict, or it does not load: the estimate then reports why)."""
     spec = case.get("strategy")
     if isinstance(spec, dict):
-        return spec
+        return None
     try:
-        return load_strategy(_resolve(spec, root)).to_dict()
+        return load_strategy(_resolve(spec, root))
     except ConfigError:
-        return {}
+        return None
 
 
 def run_case(case: dict[str, Any], root: Path, system: SystemConfig | None = None) -> CaseResult:
@@ -229,13 +232,15 @@ def run_case(case: dict[str, Any], root: Path, system: SystemConfig | None = Non
     real_m = real_m * GIB if real_m is not None else None
     ref_m = relative_error(ref.get(mem_key) and ref[mem_key] * GIB, real_m)
     # the grouping reads strategy fields: a strategy named by preset or file is read for them
-    fields = {**case, "strategy": _strategy_fields(case, root)}
+    named = _named_strategy(case, root)
+    given = case.get("strategy")
+    fields = {**case, "strategy": given if isinstance(given, dict) else named.to_dict() if named else {}}
     source, group = case_source(case["id"]), ranking_group(fields)
     split = dict(micro_batches=int(fields["strategy"].get("micro_batch_num", 1)), step_group=step_group(fields))
     real_t = measured_seconds(measured)  # (a refused case reports its iteration time only)
     ref_t = relative_error(measured_seconds(ref), real_t)
     try:
-        est = estimate_for_case(case, root, system)
+        est = estimate_for_case(case, root, system, named)
         real_t = measured_seconds(measured, est)  # a time given as TFLOP/s too
         ref_t = relative_error(measured_seconds(ref, est), real_t)
         cost = est.cost() if real_t is not None else None
