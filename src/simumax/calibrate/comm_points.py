@@ -15,6 +15,11 @@ from simumax.cost.fabric import leaf_rate, nodes_per_leaf
 from simumax.cost.network import DEFAULT_SPECS, intra_tier, node_steps, ring_bytes, tier_time
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all2all", "p2p")
+# what the model runs over a group's k ranks inside each node beside its NICs' part across
+# nodes (cost/network.py ``NetworkModel._across_nodes``): before / after it, or (all-to-all)
+# at the same time
+LOCAL_PARTS = {"all_reduce": ("reduce_scatter", "all_gather"), "reduce_scatter": ("reduce_scatter",),
+               "all_gather": ("all_gather",), "all2all": ("all2all",), "p2p": ()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,42 +111,27 @@ def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float |
         unmeasured: set[str] = set()
         adjusted: list[CommPoint] = []
         for p in across:
-            if p.op == "all2all":
-                # the model: max(an all-to-all of the buffer over the N nodes, the (k - 1)/n local share on
-                # the node's tier); the NICs' part is the time when it is the longer one
-                k = max(1, p.group_size // p.nodes)
-                if k > 1:
-                    node = cfg.networks.tiers[intra_tier_name(out, k)]
-                    local = tier_time(node, "all2all", p.nbytes * k / p.group_size, k)
-                    if "all2all" not in measured_inside:
-                        unmeasured.add("all2all (the node-local share of all2all across nodes)")
-                    if local >= 0.95 * p.seconds:
-                        skipped.append(f"all2all over {p.nodes} nodes ({p.nbytes} B): the node's tier alone takes "
-                                       f"{local * 1e6:.1f} of its {p.seconds * 1e6:.1f} us, nothing left for the NICs")
-                        continue
-                adjusted.append(CommPoint("all2all", p.nodes, p.nbytes, p.seconds,
-                                          rate=leaf_rate(per_leaf, oversubscription, "all2all", p.nodes, 1)))
-                continue
-            if p.op == "p2p":
-                adjusted.append(CommPoint("p2p", 2, p.nbytes, p.seconds, rate=leaf_rate(per_leaf, oversubscription, "p2p", 2, 1)))
-                continue
-            k = max(1, p.group_size // p.nodes)
+            k = 1 if p.op == "p2p" else max(1, p.group_size // p.nodes)
             local = 0.0
             if k > 1:
                 node = cfg.networks.tiers[intra_tier_name(out, k)]
-                parts = {"all_reduce": ("reduce_scatter", "all_gather"), "reduce_scatter": ("reduce_scatter",),
-                         "all_gather": ("all_gather",)}[p.op]
-                local = sum(tier_time(node, part, p.nbytes, k) for part in parts)
-                unmeasured |= {f"{part} (the node-local part of {p.op} across nodes)" for part in parts
+                # an all-to-all's local share: an all-to-all of the k local ranks' part of the buffer
+                local_bytes = p.nbytes * k / p.group_size if p.op == "all2all" else p.nbytes
+                local = sum(tier_time(node, part, local_bytes, k) for part in LOCAL_PARTS[p.op])
+                unmeasured |= {f"{part} (the node-local part of {p.op} across nodes)" for part in LOCAL_PARTS[p.op]
                                if part not in measured_inside}
             rest = p.seconds - local
             if rest <= 0.05 * p.seconds:
                 skipped.append(f"{p.op} over {p.nodes} nodes ({p.nbytes} B): the node's tier alone takes "
                                f"{local * 1e6:.1f} of its {p.seconds * 1e6:.1f} us, nothing left for the NICs")
                 continue
-            # the inter-node part: b/k bytes over N "ranks" (nodes), as the model costs it
-            adjusted.append(CommPoint(p.op, p.nodes, max(1, round(p.nbytes / k)), rest,
-                                      rate=leaf_rate(per_leaf, oversubscription, p.op, p.nodes, 1)))
+            if p.op == "p2p":  # the pair's send through the NICs
+                group, nbytes, seconds = 2, p.nbytes, p.seconds
+            elif p.op == "all2all":  # in parallel with the local share: the whole time, the buffer over N nodes
+                group, nbytes, seconds = p.nodes, p.nbytes, p.seconds
+            else:  # after the local parts: b/k bytes over N "ranks" (nodes), as the model costs it
+                group, nbytes, seconds = p.nodes, max(1, round(p.nbytes / k)), rest
+            adjusted.append(CommPoint(p.op, group, nbytes, seconds, rate=leaf_rate(per_leaf, oversubscription, p.op, group, 1)))
         if adjusted:
             out = merge_collectives(out, "inter_node", fit_points(adjusted), fit_points_by_size(adjusted), usage,
                                     steps_of=node_steps)
@@ -149,3 +139,9 @@ def merge_points(system: dict[str, Any], points: list[CommPoint], usage: float |
         notes += [f"the node's {what} is the base's, not measured on one node here: time it there too for an "
                   "inter_node fit of this cluster alone" for what in sorted(unmeasured)]
     return out, {"tiers": where, "not_fitted": skipped, "notes": notes}
+
+
+def report_notes(report: dict[str, Any]) -> list[str]:
+    """The lines a fit's report (``merge_points``' second value, or a report holding it) has
+    to say: the points not fitted, then the notes."""
+    return [f"not fitted: {n}" for n in report["not_fitted"]] + report["notes"]

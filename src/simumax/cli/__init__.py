@@ -20,6 +20,12 @@ if not out_console.is_terminal:  # piped or captured: do not squeeze tables to 8
 err_console = Console(stderr=True)
 
 
+def print_notes(notes: list[str]) -> None:
+    """Each note as one ``note:`` line on stderr."""
+    for n in notes:
+        err_console.print(f"note: {n}", markup=False, highlight=False, soft_wrap=True)
+
+
 def _print_version(value: bool) -> None:
     if value:
         from simumax import __version__

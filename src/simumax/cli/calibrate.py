@@ -103,6 +103,7 @@ def calibrate_comm(
                                     "all-gather and all-to-all slow GEMMs beside them: the tier's processor_usage (a few seconds)."),
 ) -> None:
     """Under torchrun: time all-reduce / all-gather / reduce-scatter / all-to-all / p2p, fit α-β, write the tier."""
+    from simumax.calibrate.comm_points import report_notes
     from simumax.calibrate.run import calibrate_collectives
 
     base_cfg = load_system(base) if base else None
@@ -114,8 +115,7 @@ def calibrate_comm(
         write_json_atomic(out.with_name(out.stem + ".comm_report.json"), report)
         for name in report["tiers"] or [report["tier"]]:
             cli.out_console.print(fmt.comm_table({**report, "tier": name}, system), markup=False)
-        for note in [f"not fitted: {n}" for n in report["not_fitted"]] + report["notes"]:
-            cli.err_console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+        cli.print_notes(report_notes(report))
 
 
 @cli.app.command("check-step")

@@ -20,11 +20,6 @@ import_app = typer.Typer(no_args_is_help=True, help="Configs from a Hugging Face
 cli.app.add_typer(import_app, name="import")
 
 
-def _print_notes(notes: list[str]) -> None:
-    for n in notes:
-        cli.err_console.print(f"note: {n}", markup=False, highlight=False, soft_wrap=True)
-
-
 @import_app.command("hf")
 def import_hf(
     path: Path = typer.Argument(..., help="A local Hugging Face config.json (no network)."),
@@ -41,7 +36,7 @@ def import_hf(
     model, notes = load_hf_config(path, name)
     if out is not None:
         write_json_atomic(out, model.to_dict())
-    _print_notes(notes)
+    cli.print_notes(notes)
     if as_json or out is None:
         cli.out_console.print_json(dumps_finite(model.to_dict()))
     params = Estimate(model, load_strategy("tp1_pp1_dp8_mbs1").with_updates({"world_size": 1}, source="import"), load_system("a100_pcie")).params
@@ -88,7 +83,7 @@ def import_megatron(
     if out is not None:
         write_json_atomic(out / "model.json", model.to_dict())
         write_json_atomic(out / "strategy.json", strategy.to_dict())
-    _print_notes(notes)
+    cli.print_notes(notes)
     if log is not None and runs is not None and system is not None:
         _record_run(log, runs, system, run_id, model, strategy)
         if not as_json:
@@ -109,6 +104,7 @@ def import_nccl_tests(
     as_json: bool = typer.Option(False, "--json", help="Print the system as JSON."),
 ) -> None:
     """nccl-tests results -> the system's network tiers (efficiency and latency per collective)."""
+    from simumax.calibrate.comm_points import report_notes
     from simumax.importers.nccl_tests import parse_nccl_tests, system_from_nccl_tests
     from simumax.report import format as fmt
 
@@ -123,7 +119,7 @@ def import_nccl_tests(
     for name in report["tiers"]:
         cli.out_console.print(fmt.comm_table({**report, "tier": name, "world_size": max(r.ranks for r in runs)}, system),
                               markup=False)
-    _print_notes([f"not fitted: {n}" for n in report["not_fitted"]] + report["notes"])
+    cli.print_notes(report_notes(report))
     cli.out_console.print(f"wrote {out} ({', '.join(f'{n} points -> {t}' for t, n in report['tiers'].items()) or 'nothing fitted'})",
                           markup=False)
 
@@ -147,7 +143,7 @@ def _record_run(log: Path, runs: Path, system: str, run_id: Optional[str], model
     case = {"id": run_id or log.stem, "system": system, "model": model.to_dict(), "strategy": strategy.to_dict(),
             "measured": measured, "source": {"log": str(log.resolve()), "intervals": len(parsed.intervals)}}
     append_case(runs, case)
-    _print_notes(notes)
+    cli.print_notes(notes)
     mem = f", peak allocated {measured['peak_alloc_gib']:.2f} GiB" if "peak_alloc_gib" in measured else ""
     cli.err_console.print(f"{case['id']}: {parsed.step_ms:.1f} ms per iteration (median of {max(1, len(parsed.intervals) - 1)} "
                           f"logged intervals){mem}; added to {runs}", markup=False, soft_wrap=True)
